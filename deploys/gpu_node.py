@@ -1,0 +1,23 @@
+"""Converge a GPU node to the desired state declared in the inventory.
+
+    pyinfra inventories/prod.py deploys/gpu_node.py
+
+The whole inventory is validated before anything runs; one bad host stops every host.
+"""
+
+import sys
+from pathlib import Path
+
+# Roles and facts live at the project root; pyinfra only adds the working directory.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from gpunode.inventory import desired_state
+from roles.admin_users import admin_users
+from roles.base import base_system
+from roles.gpu_settings import gpu_settings
+
+desired = desired_state()
+
+base_system(desired=desired)
+admin_users(desired=desired)
+gpu_settings(desired=desired)

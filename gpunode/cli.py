@@ -1,0 +1,114 @@
+"""gpunode command line: the lab, inventory validation and the documented defaults."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+
+from gpunode.inventory import InvalidInventory, fleet_of
+from gpunode.lab import DEFAULT_PROFILES, Lab, LabError
+from gpunode.model import DesiredState
+from gpunode.schema import defaults_table
+
+
+def load_inventory(path: str):  # type: ignore[no-untyped-def]
+    """Load an inventory the way the pyinfra CLI does (group_data beside it included)."""
+    from pyinfra.api import State
+    from pyinfra.context import ctx_state
+    from pyinfra_cli.inventory import make_inventory
+
+    if not os.path.exists(path):
+        raise SystemExit(f"gpunode: no inventory file {path}")
+    if os.getcwd() not in sys.path:
+        sys.path.append(os.getcwd())
+    with ctx_state.use(State()):
+        return make_inventory(path, cwd=os.getcwd())
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    inventory = load_inventory(args.inventory)
+    try:
+        fleet = fleet_of(inventory, args.inventory)
+    except InvalidInventory as error:
+        print(str(error), file=sys.stderr)
+        return 1
+    print(f"{args.inventory}: {len(fleet.hosts)} hosts, desired state valid")
+    return 0
+
+
+def cmd_defaults(_: argparse.Namespace) -> int:
+    rows = defaults_table(DesiredState)
+    width = max(len(key) for key, _, _ in rows)
+    for key, default, doc in rows:
+        print(f"{key:<{width}}  {default}\n{'':<{width}}    {doc}")
+    return 0
+
+
+def cmd_lab_up(args: argparse.Namespace) -> int:
+    lab = Lab()
+    nodes = lab.up(args.nodes, args.profiles.split(","))
+    print(f"{'node':<8} {'address':<14} {'profile':<10} {'boot s':>7} {'RAM MiB':>8}")
+    for node in nodes:
+        print(
+            f"{node.name:<8} {node.address:<14} {node.profile:<10} "
+            f"{node.boot_s:>7.2f} {node.memory_mib:>8.1f}"
+        )
+    print(f"ssh -i {lab.key_path} -o UserKnownHostsFile={lab.known_hosts_path} debian@ADDRESS")
+    return 0
+
+
+def cmd_lab_down(args: argparse.Namespace) -> int:
+    Lab().down(keep_image=args.keep_image)
+    print("lab removed")
+    return 0
+
+
+def cmd_lab_status(_: argparse.Namespace) -> int:
+    lab = Lab()
+    for node in lab.nodes():
+        print(f"{node.name:<8} {node.address:<14} {node.profile}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="gpunode", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    validate = commands.add_parser("validate", help="check an inventory's desired state")
+    validate.add_argument("inventory")
+    validate.set_defaults(func=cmd_validate)
+
+    defaults = commands.add_parser("defaults", help="print every setting with its default")
+    defaults.set_defaults(func=cmd_defaults)
+
+    lab = commands.add_parser("lab", help="local fleet of Debian 12 lab nodes")
+    lab_commands = lab.add_subparsers(dest="lab_command", required=True)
+    up = lab_commands.add_parser("up", help="bring up N nodes (keeps running ones)")
+    up.add_argument("--nodes", type=int, default=2)
+    up.add_argument(
+        "--profiles",
+        default=",".join(DEFAULT_PROFILES),
+        help="hardware profiles, assigned to nodes in turn",
+    )
+    up.set_defaults(func=cmd_lab_up)
+    down = lab_commands.add_parser("down", help="remove everything the lab made")
+    down.add_argument("--keep-image", action="store_true")
+    down.set_defaults(func=cmd_lab_down)
+    status = lab_commands.add_parser("status", help="list lab nodes")
+    status.set_defaults(func=cmd_lab_status)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args))
+    except LabError as error:
+        print(f"gpunode lab: {error}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,81 @@
+"""Desired state for a whole pyinfra inventory, validated once before any host is touched."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from pyinfra.api.exceptions import PyinfraError
+
+from gpunode.model import DesiredState, build_desired_state
+
+
+class InvalidInventory(PyinfraError):
+    """Inventory data that gpunode refuses to act on; carries one line per problem."""
+
+    def __init__(self, lines: list[str]) -> None:
+        self.lines = lines
+        count = len(lines)
+        super().__init__(
+            f"invalid inventory data, {count} problem{'s' if count != 1 else ''}; "
+            "nothing was changed on any host:\n  " + "\n  ".join(lines)
+        )
+
+
+@dataclass(frozen=True)
+class Fleet:
+    """Validated desired state of every host in an inventory."""
+
+    source: str
+    hosts: dict[str, DesiredState]
+
+    def for_host(self, name: str) -> DesiredState:
+        return self.hosts[name]
+
+
+def validate_hosts(source: str, hosts: Iterable[tuple[str, dict[str, Any]]]) -> Fleet:
+    """Build every host's desired state; raise InvalidInventory listing all problems."""
+    states: dict[str, DesiredState] = {}
+    lines: list[str] = []
+    for name, data in hosts:
+        state, problems = build_desired_state(data)
+        states[name] = state
+        lines.extend(problem.render(source, name) for problem in problems)
+    if lines:
+        raise InvalidInventory(lines)
+    return Fleet(source, states)
+
+
+def fleet_of(inventory: Any, source: str) -> Fleet:
+    """Validate every host of a pyinfra Inventory (all hosts, not only --limit'ed ones)."""
+    return validate_hosts(source, ((host.name, host.data.dict()) for host in inventory))
+
+
+_fleets: dict[int, Fleet] = {}
+
+
+def desired_state() -> DesiredState:
+    """The current host's desired state, inside a pyinfra deploy.
+
+    The first call validates the whole inventory; pyinfra runs deploy files once per host,
+    and a bad host anywhere must stop the run before any operation executes anywhere.
+    """
+    from pyinfra import host, state
+
+    inventory = state.inventory
+    fleet = _fleets.get(id(inventory))
+    if fleet is None:
+        fleet = fleet_of(inventory, _inventory_source())
+        _fleets[id(inventory)] = fleet
+    return fleet.for_host(host.name)
+
+
+def _inventory_source() -> str:
+    """The inventory argument of the running pyinfra command, for error messages."""
+    import click
+
+    context = click.get_current_context(silent=True)
+    if context is not None and context.params.get("inventory"):
+        return str(context.params["inventory"])
+    return "inventory"

@@ -1,0 +1,362 @@
+"""The lab: a local fleet of real Debian 12 nodes booted by systemd, reached over SSH.
+
+Each node is a Docker container running /sbin/init from an image built here from Debian
+packages (mmdebstrap; no registry is reachable). Each container has its own network
+namespace on a dedicated bridge, sshd with key authentication and a cloud-image style
+``debian`` user with passwordless sudo: pyinfra and testinfra reach it exactly as they reach a
+production node. Hardware that does not exist here (GPUs, HCAs, NVMe) is simulated by the
+doubles in ``gpunode.lab.hwsim``; they are only ever placed on lab nodes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import json
+import os
+import shutil
+import subprocess
+import tarfile
+import tempfile
+import time
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from gpunode.lab import hwsim
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+LABEL = "gpunode.lab"
+NETWORK = "gpunode-lab"
+SUBNET = "10.213.0.0/24"
+GATEWAY = "10.213.0.1"
+FIRST_NODE_OCTET = 11
+IMAGE_REPOSITORY = "gpunode-lab/debian12"
+LOGIN_USER = "debian"
+DEFAULT_PROFILES = ("hgx-h100", "a100", "pcie-a10g")
+BOOT_TIMEOUT_S = 120
+
+# Packages of a minimal Debian cloud-like node; python3 serves testinfra-free probes later.
+NODE_PACKAGES = (
+    "systemd", "systemd-sysv", "dbus", "openssh-server", "sudo", "iproute2", "iputils-ping",
+    "python3", "ca-certificates", "procps", "kmod", "less", "apt-utils",
+)  # fmt: skip
+
+DEBIAN_SOURCES = """\
+Types: deb
+URIs: http://deb.debian.org/debian
+Suites: bookworm bookworm-updates
+Components: main contrib non-free non-free-firmware
+Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
+
+Types: deb
+URIs: http://deb.debian.org/debian-security
+Suites: bookworm-security
+Components: main contrib non-free non-free-firmware
+Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
+"""
+
+# Per-node SSH host keys: the image ships none, so nodes never share a host key.
+HOSTKEYS_UNIT = """\
+[Unit]
+Description=Generate this lab node's own SSH host keys
+Before=ssh.service
+ConditionPathExists=!/etc/ssh/ssh_host_ed25519_key
+
+[Service]
+Type=oneshot
+ExecStart=/usr/bin/ssh-keygen -A
+
+[Install]
+WantedBy=multi-user.target
+"""
+
+
+def _customize_script() -> str:
+    diversions = "\n".join(
+        f'chroot "$1" dpkg-divert --local --rename --divert {path}.distrib --add {path}'
+        for path in hwsim.DIVERTED_PATHS
+    )
+    return f"""\
+set -e
+rm -f "$1/etc/apt/sources.list"
+cat > "$1/etc/apt/sources.list.d/debian.sources" <<'SOURCES'
+{DEBIAN_SOURCES}SOURCES
+cat > "$1/etc/systemd/system/gpunode-lab-hostkeys.service" <<'UNIT'
+{HOSTKEYS_UNIT}UNIT
+chroot "$1" systemctl enable gpunode-lab-hostkeys.service
+rm -f "$1"/etc/ssh/ssh_host_*
+chroot "$1" useradd --create-home --shell /bin/bash --groups sudo {LOGIN_USER}
+echo '{LOGIN_USER} ALL=(ALL) NOPASSWD:ALL' > "$1/etc/sudoers.d/90-lab-bootstrap"
+chmod 0440 "$1/etc/sudoers.d/90-lab-bootstrap"
+: > "$1/etc/machine-id"
+echo lab > "$1/etc/hostname"
+{diversions}
+"""
+
+
+@dataclass
+class LabNode:
+    name: str
+    container: str
+    address: str
+    profile: str
+    host_key: str = ""
+    boot_s: float = 0.0
+    memory_mib: float = 0.0
+
+
+class LabError(RuntimeError):
+    """The lab could not be brought up or down; the message says what to do."""
+
+
+class Lab:
+    """Brings lab nodes up and down; state lives in ``state_dir`` (default: <repo>/.lab)."""
+
+    def __init__(self, state_dir: Path | None = None, log: Callable[[str], None] = print):
+        self.state_dir = state_dir or Path(os.environ.get("GPUNODE_LAB_DIR", REPO_ROOT / ".lab"))
+        self.log = log
+        self._client: Any = None
+
+    # --- paths -------------------------------------------------------------------------------
+    @property
+    def key_path(self) -> Path:
+        return self.state_dir / "id_ed25519"
+
+    @property
+    def known_hosts_path(self) -> Path:
+        return self.state_dir / "known_hosts"
+
+    @property
+    def nodes_path(self) -> Path:
+        return self.state_dir / "nodes.json"
+
+    @property
+    def image_tag(self) -> str:
+        recipe = json.dumps([NODE_PACKAGES, _customize_script()]).encode()
+        return f"{IMAGE_REPOSITORY}:{hashlib.sha256(recipe).hexdigest()[:12]}"
+
+    # --- docker --------------------------------------------------------------------------------
+    @property
+    def client(self) -> Any:
+        if self._client is None:
+            import docker
+            import docker.errors
+
+            try:
+                self._client = docker.from_env(timeout=300)
+                self._client.ping()
+            except docker.errors.DockerException as error:
+                raise LabError(
+                    f"cannot reach the Docker engine ({error}); start it with `dockerd &` "
+                    "(Debian package docker.io)"
+                ) from error
+        return self._client
+
+    def nodes(self) -> list[LabNode]:
+        if not self.nodes_path.exists():
+            return []
+        return [LabNode(**raw) for raw in json.loads(self.nodes_path.read_text())]
+
+    # --- up ------------------------------------------------------------------------------------
+    def up(self, count: int, profiles: Iterable[str] = DEFAULT_PROFILES) -> list[LabNode]:
+        """Bring the lab to ``count`` running nodes; existing healthy nodes are kept."""
+        profile_cycle = list(profiles)
+        unknown = [p for p in profile_cycle if p not in hwsim.PROFILES]
+        if unknown or not profile_cycle:
+            raise LabError(
+                f"unknown hardware profile(s) {unknown}; known: {', '.join(hwsim.PROFILES)}"
+            )
+        if not 1 <= count <= 200:
+            raise LabError(f"--nodes {count}: choose between 1 and 200")
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self._ensure_key()
+        image = self._ensure_image()
+        network = self._ensure_network()
+        existing = {node.name: node for node in self.nodes() if self._running(node.container)}
+        wanted = [
+            LabNode(
+                name=f"lab-{index}",
+                container=f"gpunode-lab-{index}",
+                address=f"10.213.0.{FIRST_NODE_OCTET + index - 1}",
+                profile=profile_cycle[(index - 1) % len(profile_cycle)],
+            )
+            for index in range(1, count + 1)
+        ]
+        to_start = [node for node in wanted if node.name not in existing]
+        for node in wanted:
+            if node.name in existing:
+                kept = existing[node.name]
+                node.profile, node.host_key, node.boot_s = kept.profile, kept.host_key, kept.boot_s
+        for extra in set(existing) - {node.name for node in wanted}:
+            self._remove_container(existing[extra].container)
+        with ThreadPoolExecutor(max_workers=min(16, max(1, len(to_start)))) as pool:
+            list(pool.map(lambda node: self._start(node, image, network), to_start))
+        for node in wanted:
+            node.memory_mib = self._memory_mib(node.container)
+        self._write_state(wanted)
+        return wanted
+
+    def _ensure_key(self) -> None:
+        if self.key_path.exists():
+            return
+        subprocess.run(
+            ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "gpunode-lab",
+             "-f", str(self.key_path)],
+            check=True,
+        )  # fmt: skip
+
+    def _ensure_image(self) -> str:
+        import docker.errors
+
+        tag = self.image_tag
+        try:
+            self.client.images.get(tag)
+            return tag
+        except docker.errors.ImageNotFound:
+            pass
+        if shutil.which("mmdebstrap") is None:
+            raise LabError("mmdebstrap is missing: apt-get install mmdebstrap")
+        self.log(f"building lab node image {tag} with mmdebstrap (Debian bookworm)...")
+        started = time.monotonic()
+        with tempfile.TemporaryDirectory() as tmp:
+            rootfs = Path(tmp) / "rootfs.tar"
+            hook = Path(tmp) / "customize.sh"
+            hook.write_text(_customize_script())
+            result = subprocess.run(
+                [
+                    "mmdebstrap", "--variant=minbase", "--quiet",
+                    "--components=main contrib non-free non-free-firmware",
+                    "--include=" + ",".join(NODE_PACKAGES),
+                    f"--customize-hook=sh {hook} \"$1\"",
+                    "bookworm", str(rootfs), "http://deb.debian.org/debian",
+                ],
+                capture_output=True,
+                text=True,
+            )  # fmt: skip
+            if result.returncode != 0:
+                raise LabError(f"mmdebstrap failed:\n{result.stderr[-3000:]}")
+            with rootfs.open("rb") as data:
+                self.client.api.import_image_from_data(
+                    data,
+                    repository=tag.split(":")[0],
+                    tag=tag.split(":")[1],
+                    changes=['CMD ["/sbin/init"]', "ENV container=docker"],
+                )
+        self.log(f"image built in {time.monotonic() - started:.1f} s")
+        return tag
+
+    def _ensure_network(self) -> str:
+        import docker.types
+
+        if not self.client.networks.list(names=[NETWORK]):
+            pool = docker.types.IPAMPool(subnet=SUBNET, gateway=GATEWAY)
+            self.client.networks.create(
+                NETWORK,
+                driver="bridge",
+                ipam=docker.types.IPAMConfig(pool_configs=[pool]),
+                labels={LABEL: "1"},
+            )
+        return NETWORK
+
+    def _running(self, container: str) -> bool:
+        import docker.errors
+
+        try:
+            return bool(self.client.containers.get(container).status == "running")
+        except docker.errors.NotFound:
+            return False
+
+    def _remove_container(self, name: str) -> None:
+        import docker.errors
+
+        with contextlib.suppress(docker.errors.NotFound):
+            self.client.containers.get(name).remove(force=True)
+
+    def _start(self, node: LabNode, image: str, network: str) -> None:
+        self._remove_container(node.container)
+        started = time.monotonic()
+        container = self.client.containers.create(
+            image,
+            name=node.container,
+            hostname=node.name,
+            detach=True,
+            labels={LABEL: "1", "gpunode.lab.profile": node.profile},
+            # systemd as PID 1 without --privileged: the capabilities it needs, the host's
+            # cgroup tree, and tmpfs where it expects them.
+            cap_add=["SYS_ADMIN", "NET_ADMIN"],
+            security_opt=["seccomp=unconfined", "apparmor=unconfined"],
+            cgroupns="host",
+            volumes={"/sys/fs/cgroup": {"bind": "/sys/fs/cgroup", "mode": "rw"}},
+            tmpfs={"/run": "", "/run/lock": "", "/tmp": ""},
+            stop_signal="SIGRTMIN+3",
+            network=network,
+        )
+        self.client.networks.get(network).disconnect(container)
+        self.client.networks.get(network).connect(container, ipv4_address=node.address)
+        container.put_archive("/", self._node_archive(node))
+        container.start()
+        self._wait_booted(container, node)
+        node.boot_s = round(time.monotonic() - started, 2)
+        host_key = container.exec_run(["cat", "/etc/ssh/ssh_host_ed25519_key.pub"])
+        if host_key.exit_code != 0:
+            raise LabError(f"{node.name}: no SSH host key after boot")
+        node.host_key = " ".join(host_key.output.decode().split()[:2])
+
+    def _node_archive(self, node: LabNode) -> bytes:
+        """Simulated hardware plus the lab login key, as one tar stream."""
+        files = dict(hwsim.node_files(node.profile, node.name))
+        public_key = self.key_path.with_suffix(".pub").read_bytes()
+        files[f"/home/{LOGIN_USER}/.ssh/authorized_keys"] = (public_key, 0o600)
+        buffer = io.BytesIO()
+        with tarfile.open(fileobj=buffer, mode="w") as tar:
+            for path, (content, mode) in sorted(files.items()):
+                info = tarfile.TarInfo(path.lstrip("/"))
+                info.size, info.mode, info.mtime = len(content), mode, int(time.time())
+                if path.startswith(f"/home/{LOGIN_USER}/"):
+                    info.uid = info.gid = 1000
+                tar.addfile(info, io.BytesIO(content))
+        return buffer.getvalue()
+
+    def _wait_booted(self, container: Any, node: LabNode) -> None:
+        deadline = time.monotonic() + BOOT_TIMEOUT_S
+        while time.monotonic() < deadline:
+            result = container.exec_run(["systemctl", "is-system-running", "--wait"])
+            state = result.output.decode().strip()
+            if state in ("running", "degraded"):
+                ssh = container.exec_run(["systemctl", "is-active", "ssh.service"])
+                if ssh.exit_code == 0:
+                    if state == "degraded":
+                        failed = container.exec_run(["systemctl", "--failed", "--plain"])
+                        self.log(f"{node.name}: degraded boot:\n{failed.output.decode()}")
+                    return
+            time.sleep(0.5)
+        raise LabError(f"{node.name} did not finish booting in {BOOT_TIMEOUT_S} s")
+
+    def _memory_mib(self, container: str) -> float:
+        stats = self.client.containers.get(container).stats(stream=False)
+        usage = stats.get("memory_stats", {})
+        cache = usage.get("stats", {}).get("cache", 0)
+        return round((usage.get("usage", 0) - cache) / 2**20, 1)
+
+    def _write_state(self, nodes: list[LabNode]) -> None:
+        self.nodes_path.write_text(json.dumps([asdict(node) for node in nodes], indent=2) + "\n")
+        self.known_hosts_path.write_text(
+            "".join(f"{node.address} {node.host_key}\n" for node in nodes)
+        )
+
+    # --- down ----------------------------------------------------------------------------------
+    def down(self, keep_image: bool = False) -> None:
+        """Remove every container, network and state file the lab made (and its image)."""
+        for container in self.client.containers.list(all=True, filters={"label": LABEL}):
+            container.remove(force=True)
+        for network in self.client.networks.list(names=[NETWORK]):
+            network.remove()
+        if not keep_image:
+            for image in self.client.images.list(name=IMAGE_REPOSITORY):
+                self.client.images.remove(image.id, force=True)
+        if self.state_dir.exists():
+            shutil.rmtree(self.state_dir)

@@ -1,0 +1,680 @@
+"""The desired-state model: everything an inventory may declare for a host, typed and checked.
+
+This module is the one place where defaults live. Each setting's default is the safe choice:
+nothing is installed that is not declared, no reboot happens unless asked for, and the
+firewall never shuts out SSH by default. ``gpunode defaults`` prints this table.
+
+Inventory data reaches pyinfra as flat host data (group_data files, host tuples); the keys
+below are its top-level keys. Keys that belong to pyinfra itself (connector settings such as
+``ssh_user``, global arguments such as ``_sudo``) pass through; keys prefixed ``x_`` are free
+for an operator's own deploys; any other unknown key is an error, so a typo never silently
+falls back to a default.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import ipaddress
+import re
+import struct
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from gpunode.schema import Builder, Problem, setting, spec
+
+# --- value checks -------------------------------------------------------------------------
+
+USER_NAME = r"[a-z_][a-z0-9_-]{0,31}"
+_DNS_LABEL = r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+DNS_NAME = rf"(?=.{{1,253}}$)(\*\.)?{_DNS_LABEL}(\.{_DNS_LABEL})*"
+# Debian package version: [epoch:]upstream[-revision]; upstream must start with a digit.
+APT_VERSION = r"([0-9]+:)?[0-9][A-Za-z0-9.+~]*(-[A-Za-z0-9.+~]+)?"
+# Driver packages: the upstream part is the driver version itself, e.g. 550.127.08.
+DRIVER_APT_VERSION = r"([0-9]+:)?[0-9]{3}\.[0-9]+(\.[0-9]+)?(-[A-Za-z0-9.+~]+)?"
+DRIVER_BRANCH = r"[0-9]{3}"
+CUDA_RELEASE = r"[0-9]{2}\.[0-9]"
+URL = r"https?://[A-Za-z0-9.-]+(:[0-9]{1,5})?(/[^\s]*)?"
+ABSOLUTE_PATH = r"/[^\s\0]*"
+
+SSH_KEY_TYPES = (
+    "ssh-ed25519",
+    "ssh-rsa",
+    "ecdsa-sha2-nistp256",
+    "ecdsa-sha2-nistp384",
+    "ecdsa-sha2-nistp521",
+    "sk-ssh-ed25519@openssh.com",
+    "sk-ecdsa-sha2-nistp256@openssh.com",
+)
+MIN_RSA_BITS = 3072
+
+# Oldest driver each CUDA toolkit release runs on (NVIDIA CUDA Toolkit release notes,
+# "CUDA Toolkit and Corresponding Driver Versions", Linux x86_64, GA releases).
+CUDA_MINIMUM_DRIVER: dict[str, str] = {
+    "11.8": "520.61.05",
+    "12.0": "525.60.13",
+    "12.1": "530.30.02",
+    "12.2": "535.54.03",
+    "12.3": "545.23.06",
+    "12.4": "550.54.14",
+    "12.5": "555.42.02",
+    "12.6": "560.28.03",
+    "12.8": "570.26",
+    "12.9": "575.51.03",
+    "13.0": "580.65.06",
+    "13.1": "590.44.01",
+}
+
+# GPUs that support Multi-Instance GPU (NVIDIA MIG user guide, supported GPUs).
+MIG_CAPABLE_MODELS = ("A100", "A30", "H100", "H200", "H800", "B200", "GB200")
+
+NCCL_VARIABLES = frozenset(
+    {
+        "NCCL_ALGO", "NCCL_BUFFSIZE", "NCCL_COLLNET_ENABLE", "NCCL_CROSS_NIC", "NCCL_DEBUG",
+        "NCCL_DEBUG_FILE", "NCCL_DEBUG_SUBSYS", "NCCL_IB_ADAPTIVE_ROUTING", "NCCL_IB_DISABLE",
+        "NCCL_IB_GID_INDEX", "NCCL_IB_HCA", "NCCL_IB_PCI_RELAXED_ORDERING",
+        "NCCL_IB_QPS_PER_CONNECTION", "NCCL_IB_RETRY_CNT", "NCCL_IB_SL",
+        "NCCL_IB_SPLIT_DATA_ON_QPS", "NCCL_IB_TC", "NCCL_IB_TIMEOUT",
+        "NCCL_IGNORE_CPU_AFFINITY", "NCCL_LAUNCH_MODE", "NCCL_MAX_NCHANNELS",
+        "NCCL_MIN_NCHANNELS", "NCCL_NET_GDR_LEVEL", "NCCL_NET_GDR_READ", "NCCL_NET_PLUGIN",
+        "NCCL_NSOCKS_PERTHREAD", "NCCL_NVLS_ENABLE", "NCCL_P2P_DISABLE", "NCCL_P2P_LEVEL",
+        "NCCL_PROTO", "NCCL_SHM_DISABLE", "NCCL_SOCKET_FAMILY", "NCCL_SOCKET_IFNAME",
+        "NCCL_SOCKET_NTHREADS", "NCCL_TOPO_FILE",
+    }
+)  # fmt: skip
+
+IB_RATES_GBPS = Literal[10, 20, 40, 56, 100, 200, 400, 800]
+
+
+def upstream_version(apt_version: str) -> str:
+    """'1:550.127.08-1' -> '550.127.08': the driver version nvidia-smi reports."""
+    without_epoch = apt_version.split(":", 1)[-1]
+    return without_epoch.rsplit("-", 1)[0] if "-" in without_epoch else without_epoch
+
+
+def version_tuple(version: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in re.findall(r"[0-9]+", version))
+
+
+def check_cidr(value: str) -> str | None:
+    try:
+        ipaddress.ip_network(value, strict=True)
+    except ValueError as error:
+        return "host bits set" if "host bits" in str(error) else "not a network in CIDR form"
+    return None
+
+
+def check_ip_address(value: str) -> str | None:
+    try:
+        ipaddress.ip_address(value)
+    except ValueError:
+        return "not an IP address"
+    return None
+
+
+def check_interface_address(value: str) -> str | None:
+    if "/" not in value:
+        return "prefix length missing"
+    try:
+        ipaddress.ip_interface(value)
+    except ValueError:
+        return "not an address with prefix length"
+    return None
+
+
+def check_ssh_public_key(value: str) -> str | None:
+    """An OpenSSH public key line whose blob decodes and names its own type."""
+    if "PRIVATE KEY" in value:
+        return "this is a PRIVATE key; give the public key (.pub) only"
+    parts = value.strip().split()
+    if len(parts) < 2:
+        return "not a public key line"
+    key_type, blob_text = parts[0], parts[1]
+    if key_type not in SSH_KEY_TYPES:
+        return f"unsupported key type {key_type!r}"
+    try:
+        blob = base64.b64decode(blob_text, validate=True)
+    except (binascii.Error, ValueError):
+        return "key data is not valid base64"
+    fields = _ssh_strings(blob)
+    if not fields or fields[0] != key_type.encode():
+        return "key data does not match its key type"
+    if key_type == "ssh-rsa":
+        modulus = fields[2] if len(fields) > 2 else b""
+        bits = int.from_bytes(modulus, "big").bit_length()
+        if bits < MIN_RSA_BITS:
+            return f"RSA key of {bits} bits is too weak"
+    return None
+
+
+def _ssh_strings(blob: bytes) -> list[bytes]:
+    """Split an SSH wire-format blob into its length-prefixed strings; [] if malformed."""
+    out: list[bytes] = []
+    offset = 0
+    while offset < len(blob):
+        if offset + 4 > len(blob):
+            return []
+        (length,) = struct.unpack(">I", blob[offset : offset + 4])
+        offset += 4
+        if offset + length > len(blob):
+            return []
+        out.append(blob[offset : offset + length])
+        offset += length
+    return out
+
+
+# --- sections --------------------------------------------------------------------------------
+
+SSH_KEY_ACCEPTS = (
+    "an OpenSSH public key line '<type> <base64> [comment]' "
+    f"(types: {', '.join(SSH_KEY_TYPES)}; RSA >= {MIN_RSA_BITS} bits)"
+)
+
+
+@dataclass(frozen=True)
+class AdminUser:
+    """An operator account: key-only login, optionally passwordless sudo."""
+
+    name: str = setting(
+        "", "login name", pattern=USER_NAME, required=True,
+        accepts="a POSIX user name matching " + USER_NAME,
+    )  # fmt: skip
+    ssh_keys: tuple[str, ...] = setting(
+        (),
+        "authorized keys; managed exclusively",
+        check=check_ssh_public_key,
+        accepts=SSH_KEY_ACCEPTS,
+    )
+    sudo: bool = setting(True, "member of the sudo group with passwordless sudo")
+    shell: str = setting("/bin/bash", "login shell", pattern=ABSOLUTE_PATH)
+
+    def validate(self, builder: Builder, path: str) -> None:
+        if self.name == "root":
+            builder.problem(
+                f"{path}.name", self.name, "root is not an admin user", "a personal account"
+            )
+
+
+@dataclass(frozen=True)
+class Sshd:
+    """sshd policy. The floor is dev-sec's ssh-baseline; these are the knobs operators turn."""
+
+    port: int = setting(22, "listening port", min=1, max=65535)
+    listen_addresses: tuple[str, ...] = setting(
+        (), "addresses to listen on; empty means all", check=check_ip_address,
+        accepts="IP addresses",
+    )  # fmt: skip
+    permit_root_login: Literal["no", "prohibit-password"] = setting(
+        "no", "root login: off, or key-only"
+    )
+    max_auth_tries: int = setting(2, "MaxAuthTries", min=1, max=6)
+    max_sessions: int = setting(10, "MaxSessions", min=1, max=100)
+    login_grace_time_s: int = setting(30, "LoginGraceTime in seconds", min=5, max=600)
+    client_alive_interval_s: int = setting(300, "ClientAliveInterval in seconds", min=0, max=3600)
+    client_alive_count_max: int = setting(3, "ClientAliveCountMax", min=0, max=10)
+    allow_tcp_forwarding: bool = setting(False, "AllowTcpForwarding")
+    allow_agent_forwarding: bool = setting(False, "AllowAgentForwarding")
+    x11_forwarding: bool = setting(False, "X11Forwarding")
+
+
+@dataclass(frozen=True)
+class FirewallRule:
+    """An extra allow-rule: these ports from these source networks."""
+
+    name: str = setting("", "label used in the rule comment", pattern=r"[A-Za-z0-9_.-]{1,32}")
+    ports: tuple[int, ...] = setting((), "destination ports", min=1, max=65535)
+    protocol: Literal["tcp", "udp"] = setting("tcp", "transport protocol")
+    sources: tuple[str, ...] = setting(
+        (), "source networks", check=check_cidr, accepts="networks in CIDR form, e.g. 10.0.0.0/8"
+    )
+
+    def validate(self, builder: Builder, path: str) -> None:
+        if not self.ports:
+            builder.problem(f"{path}.ports", list(self.ports), "empty", "at least one port")
+        if not self.sources:
+            builder.problem(f"{path}.sources", list(self.sources), "empty", "at least one network")
+
+
+CIDR_ACCEPTS = "networks in CIDR form, e.g. 10.0.0.0/8 or fd00::/8"
+
+
+@dataclass(frozen=True)
+class Firewall:
+    """nftables policy in gpunode's own table: default-drop input, allow-rules from data."""
+
+    enabled: bool = setting(False, "manage the gpunode nftables table")
+    admin_networks: tuple[str, ...] = setting(
+        ("0.0.0.0/0", "::/0"),
+        "where SSH is allowed from (default: anywhere, so enabling never locks you out; narrow it)",
+        check=check_cidr,
+        accepts=CIDR_ACCEPTS,
+    )
+    monitoring_networks: tuple[str, ...] = setting(
+        (), "where metrics exporters may be scraped from", check=check_cidr, accepts=CIDR_ACCEPTS
+    )
+    metrics_ports: tuple[int, ...] = setting(
+        (9100, 9400), "exporter ports (node_exporter, dcgm-exporter)", min=1, max=65535
+    )
+    fabric_networks: tuple[str, ...] = setting(
+        (), "cluster fabric networks, allowed everything (NCCL, RoCE)", check=check_cidr,
+        accepts=CIDR_ACCEPTS,
+    )  # fmt: skip
+    extra_rules: tuple[FirewallRule, ...] = setting((), "additional allow-rules")
+
+
+@dataclass(frozen=True)
+class Tls:
+    """A node certificate from the control machine's internal CA; the key stays on the node."""
+
+    enabled: bool = setting(False, "issue and install a node certificate")
+    names: tuple[str, ...] = setting(
+        (), "DNS names (subjectAltName); the host name is always included", pattern=DNS_NAME,
+        accepts="DNS names such as node1.cluster.example",
+    )  # fmt: skip
+    ip_addresses: tuple[str, ...] = setting(
+        (), "IP addresses (subjectAltName)", check=check_ip_address, accepts="IP addresses"
+    )
+    renew_before_days: int = setting(30, "re-issue when expiry is this close", min=1, max=365)
+    validity_days: int = setting(365, "lifetime of an issued certificate", min=2, max=825)
+
+    def validate(self, builder: Builder, path: str) -> None:
+        if self.renew_before_days >= self.validity_days:
+            builder.problem(
+                f"{path}.renew_before_days",
+                self.renew_before_days,
+                f"not below validity_days ({self.validity_days}), so every run would re-issue",
+                "a number of days below validity_days",
+            )
+
+
+@dataclass(frozen=True)
+class Repositories:
+    """Where apt looks. Every URL can point at an air-gapped mirror."""
+
+    debian_mirror: str = setting("http://deb.debian.org/debian", "Debian archive", pattern=URL)
+    debian_security_mirror: str = setting(
+        "http://deb.debian.org/debian-security", "Debian security archive", pattern=URL
+    )
+    debian_components: tuple[Literal["main", "contrib", "non-free", "non-free-firmware"], ...] = (
+        setting(
+            ("main", "contrib", "non-free", "non-free-firmware"),
+            "components (non-free is needed for Debian's NVIDIA driver)",
+        )
+    )
+    cuda_repo_url: str = setting(
+        "https://developer.download.nvidia.com/compute/cuda/repos/debian12/x86_64",
+        "NVIDIA CUDA repository",
+        pattern=URL,
+    )
+    container_toolkit_repo_url: str = setting(
+        "https://nvidia.github.io/libnvidia-container/stable/deb/amd64",
+        "libnvidia-container repository",
+        pattern=URL,
+    )
+    proxy: str | None = setting(None, "apt HTTP proxy", pattern=URL)
+
+    def validate(self, builder: Builder, path: str) -> None:
+        if "main" not in self.debian_components:
+            builder.problem(
+                f"{path}.debian_components",
+                list(self.debian_components),
+                "main is missing",
+                "a list that includes main",
+            )
+
+
+@dataclass(frozen=True)
+class NvidiaDriver:
+    """Which driver, pinned how, and what may happen to make it take effect."""
+
+    source: Literal["none", "debian", "nvidia"] = setting(
+        "none", "none: leave the driver alone; debian: Debian non-free; nvidia: NVIDIA's repo"
+    )
+    branch: str | None = setting(
+        None, "driver branch, e.g. '550' (NVIDIA source)", pattern=DRIVER_BRANCH,
+        accepts="a three-digit driver branch such as '550'",
+    )  # fmt: skip
+    version: str | None = setting(
+        None, "exact apt version to pin and hold, e.g. '550.127.08-1'",
+        pattern=DRIVER_APT_VERSION,
+        accepts="an apt package version such as '550.127.08-1'",
+    )  # fmt: skip
+    flavour: Literal["open", "proprietary"] = setting("open", "kernel module flavour")
+    reboot: Literal["never", "if-needed"] = setting(
+        "never", "reboot when the loaded module differs from the installed one"
+    )
+    persistence_daemon: bool = setting(True, "enable nvidia-persistenced")
+
+    @property
+    def driver_version(self) -> str | None:
+        return upstream_version(self.version) if self.version else None
+
+    def validate(self, builder: Builder, path: str) -> None:
+        if self.source == "none":
+            for name in ("branch", "version"):
+                if getattr(self, name) is not None:
+                    builder.problem(
+                        f"{path}.{name}",
+                        getattr(self, name),
+                        "set while source is 'none', so it would be ignored",
+                        "set source to 'debian' or 'nvidia', or remove the key",
+                    )
+            return
+        if self.source == "nvidia" and self.branch is None:
+            builder.problem(
+                f"{path}.branch", None, "missing for source 'nvidia'", "a branch such as '550'"
+            )
+        if (
+            self.branch
+            and self.version
+            and not upstream_version(self.version).startswith(self.branch + ".")
+        ):
+            builder.problem(
+                f"{path}.version",
+                self.version,
+                f"not in branch {self.branch}",
+                f"a version starting with '{self.branch}.'",
+            )
+
+
+@dataclass(frozen=True)
+class Cuda:
+    """CUDA toolkits (cuda-toolkit-X-Y, never the driver-pulling 'cuda' metapackage)."""
+
+    versions: tuple[str, ...] = setting(
+        (), "toolkit releases side by side, e.g. ['12.4', '12.8']",
+        check=lambda v: None if v in CUDA_MINIMUM_DRIVER else "unknown CUDA release",
+        accepts="a CUDA release: " + ", ".join(CUDA_MINIMUM_DRIVER),
+    )  # fmt: skip
+    default: str | None = setting(
+        None, "release on PATH system-wide; defaults to the newest", pattern=CUDA_RELEASE
+    )
+
+    def validate(self, builder: Builder, path: str) -> None:
+        if self.default is not None and self.default not in self.versions:
+            builder.problem(
+                f"{path}.default",
+                self.default,
+                "not among cuda.versions",
+                "one of " + (", ".join(self.versions) or "(no versions declared)"),
+            )
+
+
+@dataclass(frozen=True)
+class ContainerRuntime:
+    """NVIDIA Container Toolkit and the engines it is wired into."""
+
+    engines: tuple[Literal["docker", "containerd"], ...] = setting(
+        (), "engines to configure with nvidia-ctk"
+    )
+    toolkit_version: str | None = setting(
+        None, "exact nvidia-container-toolkit apt version", pattern=APT_VERSION,
+        accepts="an apt package version such as '1.17.4-1'",
+    )  # fmt: skip
+    cdi: bool = setting(True, "generate the CDI spec (/etc/cdi/nvidia.yaml)")
+    set_as_default: bool = setting(False, "make nvidia the engine's default runtime")
+
+
+@dataclass(frozen=True)
+class FabricManager:
+    """nvidia-fabricmanager: needed exactly on nodes whose GPUs sit behind NVSwitches."""
+
+    mode: Literal["auto", "always", "never"] = setting(
+        "auto", "auto: install when expected_hardware.nvswitch is true"
+    )
+    version: str | None = setting(
+        None, "exact apt version; must equal the driver version", pattern=DRIVER_APT_VERSION,
+        accepts="an apt package version such as '550.127.08-1'",
+    )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Dcgm:
+    enabled: bool = setting(False, "install datacenter-gpu-manager, run nvidia-dcgm")
+    version: str | None = setting(None, "exact apt version", pattern=APT_VERSION)
+    exporter: bool = setting(False, "run dcgm-exporter")
+
+
+@dataclass(frozen=True)
+class ApplicationClocks:
+    memory_mhz: int = setting(0, "memory clock", min=1, max=20000)
+    graphics_mhz: int = setting(0, "graphics clock", min=1, max=5000)
+
+
+@dataclass(frozen=True)
+class GpuSettings:
+    """Per-GPU settings applied with nvidia-smi. null means: leave as found."""
+
+    persistence_mode: bool | None = setting(True, "persistence mode on every GPU")
+    ecc: bool | None = setting(None, "ECC mode (takes effect after a GPU reset or reboot)")
+    mig: bool | None = setting(None, "MIG mode (takes effect after a GPU reset or reboot)")
+    mig_layout: tuple[str, ...] = setting(
+        (), "MIG GPU instance profiles per GPU, e.g. ['3g.40gb', '3g.40gb']",
+        pattern=r"[1-9]g\.[0-9]+gb(\+me)?", accepts="MIG profile names such as '1g.10gb'",
+    )  # fmt: skip
+    power_limit_w: int | None = setting(None, "power limit in watts", min=50, max=1500)
+    application_clocks: ApplicationClocks | None = setting(None, "application clocks")
+
+    def validate(self, builder: Builder, path: str) -> None:
+        if self.mig_layout and self.mig is not True:
+            builder.problem(
+                f"{path}.mig_layout",
+                list(self.mig_layout),
+                "a MIG layout needs gpu_settings.mig: true",
+                "mig: true, or no mig_layout",
+            )
+
+
+@dataclass(frozen=True)
+class Nccl:
+    env: dict[str, str] = field(
+        default_factory=dict,
+        metadata=spec(
+            "NCCL_* variables for /etc/nccl.conf and the system environment",
+            accepts="known NCCL variables (NCCL_SOCKET_IFNAME, NCCL_IB_HCA, ...) to strings",
+        ),
+    )
+    install_libnccl: bool = setting(False, "install libnccl2 matching the default CUDA")
+
+    def validate(self, builder: Builder, path: str) -> None:
+        for name in self.env:
+            if name not in NCCL_VARIABLES:
+                builder.problem(
+                    f"{path}.env.{name}",
+                    self.env[name],
+                    "unknown NCCL variable",
+                    ", ".join(sorted(NCCL_VARIABLES)),
+                )
+
+
+@dataclass(frozen=True)
+class IpoibInterface:
+    name: str = setting("", "interface name", pattern=r"ib[0-9]+", accepts="a name such as ib0")
+    address: str = setting(
+        "", "address with prefix length", check=check_interface_address,
+        accepts="an address with prefix length, e.g. 192.168.100.11/24",
+    )  # fmt: skip
+    mtu: int = setting(2044, "MTU (2044 datagram, up to 65520 connected)", min=1280, max=65520)
+
+
+@dataclass(frozen=True)
+class Infiniband:
+    enabled: bool = setting(False, "install rdma-core and load the IB modules")
+    ipoib: tuple[IpoibInterface, ...] = setting((), "IPoIB interfaces")
+    subnet_manager: bool = setting(False, "run opensm on this node")
+    memlock_unlimited: bool = setting(True, "unlimited memlock for RDMA users")
+
+
+@dataclass(frozen=True)
+class NvmeCache:
+    enabled: bool = setting(False, "build the local NVMe cache")
+    devices: tuple[str, ...] = setting(
+        (), "explicit device paths", pattern=r"/dev/[A-Za-z0-9/_-]+", accepts="paths under /dev"
+    )
+    match_model: str | None = setting(None, "select drives whose model contains this")
+    min_size_gb: int | None = setting(None, "select drives at least this large", min=1)
+    filesystem: Literal["xfs", "ext4"] = setting("xfs", "filesystem")
+    mount_point: str = setting("/raid", "mount point", pattern=ABSOLUTE_PATH)
+    wipe_allowed_serials: tuple[str, ...] = setting(
+        (), "serials of drives that may be wiped even though they carry data"
+    )
+    cachefilesd: bool = setting(False, "run cachefilesd for NFS FS-Cache on the array")
+
+    def validate(self, builder: Builder, path: str) -> None:
+        if self.enabled and not self.devices and self.match_model is None:
+            builder.problem(
+                f"{path}.devices", [], "no way to choose drives", "devices, or match_model"
+            )
+        if self.mount_point in ("/", "/boot", "/usr", "/var", "/etc", "/home"):
+            builder.problem(
+                f"{path}.mount_point", self.mount_point, "a system directory", "a dedicated path"
+            )
+
+
+@dataclass(frozen=True)
+class ExpectedHardware:
+    """What should be in the box; the drift check compares facts against it."""
+
+    gpu_model: str | None = setting(None, "product name as nvidia-smi reports it")
+    gpu_count: int | None = setting(None, "number of GPUs", min=0, max=16)
+    nvswitch: bool | None = setting(None, "GPUs sit behind NVSwitches")
+    nvlink_links_per_gpu: int | None = setting(None, "active NVLinks per GPU", min=0, max=18)
+    ib_port_count: int | None = setting(None, "active InfiniBand ports", min=0, max=32)
+    ib_rate_gbps: IB_RATES_GBPS | None = setting(None, "rate every IB port should train at")
+    nvme_count: int | None = setting(None, "NVMe drives", min=0, max=64)
+
+    def validate(self, builder: Builder, path: str) -> None:
+        if self.nvswitch and self.nvlink_links_per_gpu == 0:
+            builder.problem(
+                f"{path}.nvlink_links_per_gpu", 0, "NVSwitch systems have NVLinks", "at least 1"
+            )
+
+
+@dataclass(frozen=True)
+class DesiredState:
+    """Everything gpunode manages on one host."""
+
+    base_packages: tuple[str, ...] = setting(
+        ("ca-certificates", "curl", "gnupg", "pciutils"), "packages every node gets",
+        pattern=r"[a-z0-9][a-z0-9+.-]+", accepts="Debian package names",
+    )  # fmt: skip
+    admin_users: tuple[AdminUser, ...] = setting((), "operator accounts")
+    sshd: Sshd = setting(Sshd(), "sshd policy")
+    firewall: Firewall = setting(Firewall(), "nftables policy")
+    tls: Tls = setting(Tls(), "node certificate")
+    apt: Repositories = setting(Repositories(), "package sources")
+    nvidia_driver: NvidiaDriver = setting(NvidiaDriver(), "driver")
+    cuda: Cuda = setting(Cuda(), "CUDA toolkits")
+    container_runtime: ContainerRuntime = setting(ContainerRuntime(), "container toolkit")
+    fabric_manager: FabricManager = setting(FabricManager(), "Fabric Manager")
+    dcgm: Dcgm = setting(Dcgm(), "DCGM")
+    gpu_settings: GpuSettings = setting(GpuSettings(), "GPU settings")
+    nccl: Nccl = setting(Nccl(), "NCCL")
+    infiniband: Infiniband = setting(Infiniband(), "InfiniBand / RDMA")
+    nvme_cache: NvmeCache = setting(NvmeCache(), "NVMe cache")
+    expected_hardware: ExpectedHardware = setting(ExpectedHardware(), "expected hardware")
+
+    @property
+    def needs_fabric_manager(self) -> bool:
+        if self.fabric_manager.mode == "auto":
+            return bool(self.expected_hardware.nvswitch)
+        return self.fabric_manager.mode == "always"
+
+    def validate(self, builder: Builder, path: str) -> None:
+        self._validate_admins(builder)
+        self._validate_cuda_against_driver(builder)
+        self._validate_fabric_manager(builder)
+        model = self.expected_hardware.gpu_model
+        if self.gpu_settings.mig and model and not any(m in model for m in MIG_CAPABLE_MODELS):
+            builder.problem(
+                "gpu_settings.mig",
+                True,
+                f"expected_hardware.gpu_model {model!r} does not support MIG",
+                "mig only on " + ", ".join(MIG_CAPABLE_MODELS),
+            )
+
+    def _validate_admins(self, builder: Builder) -> None:
+        seen: set[str] = set()
+        for index, user in enumerate(self.admin_users):
+            if user.name in seen:
+                builder.problem(
+                    f"admin_users[{index}].name", user.name, "duplicate user", "unique names"
+                )
+            seen.add(user.name)
+
+    def _validate_cuda_against_driver(self, builder: Builder) -> None:
+        driver = self.nvidia_driver
+        installed = driver.driver_version or (f"{driver.branch}.999" if driver.branch else None)
+        if installed is None:
+            return
+        for index, release in enumerate(self.cuda.versions):
+            minimum = CUDA_MINIMUM_DRIVER.get(release)
+            if minimum and version_tuple(installed) < version_tuple(minimum):
+                pinned = driver.version or f"branch {driver.branch}"
+                builder.problem(
+                    f"cuda.versions[{index}]",
+                    release,
+                    f"CUDA {release} needs driver >= {minimum}, but the driver is pinned to "
+                    f"{pinned}",
+                    "a CUDA release the pinned driver runs: "
+                    + ", ".join(
+                        r
+                        for r, m in CUDA_MINIMUM_DRIVER.items()
+                        if version_tuple(m) <= version_tuple(installed)
+                    ),
+                )
+
+    def _validate_fabric_manager(self, builder: Builder) -> None:
+        if not self.needs_fabric_manager:
+            return
+        driver = self.nvidia_driver
+        if driver.source == "debian":
+            builder.problem(
+                "fabric_manager.mode",
+                self.fabric_manager.mode,
+                "Fabric Manager is only in NVIDIA's repository and must match its driver, but "
+                "nvidia_driver.source is 'debian'",
+                "nvidia_driver.source: nvidia on NVSwitch nodes, or fabric_manager.mode: never",
+            )
+        fm_version = self.fabric_manager.version
+        if (
+            fm_version
+            and driver.version
+            and upstream_version(fm_version) != upstream_version(driver.version)
+        ):
+            builder.problem(
+                "fabric_manager.version",
+                fm_version,
+                f"differs from nvidia_driver.version {driver.version!r}",
+                f"exactly the driver version ({upstream_version(driver.version)})",
+            )
+
+
+TOP_LEVEL_KEYS = tuple(DesiredState.__dataclass_fields__)
+
+# Data keys pyinfra itself reads: connector settings and global operation arguments.
+PYINFRA_KEY_PREFIXES = (
+    "_", "ssh_", "docker_", "dockerssh_", "podman_", "vagrant_", "local_", "chroot_",
+    "winrm_", "terraform_", "x_",
+)  # fmt: skip
+
+
+def build_desired_state(data: Mapping[str, Any]) -> tuple[DesiredState, list[Problem]]:
+    """Check one host's merged data; returns the state (defaults where invalid) and problems."""
+    builder = Builder()
+    ours = {}
+    for key, value in data.items():
+        if key in TOP_LEVEL_KEYS:
+            ours[key] = value
+        elif not key.startswith(PYINFRA_KEY_PREFIXES):
+            builder.problem(
+                key,
+                value,
+                "unknown key",
+                "gpunode keys ("
+                + ", ".join(TOP_LEVEL_KEYS)
+                + "), pyinfra connector keys (ssh_*, _sudo, ...) or your own keys prefixed x_",
+            )
+    state = builder.build(DesiredState, ours, "")
+    return state, builder.problems

@@ -1,0 +1,52 @@
+"""Every host of inventories/prod.py: who may log in, from where, and the pinned NVIDIA stack."""
+
+ssh_user = "gpuadmin"
+_sudo = True
+
+admin_users = [
+    {
+        "name": "alice",
+        "ssh_keys": [
+            "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIBmmC5c0MskzCLCOGiqga2hOzIWStr5uPr30UKQpetWS "
+            "alice@ops.example"
+        ],
+    },
+    {
+        "name": "bob",
+        "ssh_keys": [
+            "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIPQUZFlnFqnyKh8mjHvR7CC/2uUH0GpU0OUx4lvzQEVU "
+            "bob@ops.example"
+        ],
+    },
+]
+
+sshd = {"permit_root_login": "no", "max_auth_tries": 2}
+
+firewall = {
+    "enabled": True,
+    "admin_networks": ["10.10.0.0/16"],
+    "monitoring_networks": ["10.10.50.0/24"],
+    "fabric_networks": ["10.100.0.0/16"],
+}
+
+tls = {"enabled": True, "renew_before_days": 30}
+
+# An air-gapped site: every repository is the local mirror.
+apt = {
+    "debian_mirror": "http://mirror.dc1.example.net/debian",
+    "debian_security_mirror": "http://mirror.dc1.example.net/debian-security",
+    "cuda_repo_url": "http://mirror.dc1.example.net/nvidia/cuda/debian12/x86_64",
+    "container_toolkit_repo_url": "http://mirror.dc1.example.net/nvidia/libnvidia-container",
+}
+
+nvidia_driver = {
+    "source": "nvidia",
+    "branch": "570",
+    "version": "570.195.03-1",
+    "flavour": "open",
+    "reboot": "if-needed",
+}
+fabric_manager = {"version": "570.195.03-1"}
+cuda = {"versions": ["12.6", "12.8"], "default": "12.8"}
+container_runtime = {"engines": ["docker"], "toolkit_version": "1.17.8-1"}
+dcgm = {"enabled": True, "exporter": True}

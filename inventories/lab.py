@@ -1,0 +1,15 @@
+"""The local lab fleet made by `gpunode lab up`; groups follow each node's hardware profile."""
+
+from gpunode.lab import Lab
+
+_nodes = Lab().nodes()
+if not _nodes:
+    raise SystemExit("inventories/lab.py: no lab nodes; run `gpunode lab up --nodes 2` first")
+
+_by_profile: dict[str, list] = {"hgx-h100": [], "a100": [], "pcie-a10g": []}
+for _node in _nodes:
+    _by_profile[_node.profile].append((_node.name, {"ssh_hostname": _node.address}))
+
+h100_nodes = _by_profile["hgx-h100"]
+a100_nodes = _by_profile["a100"]
+pcie_nodes = _by_profile["pcie-a10g"]

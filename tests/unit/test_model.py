@@ -1,0 +1,374 @@
+"""The desired-state model: every bad input gets one precise message; good data passes."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gpunode.inventory import InvalidInventory, validate_hosts
+from gpunode.model import DesiredState, build_desired_state, upstream_version
+
+ROOT = Path(__file__).resolve().parents[2]
+ED25519 = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIBmmC5c0MskzCLCOGiqga2hOzIWStr5uPr30UKQpetWS a@b"
+# A real 1024-bit RSA public key (ssh-keygen -t rsa -b 1024, for this test): too weak.
+RSA_1024 = (
+    "ssh-rsa AAAAB3NzaC1yc2EAAAADAQABAAAAgQDgdfn7yl9tCVpQ/YpkZMI59T5QEUdFJ6aBwhhY/ZHKz6XE9hProa"
+    "oRtdVje7rtMTwBusm18+NAjm2WfCFP/BD0UR7NOPzxfxo8044IGbU/efIDSPNVMPUl6TvutUlr+C17XgfaWrMQjgTs"
+    "EgfTjd7sGTjI3XYogWtc5b5x/sPlSQ== weak@x"
+)
+
+
+def problems_of(data: dict) -> list[str]:
+    _, problems = build_desired_state(data)
+    return [problem.render("inventories/test.py", "node-1") for problem in problems]
+
+
+# (data, the one message expected, as an exact substring of the rendered line)
+BAD_INPUTS = [
+    pytest.param(
+        {"nvidia_drvier": {"source": "nvidia"}},
+        "host node-1: nvidia_drvier = {'source': 'nvidia'}: unknown key; accepted: gpunode keys",
+        id="unknown-top-level-key",
+    ),
+    pytest.param(
+        {"sshd": {"prot": 22}},
+        "sshd.prot = 22: unknown key; accepted: keys of sshd: allow_agent_forwarding",
+        id="unknown-nested-key",
+    ),
+    pytest.param(
+        {"sshd": {"port": 70000}},
+        "sshd.port = 70000: out of range; accepted: an integer from 1 to 65535",
+        id="port-out-of-range",
+    ),
+    pytest.param(
+        {"sshd": {"port": "22"}},
+        "sshd.port = '22': wrong type; accepted: an integer from 1 to 65535",
+        id="port-wrong-type",
+    ),
+    pytest.param(
+        {"sshd": {"permit_root_login": "yes"}},
+        "sshd.permit_root_login = 'yes': not an accepted value; accepted: one of 'no', "
+        "'prohibit-password'",
+        id="root-login-yes",
+    ),
+    pytest.param(
+        {"sshd": {"x11_forwarding": "no"}},
+        "sshd.x11_forwarding = 'no': wrong type; accepted: true or false",
+        id="bool-as-string",
+    ),
+    pytest.param(
+        {"firewall": {"admin_networks": ["10.0.0.1/8"]}},
+        "firewall.admin_networks[0] = '10.0.0.1/8': host bits set; accepted: networks in CIDR",
+        id="cidr-host-bits",
+    ),
+    pytest.param(
+        {"firewall": {"fabric_networks": ["10.300.0.0/16"]}},
+        "firewall.fabric_networks[0] = '10.300.0.0/16': not a network in CIDR form",
+        id="invalid-cidr",
+    ),
+    pytest.param(
+        {"firewall": {"admin_networks": "10.0.0.0/8"}},
+        "firewall.admin_networks = '10.0.0.0/8': wrong type; accepted: networks in CIDR form",
+        id="cidr-not-a-list",
+    ),
+    pytest.param(
+        {"firewall": {"extra_rules": [{"name": "nfs", "ports": [2049], "sources": []}]}},
+        "firewall.extra_rules[0].sources = []: empty; accepted: at least one network",
+        id="rule-without-sources",
+    ),
+    pytest.param(
+        {"firewall": {"metrics_ports": [0]}},
+        "firewall.metrics_ports[0] = 0: out of range; accepted: an integer from 1 to 65535",
+        id="metrics-port-zero",
+    ),
+    pytest.param(
+        {"nvidia_driver": {"source": "nvidia", "branch": "550", "version": "550.abc"}},
+        "nvidia_driver.version = '550.abc': malformed; accepted: an apt package version such "
+        "as '550.127.08-1'",
+        id="malformed-driver-version",
+    ),
+    pytest.param(
+        {"nvidia_driver": {"source": "nvidia", "branch": "550", "version": "535.216.01-1"}},
+        "nvidia_driver.version = '535.216.01-1': not in branch 550; accepted: a version "
+        "starting with '550.'",
+        id="version-outside-branch",
+    ),
+    pytest.param(
+        {"nvidia_driver": {"source": "nvidia"}},
+        "nvidia_driver.branch = None: missing for source 'nvidia'",
+        id="nvidia-source-without-branch",
+    ),
+    pytest.param(
+        {"nvidia_driver": {"source": "cuda"}},
+        "nvidia_driver.source = 'cuda': not an accepted value; accepted: one of 'none', "
+        "'debian', 'nvidia'",
+        id="unknown-driver-source",
+    ),
+    pytest.param(
+        {"nvidia_driver": {"branch": "550"}},
+        "nvidia_driver.branch = '550': set while source is 'none', so it would be ignored",
+        id="branch-without-source",
+    ),
+    pytest.param(
+        {
+            "nvidia_driver": {"source": "nvidia", "branch": "535", "version": "535.216.01-1"},
+            "cuda": {"versions": ["12.8"]},
+        },
+        "cuda.versions[0] = '12.8': CUDA 12.8 needs driver >= 570.26, but the driver is pinned "
+        "to 535.216.01-1; accepted: a CUDA release the pinned driver runs: 11.8, 12.0, 12.1, 12.2",
+        id="cuda-too-new-for-driver",
+    ),
+    pytest.param(
+        {"nvidia_driver": {"source": "nvidia", "branch": "550"}, "cuda": {"versions": ["13.0"]}},
+        "cuda.versions[0] = '13.0': CUDA 13.0 needs driver >= 580.65.06, but the driver is "
+        "pinned to branch 550",
+        id="cuda-too-new-for-branch",
+    ),
+    pytest.param(
+        {"cuda": {"versions": ["12.7"]}},
+        "cuda.versions[0] = '12.7': unknown CUDA release; accepted: a CUDA release: 11.8",
+        id="unknown-cuda-release",
+    ),
+    pytest.param(
+        {"cuda": {"versions": ["12.4"], "default": "12.6"}},
+        "cuda.default = '12.6': not among cuda.versions; accepted: one of 12.4",
+        id="cuda-default-not-installed",
+    ),
+    pytest.param(
+        {
+            "nvidia_driver": {"source": "nvidia", "branch": "550", "version": "550.127.08-1"},
+            "fabric_manager": {"mode": "always", "version": "550.120-1"},
+        },
+        "fabric_manager.version = '550.120-1': differs from nvidia_driver.version "
+        "'550.127.08-1'; accepted: exactly the driver version (550.127.08)",
+        id="fabric-manager-version-mismatch",
+    ),
+    pytest.param(
+        {"nvidia_driver": {"source": "debian"}, "expected_hardware": {"nvswitch": True}},
+        "fabric_manager.mode = 'auto': Fabric Manager is only in NVIDIA's repository",
+        id="fabric-manager-with-debian-driver",
+    ),
+    pytest.param(
+        {"admin_users": [{"name": "alice", "ssh_keys": ["ssh-ed25519 not-base64!"]}]},
+        "admin_users[0].ssh_keys[0] = 'ssh-ed25519 not-base64!': key data is not valid base64",
+        id="ssh-key-bad-base64",
+    ),
+    pytest.param(
+        {
+            "admin_users": [
+                {"name": "alice", "ssh_keys": [ED25519.replace("ssh-ed25519", "ssh-rsa")]}
+            ]
+        },
+        "key data does not match its key type",
+        id="ssh-key-type-mismatch",
+    ),
+    pytest.param(
+        {"admin_users": [{"name": "alice", "ssh_keys": ["-----BEGIN OPENSSH PRIVATE KEY-----"]}]},
+        "this is a PRIVATE key; give the public key (.pub) only",
+        id="private-key-instead-of-public",
+    ),
+    pytest.param(
+        {"admin_users": [{"name": "Alice", "ssh_keys": [ED25519]}]},
+        "admin_users[0].name = 'Alice': malformed; accepted: a POSIX user name",
+        id="bad-user-name",
+    ),
+    pytest.param(
+        {"admin_users": [{"ssh_keys": [ED25519]}]},
+        "admin_users[0].name = None: missing; accepted: a POSIX user name",
+        id="admin-without-name",
+    ),
+    pytest.param(
+        {"admin_users": [{"name": "root", "ssh_keys": [ED25519]}]},
+        "admin_users[0].name = 'root': root is not an admin user",
+        id="root-as-admin",
+    ),
+    pytest.param(
+        {"admin_users": [{"name": "al"}, {"name": "al"}]},
+        "admin_users[1].name = 'al': duplicate user; accepted: unique names",
+        id="duplicate-admin",
+    ),
+    pytest.param(
+        {"admin_users": {"name": "al"}},
+        "admin_users = {'name': 'al'}: wrong type; accepted: a list of a mapping with keys",
+        id="admin-users-not-a-list",
+    ),
+    pytest.param(
+        {"tls": {"names": ["bad_name.example"]}},
+        "tls.names[0] = 'bad_name.example': malformed; accepted: DNS names",
+        id="tls-bad-dns-name",
+    ),
+    pytest.param(
+        {"tls": {"renew_before_days": 400, "validity_days": 365}},
+        "tls.renew_before_days = 400: out of range; accepted: an integer from 1 to 365",
+        id="tls-renew-window-out-of-range",
+    ),
+    pytest.param(
+        {"tls": {"renew_before_days": 90, "validity_days": 60}},
+        "tls.renew_before_days = 90: not below validity_days (60), so every run would re-issue",
+        id="tls-renew-window-longer-than-validity",
+    ),
+    pytest.param(
+        {"apt": {"cuda_repo_url": "ftp://mirror/cuda"}},
+        "apt.cuda_repo_url = 'ftp://mirror/cuda': malformed",
+        id="mirror-url-scheme",
+    ),
+    pytest.param(
+        {"nccl": {"env": {"NCCL_SOCKET_IFACE": "eth0"}}},
+        "nccl.env.NCCL_SOCKET_IFACE = 'eth0': unknown NCCL variable",
+        id="unknown-nccl-variable",
+    ),
+    pytest.param(
+        {"infiniband": {"ipoib": [{"name": "ib0", "address": "192.168.100.11"}]}},
+        "infiniband.ipoib[0].address = '192.168.100.11': prefix length missing",
+        id="ipoib-address-without-prefix",
+    ),
+    pytest.param(
+        {"expected_hardware": {"ib_rate_gbps": 300}},
+        "expected_hardware.ib_rate_gbps = 300: not an accepted value; accepted: one of 10, 20",
+        id="impossible-ib-rate",
+    ),
+    pytest.param(
+        {"expected_hardware": {"gpu_count": -1}},
+        "expected_hardware.gpu_count = -1: out of range; accepted: an integer from 0 to 16",
+        id="negative-gpu-count",
+    ),
+    pytest.param(
+        {"gpu_settings": {"mig": True}, "expected_hardware": {"gpu_model": "NVIDIA L40S"}},
+        "gpu_settings.mig = True: expected_hardware.gpu_model 'NVIDIA L40S' does not support MIG",
+        id="mig-on-non-mig-gpu",
+    ),
+    pytest.param(
+        {"gpu_settings": {"mig_layout": ["3g.40gb"]}},
+        "gpu_settings.mig_layout = ['3g.40gb']: a MIG layout needs gpu_settings.mig: true",
+        id="mig-layout-without-mig",
+    ),
+    pytest.param(
+        {"nvme_cache": {"enabled": True}},
+        "nvme_cache.devices = []: no way to choose drives; accepted: devices, or match_model",
+        id="nvme-cache-without-devices",
+    ),
+    pytest.param(
+        {"nvme_cache": {"mount_point": "/var"}},
+        "nvme_cache.mount_point = '/var': a system directory",
+        id="nvme-cache-on-system-directory",
+    ),
+    pytest.param(
+        {"container_runtime": {"engines": ["podman"]}},
+        "container_runtime.engines[0] = 'podman': not an accepted value; accepted: one of "
+        "'docker', 'containerd'",
+        id="unknown-container-engine",
+    ),
+]
+
+
+@pytest.mark.parametrize(("data", "message"), BAD_INPUTS)
+def test_bad_input_gets_exactly_one_precise_message(data: dict, message: str) -> None:
+    messages = problems_of(data)
+    assert len(messages) == 1, messages
+    assert message in messages[0]
+    assert messages[0].startswith("inventories/test.py: host node-1: ")
+
+
+def test_weak_rsa_key_is_refused_with_its_size() -> None:
+    (message,) = problems_of({"admin_users": [{"name": "al", "ssh_keys": [RSA_1024]}]})
+    assert "admin_users[0].ssh_keys[0] = 'ssh-rsa AAAA" in message
+    assert ": RSA key of 1024 bits is too weak; accepted: " in message
+
+
+def test_every_problem_is_reported_not_just_the_first() -> None:
+    messages = problems_of({"sshd": {"port": 0, "max_auth_tries": 99}, "bogus": 1})
+    assert [m.split(": ")[2].split(" = ")[0] for m in messages] == [
+        "bogus",
+        "sshd.port",
+        "sshd.max_auth_tries",
+    ]
+
+
+def test_defaults_are_valid_and_safe() -> None:
+    state, problems = build_desired_state({})
+    assert problems == []
+    assert state == DesiredState()
+    assert state.nvidia_driver.source == "none"
+    assert state.nvidia_driver.reboot == "never"
+    assert state.firewall.admin_networks == ("0.0.0.0/0", "::/0")
+    assert state.sshd.permit_root_login == "no"
+
+
+def test_pyinfra_and_operator_keys_pass_through() -> None:
+    assert problems_of({"ssh_user": "debian", "_sudo": True, "x_rack": "r12"}) == []
+
+
+def test_valid_data_builds_typed_state() -> None:
+    state, problems = build_desired_state(
+        {
+            "admin_users": [{"name": "alice", "ssh_keys": [ED25519]}],
+            "nvidia_driver": {"source": "nvidia", "branch": "570", "version": "570.195.03-1"},
+            "fabric_manager": {"version": "570.195.03-1"},
+            "cuda": {"versions": ["12.6", "12.8"], "default": "12.8"},
+            "expected_hardware": {"nvswitch": True, "gpu_count": 8},
+        }
+    )
+    assert problems == []
+    assert state.admin_users[0].ssh_keys == (ED25519,)
+    assert state.nvidia_driver.driver_version == "570.195.03"
+    assert state.needs_fabric_manager
+
+
+def test_upstream_version_strips_epoch_and_revision() -> None:
+    assert upstream_version("1:550.127.08-1") == "550.127.08"
+    assert upstream_version("535.216.01-1~deb12u1") == "535.216.01"
+
+
+def test_invalid_inventory_lists_every_host_and_changes_nothing() -> None:
+    with pytest.raises(InvalidInventory) as raised:
+        validate_hosts(
+            "inventories/prod.py",
+            [("good", {}), ("bad-1", {"sshd": {"port": 0}}), ("bad-2", {"cuda": 1})],
+        )
+    text = str(raised.value)
+    assert "2 problems; nothing was changed on any host" in text
+    assert "inventories/prod.py: host bad-1: sshd.port = 0: out of range" in text
+    assert "inventories/prod.py: host bad-2: cuda = 1: wrong type" in text
+
+
+@pytest.mark.parametrize("inventory", ["prod", "staging", "vagrant"])
+def test_shipped_inventories_validate(inventory: str) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "gpunode.cli", "validate", f"inventories/{inventory}.py"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "desired state valid" in result.stdout
+
+
+def test_validate_command_names_inventory_host_and_key(tmp_path: Path) -> None:
+    inventory = tmp_path / "broken.py"
+    inventory.write_text('h100_nodes = [("gpu-1", {"firewall": {"enabled": "yes"}})]\n')
+    result = subprocess.run(
+        [sys.executable, "-m", "gpunode.cli", "validate", str(inventory)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 1
+    assert (
+        f"{inventory}: host gpu-1: firewall.enabled = 'yes': wrong type; accepted: true or false"
+        in result.stderr
+    )
+
+
+def test_defaults_command_documents_every_setting() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "gpunode.cli", "defaults"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert "nvidia_driver.reboot" in result.stdout and "'never'" in result.stdout
+    assert "sshd.max_auth_tries" in result.stdout
