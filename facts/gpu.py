@@ -46,9 +46,12 @@ def _number(text: str | None) -> float | None:
 
 
 def parse_gpu(gpu: ElementTree.Element, ordinal: int) -> dict[str, Any]:
+    # nvidia-smi's -i index is the enumeration order, which is the order of the report; the
+    # minor number (/dev/nvidiaN) can differ, e.g. once a GPU has fallen off the bus.
     minor = _number(_text(gpu, "minor_number"))
     return {
-        "index": int(minor) if minor is not None else ordinal,
+        "index": ordinal,
+        "minor_number": int(minor) if minor is not None else None,
         "bus_id": gpu.get("id"),
         "uuid": _text(gpu, "uuid"),
         "serial": _text(gpu, "serial"),
@@ -101,7 +104,7 @@ def parse_nvidia_smi_xml(lines: list[str]) -> dict[str, Any]:
         "reason": "",
         "driver_version": _text(root, "driver_version"),
         "cuda_version": _text(root, "cuda_version"),
-        "gpus": sorted(gpus, key=lambda gpu: gpu["index"]),
+        "gpus": gpus,
     }
 
 

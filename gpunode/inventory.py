@@ -72,10 +72,17 @@ def desired_state() -> DesiredState:
 
 
 def _inventory_source() -> str:
-    """The inventory argument of the running pyinfra command, for error messages."""
-    import click
+    """The inventory argument of the running pyinfra command, for error messages.
 
-    context = click.get_current_context(silent=True)
-    if context is not None and context.params.get("inventory"):
-        return str(context.params["inventory"])
-    return "inventory"
+    Deploy files run in greenlets where click's context is not visible, so the command line
+    is parsed again with pyinfra's own parser (no side effects with resilient parsing).
+    """
+    import sys
+
+    from pyinfra_cli.cli import cli
+
+    try:
+        context = cli.make_context("pyinfra", sys.argv[1:], resilient_parsing=True)
+        return str(context.params.get("inventory") or "inventory")
+    except Exception:  # an embedding program's argv need not be pyinfra's
+        return "inventory"

@@ -30,9 +30,7 @@ from gpunode.lab import hwsim
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 LABEL = "gpunode.lab"
-NETWORK = "gpunode-lab"
-SUBNET = "10.213.0.0/24"
-GATEWAY = "10.213.0.1"
+DEFAULT_NAME = "gpunode-lab"
 FIRST_NODE_OCTET = 11
 IMAGE_REPOSITORY = "gpunode-lab/debian12"
 LOGIN_USER = "debian"
@@ -116,8 +114,22 @@ class LabError(RuntimeError):
 class Lab:
     """Brings lab nodes up and down; state lives in ``state_dir`` (default: <repo>/.lab)."""
 
-    def __init__(self, state_dir: Path | None = None, log: Callable[[str], None] = print):
+    def __init__(
+        self,
+        state_dir: Path | None = None,
+        name: str = DEFAULT_NAME,
+        subnet_index: int = 0,
+        log: Callable[[str], None] = print,
+    ):
+        """``name`` prefixes the network and containers; ``subnet_index`` picks 10.213.N.0/24.
+
+        Two labs with different names and subnets live side by side (the tests use that).
+        """
         self.state_dir = state_dir or Path(os.environ.get("GPUNODE_LAB_DIR", REPO_ROOT / ".lab"))
+        self.name = name
+        self.network_prefix = f"10.213.{subnet_index}"
+        self.subnet = f"{self.network_prefix}.0/24"
+        self.gateway = f"{self.network_prefix}.1"
         self.log = log
         self._client: Any = None
 
@@ -180,8 +192,8 @@ class Lab:
         wanted = [
             LabNode(
                 name=f"lab-{index}",
-                container=f"gpunode-lab-{index}",
-                address=f"10.213.0.{FIRST_NODE_OCTET + index - 1}",
+                container=f"{self.name}-{index}",
+                address=f"{self.network_prefix}.{FIRST_NODE_OCTET + index - 1}",
                 profile=profile_cycle[(index - 1) % len(profile_cycle)],
             )
             for index in range(1, count + 1)
@@ -252,15 +264,15 @@ class Lab:
     def _ensure_network(self) -> str:
         import docker.types
 
-        if not self.client.networks.list(names=[NETWORK]):
-            pool = docker.types.IPAMPool(subnet=SUBNET, gateway=GATEWAY)
+        if not self.client.networks.list(names=[self.name]):
+            pool = docker.types.IPAMPool(subnet=self.subnet, gateway=self.gateway)
             self.client.networks.create(
-                NETWORK,
+                self.name,
                 driver="bridge",
                 ipam=docker.types.IPAMConfig(pool_configs=[pool]),
-                labels={LABEL: "1"},
+                labels={LABEL: self.name},
             )
-        return NETWORK
+        return self.name
 
     def _running(self, container: str) -> bool:
         import docker.errors
@@ -284,7 +296,7 @@ class Lab:
             name=node.container,
             hostname=node.name,
             detach=True,
-            labels={LABEL: "1", "gpunode.lab.profile": node.profile},
+            labels={LABEL: self.name, f"{LABEL}.profile": node.profile},
             # systemd as PID 1 without --privileged: the capabilities it needs, the host's
             # cgroup tree, and tmpfs where it expects them.
             cap_add=["SYS_ADMIN", "NET_ADMIN"],
@@ -351,9 +363,10 @@ class Lab:
     # --- down ----------------------------------------------------------------------------------
     def down(self, keep_image: bool = False) -> None:
         """Remove every container, network and state file the lab made (and its image)."""
-        for container in self.client.containers.list(all=True, filters={"label": LABEL}):
+        mine = {"label": f"{LABEL}={self.name}"}
+        for container in self.client.containers.list(all=True, filters=mine):
             container.remove(force=True)
-        for network in self.client.networks.list(names=[NETWORK]):
+        for network in self.client.networks.list(filters=mine):
             network.remove()
         if not keep_image:
             for image in self.client.images.list(name=IMAGE_REPOSITORY):

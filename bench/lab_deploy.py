@@ -1,0 +1,53 @@
+"""Lab boot time and memory per node, then first and second deploys/gpu_node.py run times.
+
+    .venv/bin/python bench/lab_deploy.py [--nodes 2] [--fresh]
+
+--fresh removes the lab's containers first (the image is kept) so boot and first-run times
+are those of new nodes. Prints one table; a measurement, not a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from gpunode.lab import Lab
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def timed_deploy() -> float:
+    started = time.monotonic()
+    subprocess.run(
+        [str(Path(sys.executable).with_name("pyinfra")), "-y", "inventories/lab.py",
+         "deploys/gpu_node.py"],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+    )  # fmt: skip
+    return time.monotonic() - started
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--nodes", type=int, default=2)
+    parser.add_argument("--fresh", action="store_true")
+    args = parser.parse_args()
+    lab = Lab(log=lambda message: print(message, file=sys.stderr))
+    if args.fresh:
+        lab.down(keep_image=True)
+    nodes = lab.up(args.nodes)
+    first = timed_deploy()
+    second = timed_deploy()
+    print(f"{'node':<8} {'profile':<10} {'boot s':>7} {'RAM MiB':>8}")
+    for node in nodes:
+        print(f"{node.name:<8} {node.profile:<10} {node.boot_s:>7.2f} {node.memory_mib:>8.1f}")
+    print(f"deploys/gpu_node.py on {len(nodes)} nodes: first run {first:.1f} s, "
+          f"second run {second:.1f} s")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,80 @@
+"""Simulated GPU-server hardware for lab nodes (control side).
+
+Lab nodes are Debian 12 systemd containers with no GPU, InfiniBand HCA or NVMe drive. They get
+doubles of ``nvidia-smi``, ``ibstat`` and ``nvme`` that answer as the real tools do (layouts
+from the real captures in ``tests/fixtures``) from a mutable state file, so deploys converge
+settings for real and tests inject drift with ``gpunode-lab-hw``. Only lab nodes get them.
+
+``node_files(profile, hostname)`` is everything to put on a node. Node layout:
+
+- ``/usr/local/lib/gpunode-lab/gpunode_lab_hw/``: the node-side modules (stdlib only, run by the
+  node's ``/usr/bin/python3``): ``hwstate``, ``nvidia_smi``, ``ibstat``, ``nvme``, ``hwctl``;
+- ``/usr/bin/nvidia-smi``, ``/usr/sbin/ibstat``, ``/usr/sbin/nvme``,
+  ``/usr/local/sbin/gpunode-lab-hw``: shell wrappers running those modules;
+- ``/usr/local/share/gpunode-lab/``: the captured outputs used as templates;
+- ``/var/lib/gpunode-lab/hardware.json``: the hardware state (``profiles.initial_state``).
+
+The lab dpkg-diverts ``DIVERTED_PATHS`` so installing the real packages cannot overwrite the
+doubles.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from . import hwstate
+from .profiles import PROFILES, initial_state
+
+__all__ = ["DIVERTED_PATHS", "PROFILES", "initial_state", "node_files"]
+
+DIVERTED_PATHS = ("/usr/bin/nvidia-smi", "/usr/sbin/ibstat", "/usr/sbin/nvme")
+
+NODE_LIBRARY = "/usr/local/lib/gpunode-lab"
+NODE_PACKAGE = "gpunode_lab_hw"
+NODE_MODULES = ("hwstate", "nvidia_smi", "ibstat", "nvme", "hwctl")
+COMMANDS = {
+    "/usr/bin/nvidia-smi": "nvidia_smi",
+    "/usr/sbin/ibstat": "ibstat",
+    "/usr/sbin/nvme": "nvme",
+    "/usr/local/sbin/gpunode-lab-hw": "hwctl",
+}
+FIXTURES = Path(__file__).resolve().parents[3] / "tests" / "fixtures"
+TEMPLATES = (
+    "nvidia-smi-xml/a100-sxm4-v12.xml",
+    "nvidia-smi-xml/a10g.xml",
+    "nvidia-smi-capture/linux-x86_64__nvidia-h100-80gb-hbm3__590.48.01.txt",
+)
+
+
+def node_files(profile: str, hostname: str) -> dict[str, tuple[bytes, int]]:
+    """Absolute node path -> (content, mode) of every file a ``profile`` lab node needs."""
+    package = f"{NODE_LIBRARY}/{NODE_PACKAGE}"
+    files = {
+        f"{package}/__init__.py": (
+            b'"""gpunode lab hardware doubles, installed from gpunode.lab.hwsim."""\n',
+            0o644,
+        )
+    }
+    source = Path(__file__).parent
+    for module in NODE_MODULES:
+        files[f"{package}/{module}.py"] = ((source / f"{module}.py").read_bytes(), 0o644)
+    for command, module in COMMANDS.items():
+        files[command] = (_wrapper(command, module), 0o755)
+    for template in TEMPLATES:
+        files[f"{hwstate.DEFAULT_SHARE_DIR}/{Path(template).name}"] = (
+            (FIXTURES / template).read_bytes(),
+            0o644,
+        )
+    state = hwstate.dumps(initial_state(profile, hostname))
+    files[hwstate.DEFAULT_STATE_PATH] = (state.encode(), 0o644)
+    return files
+
+
+def _wrapper(command: str, module: str) -> bytes:
+    # -P: the caller's working directory must not shadow the package.
+    return (
+        "#!/bin/sh\n"
+        f"# gpunode lab double of {Path(command).name}, from gpunode.lab.hwsim.\n"
+        f"exec /usr/bin/env PYTHONPATH={NODE_LIBRARY} "
+        f'/usr/bin/python3 -P -m {NODE_PACKAGE}.{module} "$@"\n'
+    ).encode()

@@ -1,0 +1,84 @@
+"""``gpunode-lab-hw``: read and change a lab node's simulated hardware (node side, stdlib).
+
+Tests use it to look at what a deploy converged and to inject drift or faults::
+
+    gpunode-lab-hw show [PATH]           # the state (or the part at PATH) as JSON
+    gpunode-lab-hw set PATH VALUE        # e.g. set gpus.3.present false
+    gpunode-lab-hw reboot                # what a reboot does to the GPUs (hwstate.reboot)
+
+PATH is dotted, list positions are numbers: ``gpus.3.ecc_errors.volatile.dram_uncorrectable``,
+``ib_ports.0.state``. It must already exist, so a typo fails instead of adding a key nobody
+reads. VALUE is JSON (``false``, ``12``, ``"Down"``); text that is not JSON is taken as a
+string, so ``set ib_ports.0.state Down`` works unquoted.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from . import hwstate
+
+USAGE = "usage: gpunode-lab-hw show [PATH] | set PATH VALUE | reboot\n"
+EXIT_USAGE = 2
+
+
+class BadPath(Exception):
+    pass
+
+
+def main(argv: Sequence[str]) -> int:
+    command, *arguments = argv or [""]
+    try:
+        if command == "show" and len(arguments) <= 1:
+            found = lookup(hwstate.load(), arguments[0]) if arguments else hwstate.load()
+            sys.stdout.write(json.dumps(found, indent=2) + "\n")
+        elif command == "set" and len(arguments) == 2:
+            path, text = arguments
+            with hwstate.mutate() as state:
+                assign(state, path, parse_value(text))
+        elif command == "reboot" and not arguments:
+            with hwstate.mutate() as state:
+                hwstate.reboot(state)
+        else:
+            sys.stderr.write(USAGE)
+            return EXIT_USAGE
+    except BadPath as error:
+        sys.stderr.write(f"gpunode-lab-hw: {error}\n")
+        return 1
+    return 0
+
+
+def parse_value(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
+def lookup(state: Any, path: str) -> Any:
+    found = state
+    for step in path.split("."):
+        found = _child(found, step, path)
+    return found
+
+
+def assign(state: Any, path: str, value: Any) -> None:
+    parent_path, _, last = path.rpartition(".")
+    parent = lookup(state, parent_path) if parent_path else state
+    _child(parent, last, path)  # the key must exist already
+    parent[int(last) if isinstance(parent, list) else last] = value
+
+
+def _child(container: Any, step: str, path: str) -> Any:
+    if isinstance(container, list) and step.isdigit() and int(step) < len(container):
+        return container[int(step)]
+    if isinstance(container, dict) and step in container:
+        return container[step]
+    raise BadPath(f"no {step!r} in state path {path!r}")
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

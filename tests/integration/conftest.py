@@ -1,0 +1,82 @@
+"""Lab nodes for integration tests: real Debian 12 systemd containers reached over SSH."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpunode.lab import LOGIN_USER, Lab, LabNode
+
+ROOT = Path(__file__).resolve().parents[2]
+LAB_NODES = int(os.environ.get("GPUNODE_TEST_LAB_NODES", "2"))
+PYINFRA = str(Path(sys.executable).with_name("pyinfra"))
+
+
+@dataclass
+class PyinfraRun:
+    returncode: int
+    output: str
+    results: dict[str, Any] | None
+
+    def changed_operations(self) -> dict[str, list[str]]:
+        """Operation name -> hosts it changed (from pyinfra --json results)."""
+        assert self.results is not None, self.output
+        return {
+            op["name"]: op["success"]
+            for op in self.results["results"]["operations"]
+            if op["success"]
+        }
+
+
+def run_pyinfra(*args: str, inventory: str = "inventories/lab.py") -> PyinfraRun:
+    """Run the pyinfra CLI as an operator would, with JSON results on stdout.
+
+    --dry runs without -y: pyinfra only works out its change plan when not told to skip it.
+    """
+    confirm = [] if "--dry" in args else ["-y"]
+    result = subprocess.run(
+        [PYINFRA, *confirm, "--json", inventory, *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
+    try:
+        results = json.loads(result.stdout)
+    except json.JSONDecodeError:
+        results = None
+    return PyinfraRun(result.returncode, result.stdout + result.stderr, results)
+
+
+@pytest.fixture(scope="session")
+def lab() -> Lab:
+    return Lab()
+
+
+@pytest.fixture(scope="session")
+def lab_nodes(lab: Lab) -> Iterator[list[LabNode]]:
+    yield lab.up(LAB_NODES)
+
+
+def ssh(
+    lab: Lab, node: LabNode, command: str, user: str = LOGIN_USER
+) -> subprocess.CompletedProcess:
+    """Run a command on a lab node over real SSH, the way an operator would."""
+    return subprocess.run(
+        [
+            "ssh", "-i", str(lab.key_path), "-o", f"UserKnownHostsFile={lab.known_hosts_path}",
+            "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10",
+            f"{user}@{node.address}", command,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )  # fmt: skip

@@ -1,0 +1,111 @@
+"""deploys/gpu_node.py end to end on lab nodes: converge, idempotence, --dry, bad data."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gpunode.lab import LOGIN_USER, Lab, LabNode
+
+from .conftest import run_pyinfra, ssh
+
+pytestmark = pytest.mark.lab
+
+DEPLOY = "deploys/gpu_node.py"
+
+
+def persistence_modes(lab: Lab, node: LabNode) -> set[str]:
+    result = ssh(lab, node, "nvidia-smi --query-gpu=persistence_mode --format=csv,noheader")
+    assert result.returncode == 0, result.stderr
+    return set(result.stdout.split())
+
+
+@pytest.fixture(scope="module")
+def converged(lab_nodes: list[LabNode]) -> list[LabNode]:
+    first = run_pyinfra(DEPLOY)
+    assert first.returncode == 0, first.output
+    return lab_nodes
+
+
+def test_first_run_converges_gpu_settings_and_admins(lab: Lab, converged: list[LabNode]) -> None:
+    for node in converged:
+        assert persistence_modes(lab, node) == {"Enabled"}
+        # The admin from inventory data logs in with their key and has passwordless sudo.
+        result = ssh(lab, node, "sudo -n id -u", user="gpuadmin")
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.strip() == "0"
+
+
+def test_second_run_changes_nothing(converged: list[LabNode]) -> None:
+    second = run_pyinfra(DEPLOY)
+    assert second.returncode == 0, second.output
+    assert second.changed_operations() == {}
+    assert second.results is not None
+    assert second.results["results"]["totals"]["error"] == 0
+
+
+def test_dry_run_predicts_exactly_what_the_real_run_changes(
+    lab: Lab, converged: list[LabNode]
+) -> None:
+    drifted = converged[-1]
+    assert ssh(lab, drifted, "sudo nvidia-smi -i 0 -pm 0").returncode == 0
+    dry = run_pyinfra("--dry", DEPLOY)
+    assert dry.returncode == 0, dry.output
+    assert dry.results is not None
+    predicted = {
+        (op["name"], host) for op in dry.results["plan"] for host in op["hosts_with_change"]
+    }
+    assert predicted == {("GPU settings | GPU persistence mode", drifted.name)}
+    assert persistence_modes(lab, drifted) == {"Enabled", "Disabled"}, "--dry changed the node"
+
+    real = run_pyinfra(DEPLOY)
+    assert real.returncode == 0, real.output
+    changed = {(name, host) for name, hosts in real.changed_operations().items() for host in hosts}
+    assert changed == predicted
+    assert persistence_modes(lab, drifted) == {"Enabled"}
+
+
+def test_removed_key_is_removed_from_the_node(lab: Lab, converged: list[LabNode]) -> None:
+    node = converged[0]
+    stray = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIPQUZFlnFqnyKh8mjHvR7CC/2uUH0GpU0OUx4lvzQEVU x@y"
+    append = f"echo '{stray}' | sudo tee -a /home/gpuadmin/.ssh/authorized_keys >/dev/null"
+    assert ssh(lab, node, append).returncode == 0
+    run = run_pyinfra(DEPLOY)
+    assert run.returncode == 0, run.output
+    keys = ssh(lab, node, "sudo cat /home/gpuadmin/.ssh/authorized_keys").stdout
+    assert stray not in keys
+    assert lab.key_path.with_suffix(".pub").read_text().split()[1] in keys
+
+
+def write_inventory(path: Path, lab: Lab, nodes: list[LabNode], extra: str) -> None:
+    connection = (
+        f'"ssh_hostname": "{{address}}", "ssh_user": "{LOGIN_USER}", '
+        f'"ssh_key": "{lab.key_path}", "ssh_known_hosts_file": "{lab.known_hosts_path}", '
+        '"_sudo": True'
+    )
+    hosts = ", ".join(
+        f'("{node.name}", {{{connection.format(address=node.address)}{extra if i == 0 else ""}}})'
+        for i, node in enumerate(nodes)
+    )
+    path.write_text(f"lab_nodes = [{hosts}]\n")
+
+
+def test_bad_data_on_one_host_stops_every_host_before_any_change(
+    lab: Lab, converged: list[LabNode], tmp_path: Path
+) -> None:
+    for node in converged:
+        assert ssh(lab, node, "sudo nvidia-smi -pm 0").returncode == 0
+    inventory = tmp_path / "broken.py"
+    write_inventory(inventory, lab, converged, ', "sshd": {"port": 0}, "cuda": {"versions": "12"}')
+    run = run_pyinfra(DEPLOY, inventory=str(inventory))
+    assert run.returncode != 0
+    first = converged[0].name
+    assert f"{inventory}: host {first}: sshd.port = 0: out of range" in run.output
+    assert f"{inventory}: host {first}: cuda.versions = '12': wrong type" in run.output
+    assert "2 problems; nothing was changed on any host" in run.output
+    for node in converged:
+        assert persistence_modes(lab, node) == {"Disabled"}, f"{node.name} was changed"
+    # Restore the converged state for the tests that follow.
+    assert run_pyinfra(DEPLOY).returncode == 0
+    assert all(persistence_modes(lab, node) == {"Enabled"} for node in converged)

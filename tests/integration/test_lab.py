@@ -1,0 +1,99 @@
+"""The lab fleet: real Debian 12 nodes booted by systemd, reachable over SSH like production."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from gpunode.lab import Lab, LabNode
+
+from .conftest import ssh
+
+pytestmark = pytest.mark.lab
+
+
+def test_every_node_boots_systemd_and_answers_ssh_with_key(
+    lab: Lab, lab_nodes: list[LabNode]
+) -> None:
+    for node in lab_nodes:
+        result = ssh(lab, node, "cat /proc/1/comm; . /etc/os-release; echo $VERSION_CODENAME")
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.split() == ["systemd", "bookworm"]
+
+
+def test_password_login_is_not_what_gets_us_in(lab: Lab, lab_nodes: list[LabNode]) -> None:
+    # Without the lab key and in batch mode, a node must refuse us: key auth is the only way.
+    node = lab_nodes[0]
+    import subprocess
+
+    result = subprocess.run(
+        ["ssh", "-o", f"UserKnownHostsFile={lab.known_hosts_path}", "-o", "BatchMode=yes",
+         "-o", "IdentitiesOnly=yes", "-o", "IdentityFile=/dev/null", f"debian@{node.address}",
+         "true"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 255
+    assert "Permission denied" in result.stderr
+
+
+def test_each_node_has_its_own_network_namespace_and_host_key(
+    lab: Lab, lab_nodes: list[LabNode]
+) -> None:
+    seen_addresses, seen_keys, seen_netns = set(), set(), set()
+    for node in lab_nodes:
+        result = ssh(lab, node, "ip -4 -o addr show scope global; sudo readlink /proc/1/ns/net")
+        assert result.returncode == 0, result.stderr
+        assert f"inet {node.address}/" in result.stdout
+        seen_addresses.add(node.address)
+        seen_netns.add(result.stdout.split()[-1])
+        seen_keys.add(node.host_key)
+    assert len(seen_addresses) == len(seen_keys) == len(seen_netns) == len(lab_nodes)
+
+
+def test_apt_sources_include_non_free(lab: Lab, lab_nodes: list[LabNode]) -> None:
+    result = ssh(lab, lab_nodes[0], "cat /etc/apt/sources.list.d/debian.sources")
+    assert "Components: main contrib non-free non-free-firmware" in result.stdout
+    assert "Suites: bookworm-security" in result.stdout
+
+
+def test_simulated_gpus_follow_each_nodes_profile(lab: Lab, lab_nodes: list[LabNode]) -> None:
+    expected_names = {
+        "hgx-h100": "NVIDIA H100 80GB HBM3",
+        "a100": "NVIDIA A100-SXM4-80GB",
+        "pcie-a10g": "NVIDIA A10G",
+    }
+    for node in lab_nodes:
+        result = ssh(lab, node, "nvidia-smi --query-gpu=name --format=csv,noheader")
+        assert result.returncode == 0, result.stderr
+        names = result.stdout.strip().splitlines()
+        assert set(names) == {expected_names[node.profile]}
+        state = json.loads(ssh(lab, node, "sudo gpunode-lab-hw show").stdout)
+        assert len(names) == len(state["gpus"])
+
+
+def test_a_real_package_cannot_overwrite_the_simulator(lab: Lab, lab_nodes: list[LabNode]) -> None:
+    result = ssh(lab, lab_nodes[0], "dpkg-divert --list /usr/bin/nvidia-smi")
+    assert "diversion of /usr/bin/nvidia-smi to /usr/bin/nvidia-smi.distrib" in result.stdout
+
+
+def test_lab_reports_boot_time_and_memory(lab_nodes: list[LabNode]) -> None:
+    for node in lab_nodes:
+        assert 0 < node.boot_s < 120
+        assert 0 < node.memory_mib < 1024
+
+
+def test_a_second_lab_comes_up_and_goes_down_completely(tmp_path, lab_nodes) -> None:
+    # A separate lab (own name, subnet, state dir) so the shared fleet is left alone.
+    scratch = Lab(state_dir=tmp_path / "lab", name="gpunode-labtest", subnet_index=1)
+    (node,) = scratch.up(1, profiles=["pcie-a10g"])
+    assert ssh(scratch, node, "nvidia-smi -L").stdout.startswith("GPU 0: NVIDIA A10G")
+    scratch.down(keep_image=True)
+    client = scratch.client
+    assert client.containers.list(all=True, filters={"label": "gpunode.lab=gpunode-labtest"}) == []
+    assert client.networks.list(names=["gpunode-labtest"]) == []
+    assert not (tmp_path / "lab").exists()
+    # The shared fleet is untouched.
+    assert client.containers.get(lab_nodes[0].container).status == "running"

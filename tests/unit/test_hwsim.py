@@ -1,0 +1,497 @@
+"""The lab's vendor-tool doubles answer like the real captures and keep their state.
+
+Each test installs a profile's ``node_files()`` under a temporary root and runs the doubles
+through their wrappers, with the state and template locations pointed into that root.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import xml.etree.ElementTree as ElementTree
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpunode.lab.hwsim import (
+    COMMANDS,
+    DIVERTED_PATHS,
+    NODE_LIBRARY,
+    PROFILES,
+    initial_state,
+    node_files,
+)
+from gpunode.lab.hwsim.hwstate import DEFAULT_SHARE_DIR, DEFAULT_STATE_PATH, SHARE_ENV, STATE_ENV
+from gpunode.lab.hwsim.profiles import parse_ibstat
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+H100_CAPTURE = FIXTURES / "nvidia-smi-capture/linux-x86_64__nvidia-h100-80gb-hbm3__590.48.01.txt"
+GOOD_NVLINK_UUID = "GPU-c7e253b0-c227-6f10-e860-7482c85e7ce8"
+BAD_NVLINK_UUID = "GPU-9667d95e-6d22-0c22-1f57-c481f13e7c44"
+
+
+class LabNode:
+    """A profile's node files installed under ``root``; commands run through their wrappers.
+
+    The wrappers are the shipped ones with the node's python3 and library directory replaced
+    by the test's Python and the library under ``root``.
+    """
+
+    def __init__(self, root: Path, profile: str, hostname: str) -> None:
+        self.root = root
+        for path, (content, mode) in node_files(profile, hostname).items():
+            target = self.path(path)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            if path in COMMANDS:
+                content = content.replace(b"/usr/bin/python3", sys.executable.encode())
+                content = content.replace(
+                    NODE_LIBRARY.encode(), str(self.path(NODE_LIBRARY)).encode()
+                )
+            target.write_bytes(content)
+            target.chmod(mode)
+        self.state_file = self.path(DEFAULT_STATE_PATH)
+        self.commands = {Path(command).name: self.path(command) for command in COMMANDS}
+
+    def path(self, node_path: str) -> Path:
+        return self.root / node_path.lstrip("/")
+
+    def run(self, command: str, *args: str) -> subprocess.CompletedProcess[str]:
+        env = {
+            "PATH": "/usr/bin:/bin",
+            STATE_ENV: str(self.state_file),
+            SHARE_ENV: str(self.path(DEFAULT_SHARE_DIR)),
+        }
+        return subprocess.run(
+            [self.commands[command], *args],
+            capture_output=True,
+            text=True,
+            env=env,
+            check=False,
+            timeout=30,
+        )
+
+    def ok(self, command: str, *args: str) -> str:
+        result = self.run(command, *args)
+        assert result.returncode == 0, (command, args, result.stdout, result.stderr)
+        return result.stdout
+
+    def set(self, path: str, value: object) -> None:
+        self.ok("gpunode-lab-hw", "set", path, json.dumps(value))
+
+    def state(self) -> dict[str, Any]:
+        return json.loads(self.state_file.read_text())
+
+    def query(self, fields: str, *args: str) -> list[list[str]]:
+        output = self.ok("nvidia-smi", f"--query-gpu={fields}", "--format=csv,noheader", *args)
+        return [line.split(", ") for line in output.splitlines()]
+
+
+@pytest.fixture
+def lab_node(tmp_path: Path) -> Callable[..., LabNode]:
+    def make(profile: str, hostname: str = "lab-node-1") -> LabNode:
+        return LabNode(tmp_path / profile / hostname, profile, hostname)
+
+    return make
+
+
+def xml_gpus(output: str) -> list[ElementTree.Element]:
+    return ElementTree.fromstring(output).findall("gpu")
+
+
+def capture_section(title: str) -> list[str]:
+    """Body lines of the H100 capture section whose '# $ ...' line starts with ``title``."""
+    lines = H100_CAPTURE.read_text().splitlines()
+    start = next(n for n, line in enumerate(lines) if line.startswith(f"# $ {title}"))
+    end = next(n for n in range(start + 2, len(lines)) if lines[n].startswith("#####"))
+    return lines[start + 2 : end]
+
+
+# --- node files and factory state ---------------------------------------------------------
+
+
+def test_node_files_install_the_doubles_over_the_diverted_tools() -> None:
+    files = node_files("a100", "lab-node-1")
+    assert set(DIVERTED_PATHS) < set(COMMANDS) <= set(files)
+    for command, module in COMMANDS.items():
+        content, mode = files[command]
+        assert mode == 0o755
+        assert content.startswith(b"#!/bin/sh\n")
+        assert f"/usr/local/lib/gpunode-lab/gpunode_lab_hw/{module}.py" in files
+    assert json.loads(files[DEFAULT_STATE_PATH][0]) == initial_state("a100", "lab-node-1")
+    assert f"{DEFAULT_SHARE_DIR}/a10g.xml" in files
+
+
+@pytest.mark.parametrize("profile", sorted(PROFILES))
+def test_factory_state_is_stable_per_node_and_differs_between_nodes(profile: str) -> None:
+    first = initial_state(profile, "lab-node-1")
+    assert first == initial_state(profile, "lab-node-1")
+    other = initial_state(profile, "lab-node-2")
+    uuids = {gpu["uuid"] for gpu in first["gpus"]}
+    assert len(uuids) == len(first["gpus"])
+    assert uuids.isdisjoint(gpu["uuid"] for gpu in other["gpus"])
+    for gpu in first["gpus"]:
+        assert gpu["persistence_mode"] == "Disabled"
+        assert gpu["ecc_mode"] == {"current": "Enabled", "pending": "Enabled"}
+        assert gpu["mig_mode"]["current"] == gpu["mig_mode"]["pending"] != "Enabled"
+        assert gpu["power"]["limit"] == gpu["power"]["default_limit"]
+        assert all(link["active"] for link in gpu["nvlinks"])
+    assert all(port["state"] == "Active" for port in first["ib_ports"])
+
+
+def test_profiles_have_the_specified_hardware() -> None:
+    h100, a100, a10g = (initial_state(p, "n") for p in ("hgx-h100", "a100", "pcie-a10g"))
+    assert [len(s["gpus"]) for s in (h100, a100, a10g)] == [8, 8, 1]
+    assert [len(s["gpus"][0]["nvlinks"]) for s in (h100, a100, a10g)] == [18, 12, 0]
+    assert [len(s["nvme"]) for s in (h100, a100, a10g)] == [8, 4, 1]
+    infiniband = [p for p in h100["ib_ports"] if p["link_layer"] == "InfiniBand"]
+    assert len(infiniband) == 8
+    assert {(p["ca_type"], p["firmware_version"], p["rate"]) for p in infiniband} == {
+        ("MT4129", "28.39.1002", 400)
+    }
+    assert a10g["ib_ports"] == []
+    assert h100["nvswitch_count"] > 0
+    assert a100["nvswitch_count"] > 0
+    assert a10g["nvswitch_count"] == 0
+
+
+# --- nvidia-smi -q -x -----------------------------------------------------------------------
+
+
+def test_h100_xml_has_eight_gpus_in_the_driver_590_layout(lab_node: Callable[..., LabNode]) -> None:
+    output = lab_node("hgx-h100").ok("nvidia-smi", "-q", "-x")
+    assert output.splitlines()[1] == '<!DOCTYPE nvidia_smi_log SYSTEM "nvsmi_device_v12.dtd">'
+    root = ElementTree.fromstring(output)
+    assert root.findtext("driver_version") == "590.48.01"
+    assert root.findtext("cuda_version") == "13.1"
+    assert root.findtext("attached_gpus") == "8"
+    gpus = root.findall("gpu")
+    assert [gpu.findtext("product_name") for gpu in gpus] == ["NVIDIA H100 80GB HBM3"] * 8
+    for gpu in gpus:
+        assert gpu.find("clocks_event_reasons/clocks_event_reason_hw_slowdown") is not None
+        assert gpu.find("clocks_throttle_reasons") is None
+        assert gpu.findtext("gpu_power_readings/instant_power_draw") == "69.85 W"
+        assert gpu.find("gpu_power_readings/power_draw") is None
+        assert gpu.findtext("gpu_power_readings/max_power_limit") == "700.00 W"
+        assert gpu.find("clocks_event_reasons_counters") is not None
+        assert gpu.findtext("applications_clocks/graphics_clock") == (
+            "Requested functionality has been deprecated"
+        )
+        assert (gpu.findtext("mig_devices") or "").strip() == "None"
+
+
+def test_a10g_xml_keeps_the_driver_515_names(lab_node: Callable[..., LabNode]) -> None:
+    output = lab_node("pcie-a10g").ok("nvidia-smi", "-q", "-x")
+    captured = (FIXTURES / "nvidia-smi-xml/a10g.xml").read_text()
+    assert output.splitlines()[:2] == captured.splitlines()[:2]
+    (gpu,) = xml_gpus(output)
+    assert gpu.findtext("product_name") == "NVIDIA A10G"
+    assert gpu.findtext("clocks_throttle_reasons/clocks_throttle_reason_gpu_idle") == "Active"
+    assert gpu.find("clocks_event_reasons") is None
+    assert gpu.findtext("power_readings/power_limit") == "300.00 W"
+    assert gpu.find("gpu_power_readings") is None
+    assert gpu.findtext("mig_mode/current_mig") == "N/A"
+    assert gpu.findtext("fan_speed") == "0 %"
+
+
+def test_a100_xml_has_the_captured_element_order(lab_node: Callable[..., LabNode]) -> None:
+    captured = ElementTree.parse(FIXTURES / "nvidia-smi-xml/a100-sxm4-v12.xml").getroot()
+    output = lab_node("a100").ok("nvidia-smi", "-q", "-x", "-i", "3")
+    (gpu,) = xml_gpus(output)
+    template = captured.find("gpu")
+    assert template is not None
+    assert [child.tag for child in gpu] == [child.tag for child in template]
+    assert gpu.get("id") == "00000000:4E:00.0"
+    assert gpu.findtext("mig_mode/current_mig") == "Disabled"
+    assert gpu.findtext("remapped_rows/remapped_row_unc") == "0"
+    graphics = [clock.text for clock in gpu.iter("supported_graphics_clock")]
+    assert graphics == [clock.text for clock in template.iter("supported_graphics_clock")]
+
+
+# --- nvidia-smi --query-gpu -----------------------------------------------------------------
+
+
+def test_query_header_and_units_are_the_captures(lab_node: Callable[..., LabNode]) -> None:
+    captures = H100_CAPTURE.read_text().splitlines()
+    command = next(line for line in captures if line.startswith("# $ nvidia-smi --query-gpu="))
+    fields = command.split("--query-gpu=")[1].split()[0]
+    header, captured = capture_section("nvidia-smi --query-gpu=")[:2]
+    node = lab_node("hgx-h100")
+    output = node.ok("nvidia-smi", f"--query-gpu={fields}", "--format=csv", "-i", "0")
+    ours_header, ours = output.splitlines()
+    assert ours_header == header
+    modelled = {
+        "driver_version", "count", "name", "pci.bus_id", "pci.domain", "pci.device_id",
+        "ecc.mode.current", "mig.mode.pending", "power.draw [W]",
+        "power.limit [W]", "power.default_limit [W]", "power.min_limit [W]", "power.max_limit [W]",
+        "temperature.gpu", "clocks.applications.graphics [MHz]", "clocks.max.graphics [MHz]",
+        "pcie.link.gen.current", "pcie.link.width.max", "memory.total [MiB]", "fan.speed [%]",
+        "clocks_event_reasons.active", "clocks_event_reasons.gpu_idle",
+    }  # fmt: skip
+    rows = zip(header.split(", "), captured.split(", "), ours.split(", "), strict=True)
+    for name, captured_value, our_value in rows:
+        if name in modelled:
+            # Same shape: the unit (or the bracketed status) and the number format.
+            shape = re.sub(r"[0-9A-F]", "9", captured_value)
+            assert re.sub(r"[0-9A-F]", "9", our_value) == shape, (name, our_value)
+    no_units = node.ok("nvidia-smi", "--query-gpu=power.limit,memory.total", "--format=csv,nounits")
+    assert no_units.splitlines()[:2] == ["power.limit [W], memory.total [MiB]", "700.00, 81559"]
+
+
+def test_an_unknown_query_field_fails_the_whole_call(lab_node: Callable[..., LabNode]) -> None:
+    node = lab_node("a100")
+    result = node.run("nvidia-smi", "--query-gpu=index,xyz", "--format=csv")
+    assert (result.returncode, result.stdout) == (
+        2,
+        'Field "xyz" is not a valid field to query.\n\n',
+    )
+    aliased = node.ok("nvidia-smi", "--query-gpu=gpu_name,clocks.gr", "--format=csv", "-i", "0")
+    assert aliased.splitlines()[0] == "name, clocks.current.graphics [MHz]"
+
+
+# --- settings -------------------------------------------------------------------------------
+
+
+def test_persistence_mode_is_set_at_once(lab_node: Callable[..., LabNode]) -> None:
+    node = lab_node("a100")
+    output = node.ok("nvidia-smi", "-i", "0,2", "-pm", "1")
+    assert output == (
+        "Enabled persistence mode for GPU 00000000:07:00.0.\n"
+        "Enabled persistence mode for GPU 00000000:47:00.0.\n"
+        "All done.\n"
+    )
+    modes = [row[1] for row in node.query("index,persistence_mode")]
+    assert modes == ["Enabled", "Disabled", "Enabled"] + ["Disabled"] * 5
+    again = node.ok("nvidia-smi", "-i", "0", "-pm", "1")
+    assert again.startswith("Persistence mode is already Enabled for GPU 00000000:07:00.0.")
+
+
+@pytest.mark.parametrize("apply", [("gpunode-lab-hw", "reboot"), ("nvidia-smi", "-r")])
+def test_ecc_change_waits_for_a_reset_or_reboot(
+    lab_node: Callable[..., LabNode], apply: tuple[str, ...]
+) -> None:
+    node = lab_node("hgx-h100")
+    output = node.ok("nvidia-smi", "-e", "0", "-i", "1")
+    assert output.endswith("All done.\nReboot required.\n")
+    ecc = "index,ecc.mode.current,ecc.mode.pending"
+    assert node.query(ecc, "-i", "1") == [["1", "Enabled", "Disabled"]]
+    node.ok(*apply)
+    assert node.query(ecc, "-i", "1") == [["1", "Disabled", "Disabled"]]
+    assert node.query(ecc, "-i", "0") == [["0", "Enabled", "Enabled"]]
+
+
+def test_mig_mode_is_pending_and_unsupported_on_a10g(lab_node: Callable[..., LabNode]) -> None:
+    a100 = lab_node("a100")
+    output = a100.ok("nvidia-smi", "-i", "5", "-mig", "1")
+    assert output.startswith(
+        "Warning: MIG mode is in pending enable state for GPU 00000000:90:00.0"
+    )
+    assert a100.query("mig.mode.current,mig.mode.pending", "-i", "5") == [["Disabled", "Enabled"]]
+    a100.ok("gpunode-lab-hw", "reboot")
+    assert a100.query("mig.mode.current,mig.mode.pending", "-i", "5") == [["Enabled", "Enabled"]]
+    a10g = lab_node("pcie-a10g")
+    before = a10g.state_file.read_bytes()
+    assert "Not Supported" in a10g.ok("nvidia-smi", "-mig", "1")
+    assert json.loads(a10g.state_file.read_bytes()) == json.loads(before)
+
+
+def test_mig_instances_show_while_mig_is_on_and_go_at_reboot(
+    lab_node: Callable[..., LabNode],
+) -> None:
+    node = lab_node("a100")
+    node.set("gpus.1.mig_mode", {"current": "Enabled", "pending": "Enabled"})
+    instance = {
+        "gpu_instance_id": 7,
+        "compute_instance_id": 0,
+        "multiprocessors": 14,
+        "memory_mib": 9856,
+    }
+    node.set("gpus.1.mig_devices", [instance, {**instance, "gpu_instance_id": 8}])
+    (gpu,) = xml_gpus(node.ok("nvidia-smi", "-q", "-x", "-i", "1"))
+    devices = gpu.findall("mig_devices/mig_device")
+    assert [device.findtext("gpu_instance_id") for device in devices] == ["7", "8"]
+    assert devices[1].findtext("fb_memory_usage/total") == "9856 MiB"
+    assert gpu.findtext("utilization/gpu_util") == "N/A"
+    node.ok("gpunode-lab-hw", "reboot")
+    (gpu,) = xml_gpus(node.ok("nvidia-smi", "-q", "-x", "-i", "1"))
+    assert gpu.findtext("mig_mode/current_mig") == "Enabled"
+    assert (gpu.findtext("mig_devices") or "").strip() == "None"
+
+
+def test_power_limit_out_of_range_fails_and_changes_nothing(
+    lab_node: Callable[..., LabNode],
+) -> None:
+    node = lab_node("hgx-h100")
+    before = node.state_file.read_bytes()
+    result = node.run("nvidia-smi", "-pl", "800")
+    assert result.returncode == 2
+    assert result.stdout == (
+        "Provided power limit 800.00 W is not a valid power limit which should be between "
+        "200.00 W and 700.00 W for GPU 00000000:18:00.0\n"
+        "Terminating early due to previous errors.\n"
+    )
+    assert node.state_file.read_bytes() == before
+    assert node.ok("nvidia-smi", "-i", "2", "-pl", "450") == (
+        "Power limit for GPU 00000000:3A:00.0 was set to 450.00 W from 700.00 W.\nAll done.\n"
+    )
+    assert [row[0] for row in node.query("power.limit", "-i", "1,2")] == ["700.00 W", "450.00 W"]
+
+
+def test_reboot_forgets_the_settings_the_driver_does_not_keep(
+    lab_node: Callable[..., LabNode],
+) -> None:
+    node = lab_node("pcie-a10g")
+    node.ok("nvidia-smi", "-pm", "1")
+    node.ok("nvidia-smi", "-pl", "250")
+    assert "Applications clocks set to" in node.ok("nvidia-smi", "-ac", "6251,1500")
+    fields = "persistence_mode,power.limit,clocks.applications.graphics"
+    assert node.query(fields) == [["Enabled", "250.00 W", "1500 MHz"]]
+    node.ok("gpunode-lab-hw", "reboot")
+    assert node.query(fields) == [["Disabled", "300.00 W", "1710 MHz"]]
+
+
+# --- faults -----------------------------------------------------------------------------------
+
+
+def test_a_gpu_off_the_bus_disappears_everywhere(lab_node: Callable[..., LabNode]) -> None:
+    node = lab_node("a100")
+    lost = node.state()["gpus"][3]["uuid"]
+    node.set("gpus.3.present", False)
+    listing = node.ok("nvidia-smi", "-L")
+    assert len(listing.splitlines()) == 7
+    assert lost not in listing
+    root = ElementTree.fromstring(node.ok("nvidia-smi", "-q", "-x"))
+    assert root.findtext("attached_gpus") == "7"
+    assert lost not in [gpu.findtext("uuid") for gpu in root.findall("gpu")]
+    rows = node.query("index,uuid,count")
+    assert [row[0] for row in rows] == [str(n) for n in range(7)]
+    assert lost not in [row[1] for row in rows]
+    assert {row[2] for row in rows} == {"7"}
+
+
+def test_no_driver_fails_every_call_with_exit_9(lab_node: Callable[..., LabNode]) -> None:
+    node = lab_node("hgx-h100")
+    node.set("driver_loaded", False)
+    for args in (["-L"], ["-q", "-x"], ["--query-gpu=name", "--format=csv"], ["-pm", "1"], []):
+        result = node.run("nvidia-smi", *args)
+        assert result.returncode == 9
+        assert result.stdout == (
+            "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. "
+            "Make sure that the latest NVIDIA driver is installed and running.\n\n"
+        )
+
+
+def test_state_paths_must_exist_to_be_set(lab_node: Callable[..., LabNode]) -> None:
+    node = lab_node("a100")
+    before = node.state_file.read_bytes()
+    result = node.run("gpunode-lab-hw", "set", "gpus.0.persistance_mode", "Enabled")
+    assert result.returncode == 1
+    assert "persistance_mode" in result.stderr
+    assert node.run("gpunode-lab-hw", "set", "gpus.8.present", "false").returncode == 1
+    assert node.state_file.read_bytes() == before
+    node.ok("gpunode-lab-hw", "set", "ib_ports.2.state", "Down")
+    assert json.loads(node.ok("gpunode-lab-hw", "show", "ib_ports.2.state")) == "Down"
+
+
+def test_concurrent_changes_are_all_kept(lab_node: Callable[..., LabNode]) -> None:
+    node = lab_node("a100")
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        results = list(
+            pool.map(
+                lambda n: node.run(
+                    "gpunode-lab-hw", "set", f"gpus.{n}.temperature.gpu", f"{60 + n}"
+                ),
+                range(8),
+            )
+        )
+    assert [result.returncode for result in results] == [0] * 8
+    assert [gpu["temperature"]["gpu"] for gpu in node.state()["gpus"]] == list(range(60, 68))
+
+
+# --- nvlink, summary table ------------------------------------------------------------------
+
+
+def test_nvlink_status_matches_the_captured_outputs(lab_node: Callable[..., LabNode]) -> None:
+    node = lab_node("a100")
+    node.set("gpus.7.uuid", GOOD_NVLINK_UUID)
+    good = (FIXTURES / "nvlink/good_nvlink_status.txt").read_text()
+    assert node.ok("nvidia-smi", "nvlink", "--status", "-i", "7") == good
+    node.set("gpus.6.uuid", BAD_NVLINK_UUID)
+    node.set("gpus.6.nvlinks", [{"active": False}] * 12)
+    bad = (FIXTURES / "nvlink/bad_nvlink_status.txt").read_text()
+    assert node.ok("nvidia-smi", "nvlink", "-s", "-i", "6") == bad
+    node.set("gpus.5.nvlinks.3.active", False)
+    links = node.ok("nvidia-smi", "nvlink", "-s", "-i", "5").splitlines()
+    assert links[3:6] == ["\t Link 2: 25 GB/s", "\t Link 3: <inactive>", "\t Link 4: 25 GB/s"]
+
+
+def test_h100_nvlink_speed_is_the_captured_one(lab_node: Callable[..., LabNode]) -> None:
+    output = lab_node("hgx-h100").ok("nvidia-smi", "nvlink", "-s", "-i", "0")
+    assert output.splitlines()[1:] == capture_section("nvidia-smi nvlink -s")[1:19]
+
+
+def test_summary_table_matches_the_capture(lab_node: Callable[..., LabNode]) -> None:
+    node = lab_node("hgx-h100")
+    node.set("gpus.0.pci_bus_id", "00000000:00:09.0")
+    for position in range(1, 8):
+        node.set(f"gpus.{position}.present", False)
+    node.ok("nvidia-smi", "-pm", "1")
+    lines = H100_CAPTURE.read_text().splitlines()
+    start = lines.index("# $ nvidia-smi ") + 2
+    table = node.ok("nvidia-smi").splitlines()
+    assert table[1:] == lines[start + 1 : start + len(table)]
+    assert re.fullmatch(r"\w{3} \w{3} [ \d]\d \d\d:\d\d:\d\d \d{4} {7}", table[0])
+
+
+# --- ibstat, nvme ---------------------------------------------------------------------------
+
+
+def test_ibstat_matches_the_a100_capture_line_for_line(lab_node: Callable[..., LabNode]) -> None:
+    captured = (FIXTURES / "ibstat/ibstat.47.0.a100.all.active.0").read_text().splitlines()
+    ours = lab_node("a100").ok("ibstat").splitlines()
+    assert len(ours) == len(captured)
+    for our_line, captured_line in zip(ours, captured, strict=True):
+        if "GUID: 0x" in captured_line and not captured_line.endswith("0" * 16):
+            # Node-specific: only the low 24 bits (the per-device part) differ.
+            assert our_line[:-6] == captured_line[:-6]
+            assert our_line != captured_line
+        else:
+            assert our_line == captured_line
+
+
+def test_ibstat_shows_one_ca_and_reflects_port_drift(lab_node: Callable[..., LabNode]) -> None:
+    node = lab_node("hgx-h100")
+    names = node.ok("ibstat", "-l").split()
+    assert names == sorted(port["ca"] for port in node.state()["ib_ports"])
+    node.set("ib_ports.0.state", "Down")
+    node.set("ib_ports.0.physical_state", "Disabled")
+    (port,) = parse_ibstat(node.ok("ibstat", "mlx5_0"))
+    assert (port["state"], port["physical_state"], port["link_layer"]) == (
+        "Down",
+        "Disabled",
+        "InfiniBand",
+    )
+    assert node.run("ibstat", "mlx5_99").returncode == 255
+    assert lab_node("pcie-a10g").run("ibstat").returncode == 255
+
+
+def test_nvme_list_json_lists_present_drives(lab_node: Callable[..., LabNode]) -> None:
+    node = lab_node("hgx-h100")
+    output = node.ok("nvme", "list", "-o", "json")
+    assert output.startswith('{\n  "Devices":[\n    {\n      "NameSpace":1,\n')
+    devices = json.loads(output)["Devices"]
+    assert len(devices) == 8
+    assert list(devices[0]) == [
+        "NameSpace", "DevicePath", "GenericPath", "Firmware", "ModelNumber", "SerialNumber",
+        "UsedBytes", "MaximumLBA", "PhysicalSize", "SectorSize",
+    ]  # fmt: skip
+    assert devices[0]["MaximumLBA"] * devices[0]["SectorSize"] == devices[0]["PhysicalSize"]
+    node.set("nvme.2.present", False)
+    listing = json.loads(node.ok("nvme", "list", "-o", "json"))
+    paths = [device["DevicePath"] for device in listing["Devices"]]
+    assert "/dev/nvme2n1" not in paths
+    assert len(paths) == 7
