@@ -288,6 +288,64 @@ class Tls:
             )
 
 
+SYSCTL_NAME = r"[a-z0-9_]+(\.[a-zA-Z0-9_*-]+)+"
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """sysctl and module hardening in the spirit of dev-sec os_hardening, GPU-host compatible."""
+
+    ptrace_scope: int = setting(
+        1,
+        "kernel.yama.ptrace_scope: 1 lets profilers attach to their own children "
+        "(cuda-gdb, py-spy); 2 is dev-sec's admin-only; 3 forbids ptrace",
+        min=0,
+        max=3,
+    )
+    ip_forward: bool | None = setting(
+        None,
+        "net.ipv4.ip_forward; null: on when container_runtime.engines is set (Docker and "
+        "Kubernetes networking need it), else off",
+    )
+    sysctls: dict[str, str] = field(
+        default_factory=dict,
+        metadata=spec(
+            "extra sysctls, overriding gpunode's hardened values",
+            accepts="sysctl names (e.g. vm.max_map_count) to string values",
+        ),
+    )
+    blacklist_modules: tuple[str, ...] = setting(
+        ("cramfs", "freevxfs", "jffs2", "hfs", "hfsplus", "udf", "dccp", "sctp", "rds", "tipc"),
+        "kernel modules never loaded (squashfs and vfat stay: snaps and EFI need them)",
+        pattern=r"[a-z0-9_-]+",
+        accepts="kernel module names",
+    )
+
+    def validate(self, builder: Builder, path: str) -> None:
+        for name in self.sysctls:
+            if not re.fullmatch(SYSCTL_NAME, name):
+                builder.problem(
+                    f"{path}.sysctls.{name}",
+                    self.sysctls[name],
+                    "not a sysctl name",
+                    "dotted names such as net.core.somaxconn",
+                )
+
+
+@dataclass(frozen=True)
+class UnattendedUpgrades:
+    """Debian security updates on their own; never NVIDIA, CUDA or kernel packages."""
+
+    enabled: bool = setting(False, "install and enable unattended-upgrades")
+    blacklist: tuple[str, ...] = setting(
+        ("nvidia-", "libnvidia-", "cuda-", "libcuda", "datacenter-gpu-manager", "linux-image-",
+         "linux-headers-", "linux-modules-"),
+        "package name prefixes unattended-upgrades must never touch",
+        pattern=r"[a-z0-9][a-z0-9+.-]*",
+        accepts="package name prefixes",
+    )  # fmt: skip
+
+
 @dataclass(frozen=True)
 class Repositories:
     """Where apt looks. Every URL can point at an air-gapped mirror."""
@@ -563,6 +621,8 @@ class DesiredState:
     sshd: Sshd = setting(Sshd(), "sshd policy")
     firewall: Firewall = setting(Firewall(), "nftables policy")
     tls: Tls = setting(Tls(), "node certificate")
+    kernel: Kernel = setting(Kernel(), "sysctl and module hardening")
+    unattended_upgrades: UnattendedUpgrades = setting(UnattendedUpgrades(), "unattended upgrades")
     apt: Repositories = setting(Repositories(), "package sources")
     nvidia_driver: NvidiaDriver = setting(NvidiaDriver(), "driver")
     cuda: Cuda = setting(Cuda(), "CUDA toolkits")
@@ -574,6 +634,12 @@ class DesiredState:
     infiniband: Infiniband = setting(Infiniband(), "InfiniBand / RDMA")
     nvme_cache: NvmeCache = setting(NvmeCache(), "NVMe cache")
     expected_hardware: ExpectedHardware = setting(ExpectedHardware(), "expected hardware")
+
+    @property
+    def ip_forward(self) -> bool:
+        if self.kernel.ip_forward is not None:
+            return self.kernel.ip_forward
+        return bool(self.container_runtime.engines)
 
     @property
     def needs_fabric_manager(self) -> bool:

@@ -117,16 +117,21 @@ class Lab:
     def __init__(
         self,
         state_dir: Path | None = None,
-        name: str = DEFAULT_NAME,
-        subnet_index: int = 0,
+        name: str | None = None,
+        subnet_index: int | None = None,
         log: Callable[[str], None] = print,
     ):
         """``name`` prefixes the network and containers; ``subnet_index`` picks 10.213.N.0/24.
 
-        Two labs with different names and subnets live side by side (the tests use that).
+        Two labs with different names and subnets live side by side. The environment
+        variables GPUNODE_LAB_DIR, GPUNODE_LAB_NAME and GPUNODE_LAB_SUBNET choose them for
+        every command (inventories/lab.py included), e.g. for a second developer's lab.
         """
-        self.state_dir = state_dir or Path(os.environ.get("GPUNODE_LAB_DIR", REPO_ROOT / ".lab"))
-        self.name = name
+        env = os.environ
+        self.state_dir = state_dir or Path(env.get("GPUNODE_LAB_DIR", REPO_ROOT / ".lab"))
+        self.name = name or env.get("GPUNODE_LAB_NAME", DEFAULT_NAME)
+        if subnet_index is None:
+            subnet_index = int(env.get("GPUNODE_LAB_SUBNET", "0"))
         self.network_prefix = f"10.213.{subnet_index}"
         self.subnet = f"{self.network_prefix}.0/24"
         self.gateway = f"{self.network_prefix}.1"
