@@ -15,9 +15,11 @@ from gpunode.inventory import desired_state
 from roles.admin_users import admin_users
 from roles.base import base_system
 from roles.gpu_settings import gpu_settings
+from roles.sshd import sshd
 
 desired = desired_state()
 
 base_system(desired=desired)
 admin_users(desired=desired)
+sshd(desired=desired)
 gpu_settings(desired=desired)

@@ -9,17 +9,30 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 from typing import Any
 
 import paramiko
 
 
-def fresh_login(host: Any, port: int | None = None, timeout: float = 15.0) -> str | None:
+def fresh_login(
+    host: Any, port: int | None = None, timeout: float = 15.0, settle_s: float = 10.0
+) -> str | None:
     """Log in to ``host`` anew, exactly as the deploy does, and run ``sudo -n true``.
 
     Returns None on success, else a one-line reason. ``port`` overrides the inventory's
-    (the new sshd port, when that is what just changed).
+    (the new sshd port, when that is what just changed). A refused connection is retried
+    for ``settle_s`` seconds: sshd re-executes itself on reload and listens again shortly.
     """
+    deadline = time.monotonic() + settle_s
+    while True:
+        error = _login_once(host, port, timeout)
+        if error is None or "Unable to connect" not in error or time.monotonic() > deadline:
+            return error
+        time.sleep(0.5)
+
+
+def _login_once(host: Any, port: int | None, timeout: float) -> str | None:
     data = host.data
     client = paramiko.SSHClient()
     known_hosts = data.get("ssh_known_hosts_file")

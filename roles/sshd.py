@@ -1,0 +1,218 @@
+"""The SSH server, hardened so that its *effective* configuration holds, without lock-outs.
+
+sshd keeps the first value it reads for a keyword. gpunode's settings are therefore written
+at the top of /etc/ssh/sshd_config and the drop-in directory is included only after them:
+a drop-in such as 50-cloud-init.conf can add settings but never override these. The floor is
+dev-sec's ssh-baseline; the crypto lists are those of ssh-audit's "Hardened Debian 12
+(version 3)" policy, in its order.
+
+Safety: a configuration that would leave the deploy user unable to log in is refused before
+anything changes; a new configuration is checked with ``sshd -t`` before it is used; after
+the reload a *new* SSH login is made from the control side, and if it fails the previous
+configuration (and host key, and moduli) is restored and the run fails loudly.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+from pyinfra import host
+from pyinfra.api import DeployError, FunctionCommand, OperationError, deploy, operation
+
+from facts.sshd import MIN_MODULUS_FIELD, MODULI, RSA_HOST_KEY, SSHD_CONFIG, SshdState
+from gpunode.model import DesiredState, Sshd
+from gpunode.reach import fresh_login
+
+KEX_ALGORITHMS = (
+    "sntrup761x25519-sha512",
+    "sntrup761x25519-sha512@openssh.com",
+    "curve25519-sha256",
+    "curve25519-sha256@libssh.org",
+    "diffie-hellman-group16-sha512",
+    "diffie-hellman-group18-sha512",
+    "diffie-hellman-group-exchange-sha256",
+)
+CIPHERS = (
+    "chacha20-poly1305@openssh.com",
+    "aes256-gcm@openssh.com",
+    "aes256-ctr",
+    "aes192-ctr",
+    "aes128-gcm@openssh.com",
+    "aes128-ctr",
+)
+MACS = (
+    "hmac-sha2-256-etm@openssh.com",
+    "hmac-sha2-512-etm@openssh.com",
+    "umac-128-etm@openssh.com",
+)
+HOST_KEY_ALGORITHMS = (
+    "ssh-ed25519",
+    "ssh-ed25519-cert-v01@openssh.com",
+    "sk-ssh-ed25519@openssh.com",
+    "sk-ssh-ed25519-cert-v01@openssh.com",
+    "rsa-sha2-512",
+    "rsa-sha2-512-cert-v01@openssh.com",
+    "rsa-sha2-256",
+    "rsa-sha2-256-cert-v01@openssh.com",
+)
+RSA_HOST_KEY_BITS = 4096
+BACKUP_DIR = "/var/lib/gpunode/sshd-previous"
+CANDIDATE = f"{SSHD_CONFIG}.gpunode-candidate"
+
+
+def _yes_no(value: bool) -> str:
+    return "yes" if value else "no"
+
+
+def render_sshd_config(sshd: Sshd) -> str:
+    """The whole /etc/ssh/sshd_config: hardened settings first, drop-ins after."""
+    lines = [
+        "# Managed by gpunode. Settings come before the Include below on purpose: sshd keeps",
+        "# the first value it reads, so drop-ins can add settings but not override these.",
+        f"Port {sshd.port}",
+        "AddressFamily any",
+        *(f"ListenAddress {address}" for address in sshd.listen_addresses),
+        "HostKey /etc/ssh/ssh_host_ed25519_key",
+        f"HostKey {RSA_HOST_KEY}",
+        f"HostKeyAlgorithms {','.join(HOST_KEY_ALGORITHMS)}",
+        f"KexAlgorithms {','.join(KEX_ALGORITHMS)}",
+        f"Ciphers {','.join(CIPHERS)}",
+        f"MACs {','.join(MACS)}",
+        f"PermitRootLogin {sshd.permit_root_login}",
+        "PubkeyAuthentication yes",
+        "AuthenticationMethods publickey",
+        "PasswordAuthentication no",
+        "PermitEmptyPasswords no",
+        "KbdInteractiveAuthentication no",
+        "HostbasedAuthentication no",
+        "IgnoreRhosts yes",
+        "IgnoreUserKnownHosts yes",
+        "KerberosAuthentication no",
+        "GSSAPIAuthentication no",
+        "UsePAM yes",
+        "StrictModes yes",
+        f"MaxAuthTries {sshd.max_auth_tries}",
+        f"MaxSessions {sshd.max_sessions}",
+        "MaxStartups 10:30:60",
+        f"LoginGraceTime {sshd.login_grace_time_s}",
+        f"ClientAliveInterval {sshd.client_alive_interval_s}",
+        f"ClientAliveCountMax {sshd.client_alive_count_max}",
+        "TCPKeepAlive no",
+        "SyslogFacility AUTH",
+        "LogLevel VERBOSE",
+        "PermitUserEnvironment no",
+        "PermitTunnel no",
+        f"AllowTcpForwarding {_yes_no(sshd.allow_tcp_forwarding)}",
+        f"AllowAgentForwarding {_yes_no(sshd.allow_agent_forwarding)}",
+        "GatewayPorts no",
+        f"X11Forwarding {_yes_no(sshd.x11_forwarding)}",
+        "X11UseLocalhost yes",
+        "PrintMotd no",
+        "PrintLastLog no",
+        "Banner none",
+        "DebianBanner no",
+        "Compression no",
+        "UseDNS no",
+        "AcceptEnv LANG LC_*",
+        "Subsystem sftp /usr/lib/openssh/sftp-server -f AUTHPRIV -l INFO",
+        "",
+        "Include /etc/ssh/sshd_config.d/*.conf",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def lockout_risks(desired: DesiredState, login_user: str | None, password: bool) -> list[str]:
+    """Why applying ``desired`` would leave nobody able to log in with a key and sudo."""
+    risks = []
+    if password:
+        risks.append(
+            "this deploy logs in with a password, and the hardened sshd accepts keys only; "
+            "switch the inventory to ssh_key first"
+        )
+    if (login_user in (None, "root")) and desired.sshd.permit_root_login == "no":
+        risks.append(
+            "this deploy logs in as root and sshd.permit_root_login is 'no'; log in as an "
+            "admin user with sudo (ssh_user + _sudo), or set permit_root_login: prohibit-password"
+        )
+    return risks
+
+
+def _shell_quote(text: str) -> str:
+    return "'" + text.replace("'", "'\"'\"'") + "'"
+
+
+def _restore_command() -> str:
+    return (
+        f"cp -p {BACKUP_DIR}/sshd_config {SSHD_CONFIG} && "
+        f"for f in {BACKUP_DIR}/ssh_host_rsa_key {BACKUP_DIR}/ssh_host_rsa_key.pub "
+        f'{BACKUP_DIR}/moduli; do [ -e "$f" ] && cp -p "$f" /etc/ssh/; done; '
+        "systemctl reload-or-restart ssh.service"
+    )
+
+
+def _confirm_or_restore(state: Any, host: Any, port: int) -> None:
+    """Control side: a brand-new login must work, else the previous sshd comes back."""
+    error = fresh_login(host, port=port)
+    if error is None:
+        return
+    restored, _ = host.run_shell_command(_restore_command(), _sudo=True)
+    raise OperationError(
+        f"{host.name}: the new sshd configuration was rolled back because {error}; "
+        + ("the previous configuration is active again" if restored else "RESTORE FAILED")
+    )
+
+
+@operation()
+def hardened_sshd(config: str, port: int = 22):
+    """sshd runs ``config`` with a 4096-bit RSA host key, no moduli below 3072 bits and
+    ssh.service (not socket activation); every change is proven by a new SSH login."""
+    current = host.get_fact(SshdState)
+    changes: list[str] = []
+    if current["socket_enabled"]:
+        # Socket activation ignores Port/ListenAddress from sshd_config.
+        changes.append("systemctl disable --now ssh.socket && systemctl mask ssh.socket")
+    if current["rsa_host_key_bits"] != RSA_HOST_KEY_BITS:
+        changes.append(
+            f"rm -f {RSA_HOST_KEY} {RSA_HOST_KEY}.pub && "
+            f"ssh-keygen -q -t rsa -b {RSA_HOST_KEY_BITS} -N '' -f {RSA_HOST_KEY}"
+        )
+    if current["weak_moduli"]:
+        changes.append(
+            f"awk '/^#/ || $5 >= {MIN_MODULUS_FIELD}' {MODULI} > {MODULI}.gpunode "
+            f"&& mv {MODULI}.gpunode {MODULI}"
+        )
+    if current["config_sha1"] != hashlib.sha1(config.encode()).hexdigest():
+        changes.append("sshd_config")
+    if not changes:
+        host.noop("sshd already hardened and effective")
+        return
+    backup = (
+        f"mkdir -p -m 0700 {BACKUP_DIR} && cp -p {SSHD_CONFIG} {MODULI} {BACKUP_DIR}/ && "
+        f"{{ [ ! -e {RSA_HOST_KEY} ] || cp -p {RSA_HOST_KEY} {RSA_HOST_KEY}.pub {BACKUP_DIR}/; }}"
+    )
+    yield backup
+    yield f"printf '%s' {_shell_quote(config)} > {CANDIDATE} && chmod 0600 {CANDIDATE}"
+    yield f"/usr/sbin/sshd -t -f {CANDIDATE} || {{ rm -f {CANDIDATE}; exit 1; }}"
+    yield from (change for change in changes if change != "sshd_config")
+    yield f"mv {CANDIDATE} {SSHD_CONFIG}"
+    yield "systemctl enable ssh.service && systemctl reload-or-restart ssh.service"
+    yield FunctionCommand(_confirm_or_restore, (port,), {})
+
+
+@deploy("SSH server")
+def sshd(desired: DesiredState) -> None:
+    risks = lockout_risks(
+        desired,
+        login_user=host.data.get("ssh_user"),
+        password=bool(host.data.get("ssh_password")),
+    )
+    if risks:
+        raise DeployError(
+            f"{host.name}: sshd hardening refused, nothing changed: " + "; ".join(risks)
+        )
+    hardened_sshd(
+        name="Hardened sshd (validated, confirmed by a new login)",
+        config=render_sshd_config(desired.sshd),
+        port=desired.sshd.port,
+    )
