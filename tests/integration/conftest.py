@@ -73,10 +73,35 @@ def ssh(
     return subprocess.run(
         [
             "ssh", "-i", str(lab.key_path), "-o", f"UserKnownHostsFile={lab.known_hosts_path}",
-            "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes", "-o", "IdentitiesOnly=yes", "-o", "ConnectTimeout=10",
+            "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes", "-o", "IdentitiesOnly=yes",
+            "-o", "ConnectTimeout=10",
             f"{user}@{node.address}", command,
         ],
         capture_output=True,
         text=True,
         timeout=120,
     )  # fmt: skip
+
+
+def write_inventory(
+    path: Path, lab: Lab, nodes: list[LabNode], data: dict[str, dict[str, Any]]
+) -> str:
+    """A throw-away inventory of lab nodes with per-host data (``data[node.name]``).
+
+    It sits outside inventories/, so no group data applies: only connection settings and
+    what the test passes.
+    """
+    hosts = []
+    for node in nodes:
+        host_data = {
+            "ssh_hostname": node.address,
+            "ssh_user": LOGIN_USER,
+            "ssh_key": str(lab.key_path),
+            "ssh_known_hosts_file": str(lab.known_hosts_path),
+            "ssh_strict_host_key_checking": "yes",
+            "_sudo": True,
+            **data.get(node.name, {}),
+        }
+        hosts.append((node.name, host_data))
+    path.write_text(f"lab_nodes = {hosts!r}\n")
+    return str(path)

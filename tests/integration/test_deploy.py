@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from gpunode.lab import LOGIN_USER, Lab, LabNode
+from gpunode.lab import Lab, LabNode
 
-from .conftest import run_pyinfra, ssh
+from .conftest import run_pyinfra, ssh, write_inventory
 
 pytestmark = pytest.mark.lab
 
@@ -78,27 +78,18 @@ def test_removed_key_is_removed_from_the_node(lab: Lab, converged: list[LabNode]
     assert lab.key_path.with_suffix(".pub").read_text().split()[1] in keys
 
 
-def write_inventory(path: Path, lab: Lab, nodes: list[LabNode], extra: str) -> None:
-    connection = (
-        f'"ssh_hostname": "{{address}}", "ssh_user": "{LOGIN_USER}", '
-        f'"ssh_key": "{lab.key_path}", "ssh_known_hosts_file": "{lab.known_hosts_path}", '
-        '"_sudo": True'
-    )
-    hosts = ", ".join(
-        f'("{node.name}", {{{connection.format(address=node.address)}{extra if i == 0 else ""}}})'
-        for i, node in enumerate(nodes)
-    )
-    path.write_text(f"lab_nodes = [{hosts}]\n")
-
-
 def test_bad_data_on_one_host_stops_every_host_before_any_change(
     lab: Lab, converged: list[LabNode], tmp_path: Path
 ) -> None:
     for node in converged:
         assert ssh(lab, node, "sudo nvidia-smi -pm 0").returncode == 0
-    inventory = tmp_path / "broken.py"
-    write_inventory(inventory, lab, converged, ', "sshd": {"port": 0}, "cuda": {"versions": "12"}')
-    run = run_pyinfra(DEPLOY, inventory=str(inventory))
+    inventory = write_inventory(
+        tmp_path / "broken.py",
+        lab,
+        converged,
+        {converged[0].name: {"sshd": {"port": 0}, "cuda": {"versions": "12"}}},
+    )
+    run = run_pyinfra(DEPLOY, inventory=inventory)
     assert run.returncode != 0
     first = converged[0].name
     assert f"{inventory}: host {first}: sshd.port = 0: out of range" in run.output
