@@ -1,0 +1,152 @@
+"""Facts for gpunode's nftables table: what is live, what is persisted, who is connected.
+
+Drift is judged by nftables itself, not by parsing rules here: the persisted ruleset file is
+loaded into a scratch network namespace (``unshare --net``, which has no tables of its own)
+and listed there, so "what the file would load" and "what is live" are two listings in the
+same canonical form. ``-s`` leaves out counters and other state that changes by itself.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from typing import Any
+
+from pyinfra.api import FactBase
+
+RULESET_PATH = "/etc/gpunode/firewall.nft"
+UNIT_NAME = "gpunode-firewall.service"
+UNIT_PATH = f"/etc/systemd/system/{UNIT_NAME}"
+ROLLBACK_UNIT = "gpunode-firewall-rollback"
+TABLE = "inet gpunode"
+
+_SECTION = "gpunode:section="
+_FILE_LOAD_FAILED = "gpunode:file-load-failed"
+
+
+def parse_firewall_state(lines: list[str]) -> dict[str, Any]:
+    """Turn the fact command's output into a report; never raises on odd output."""
+    state: dict[str, Any] = {
+        "nft": False,
+        "file_sha256": None,
+        "unit_file": False,
+        "unit_enabled": False,
+        "rollback_armed": False,
+        "live": None,
+        "file_loads": None,
+        "file_load_error": None,
+    }
+    sections: dict[str, list[str]] = {}
+    current: list[str] | None = None
+    for line in lines:
+        if line.startswith(_SECTION):
+            current = sections.setdefault(line[len(_SECTION) :], [])
+        elif current is not None:
+            current.append(line)
+        elif "=" in line:
+            key, _, value = line.partition("=")
+            if key == "nft":
+                state["nft"] = value == "present"
+            elif key == "file_sha256" and value:
+                state["file_sha256"] = value
+            elif key == "unit_file":
+                state["unit_file"] = value == "present"
+            elif key == "unit_enabled":
+                state["unit_enabled"] = value == "enabled"
+            elif key == "rollback_armed":
+                state["rollback_armed"] = value == "yes"
+    if "live" in sections:
+        state["live"] = _listing(sections["live"])
+    if "file_loads" in sections:
+        loaded = sections["file_loads"]
+        if loaded and loaded[-1] == _FILE_LOAD_FAILED:
+            state["file_load_error"] = "\n".join(loaded[:-1]).strip() or "nft -f failed"
+        else:
+            state["file_loads"] = _listing(loaded)
+    return state
+
+
+def _listing(lines: list[str]) -> str:
+    return "\n".join(line.rstrip() for line in lines).strip() + "\n"
+
+
+class FirewallState(FactBase):
+    """
+    gpunode's nftables table as it is live, as its persisted file would load it, and whether
+    the boot unit and a pending rollback exist.
+
+    .. code:: python
+
+        {
+            "nft": True,                 # the nft binary is installed
+            "file_sha256": "ab12...",    # of /etc/gpunode/firewall.nft, None if absent
+            "unit_file": True,           # /etc/systemd/system/gpunode-firewall.service
+            "unit_enabled": True,
+            "rollback_armed": False,     # gpunode-firewall-rollback.timer is waiting
+            "live": "table inet gpunode {...}",        # nft -s list; None if absent
+            "file_loads": "table inet gpunode {...}",  # the same for the file; None if absent
+            "file_load_error": None,     # why the file did not load, if it did not
+        }
+    """
+
+    def command(self) -> str:
+        scratch_load = f"nft -f {RULESET_PATH} && nft -s list table {TABLE}"
+        return "; ".join(
+            [
+                "nft_bin=$(command -v nft)",
+                'echo "nft=${nft_bin:+present}"',
+                f'if [ -f {RULESET_PATH} ]; then echo "file_sha256=$(sha256sum < {RULESET_PATH}'
+                " | cut -d' ' -f1)\"; fi",
+                f"if [ -f {UNIT_PATH} ]; then echo unit_file=present; fi",
+                f'echo "unit_enabled=$(systemctl is-enabled {UNIT_NAME} 2>/dev/null)"',
+                f"if systemctl is-active --quiet {ROLLBACK_UNIT}.timer; then "
+                "echo rollback_armed=yes; fi",
+                'if [ -n "$nft_bin" ]; then '
+                f"if nft list tables | grep -qx 'table {TABLE}'; then "
+                f"echo {_SECTION}live; nft -s list table {TABLE}; fi; "
+                f"if [ -f {RULESET_PATH} ]; then echo {_SECTION}file_loads; "
+                f"unshare --net -- sh -c '{scratch_load}' 2>&1 || echo {_FILE_LOAD_FAILED}; fi; "
+                "fi",
+                "true",
+            ]
+        )
+
+    def process(self, output: list[str]) -> dict[str, Any]:
+        return parse_firewall_state(list(output))
+
+
+def parse_ssh_client(line: str) -> dict[str, Any] | None:
+    """'10.0.0.1 51234 22' -> {'address': '10.0.0.1', 'server_port': 22}; None if unusable.
+
+    An IPv4-mapped IPv6 address is given as IPv4: such packets are IPv4 to nftables.
+    """
+    parts = line.split()
+    if len(parts) != 3:
+        return None
+    try:
+        address = ipaddress.ip_address(parts[0].split("%", 1)[0])
+        server_port = int(parts[2])
+    except ValueError:
+        return None
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    return {"address": str(address), "server_port": server_port}
+
+
+class SshClient(FactBase):
+    """
+    Where this SSH session comes from, as the node sees it (``$SSH_CLIENT``); None when the
+    connection is not SSH. Read it with ``_sudo=False``: sudo clears the variable.
+
+    .. code:: python
+
+        {"address": "10.213.4.1", "server_port": 22}
+    """
+
+    def command(self) -> str:
+        return 'echo "ssh_client=$SSH_CLIENT"'
+
+    def process(self, output: list[str]) -> dict[str, Any] | None:
+        for line in output:
+            if line.startswith("ssh_client="):
+                return parse_ssh_client(line[len("ssh_client=") :])
+        return None

@@ -1,0 +1,205 @@
+"""The node's TLS certificate and whether its key (which never leaves the node) matches it.
+
+The fact command prints the certificate (re-encoded by ``openssl x509``, so a file holding
+anything else prints nothing of it) and the PUBLIC key derived from the node key with
+``openssl pkey -pubout``. The private key itself is never printed.
+"""
+
+from __future__ import annotations
+
+import datetime
+from typing import Any
+
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
+from pyinfra.api import FactBase
+
+from gpunode.pki import certificate_names
+
+TLS_DIR = "/etc/gpunode/tls"
+KEY_PATH = f"{TLS_DIR}/node.key"
+CERT_PATH = f"{TLS_DIR}/node.crt"
+CA_PATH = f"{TLS_DIR}/ca.crt"
+
+CERT_COMMAND = f"openssl x509 -in {CERT_PATH}"
+PUBLIC_KEY_COMMAND = f"openssl pkey -in {KEY_PATH} -pubout"
+MARK = "gpunode:tls:"
+
+
+def _section(label: str, path: str, command: str) -> str:
+    return (
+        f"echo {MARK}{label}; "
+        f"if [ -e {path} ]; then {command} 2>&1; echo {MARK}exit=$?; "
+        f"else echo {MARK}absent; fi"
+    )
+
+
+def _split(lines: list[str]) -> dict[str, tuple[str, list[str], int | None]] | None:
+    """Section label -> (state 'ok'/'absent'/'failed', body lines, exit code); None if garbled."""
+    sections: dict[str, tuple[str, list[str], int | None]] = {}
+    label: str | None = None
+    body: list[str] = []
+    for line in lines:
+        text = line.rstrip("\r\n")
+        if not text.startswith(MARK):
+            if label is None:
+                return None
+            body.append(text)
+            continue
+        word = text[len(MARK) :]
+        if word in ("certificate", "public-key"):
+            label, body = word, []
+        elif label is None or label in sections:
+            return None
+        elif word == "absent" and not body:
+            sections[label] = ("absent", [], None)
+        elif word.startswith("exit="):
+            try:
+                code = int(word[len("exit=") :])
+            except ValueError:
+                return None
+            sections[label] = ("ok" if code == 0 else "failed", body, code)
+        else:
+            return None
+    if set(sections) != {"certificate", "public-key"}:
+        return None
+    return sections
+
+
+def parse_node_certificate(
+    lines: list[str], now: datetime.datetime | None = None
+) -> dict[str, Any]:
+    """Turn the fact command's output into a report; never raises on bad output."""
+    now = now or datetime.datetime.now(datetime.UTC)
+    sections = _split(lines)
+    if sections is None:
+        return _unreadable(
+            f"`{CERT_COMMAND}` / `{PUBLIC_KEY_COMMAND}` printed output in no known shape"
+        )
+    key_state, key_reason, public_key = _public_key(*sections["public-key"])
+    cert_state, cert_body, cert_exit = sections["certificate"]
+    if cert_state == "absent":
+        return {
+            **_empty("absent", f"{CERT_PATH} does not exist"),
+            **_key(key_state, key_reason),
+        } | {"public_key_pem": public_key}
+    if cert_state == "failed":
+        return _unreadable(f"`{CERT_COMMAND}` failed (exit {cert_exit}): {_brief(cert_body)}") | (
+            _key(key_state, key_reason) | {"public_key_pem": public_key}
+        )
+    pem = "\n".join(cert_body).strip() + "\n"
+    try:
+        certificate = x509.load_pem_x509_certificate(pem.encode())
+    except ValueError:
+        return _unreadable(f"`{CERT_COMMAND}` printed no PEM certificate: {_brief(cert_body)}") | (
+            _key(key_state, key_reason) | {"public_key_pem": public_key}
+        )
+    dns_names, ip_addresses = certificate_names(certificate)
+    if key_state == "present" and public_key is not None:
+        matches = _public_der_of_pem(public_key) == certificate.public_key().public_bytes(
+            serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
+        )
+        key_state = "matches" if matches else "mismatch"
+    not_after = certificate.not_valid_after_utc
+    return {
+        "state": "present",
+        "reason": "",
+        "dns_names": dns_names,
+        "ip_addresses": ip_addresses,
+        "not_after": not_after.isoformat(),
+        "days_to_expiry": (not_after - now).days,
+        "issuer": certificate.issuer.rfc4514_string(),
+        "serial": f"{certificate.serial_number:x}",
+        "certificate_pem": pem,
+        "public_key_pem": public_key,
+        **_key(key_state, key_reason),
+    }
+
+
+def _public_key(state: str, body: list[str], exit_code: int | None) -> tuple[str, str, str | None]:
+    """(key state 'present'/'absent'/'unreadable', reason, public key PEM)."""
+    if state == "absent":
+        return "absent", f"{KEY_PATH} does not exist", None
+    if state == "failed":
+        return (
+            "unreadable",
+            f"`{PUBLIC_KEY_COMMAND}` failed (exit {exit_code}): {_brief(body)}",
+            None,
+        )
+    pem = "\n".join(body).strip() + "\n"
+    if _public_der_of_pem(pem) is None:
+        return "unreadable", f"`{PUBLIC_KEY_COMMAND}` printed no PEM public key", None
+    return "present", "", pem
+
+
+def _public_der_of_pem(pem: str) -> bytes | None:
+    try:
+        key = serialization.load_pem_public_key(pem.encode())
+    except (ValueError, TypeError):
+        return None
+    return key.public_bytes(
+        serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
+
+
+def _brief(body: list[str]) -> str:
+    text = " ".join(line.strip() for line in body if line.strip())
+    return text[:200] or "no output"
+
+
+def _key(state: str, reason: str) -> dict[str, Any]:
+    return {"key": state, "key_matches": state == "matches", "key_reason": reason}
+
+
+def _empty(state: str, reason: str) -> dict[str, Any]:
+    return {
+        "state": state,
+        "reason": reason,
+        "dns_names": [],
+        "ip_addresses": [],
+        "not_after": None,
+        "days_to_expiry": None,
+        "issuer": None,
+        "serial": None,
+        "certificate_pem": None,
+        "public_key_pem": None,
+        **_key("absent", ""),
+    }
+
+
+def _unreadable(reason: str) -> dict[str, Any]:
+    return _empty("unreadable", reason) | _key("unreadable", reason)
+
+
+class NodeCertificate(FactBase):
+    """
+    The node certificate in /etc/gpunode/tls and whether node.key belongs to it.
+
+    .. code:: python
+
+        {
+            "state": "present",  # or "absent" / "unreadable" (reason names the command)
+            "reason": "",
+            "dns_names": ["node1", "node1.cluster.example"],
+            "ip_addresses": ["10.0.0.11"],
+            "not_after": "2026-05-01T12:00:00+00:00",
+            "days_to_expiry": 300,
+            "issuer": "CN=gpunode internal CA 2025-05-01 1a2b3c4d,O=gpunode",
+            "serial": "5f3e...",  # hex
+            "key": "matches",  # or "mismatch" / "present" (no cert) / "absent" / "unreadable"
+            "key_matches": True,
+            "key_reason": "",
+            "certificate_pem": "-----BEGIN CERTIFICATE-----...",
+            "public_key_pem": "-----BEGIN PUBLIC KEY-----...",
+        }
+    """
+
+    def command(self) -> str:
+        return (
+            _section("certificate", CERT_PATH, CERT_COMMAND)
+            + "; "
+            + _section("public-key", KEY_PATH, PUBLIC_KEY_COMMAND)
+        )
+
+    def process(self, output: list[str]) -> dict[str, Any]:
+        return parse_node_certificate(list(output))

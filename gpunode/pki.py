@@ -1,0 +1,540 @@
+"""The internal CA on the control machine, and what it signs for nodes.
+
+The CA's private key is created here, stored encrypted (PEM, BestAvailableEncryption) with
+mode 0600 in a 0700 directory, and never leaves the control machine. Node keys are made on
+the nodes; only their certificate requests come here, are checked against what the inventory
+declares, and are signed.
+
+Environment:
+
+``GPUNODE_CA_DIR``
+    where the CA lives (default ``~/.local/share/gpunode/ca``): ``ca.key`` and ``ca.crt``.
+``GPUNODE_CA_PASSPHRASE`` / ``GPUNODE_CA_PASSPHRASE_FILE``
+    the passphrase of ``ca.key``, given directly or as a file (mode 0600) holding it; the
+    direct value wins when both are set.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import ipaddress
+import os
+import re
+import secrets
+import stat
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cryptography import x509
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+from pyinfra.api.exceptions import PyinfraError
+
+from gpunode.model import DNS_NAME, Tls
+
+CA_DIR_VARIABLE = "GPUNODE_CA_DIR"
+PASSPHRASE_VARIABLE = "GPUNODE_CA_PASSPHRASE"
+PASSPHRASE_FILE_VARIABLE = "GPUNODE_CA_PASSPHRASE_FILE"
+DEFAULT_CA_DIR = Path("~/.local/share/gpunode/ca")
+CA_KEY_NAME = "ca.key"
+CA_CERT_NAME = "ca.crt"
+LAB_PASSPHRASE_NAME = "passphrase"
+
+CA_VALIDITY_DAYS = 3652
+CA_CURVE = ec.SECP384R1
+CA_SIGNATURE_HASH = hashes.SHA384
+# Curves a node key may use; the role makes P-256 keys.
+NODE_KEY_CURVES = ("secp256r1", "secp384r1")
+# Certificates start a little in the past so a node whose clock lags accepts them at once.
+CLOCK_SKEW = datetime.timedelta(minutes=5)
+
+HOW_TO_SET_PASSPHRASE = (
+    f"set {PASSPHRASE_VARIABLE} to the passphrase, or {PASSPHRASE_FILE_VARIABLE} to a file "
+    "(mode 0600) holding it"
+)
+
+
+class PkiError(PyinfraError):
+    """Something gpunode refuses to certify or sign with; the message says what to do."""
+
+
+class CaError(PkiError):
+    """The CA cannot be used (no passphrase, wrong passphrase, unsafe permissions...)."""
+
+
+class CsrRefused(PkiError):
+    """A node's certificate request does not match what the inventory declares for it."""
+
+
+# --- the CA ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CertificateAuthority:
+    """The loaded CA: its certificate and (in memory only) its private key."""
+
+    directory: Path
+    certificate: x509.Certificate
+    private_key: ec.EllipticCurvePrivateKey = field(repr=False)
+
+    @property
+    def certificate_pem(self) -> str:
+        return self.certificate.public_bytes(serialization.Encoding.PEM).decode()
+
+
+def ca_directory(env: Mapping[str, str] = os.environ) -> Path:
+    return Path(env.get(CA_DIR_VARIABLE) or DEFAULT_CA_DIR).expanduser()
+
+
+def ca_passphrase(env: Mapping[str, str] = os.environ) -> bytes | None:
+    """The passphrase from the environment; None when neither variable is set."""
+    if env.get(PASSPHRASE_VARIABLE):
+        return env[PASSPHRASE_VARIABLE].encode()
+    file_name = env.get(PASSPHRASE_FILE_VARIABLE)
+    if not file_name:
+        return None
+    path = Path(file_name).expanduser()
+    try:
+        mode = path.stat().st_mode
+        text = path.read_text()
+    except OSError as error:
+        raise CaError(
+            f"{PASSPHRASE_FILE_VARIABLE}={file_name}: cannot read it ({error.strerror})"
+        ) from None
+    if mode & 0o077:
+        raise CaError(
+            f"passphrase file {path} is readable by others (mode {_mode(mode)}); chmod 600 {path}"
+        )
+    passphrase = text.rstrip("\r\n")
+    if not passphrase:
+        raise CaError(f"passphrase file {path} is empty")
+    return passphrase.encode()
+
+
+def open_ca(
+    directory: Path, passphrase: bytes | None, create: bool = True
+) -> CertificateAuthority | None:
+    """Load the CA in ``directory``, creating it first when absent and ``create`` is true.
+
+    Returns None only when the CA is absent and ``create`` is false (a dry run). Raises
+    CaError, with nothing changed on disk, when the passphrase is missing or wrong, the
+    key's permissions are unsafe, or the directory holds half a CA.
+    """
+    key_path, cert_path = directory / CA_KEY_NAME, directory / CA_CERT_NAME
+    if key_path.exists() or cert_path.exists():
+        return _load_ca(directory, passphrase)
+    if passphrase is None:
+        raise CaError(
+            f"no CA in {directory} yet, and no passphrase to protect a new one with: "
+            f"{HOW_TO_SET_PASSPHRASE} (and {CA_DIR_VARIABLE} to choose another directory)"
+        )
+    if not create:
+        return None
+    return _create_ca(directory, passphrase)
+
+
+def _load_ca(directory: Path, passphrase: bytes | None) -> CertificateAuthority:
+    key_path, cert_path = directory / CA_KEY_NAME, directory / CA_CERT_NAME
+    for present, missing in ((key_path, cert_path), (cert_path, key_path)):
+        if present.exists() and not missing.exists():
+            raise CaError(
+                f"incomplete CA in {directory}: {present.name} without {missing.name}; "
+                "restore it from your backup, or move the directory aside to start a new CA"
+            )
+    for path, loosest in ((directory, 0o700), (key_path, 0o600)):
+        mode = path.stat().st_mode
+        if mode & 0o777 & ~loosest:
+            raise CaError(
+                f"{path} has mode {_mode(mode)}; the CA key must be private to you: "
+                f"chmod {loosest:o} {path}"
+            )
+    if passphrase is None:
+        raise CaError(f"the CA key {key_path} is encrypted: {HOW_TO_SET_PASSPHRASE}")
+    try:
+        private_key = serialization.load_pem_private_key(key_path.read_bytes(), passphrase)
+    except TypeError:
+        raise CaError(f"the CA key {key_path} is not encrypted; refusing to use it") from None
+    except ValueError:
+        raise CaError(
+            f"wrong passphrase for the CA key {key_path} (from {_passphrase_source()}); "
+            "nothing was changed"
+        ) from None
+    try:
+        certificate = x509.load_pem_x509_certificate(cert_path.read_bytes())
+    except ValueError:
+        raise CaError(f"{cert_path} is not a PEM certificate") from None
+    if not isinstance(private_key, ec.EllipticCurvePrivateKey) or _public_der(
+        private_key.public_key()
+    ) != _public_der(certificate.public_key()):
+        raise CaError(f"{key_path} is not the key of {cert_path}")
+    return CertificateAuthority(directory, certificate, private_key)
+
+
+def _create_ca(directory: Path, passphrase: bytes) -> CertificateAuthority:
+    if directory.exists():
+        mode = directory.stat().st_mode
+        if mode & 0o077:
+            raise CaError(
+                f"CA directory {directory} has mode {_mode(mode)}; it must be private: "
+                f"chmod 700 {directory}, or point {CA_DIR_VARIABLE} at a directory that does "
+                "not exist yet"
+            )
+    else:
+        directory.parent.mkdir(parents=True, exist_ok=True)
+        directory.mkdir(mode=0o700)
+        directory.chmod(0o700)  # mkdir's mode is subject to the umask
+
+    private_key = ec.generate_private_key(CA_CURVE())
+    now = _now()
+    name = x509.Name(
+        [
+            x509.NameAttribute(NameOID.ORGANIZATION_NAME, "gpunode"),
+            # A random tag keeps two CAs apart by name, not only by key.
+            x509.NameAttribute(
+                NameOID.COMMON_NAME, f"gpunode internal CA {now:%Y-%m-%d} {secrets.token_hex(4)}"
+            ),
+        ]
+    )
+    public_key = private_key.public_key()
+    certificate = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(public_key)
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - CLOCK_SKEW)
+        .not_valid_after(now + datetime.timedelta(days=CA_VALIDITY_DAYS))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(_key_usage(key_cert_sign=True, crl_sign=True), critical=True)
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(public_key), critical=False)
+        .sign(private_key, CA_SIGNATURE_HASH())
+    )
+    key_pem = private_key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.BestAvailableEncryption(passphrase),
+    )
+    _write_new(directory / CA_KEY_NAME, key_pem, 0o600)
+    _write_new(
+        directory / CA_CERT_NAME, certificate.public_bytes(serialization.Encoding.PEM), 0o644
+    )
+    return CertificateAuthority(directory, certificate, private_key)
+
+
+def _key_usage(**granted: bool) -> x509.KeyUsage:
+    """keyUsage with only ``granted`` bits set."""
+    bits = (
+        "digital_signature", "content_commitment", "key_encipherment", "data_encipherment",
+        "key_agreement", "key_cert_sign", "crl_sign", "encipher_only", "decipher_only",
+    )  # fmt: skip
+    return x509.KeyUsage(**{bit: granted.get(bit, False) for bit in bits})
+
+
+def _write_new(path: Path, content: bytes, mode: int) -> None:
+    """Write a file that must not exist yet, created with ``mode`` from the start."""
+    temporary = path.with_name(f".{path.name}.{secrets.token_hex(4)}")
+    descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+    try:
+        with os.fdopen(descriptor, "wb") as handle:
+            handle.write(content)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(temporary, mode)  # the umask may have narrowed it
+        os.link(temporary, path)  # fails if the path appeared meanwhile: never overwrite
+    finally:
+        temporary.unlink(missing_ok=True)
+
+
+_opened: dict[Path, CertificateAuthority] = {}
+
+
+def ca_from_environment(
+    create: bool = True, env: Mapping[str, str] = os.environ
+) -> CertificateAuthority | None:
+    """The CA named by the environment, loaded once per process (see ``open_ca``)."""
+    directory = ca_directory(env)
+    if directory not in _opened:
+        authority = open_ca(directory, ca_passphrase(env), create=create)
+        if authority is None:
+            return None
+        _opened[directory] = authority
+    return _opened[directory]
+
+
+def use_lab_ca(lab_dir: Path, env: dict[str, str] | os._Environ[str] = os.environ) -> None:
+    """Default the CA of a lab inventory to ``<lab_dir>/ca`` with a generated passphrase.
+
+    Only fills in what the operator left unset: an explicit ``GPUNODE_CA_DIR`` or passphrase
+    always wins. The passphrase file is created once, mode 0600, beside the lab's SSH key.
+    """
+    if env.get(CA_DIR_VARIABLE):
+        return
+    env[CA_DIR_VARIABLE] = str(lab_dir / "ca")
+    if env.get(PASSPHRASE_VARIABLE) or env.get(PASSPHRASE_FILE_VARIABLE):
+        return
+    passphrase_file = lab_dir / LAB_PASSPHRASE_NAME
+    if not passphrase_file.exists():
+        lab_dir.mkdir(parents=True, exist_ok=True)
+        # A concurrent run may have made it first: then theirs is used.
+        with contextlib.suppress(FileExistsError):
+            _write_new(passphrase_file, secrets.token_urlsafe(32).encode() + b"\n", 0o600)
+    env[PASSPHRASE_FILE_VARIABLE] = str(passphrase_file)
+
+
+def _passphrase_source() -> str:
+    return PASSPHRASE_VARIABLE if os.environ.get(PASSPHRASE_VARIABLE) else PASSPHRASE_FILE_VARIABLE
+
+
+def _mode(st_mode: int) -> str:
+    return f"{stat.S_IMODE(st_mode):04o}"
+
+
+def _now() -> datetime.datetime:
+    return datetime.datetime.now(datetime.UTC)
+
+
+def _public_der(public_key: Any) -> bytes:
+    return bytes(
+        public_key.public_bytes(
+            serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
+        )
+    )
+
+
+# --- what a node's certificate should say --------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class WantedCertificate:
+    """The names, lifetime and renewal window a node's certificate must have."""
+
+    host_name: str
+    dns_names: tuple[str, ...]
+    ip_addresses: tuple[str, ...]
+    validity_days: int
+    renew_before_days: int
+
+    @property
+    def names(self) -> tuple[frozenset[str], frozenset[str]]:
+        """(DNS names, IP addresses), normalised for comparison."""
+        return _normalise(self.dns_names, self.ip_addresses)
+
+    def describe(self) -> str:
+        return ", ".join([*self.dns_names, *self.ip_addresses])
+
+    def subject_alt_names(self) -> str:
+        """The names in openssl's ``subjectAltName`` syntax, for the node's CSR."""
+        return ",".join(
+            [f"DNS:{name}" for name in self.dns_names]
+            + [f"IP:{address}" for address in self.ip_addresses]
+        )
+
+
+def wanted_certificate(host_name: str, tls: Tls) -> WantedCertificate:
+    """The host's inventory name (a DNS name or an IP address) plus tls.names/ip_addresses."""
+    dns_names: list[str] = []
+    ip_addresses: list[str] = []
+    if _is_ip_address(host_name):
+        ip_addresses.append(str(ipaddress.ip_address(host_name)))
+    elif re.fullmatch(DNS_NAME, host_name) and not host_name.startswith("*"):
+        dns_names.append(host_name)
+    else:
+        raise PkiError(
+            f"host name {host_name!r} is neither a DNS name nor an IP address, so it cannot be "
+            "named in a certificate; rename the host in the inventory"
+        )
+    for name in tls.names:
+        if name.lower() not in {existing.lower() for existing in dns_names}:
+            dns_names.append(name)
+    for address in tls.ip_addresses:
+        normalised = str(ipaddress.ip_address(address))
+        if normalised not in ip_addresses:
+            ip_addresses.append(normalised)
+    return WantedCertificate(
+        host_name=host_name,
+        dns_names=tuple(dns_names),
+        ip_addresses=tuple(ip_addresses),
+        validity_days=tls.validity_days,
+        renew_before_days=tls.renew_before_days,
+    )
+
+
+def _is_ip_address(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _normalise(dns_names: Any, ip_addresses: Any) -> tuple[frozenset[str], frozenset[str]]:
+    return (
+        frozenset(str(name).lower() for name in dns_names),
+        frozenset(str(ipaddress.ip_address(str(address))) for address in ip_addresses),
+    )
+
+
+def certificate_names(certificate: x509.Certificate) -> tuple[list[str], list[str]]:
+    """(DNS names, IP addresses) of a certificate's or request's subjectAltName."""
+    try:
+        san = certificate.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except x509.ExtensionNotFound:
+        return [], []
+    return (
+        list(san.get_values_for_type(x509.DNSName)),
+        [str(address) for address in san.get_values_for_type(x509.IPAddress)],
+    )
+
+
+# --- signing --------------------------------------------------------------------------------
+
+
+def sign_csr(
+    authority: CertificateAuthority,
+    csr_pem: bytes,
+    wanted: WantedCertificate,
+    expected_public_key_pem: bytes | None = None,
+    now: datetime.datetime | None = None,
+) -> x509.Certificate:
+    """Sign a node's CSR after checking it; raises CsrRefused when it does not fit.
+
+    Checked: the request is signed by its own key (the node holds that key), the key is an EC
+    key on an accepted curve, it is ``expected_public_key_pem`` when the caller knows the
+    node's key, and it requests exactly the wanted names. The certificate's names come from
+    the inventory, never from the request.
+    """
+    try:
+        csr = x509.load_pem_x509_csr(csr_pem)
+    except ValueError:
+        raise CsrRefused(f"{wanted.host_name}: the node sent no PEM certificate request") from None
+    if not csr.is_signature_valid:
+        raise CsrRefused(f"{wanted.host_name}: the request's self-signature does not verify")
+    public_key = csr.public_key()
+    if not isinstance(public_key, ec.EllipticCurvePublicKey) or (
+        public_key.curve.name not in NODE_KEY_CURVES
+    ):
+        raise CsrRefused(
+            f"{wanted.host_name}: the request's key is not an EC key on "
+            + " or ".join(NODE_KEY_CURVES)
+        )
+    if expected_public_key_pem is not None:
+        expected = serialization.load_pem_public_key(expected_public_key_pem)
+        if _public_der(expected) != _public_der(public_key):
+            raise CsrRefused(
+                f"{wanted.host_name}: the request is not for the key in the node's key file"
+            )
+    requested = _normalise(*_csr_names(csr))
+    if requested != wanted.names:
+        raise CsrRefused(
+            f"{wanted.host_name}: the request names {_describe(requested)}, but the inventory "
+            f"declares {_describe(wanted.names)}"
+        )
+    return issue_certificate(authority, public_key, wanted, now=now)
+
+
+def _csr_names(csr: x509.CertificateSigningRequest) -> tuple[list[str], list[str]]:
+    try:
+        san = csr.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except x509.ExtensionNotFound:
+        return [], []
+    return (
+        list(san.get_values_for_type(x509.DNSName)),
+        [str(address) for address in san.get_values_for_type(x509.IPAddress)],
+    )
+
+
+def _describe(names: tuple[frozenset[str], frozenset[str]]) -> str:
+    listed = sorted(names[0]) + sorted(names[1])
+    return ", ".join(listed) if listed else "no names"
+
+
+def issue_certificate(
+    authority: CertificateAuthority,
+    public_key: ec.EllipticCurvePublicKey,
+    wanted: WantedCertificate,
+    now: datetime.datetime | None = None,
+) -> x509.Certificate:
+    """A serverAuth+clientAuth certificate for ``public_key`` valid ``wanted.validity_days``
+    from ``now``, never beyond the CA's own expiry."""
+    now = now or _now()
+    ca_certificate = authority.certificate
+    not_after = min(
+        now + datetime.timedelta(days=wanted.validity_days), ca_certificate.not_valid_after_utc
+    )
+    alt_names: list[x509.GeneralName] = [x509.DNSName(name) for name in wanted.dns_names]
+    alt_names += [x509.IPAddress(ipaddress.ip_address(a)) for a in wanted.ip_addresses]
+    ca_key_id = ca_certificate.extensions.get_extension_for_class(x509.SubjectKeyIdentifier)
+    return (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, wanted.host_name)]))
+        .issuer_name(ca_certificate.subject)
+        .public_key(public_key)
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - CLOCK_SKEW)
+        .not_valid_after(not_after)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(_key_usage(digital_signature=True), critical=True)
+        .add_extension(
+            x509.ExtendedKeyUsage(
+                [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]
+            ),
+            critical=False,
+        )
+        .add_extension(x509.SubjectAlternativeName(alt_names), critical=False)
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(public_key), critical=False)
+        .add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(ca_key_id.value),
+            critical=False,
+        )
+        .sign(authority.private_key, CA_SIGNATURE_HASH())
+    )
+
+
+# --- when to re-issue --------------------------------------------------------------------------
+
+
+def reissue_reason(
+    report: Mapping[str, Any],
+    wanted: WantedCertificate,
+    ca_certificate: x509.Certificate | None,
+    now: datetime.datetime,
+) -> str | None:
+    """Why the node's certificate must be issued anew, or None when it is fine as it is.
+
+    ``report`` is the NodeCertificate fact; ``ca_certificate`` the current CA's (None when the
+    CA does not exist yet, in a dry run). Nothing else (a changed validity_days, say) causes a
+    re-issue: a valid certificate is kept until it nears its expiry.
+    """
+    if report["state"] == "absent":
+        return "no certificate on the node"
+    if report["state"] != "present":
+        return f"the node's certificate is unreadable: {report['reason']}"
+    if report["key"] != "matches":
+        return {
+            "absent": "the node has no key",
+            "unreadable": f"the node's key is unreadable: {report.get('key_reason', '')}",
+        }.get(report["key"], "the node's key does not match its certificate")
+    has = _normalise(report["dns_names"], report["ip_addresses"])
+    if has != wanted.names:
+        return (
+            f"names differ: the certificate has {_describe(has)}, wanted {_describe(wanted.names)}"
+        )
+    if ca_certificate is None:
+        return "the CA does not exist yet; it is created on the first real run"
+    certificate = x509.load_pem_x509_certificate(report["certificate_pem"].encode())
+    try:
+        certificate.verify_directly_issued_by(ca_certificate)
+    except (ValueError, TypeError, InvalidSignature):
+        return f"not signed by the current CA (issuer: {report['issuer']})"
+    left = certificate.not_valid_after_utc - now
+    if left <= datetime.timedelta(days=wanted.renew_before_days):
+        return (
+            f"expires {certificate.not_valid_after_utc:%Y-%m-%d}, inside the renewal window "
+            f"of {wanted.renew_before_days} days"
+        )
+    return None

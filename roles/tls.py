@@ -1,0 +1,238 @@
+"""Node certificate from the control machine's internal CA; the node's key never leaves it.
+
+The key is made on the node (openssl, EC P-256, /etc/gpunode/tls/node.key, 0600 root). At
+execution time a control-side callback has the node make a CSR, checks it against the
+inventory's names, signs it with the CA and installs node.crt; ca.crt sits beside it and the
+CA joins the system trust store. Whether to (re-)issue is decided from the NodeCertificate
+fact before anything runs, so ``--dry`` shows exactly the certificates that will be issued.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import logging
+import shlex
+import sys
+from functools import cache
+from io import StringIO
+from typing import Any
+
+from cryptography.hazmat.primitives import serialization
+from pyinfra import host
+from pyinfra.api import FileUploadCommand, FunctionCommand, StringCommand, deploy, operation
+from pyinfra.api.arguments import CONNECTOR_ARGUMENT_KEYS
+from pyinfra.facts.files import Link, Sha1File
+from pyinfra.operations import apt, files
+
+from facts.tls import CA_PATH, CERT_PATH, KEY_PATH, TLS_DIR, NodeCertificate
+from gpunode.model import DesiredState
+from gpunode.pki import (
+    CertificateAuthority,
+    PkiError,
+    WantedCertificate,
+    ca_from_environment,
+    reissue_reason,
+    sign_csr,
+    wanted_certificate,
+)
+
+logger = logging.getLogger("pyinfra")
+
+TRUST_PATH = "/usr/local/share/ca-certificates/gpunode-ca.crt"
+# update-ca-certificates links each certificate it took in under /etc/ssl/certs.
+TRUST_LINK = "/etc/ssl/certs/gpunode-ca.pem"
+NODE_KEY_CURVE = "P-256"
+# What a dry run installs as ca.crt when the CA does not exist yet: never executed, it only
+# makes the plan show the CA certificate as a change.
+PLANNED_CA_PEM = "# the gpunode CA certificate, created by the first real run\n"
+
+
+def key_generation_command() -> str:
+    """Make node.key on the node, private to root from its first byte (umask 077)."""
+    new = f"{KEY_PATH}.new"
+    return (
+        f"umask 077 && rm -f {new} && "
+        f"openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:{NODE_KEY_CURVE} -out {new} "
+        f"&& chown root:root {new} && mv -f {new} {KEY_PATH}"
+    )
+
+
+def csr_command(wanted: WantedCertificate) -> str:
+    """Print a CSR for node.key with the wanted names (stdout: the CSR only)."""
+    return (
+        f"openssl req -new -key {KEY_PATH} -subj {shlex.quote('/CN=' + wanted.host_name)} "
+        f"-addext {shlex.quote('subjectAltName=' + wanted.subject_alt_names())}"
+    )
+
+
+def install_certificate_command(new_path: str) -> str:
+    """Move an uploaded certificate into place only once it verifies against ca.crt."""
+    return (
+        f"openssl verify -CAfile {CA_PATH} {new_path} >/dev/null && chown root:root {new_path} "
+        f"&& chmod 644 {new_path} && mv -f {new_path} {CERT_PATH}"
+    )
+
+
+def issue_node_certificate(
+    state: Any,
+    host: Any,
+    wanted: WantedCertificate,
+    authority: CertificateAuthority | None,
+    expected_public_key_pem: str | None,
+    connector_arguments: dict[str, Any],
+) -> bool:
+    """Execution-time callback: CSR from the node, checked and signed here, cert installed.
+
+    Only the CSR (public) comes here and only the certificate goes back.
+    """
+    if authority is None:
+        host.log_styled("no CA to sign with", fg="red", log_func=logger.error)
+        return False
+    printing = {"print_output": state.print_output, "print_input": state.print_input}
+    made, output = host.run_shell_command(
+        StringCommand(csr_command(wanted)), **printing, **connector_arguments
+    )
+    if not made:
+        host.log_styled(
+            f"the node could not make a CSR: {output.stderr[:300]}", fg="red", log_func=logger.error
+        )
+        return False
+    expected = expected_public_key_pem.encode() if expected_public_key_pem else None
+    try:
+        certificate = sign_csr(authority, output.stdout.encode(), wanted, expected)
+    except PkiError as error:
+        host.log_styled(f"certificate refused: {error}", fg="red", log_func=logger.error)
+        return False
+    pem = certificate.public_bytes(serialization.Encoding.PEM).decode()
+    new_path = f"{CERT_PATH}.new"
+    if not host.put_file(StringIO(pem), new_path, **printing, **connector_arguments):
+        return False
+    installed, output = host.run_shell_command(
+        StringCommand(install_certificate_command(new_path)), **printing, **connector_arguments
+    )
+    if not installed:
+        host.log_styled(
+            f"the issued certificate was not installed: {output.stderr[:300]}",
+            fg="red",
+            log_func=logger.error,
+        )
+        return False
+    host.log(
+        f"issued certificate {certificate.serial_number:x} for {wanted.describe()}, valid until "
+        f"{certificate.not_valid_after_utc:%Y-%m-%d}"
+    )
+    return True
+
+
+def _connector_arguments() -> dict[str, Any]:
+    """This operation's connector arguments (_sudo...), for the callback's own commands."""
+    current = getattr(host, "current_op_global_arguments", None) or {}
+    return {key: value for key, value in current.items() if key in CONNECTOR_ARGUMENT_KEYS}
+
+
+@operation()
+def node_certificate(
+    wanted: WantedCertificate,
+    authority: CertificateAuthority | None,
+    now: datetime.datetime | None = None,
+):
+    """/etc/gpunode/tls/node.crt names ``wanted``, is signed by ``authority`` and belongs to
+    node.key, which is made on the node if it has none.
+
+    Issued anew only when missing, unreadable, for other names or another key, from another
+    CA, or inside the renewal window.
+    """
+    report = host.get_fact(NodeCertificate)
+    ca_certificate = authority.certificate if authority else None
+    reason = reissue_reason(
+        report, wanted, ca_certificate, now or datetime.datetime.now(datetime.UTC)
+    )
+    if reason is None:
+        host.noop(
+            f"certificate for {wanted.describe()} valid until {report['not_after'][:10]} "
+            f"({report['days_to_expiry']} days)"
+        )
+        return
+    host.log(f"issuing a certificate: {reason}", log_func=logger.debug)
+    expected_public_key: str | None = report["public_key_pem"]
+    if report["key"] in ("absent", "unreadable"):
+        yield key_generation_command()
+        expected_public_key = None
+    yield FunctionCommand(
+        issue_node_certificate,
+        (),
+        {
+            "wanted": wanted,
+            "authority": authority,
+            "expected_public_key_pem": expected_public_key,
+            "connector_arguments": _connector_arguments(),
+        },
+    )
+
+
+@operation()
+def trusted_ca(certificate_pem: str):
+    """The CA is in the system trust store: ``certificate_pem`` at TRUST_PATH, taken in by
+    update-ca-certificates (run only when the file changed or was never taken in)."""
+    wanted_sha1 = hashlib.sha1(certificate_pem.encode()).hexdigest()
+    current_sha1 = host.get_fact(Sha1File, path=TRUST_PATH)
+    taken_in = host.get_fact(Link, path=TRUST_LINK)
+    if current_sha1 == wanted_sha1 and taken_in:
+        host.noop(f"{TRUST_PATH} is up to date and trusted")
+        return
+    if current_sha1 != wanted_sha1:
+        yield FileUploadCommand(StringIO(certificate_pem), TRUST_PATH)
+        yield f"chown root:root {TRUST_PATH} && chmod 644 {TRUST_PATH}"
+    yield "update-ca-certificates"
+
+
+@cache
+def _dry_run() -> bool:
+    """Whether the running pyinfra command has --dry (then the CA is never created).
+
+    Deploy files cannot see click's context, so the command line is parsed again with
+    pyinfra's own parser, as gpunode.inventory does.
+    """
+    from pyinfra_cli.cli import cli
+
+    try:
+        context = cli.make_context("pyinfra", sys.argv[1:], resilient_parsing=True)
+    except Exception:  # an embedding program's argv need not be pyinfra's
+        return False
+    return bool(context.params.get("dry"))
+
+
+@deploy("TLS")
+def tls_certificate(desired: DesiredState) -> None:
+    tls = desired.tls
+    if not tls.enabled:
+        host.noop("tls.enabled is false: no node certificate is managed")
+        return
+    wanted = wanted_certificate(host.name, tls)
+    # Loaded (or created, on a real run) before any host is touched: a missing or wrong
+    # passphrase stops the run with nothing changed.
+    authority = ca_from_environment(create=not _dry_run())
+    ca_pem = authority.certificate_pem if authority else PLANNED_CA_PEM
+
+    apt.packages(name="openssl and ca-certificates", packages=["openssl", "ca-certificates"])
+    files.directory(
+        name=f"Directory {TLS_DIR}", path=TLS_DIR, mode="755", user="root", group="root"
+    )
+    files.put(
+        name=f"CA certificate {CA_PATH}",
+        src=StringIO(ca_pem),
+        dest=CA_PATH,
+        mode="644",
+        user="root",
+        group="root",
+    )
+    node_certificate(name="Node certificate", wanted=wanted, authority=authority)
+    files.file(
+        name=f"Node key {KEY_PATH} private to root",
+        path=KEY_PATH,
+        mode="600",
+        user="root",
+        group="root",
+    )
+    trusted_ca(name="CA in the system trust store", certificate_pem=ca_pem)

@@ -1,0 +1,191 @@
+"""SSH server checks: dev-sec ssh-baseline server controls (sshd-01 ... sshd-50) that apply,
+plus the crypto of ssh-audit's "Hardened Debian 12 (version 3)" policy.
+
+Values are read from the *effective* configuration (``sshd -T``), so drop-ins count.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from gpunode.model import DesiredState
+from roles.sshd import CIPHERS, HOST_KEY_ALGORITHMS, KEX_ALGORITHMS, MACS
+
+# (control, sshd -T keyword, expected value): the fixed part of the baseline.
+FIXED_SETTINGS = [
+    ("sshd-11", "pubkeyauthentication", "yes"),
+    ("sshd-12", "passwordauthentication", "no"),
+    ("sshd-13", "permitemptypasswords", "no"),
+    ("sshd-14", "kbdinteractiveauthentication", "no"),
+    ("sshd-15", "authenticationmethods", "publickey"),
+    ("sshd-16", "usepam", "yes"),
+    ("sshd-17", "ignorerhosts", "yes"),
+    ("sshd-18", "ignoreuserknownhosts", "yes"),
+    ("sshd-19", "hostbasedauthentication", "no"),
+    ("sshd-20", "maxstartups", "10:30:60"),
+    ("sshd-21", "strictmodes", "yes"),
+    ("sshd-22", "syslogfacility", "AUTH"),
+    ("sshd-23", "loglevel", "VERBOSE"),
+    ("sshd-24", "permituserenvironment", "no"),
+    ("sshd-25", "tcpkeepalive", "no"),
+    ("sshd-27", "permittunnel", "no"),
+    ("sshd-28", "gatewayports", "no"),
+    ("sshd-29", "x11uselocalhost", "yes"),
+    ("sshd-30", "printmotd", "no"),
+    ("sshd-31", "printlastlog", "no"),
+    ("sshd-32", "banner", "none"),
+    ("sshd-34", "kerberosauthentication", "no"),
+    ("sshd-35", "gssapiauthentication", "no"),
+    ("sshd-36", "compression", "no"),
+    ("sshd-37", "usedns", "no"),
+]
+
+
+def _settings_from_data(desired: DesiredState) -> dict[str, str]:
+    sshd = desired.sshd
+    yes_no = {True: "yes", False: "no"}
+    return {
+        "permitrootlogin": sshd.permit_root_login.replace("prohibit-password", "without-password"),
+        "port": str(sshd.port),
+        "maxauthtries": str(sshd.max_auth_tries),
+        "maxsessions": str(sshd.max_sessions),
+        "logingracetime": str(sshd.login_grace_time_s),
+        "clientaliveinterval": str(sshd.client_alive_interval_s),
+        "clientalivecountmax": str(sshd.client_alive_count_max),
+        "allowtcpforwarding": yes_no[sshd.allow_tcp_forwarding],
+        "allowagentforwarding": yes_no[sshd.allow_agent_forwarding],
+        "x11forwarding": yes_no[sshd.x11_forwarding],
+    }
+
+
+DATA_SETTINGS = [
+    ("sshd-06", "permitrootlogin"),
+    ("sshd-07", "port"),
+    ("sshd-38", "maxauthtries"),
+    ("sshd-39", "maxsessions"),
+    ("sshd-40", "logingracetime"),
+    ("sshd-41", "clientaliveinterval"),
+    ("sshd-42", "clientalivecountmax"),
+    ("sshd-43", "allowtcpforwarding"),
+    ("sshd-44", "allowagentforwarding"),
+    ("sshd-45", "x11forwarding"),
+]
+
+
+_effective_by_host: dict[str, dict[str, list[str]]] = {}
+
+
+def effective(host: Any) -> dict[str, list[str]]:
+    """``sshd -T`` of this host, read once per test session."""
+    name = host.backend.get_hostname()
+    if name not in _effective_by_host:
+        output = host.check_output(
+            "/usr/sbin/sshd -T -C user=root,host=localhost,addr=127.0.0.1,lport=22"
+        )
+        settings: dict[str, list[str]] = {}
+        for line in output.splitlines():
+            keyword, _, value = line.partition(" ")
+            settings.setdefault(keyword, []).append(value)
+        _effective_by_host[name] = settings
+    return _effective_by_host[name]
+
+
+@pytest.mark.parametrize(("control", "keyword", "expected"), FIXED_SETTINGS)
+def test_sshd_setting(host: Any, control: str, keyword: str, expected: str) -> None:
+    assert effective(host).get(keyword) == [expected], f"{control}: {keyword}"
+
+
+@pytest.mark.parametrize(("control", "keyword"), DATA_SETTINGS)
+def test_sshd_setting_from_data(
+    host: Any, desired: DesiredState, control: str, keyword: str
+) -> None:
+    assert effective(host).get(keyword) == [_settings_from_data(desired)[keyword]], control
+
+
+@pytest.mark.parametrize(
+    ("control", "keyword", "expected"),
+    [
+        ("sshd-01", "ciphers", CIPHERS),
+        ("sshd-02", "kexalgorithms", KEX_ALGORITHMS),
+        ("sshd-03", "macs", MACS),
+        ("ssh-audit host keys", "hostkeyalgorithms", HOST_KEY_ALGORITHMS),
+    ],
+)
+def test_sshd_crypto_is_exactly_the_hardened_list(
+    host: Any, control: str, keyword: str, expected: tuple[str, ...]
+) -> None:
+    assert effective(host)[keyword] == [",".join(expected)], control
+
+
+def test_sshd_04_ssh_directory_owned_by_root_and_not_writable_by_others(host: Any) -> None:
+    directory = host.file("/etc/ssh")
+    assert directory.user == "root" and directory.group == "root"
+    assert directory.mode & 0o022 == 0
+
+
+def test_sshd_05_sshd_config_root_only(host: Any) -> None:
+    config = host.file("/etc/ssh/sshd_config")
+    assert (config.user, config.group, config.mode) == ("root", "root", 0o600)
+
+
+def test_sshd_09_listen_addresses_from_data(host: Any, desired: DesiredState) -> None:
+    listening = effective(host).get("listenaddress", [])
+    if desired.sshd.listen_addresses:
+        assert sorted(a.rsplit(":", 1)[0].strip("[]") for a in listening) == sorted(
+            desired.sshd.listen_addresses
+        )
+    else:
+        assert sorted(listening) == sorted(
+            [f"[::]:{desired.sshd.port}", f"0.0.0.0:{desired.sshd.port}"]
+        )
+
+
+def test_sshd_33_banner_does_not_reveal_the_debian_version(
+    host: Any, desired: DesiredState
+) -> None:
+    banner = host.check_output(
+        f"timeout 5 bash -c 'exec 3<>/dev/tcp/127.0.0.1/{desired.sshd.port}; head -1 <&3'"
+    )
+    assert banner.startswith("SSH-2.0-OpenSSH_")
+    assert "Debian" not in banner
+
+
+def test_sshd_48_no_moduli_below_3072_bits(host: Any) -> None:
+    weak = host.check_output("awk '!/^#/ && $5 < 3071' /etc/ssh/moduli | wc -l")
+    assert weak.strip() == "0"
+
+
+def test_sshd_49_no_crypto_overrides_on_the_command_line(host: Any) -> None:
+    options = host.check_output(
+        "cat /proc/$(systemctl show -p MainPID --value ssh.service)/cmdline | tr '\\0' ' '"
+    )
+    for keyword in ("Ciphers", "MACs", "KexAlgorithms", "HostKeyAlgorithms"):
+        assert keyword.lower() not in options.lower()
+
+
+def test_sshd_50_rsa_host_key_is_4096_bits(host: Any) -> None:
+    line = host.check_output("ssh-keygen -l -f /etc/ssh/ssh_host_rsa_key.pub")
+    assert line.split()[0] == "4096"
+
+
+def test_sshd_runs_as_a_service_not_socket_activated(host: Any) -> None:
+    assert host.service("ssh").is_running
+    assert host.service("ssh").is_enabled
+    assert not host.service("ssh.socket").is_enabled
+
+
+def test_admin_keys_are_exactly_those_in_the_inventory(host: Any, desired: DesiredState) -> None:
+    for user in desired.admin_users:
+        path = f"/home/{user.name}/.ssh/authorized_keys"
+        keys = {
+            line.strip() for line in host.file(path).content_string.splitlines() if line.strip()
+        }
+        assert keys == set(user.ssh_keys), user.name
+
+
+def test_admin_sudoers_dropin_is_root_only(host: Any) -> None:
+    dropin = host.file("/etc/sudoers.d/gpunode-admins")
+    assert (dropin.user, dropin.mode) == ("root", 0o440)
+    assert host.run("visudo -c -q -f /etc/sudoers.d/gpunode-admins").rc == 0
