@@ -1,0 +1,62 @@
+"""Drift findings: what differs from the inventory, how bad it is, and what fixes it."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from enum import StrEnum
+from typing import Any
+
+
+class Severity(StrEnum):
+    CRITICAL = "critical"
+    WARNING = "warning"
+    INFO = "info"
+
+    @property
+    def rank(self) -> int:
+        return {"critical": 0, "warning": 1, "info": 2}[self.value]
+
+
+RUN_DEPLOY = "run deploys/gpu_node.py"
+HARDWARE_TICKET = "open a hardware ticket (drain the node)"
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One difference between the declared and the observed state of one host.
+
+    ``id`` is stable across runs (check name plus subject, never a timestamp or a count),
+    so a baseline can tell a new finding from one already known.
+    """
+
+    id: str
+    host: str
+    severity: Severity
+    expected: str
+    found: str
+    fix: str
+    status: str = field(default="new", compare=False)
+
+    def as_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["severity"] = self.severity.value
+        return data
+
+
+@dataclass
+class DriftResult:
+    """Findings per checked host, plus hosts that could not be checked and why."""
+
+    findings: list[Finding] = field(default_factory=list)
+    checked_hosts: list[str] = field(default_factory=list)
+    unreachable: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def exit_code(self) -> int:
+        """0 no drift, 1 drift found, 2 some hosts could not be checked."""
+        if self.unreachable:
+            return 2
+        return 1 if self.findings else 0
+
+    def sorted_findings(self) -> list[Finding]:
+        return sorted(self.findings, key=lambda f: (f.host, f.severity.rank, f.id))

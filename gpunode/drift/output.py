@@ -1,0 +1,130 @@
+"""Drift reports: terminal table, JSON, JUnit XML for CI, Prometheus textfile for node_exporter."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import xml.etree.ElementTree as ElementTree
+from pathlib import Path
+
+from gpunode.drift.findings import DriftResult, Severity
+
+
+def render_table(result: DriftResult) -> str:
+    findings = result.sorted_findings()
+    lines = []
+    if findings:
+        headers = ("host", "severity", "status", "id", "expected", "found", "fix")
+        rows = [
+            (f.host, f.severity.value, f.status, f.id, f.expected, f.found, f.fix) for f in findings
+        ]
+        widths = [
+            max(len(str(cell)) for cell in column) for column in zip(headers, *rows, strict=True)
+        ]
+        for row in (headers, *rows):
+            lines.append(
+                "  ".join(str(cell).ljust(width) for cell, width in zip(row, widths, strict=True))
+            )
+    for host, reason in sorted(result.unreachable.items()):
+        lines.append(f"{host}: NOT CHECKED: {reason}")
+    clean = sorted(set(result.checked_hosts) - {f.host for f in findings})
+    lines.append(
+        f"{len(result.checked_hosts)} hosts checked, {len(clean)} without drift, "
+        f"{len(findings)} findings "
+        f"({sum(f.severity is Severity.CRITICAL for f in findings)} critical), "
+        f"{len(result.unreachable)} not checked"
+    )
+    return "\n".join(lines) + "\n"
+
+
+def render_json(result: DriftResult) -> str:
+    return json.dumps(
+        {
+            "findings": [f.as_dict() for f in result.sorted_findings()],
+            "checked_hosts": sorted(result.checked_hosts),
+            "unreachable": result.unreachable,
+            "exit_code": result.exit_code,
+        },
+        indent=2,
+    )
+
+
+def render_junit(result: DriftResult) -> str:
+    """One test suite per host, one failing test case per finding (CI shows each)."""
+    suites = ElementTree.Element("testsuites", name="gpunode drift")
+    by_host: dict[str, list] = {host: [] for host in result.checked_hosts}
+    for finding in result.sorted_findings():
+        by_host.setdefault(finding.host, []).append(finding)
+    for host in sorted(by_host):
+        findings = by_host[host]
+        suite = ElementTree.SubElement(
+            suites, "testsuite", name=host, tests=str(max(1, len(findings))),
+            failures=str(len(findings)), errors="0",
+        )  # fmt: skip
+        if not findings:
+            ElementTree.SubElement(suite, "testcase", classname=host, name="no drift")
+        for finding in findings:
+            case = ElementTree.SubElement(suite, "testcase", classname=host, name=finding.id)
+            failure = ElementTree.SubElement(
+                case, "failure", type=finding.severity.value,
+                message=f"expected {finding.expected}, found {finding.found}",
+            )  # fmt: skip
+            failure.text = f"fix: {finding.fix}"
+    for host, reason in sorted(result.unreachable.items()):
+        suite = ElementTree.SubElement(
+            suites, "testsuite", name=host, tests="1", failures="0", errors="1"
+        )
+        case = ElementTree.SubElement(suite, "testcase", classname=host, name="reachable")
+        ElementTree.SubElement(case, "error", message=reason)
+    return ElementTree.tostring(suites, encoding="unicode", xml_declaration=True) + "\n"
+
+
+def _label(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", " ")
+
+
+def render_prometheus(result: DriftResult) -> str:
+    lines = [
+        "# HELP gpunode_drift_findings Drift findings per host and severity.",
+        "# TYPE gpunode_drift_findings gauge",
+    ]
+    hosts = sorted(set(result.checked_hosts))
+    for host in hosts:
+        for severity in Severity:
+            count = sum(1 for f in result.findings if f.host == host and f.severity is severity)
+            labels = f'host="{_label(host)}",severity="{severity.value}"'
+            lines.append(f"gpunode_drift_findings{{{labels}}} {count}")
+    lines += [
+        "# HELP gpunode_drift_finding One active drift finding (1) with its stable id.",
+        "# TYPE gpunode_drift_finding gauge",
+    ]
+    for f in result.sorted_findings():
+        lines.append(
+            f'gpunode_drift_finding{{host="{_label(f.host)}",id="{_label(f.id)}",'
+            f'severity="{f.severity.value}",status="{f.status}"}} 1'
+        )
+    lines += [
+        "# HELP gpunode_drift_host_checked 1 if the host was checked, 0 if unreachable.",
+        "# TYPE gpunode_drift_host_checked gauge",
+    ]
+    lines += [f'gpunode_drift_host_checked{{host="{_label(h)}"}} 1' for h in hosts]
+    lines += [
+        f'gpunode_drift_host_checked{{host="{_label(h)}"}} 0' for h in sorted(result.unreachable)
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def write_atomically(path: str | Path, content: str) -> None:
+    """Write so a reader (node_exporter's textfile collector) never sees half a file."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
+    try:
+        with os.fdopen(handle, "w") as stream:
+            stream.write(content)
+        os.chmod(temporary, 0o644)
+        os.replace(temporary, target)
+    except BaseException:
+        os.unlink(temporary)
+        raise
