@@ -16,10 +16,12 @@ from roles.admin_users import admin_users
 from roles.base import base_system
 from roles.gpu_settings import gpu_settings
 from roles.sshd import sshd
+from roles.tls import tls_certificate
 
 desired = desired_state()
 
 base_system(desired=desired)
 admin_users(desired=desired)
 sshd(desired=desired)
+tls_certificate(desired=desired)
 gpu_settings(desired=desired)

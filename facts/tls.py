@@ -77,23 +77,19 @@ def parse_node_certificate(
             f"`{CERT_COMMAND}` / `{PUBLIC_KEY_COMMAND}` printed output in no known shape"
         )
     key_state, key_reason, public_key = _public_key(*sections["public-key"])
+    key = _key(key_state, key_reason) | {"public_key_pem": public_key}
     cert_state, cert_body, cert_exit = sections["certificate"]
     if cert_state == "absent":
-        return {
-            **_empty("absent", f"{CERT_PATH} does not exist"),
-            **_key(key_state, key_reason),
-        } | {"public_key_pem": public_key}
+        return _empty("absent", f"{CERT_PATH} does not exist") | key
     if cert_state == "failed":
-        return _unreadable(f"`{CERT_COMMAND}` failed (exit {cert_exit}): {_brief(cert_body)}") | (
-            _key(key_state, key_reason) | {"public_key_pem": public_key}
-        )
+        reason = f"`{CERT_COMMAND}` failed (exit {cert_exit}): {_brief(cert_body)}"
+        return _empty("unreadable", reason) | key
     pem = "\n".join(cert_body).strip() + "\n"
     try:
         certificate = x509.load_pem_x509_certificate(pem.encode())
     except ValueError:
-        return _unreadable(f"`{CERT_COMMAND}` printed no PEM certificate: {_brief(cert_body)}") | (
-            _key(key_state, key_reason) | {"public_key_pem": public_key}
-        )
+        reason = f"`{CERT_COMMAND}` printed no PEM certificate: {_brief(cert_body)}"
+        return _empty("unreadable", reason) | key
     dns_names, ip_addresses = certificate_names(certificate)
     if key_state == "present" and public_key is not None:
         matches = _public_der_of_pem(public_key) == certificate.public_key().public_bytes(

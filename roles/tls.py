@@ -22,7 +22,7 @@ from cryptography.hazmat.primitives import serialization
 from pyinfra import host
 from pyinfra.api import FileUploadCommand, FunctionCommand, StringCommand, deploy, operation
 from pyinfra.api.arguments import CONNECTOR_ARGUMENT_KEYS
-from pyinfra.facts.files import Link, Sha1File
+from pyinfra.facts.files import File, Link, Sha1File
 from pyinfra.operations import apt, files
 
 from facts.tls import CA_PATH, CERT_PATH, KEY_PATH, TLS_DIR, NodeCertificate
@@ -78,6 +78,7 @@ def issue_node_certificate(
     state: Any,
     host: Any,
     wanted: WantedCertificate,
+    reason: str,
     authority: CertificateAuthority | None,
     expected_public_key_pem: str | None,
     connector_arguments: dict[str, Any],
@@ -120,7 +121,7 @@ def issue_node_certificate(
         return False
     host.log(
         f"issued certificate {certificate.serial_number:x} for {wanted.describe()}, valid until "
-        f"{certificate.not_valid_after_utc:%Y-%m-%d}"
+        f"{certificate.not_valid_after_utc:%Y-%m-%d} ({reason})"
     )
     return True
 
@@ -154,21 +155,40 @@ def node_certificate(
             f"({report['days_to_expiry']} days)"
         )
         return
-    host.log(f"issuing a certificate: {reason}", log_func=logger.debug)
     expected_public_key: str | None = report["public_key_pem"]
     if report["key"] in ("absent", "unreadable"):
         yield key_generation_command()
         expected_public_key = None
+    # python.call's own mechanism; yielded from here, only when a re-issue is due, because
+    # python.call always counts as a change and a second run must report none.
     yield FunctionCommand(
         issue_node_certificate,
         (),
         {
             "wanted": wanted,
+            "reason": reason,
             "authority": authority,
             "expected_public_key_pem": expected_public_key,
             "connector_arguments": _connector_arguments(),
         },
     )
+
+
+@operation()
+def node_key_private():
+    """node.key is owned by root and readable by root only (0600).
+
+    A missing key is left to node_certificate, which makes it 0600 from the start; so the
+    plan never shows this operation for a key that is about to be made.
+    """
+    info = host.get_fact(File, path=KEY_PATH)
+    if not info:
+        host.noop(f"{KEY_PATH} is not there to protect (node_certificate makes it 0600)")
+        return
+    if (info["mode"], info["user"], info["group"]) == (600, "root", "root"):
+        host.noop(f"{KEY_PATH} is 0600 root:root")
+        return
+    yield f"chown root:root {KEY_PATH} && chmod 600 {KEY_PATH}"
 
 
 @operation()
@@ -228,11 +248,5 @@ def tls_certificate(desired: DesiredState) -> None:
         group="root",
     )
     node_certificate(name="Node certificate", wanted=wanted, authority=authority)
-    files.file(
-        name=f"Node key {KEY_PATH} private to root",
-        path=KEY_PATH,
-        mode="600",
-        user="root",
-        group="root",
-    )
+    node_key_private(name=f"Node key {KEY_PATH} private to root")
     trusted_ca(name="CA in the system trust store", certificate_pem=ca_pem)

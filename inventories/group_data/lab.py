@@ -1,8 +1,11 @@
 """Data for every host of inventories/lab.py (pyinfra names this group after the file)."""
 
 from gpunode.lab import LOGIN_USER, Lab
+from gpunode.pki import use_lab_ca
 
 _lab = Lab()
+# The lab's internal CA lives beside the lab (unless GPUNODE_CA_DIR says otherwise).
+use_lab_ca(_lab.state_dir)
 
 # Connection: the lab's own key and known_hosts, a cloud-image style sudo user.
 ssh_user = LOGIN_USER
@@ -19,3 +22,5 @@ admin_users = [
         else [],
     }
 ]
+
+tls = {"enabled": True}

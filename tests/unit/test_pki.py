@@ -1,0 +1,409 @@
+"""The control machine's CA: created safely, refused when misused, signs only what fits."""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+import stat
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from facts.tls import parse_node_certificate
+from gpunode import pki
+from gpunode.model import Tls
+from gpunode.pki import CaError, CertificateAuthority, CsrRefused, PkiError, WantedCertificate
+
+PrivateKey = ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey
+Issued = tuple[ec.EllipticCurvePrivateKey, x509.Certificate]
+
+PASSPHRASE = b"correct horse battery staple"
+NOW = datetime.datetime(2025, 6, 1, 12, 0, tzinfo=datetime.UTC)
+
+
+def mode_of(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+def snapshot(directory: Path) -> dict[str, tuple[bytes, int, int]]:
+    return {
+        path.name: (path.read_bytes(), path.stat().st_mtime_ns, mode_of(path))
+        for path in sorted(directory.iterdir())
+    }
+
+
+@pytest.fixture
+def ca_dir(tmp_path: Path) -> Path:
+    return tmp_path / "ca"
+
+
+@pytest.fixture
+def authority(ca_dir: Path) -> CertificateAuthority:
+    created = pki.open_ca(ca_dir, PASSPHRASE)
+    assert created is not None
+    return created
+
+
+def wanted(names: tuple[str, ...] = ("node1.cluster.example",), **tls: Any) -> WantedCertificate:
+    return pki.wanted_certificate(
+        "node1", Tls(enabled=True, names=names, ip_addresses=("10.0.0.11",), **tls)
+    )
+
+
+def node_key() -> ec.EllipticCurvePrivateKey:
+    return ec.generate_private_key(ec.SECP256R1())
+
+
+def make_csr(
+    key: PrivateKey, dns_names: list[str], ip_addresses: tuple[str, ...] | list[str] = ()
+) -> bytes:
+    """What `openssl req -new -key node.key -addext subjectAltName=...` prints on a node."""
+    alt_names: list[x509.GeneralName] = [x509.DNSName(name) for name in dns_names]
+    alt_names += [x509.IPAddress(ipaddress.ip_address(a)) for a in ip_addresses]
+    builder = x509.CertificateSigningRequestBuilder().subject_name(
+        x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "node1")])
+    )
+    if alt_names:
+        builder = builder.add_extension(x509.SubjectAlternativeName(alt_names), critical=False)
+    return builder.sign(key, hashes.SHA256()).public_bytes(serialization.Encoding.PEM)
+
+
+def public_pem(key: PrivateKey) -> bytes:
+    return key.public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
+
+
+# --- the CA ------------------------------------------------------------------------------------
+
+
+def test_new_ca_has_an_encrypted_key_private_to_its_owner(
+    ca_dir: Path, authority: CertificateAuthority
+) -> None:
+    assert mode_of(ca_dir) == 0o700
+    assert mode_of(ca_dir / "ca.key") == 0o600
+    assert sorted(path.name for path in ca_dir.iterdir()) == ["ca.crt", "ca.key"]
+    key_pem = (ca_dir / "ca.key").read_bytes()
+    assert key_pem.startswith(b"-----BEGIN ENCRYPTED PRIVATE KEY-----")
+    with pytest.raises(TypeError):  # unusable without the passphrase
+        serialization.load_pem_private_key(key_pem, None)
+    assert serialization.load_pem_private_key(key_pem, PASSPHRASE) is not None
+
+
+def test_new_ca_certificate_is_a_ten_year_leaf_only_ca(authority: CertificateAuthority) -> None:
+    certificate = authority.certificate
+    constraints = certificate.extensions.get_extension_for_class(x509.BasicConstraints)
+    assert constraints.critical
+    assert (constraints.value.ca, constraints.value.path_length) == (True, 0)
+    usage = certificate.extensions.get_extension_for_class(x509.KeyUsage).value
+    assert usage.key_cert_sign and usage.crl_sign and not usage.digital_signature
+    lifetime = certificate.not_valid_after_utc - certificate.not_valid_before_utc
+    assert 3650 <= lifetime.days <= 3653
+    public_key = certificate.public_key()
+    assert isinstance(public_key, ec.EllipticCurvePublicKey)
+    assert public_key.curve.name in ("secp256r1", "secp384r1")
+    certificate.verify_directly_issued_by(certificate)
+
+
+def test_existing_ca_is_reused_unchanged(ca_dir: Path, authority: CertificateAuthority) -> None:
+    before = snapshot(ca_dir)
+    again = pki.open_ca(ca_dir, PASSPHRASE)
+    assert again is not None
+    assert again.certificate == authority.certificate
+    assert snapshot(ca_dir) == before
+
+
+def test_wrong_passphrase_is_refused_and_nothing_changes(
+    ca_dir: Path, authority: CertificateAuthority
+) -> None:
+    before = snapshot(ca_dir)
+    with pytest.raises(CaError, match=r"wrong passphrase for the CA key .*nothing was changed"):
+        pki.open_ca(ca_dir, b"not the passphrase")
+    assert snapshot(ca_dir) == before
+
+
+def test_no_passphrase_for_a_new_ca_says_how_to_set_one(ca_dir: Path) -> None:
+    with pytest.raises(CaError) as refused:
+        pki.open_ca(ca_dir, None)
+    message = str(refused.value)
+    assert "GPUNODE_CA_PASSPHRASE " in message and "GPUNODE_CA_PASSPHRASE_FILE" in message
+    assert not ca_dir.exists()
+
+
+def test_no_passphrase_for_an_existing_ca_is_refused(
+    ca_dir: Path, authority: CertificateAuthority
+) -> None:
+    with pytest.raises(CaError, match="is encrypted: set GPUNODE_CA_PASSPHRASE"):
+        pki.open_ca(ca_dir, None)
+
+
+def test_dry_run_does_not_create_the_ca(ca_dir: Path) -> None:
+    assert pki.open_ca(ca_dir, PASSPHRASE, create=False) is None
+    assert not ca_dir.exists()
+
+
+def test_readable_ca_key_is_refused(ca_dir: Path, authority: CertificateAuthority) -> None:
+    (ca_dir / "ca.key").chmod(0o644)
+    with pytest.raises(CaError, match=r"mode 0644.*chmod 600"):
+        pki.open_ca(ca_dir, PASSPHRASE)
+
+
+def test_new_ca_is_not_made_in_a_shared_directory(ca_dir: Path) -> None:
+    ca_dir.mkdir(mode=0o755)
+    ca_dir.chmod(0o755)
+    with pytest.raises(CaError, match="chmod 700"):
+        pki.open_ca(ca_dir, PASSPHRASE)
+    assert list(ca_dir.iterdir()) == []
+
+
+def test_half_a_ca_is_refused_never_replaced(ca_dir: Path, authority: CertificateAuthority) -> None:
+    (ca_dir / "ca.crt").unlink()
+    key_before = (ca_dir / "ca.key").read_bytes()
+    with pytest.raises(CaError, match="incomplete CA"):
+        pki.open_ca(ca_dir, PASSPHRASE)
+    assert (ca_dir / "ca.key").read_bytes() == key_before
+    assert not (ca_dir / "ca.crt").exists()
+
+
+def test_passphrase_comes_from_the_variable_or_a_private_file(tmp_path: Path) -> None:
+    assert pki.ca_passphrase({}) is None
+    assert pki.ca_passphrase({"GPUNODE_CA_PASSPHRASE": "direct"}) == b"direct"
+    secret_file = tmp_path / "passphrase"
+    secret_file.write_text("from file\n")
+    secret_file.chmod(0o600)
+    env = {"GPUNODE_CA_PASSPHRASE_FILE": str(secret_file)}
+    assert pki.ca_passphrase(env) == b"from file"
+    assert pki.ca_passphrase({**env, "GPUNODE_CA_PASSPHRASE": "direct"}) == b"direct"
+    secret_file.chmod(0o644)
+    with pytest.raises(CaError, match="readable by others"):
+        pki.ca_passphrase(env)
+    with pytest.raises(CaError, match="cannot read it"):
+        pki.ca_passphrase({"GPUNODE_CA_PASSPHRASE_FILE": str(tmp_path / "missing")})
+
+
+def test_ca_directory_defaults_to_the_users_data_directory() -> None:
+    assert pki.ca_directory({}) == Path("~/.local/share/gpunode/ca").expanduser()
+    assert pki.ca_directory({"GPUNODE_CA_DIR": "/srv/ca"}) == Path("/srv/ca")
+
+
+def test_lab_default_ca_gets_a_generated_private_passphrase(tmp_path: Path) -> None:
+    env: dict[str, str] = {}
+    pki.use_lab_ca(tmp_path, env)
+    assert env["GPUNODE_CA_DIR"] == str(tmp_path / "ca")
+    passphrase_file = Path(env["GPUNODE_CA_PASSPHRASE_FILE"])
+    assert mode_of(passphrase_file) == 0o600
+    first = pki.ca_passphrase(env)
+    assert first is not None and len(first) >= 32
+    env_again: dict[str, str] = {}
+    pki.use_lab_ca(tmp_path, env_again)
+    assert pki.ca_passphrase(env_again) == first, "the passphrase file is made only once"
+
+
+def test_lab_default_leaves_an_operators_choice_alone(tmp_path: Path) -> None:
+    chosen = {"GPUNODE_CA_DIR": "/srv/ca"}
+    pki.use_lab_ca(tmp_path, chosen)
+    assert chosen == {"GPUNODE_CA_DIR": "/srv/ca"}
+    direct = {"GPUNODE_CA_PASSPHRASE": "x"}
+    pki.use_lab_ca(tmp_path, direct)
+    assert direct == {"GPUNODE_CA_PASSPHRASE": "x", "GPUNODE_CA_DIR": str(tmp_path / "ca")}
+    assert not (tmp_path / "passphrase").exists()
+
+
+# --- names --------------------------------------------------------------------------------
+
+
+def test_wanted_names_are_the_host_name_plus_declared_names() -> None:
+    declared = Tls(
+        enabled=True, names=("node1", "NODE1.example", "node1.example"), ip_addresses=("10.0.0.1",)
+    )
+    names = pki.wanted_certificate("node1", declared)
+    assert names.dns_names == ("node1", "NODE1.example")
+    assert names.ip_addresses == ("10.0.0.1",)
+    assert names.subject_alt_names() == "DNS:node1,DNS:NODE1.example,IP:10.0.0.1"
+
+
+def test_a_host_named_by_address_gets_an_ip_name() -> None:
+    names = pki.wanted_certificate("10.0.0.7", Tls(enabled=True, names=("n7.example",)))
+    assert (names.dns_names, names.ip_addresses) == (("n7.example",), ("10.0.0.7",))
+
+
+def test_a_host_name_that_cannot_be_certified_is_refused() -> None:
+    with pytest.raises(PkiError, match="neither a DNS name nor an IP address"):
+        pki.wanted_certificate("node_1/evil", Tls(enabled=True))
+
+
+# --- signing ------------------------------------------------------------------------------
+
+
+def test_signed_certificate_names_the_node_for_server_and_client_use(
+    authority: CertificateAuthority,
+) -> None:
+    key = node_key()
+    request = wanted(validity_days=90)
+    csr = make_csr(key, ["node1", "node1.cluster.example"], ["10.0.0.11"])
+    certificate = pki.sign_csr(authority, csr, request, public_pem(key), now=NOW)
+
+    certificate.verify_directly_issued_by(authority.certificate)
+    assert pki.certificate_names(certificate) == (["node1", "node1.cluster.example"], ["10.0.0.11"])
+    usage = certificate.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+    assert list(usage) == [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]
+    constraints = certificate.extensions.get_extension_for_class(x509.BasicConstraints).value
+    assert constraints.ca is False
+    assert certificate.not_valid_after_utc == NOW + datetime.timedelta(days=90)
+    assert certificate.not_valid_before_utc <= NOW
+    assert certificate.public_key() == key.public_key()
+    assert certificate.subject.rfc4514_string() == "CN=node1"
+
+
+def test_csr_name_order_and_case_do_not_matter(authority: CertificateAuthority) -> None:
+    key = node_key()
+    csr = make_csr(key, ["NODE1.cluster.example", "node1"], ["10.0.0.11"])
+    certificate = pki.sign_csr(authority, csr, wanted(), now=NOW)
+    # The certificate carries the inventory's names, not the request's spelling.
+    assert pki.certificate_names(certificate)[0] == ["node1", "node1.cluster.example"]
+
+
+@pytest.mark.parametrize(
+    ("dns_names", "ip_addresses", "problem"),
+    [
+        (["node1", "node1.cluster.example", "evil.example"], ["10.0.0.11"], "evil.example"),
+        (["node1"], ["10.0.0.11"], "the request names node1, 10.0.0.11,"),
+        (["node1", "node1.cluster.example"], ["10.0.0.99"], "10.0.0.99"),
+        ([], [], "the request names no names"),
+    ],
+)
+def test_csr_whose_names_differ_from_the_wanted_ones_is_refused(
+    authority: CertificateAuthority, dns_names: list[str], ip_addresses: list[str], problem: str
+) -> None:
+    csr = make_csr(node_key(), dns_names, ip_addresses)
+    with pytest.raises(CsrRefused) as refused:
+        pki.sign_csr(authority, csr, wanted(), now=NOW)
+    assert problem in str(refused.value)
+    assert "inventory declares node1, node1.cluster.example, 10.0.0.11" in str(refused.value)
+
+
+def test_csr_for_another_key_than_the_nodes_is_refused(authority: CertificateAuthority) -> None:
+    csr = make_csr(node_key(), ["node1", "node1.cluster.example"], ["10.0.0.11"])
+    with pytest.raises(CsrRefused, match="not for the key in the node's key file"):
+        pki.sign_csr(authority, csr, wanted(), expected_public_key_pem=public_pem(node_key()))
+
+
+def test_csr_with_a_key_of_another_kind_is_refused(authority: CertificateAuthority) -> None:
+    rsa_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    csr = make_csr(rsa_key, ["node1", "node1.cluster.example"], ["10.0.0.11"])
+    with pytest.raises(CsrRefused, match="not an EC key"):
+        pki.sign_csr(authority, csr, wanted())
+
+
+def test_garbage_instead_of_a_csr_is_refused(authority: CertificateAuthority) -> None:
+    with pytest.raises(CsrRefused, match="no PEM certificate request"):
+        pki.sign_csr(authority, b"sudo: a password is required\n", wanted())
+
+
+def test_certificate_never_outlives_its_ca(authority: CertificateAuthority) -> None:
+    late = authority.certificate.not_valid_after_utc - datetime.timedelta(days=10)
+    certificate = pki.issue_certificate(authority, node_key().public_key(), wanted(), now=late)
+    assert certificate.not_valid_after_utc == authority.certificate.not_valid_after_utc
+
+
+# --- when to re-issue -----------------------------------------------------------------------------
+
+
+def fact_output(certificate: x509.Certificate | None, key: PrivateKey | None) -> list[str]:
+    """What the NodeCertificate fact command prints for this certificate and key."""
+    lines = ["gpunode:tls:certificate"]
+    if certificate is None:
+        lines.append("gpunode:tls:absent")
+    else:
+        lines += certificate.public_bytes(serialization.Encoding.PEM).decode().splitlines()
+        lines.append("gpunode:tls:exit=0")
+    lines.append("gpunode:tls:public-key")
+    if key is None:
+        lines.append("gpunode:tls:absent")
+    else:
+        lines += public_pem(key).decode().splitlines()
+        lines.append("gpunode:tls:exit=0")
+    return lines
+
+
+@pytest.fixture
+def issued(authority: CertificateAuthority) -> Issued:
+    """A node key and the certificate the CA issued for it at NOW, for wanted()."""
+    key = node_key()
+    return key, pki.issue_certificate(authority, key.public_key(), wanted(), now=NOW)
+
+
+def reason(
+    authority: CertificateAuthority, lines: list[str], days_later: int = 0, **wants: Any
+) -> str | None:
+    when = NOW + datetime.timedelta(days=days_later)
+    report = parse_node_certificate(lines, now=when)
+    return pki.reissue_reason(report, wanted(**wants), authority.certificate, when)
+
+
+def test_a_fine_certificate_is_kept(authority: CertificateAuthority, issued: Issued) -> None:
+    key, certificate = issued
+    assert reason(authority, fact_output(certificate, key), days_later=300) is None
+
+
+def test_no_certificate_is_issued(authority: CertificateAuthority) -> None:
+    assert reason(authority, fact_output(None, node_key())) == "no certificate on the node"
+    assert reason(authority, fact_output(None, None)) == "no certificate on the node"
+
+
+def test_an_unreadable_certificate_is_issued_anew(authority: CertificateAuthority) -> None:
+    lines = ["gpunode:tls:certificate", "Could not read certificate", "gpunode:tls:exit=1"]
+    lines += fact_output(None, node_key())[2:]
+    assert "unreadable: `openssl x509 -in /etc/gpunode/tls/node.crt` failed" in str(
+        reason(authority, lines)
+    )
+
+
+def test_names_differing_cause_a_reissue(authority: CertificateAuthority, issued: Issued) -> None:
+    key, certificate = issued
+    why = reason(authority, fact_output(certificate, key), names=("other.example",))
+    assert why == (
+        "names differ: the certificate has node1, node1.cluster.example, 10.0.0.11, "
+        "wanted node1, other.example, 10.0.0.11"
+    )
+
+
+def test_key_not_matching_causes_a_reissue(authority: CertificateAuthority, issued: Issued) -> None:
+    _, certificate = issued
+    assert reason(authority, fact_output(certificate, node_key())) == (
+        "the node's key does not match its certificate"
+    )
+    assert reason(authority, fact_output(certificate, None)) == "the node has no key"
+
+
+def test_certificate_from_another_ca_causes_a_reissue(tmp_path: Path, issued: Issued) -> None:
+    key, certificate = issued
+    other = pki.open_ca(tmp_path / "other-ca", PASSPHRASE)
+    assert other is not None
+    why = reason(other, fact_output(certificate, key))
+    assert why is not None and why.startswith("not signed by the current CA (issuer: CN=gpunode")
+
+
+def test_expiry_inside_the_renewal_window_causes_a_reissue(
+    authority: CertificateAuthority,
+    issued: Issued,
+) -> None:
+    key, certificate = issued
+    lines = fact_output(certificate, key)
+    # Issued for 365 days: 31 days left is outside a 30-day window, 30 days left inside it.
+    assert reason(authority, lines, days_later=334, renew_before_days=30) is None
+    why = reason(authority, lines, days_later=335, renew_before_days=30)
+    assert why is not None and "inside the renewal window of 30 days" in why
+    assert reason(authority, lines, days_later=300, renew_before_days=90) is not None
+
+
+def test_a_dry_run_before_the_ca_exists_predicts_a_reissue(issued: Issued) -> None:
+    key, certificate = issued
+    report = parse_node_certificate(fact_output(certificate, key), now=NOW)
+    why = pki.reissue_reason(report, wanted(), None, NOW)
+    assert why == "the CA does not exist yet; it is created on the first real run"

@@ -1,0 +1,375 @@
+"""TLS role operations (facts in, commands out), the NodeCertificate fact, the signing callback."""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import ipaddress
+from io import StringIO
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+from pyinfra.api import FileUploadCommand, FunctionCommand
+from pyinfra.connectors.util import CommandOutput, OutputLine
+from pyinfra.facts.files import File, Link, Sha1File
+
+from facts.tls import NodeCertificate, parse_node_certificate
+from gpunode import pki
+from gpunode.model import Tls
+from gpunode.pki import CertificateAuthority, WantedCertificate
+from roles.tls import (
+    TRUST_LINK,
+    TRUST_PATH,
+    issue_node_certificate,
+    node_certificate,
+    node_key_private,
+    trusted_ca,
+)
+
+from .fakehost import commands_of, fake_host
+
+NOW = datetime.datetime(2025, 6, 1, 12, 0, tzinfo=datetime.UTC)
+WANTED = pki.wanted_certificate(
+    "node-1", Tls(enabled=True, names=("node-1.cluster.example",), ip_addresses=("10.0.0.11",))
+)
+KEY_GENERATION = (
+    "umask 077 && rm -f /etc/gpunode/tls/node.key.new && openssl genpkey -algorithm EC "
+    "-pkeyopt ec_paramgen_curve:P-256 -out /etc/gpunode/tls/node.key.new "
+    "&& chown root:root /etc/gpunode/tls/node.key.new "
+    "&& mv -f /etc/gpunode/tls/node.key.new /etc/gpunode/tls/node.key"
+)
+
+
+@pytest.fixture(scope="module")
+def authority(tmp_path_factory: pytest.TempPathFactory) -> CertificateAuthority:
+    created = pki.open_ca(tmp_path_factory.mktemp("tls") / "ca", b"unit test passphrase")
+    assert created is not None
+    return created
+
+
+def public_pem(key: ec.EllipticCurvePrivateKey) -> str:
+    return (
+        key.public_key()
+        .public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+        .decode()
+    )
+
+
+def fact_lines(certificate: x509.Certificate | None, public_key_pem: str | None) -> list[str]:
+    lines = ["gpunode:tls:certificate"]
+    if certificate is None:
+        lines.append("gpunode:tls:absent")
+    else:
+        lines += certificate.public_bytes(serialization.Encoding.PEM).decode().splitlines()
+        lines.append("gpunode:tls:exit=0")
+    lines.append("gpunode:tls:public-key")
+    if public_key_pem is None:
+        lines.append("gpunode:tls:absent")
+    else:
+        lines += [*public_key_pem.splitlines(), "gpunode:tls:exit=0"]
+    return lines
+
+
+def operation_output(operation: Any, facts: dict[type, Any], **kwargs: Any) -> tuple[list, list]:
+    """(command objects, no-op messages): FunctionCommands are kept to look inside."""
+    with fake_host(facts) as host:
+        commands = list(operation._inner(**kwargs))
+    return commands, host.noops
+
+
+# --- the NodeCertificate fact ---------------------------------------------------------------------
+
+
+def test_fact_command_prints_only_public_material() -> None:
+    command = NodeCertificate().command()
+    assert "openssl pkey -in /etc/gpunode/tls/node.key -pubout" in command
+    assert "openssl x509 -in /etc/gpunode/tls/node.crt" in command
+    assert "cat " not in command
+
+
+def test_fact_reports_a_present_certificate_and_a_matching_key(
+    authority: CertificateAuthority,
+) -> None:
+    key = ec.generate_private_key(ec.SECP256R1())
+    certificate = pki.issue_certificate(authority, key.public_key(), WANTED, now=NOW)
+    report = parse_node_certificate(
+        fact_lines(certificate, public_pem(key)), now=NOW + datetime.timedelta(days=65)
+    )
+    assert report["state"] == "present"
+    assert report["dns_names"] == ["node-1", "node-1.cluster.example"]
+    assert report["ip_addresses"] == ["10.0.0.11"]
+    assert report["not_after"] == "2026-06-01T12:00:00+00:00"
+    assert report["days_to_expiry"] == 300
+    assert report["issuer"] == authority.certificate.subject.rfc4514_string()
+    assert report["serial"] == f"{certificate.serial_number:x}"
+    assert (report["key"], report["key_matches"]) == ("matches", True)
+
+
+def test_fact_reports_a_key_that_does_not_match(authority: CertificateAuthority) -> None:
+    key = ec.generate_private_key(ec.SECP256R1())
+    certificate = pki.issue_certificate(authority, key.public_key(), WANTED, now=NOW)
+    other = public_pem(ec.generate_private_key(ec.SECP256R1()))
+    report = parse_node_certificate(fact_lines(certificate, other), now=NOW)
+    assert (report["state"], report["key"], report["key_matches"]) == ("present", "mismatch", False)
+
+
+def test_fact_reports_nothing_there() -> None:
+    report = parse_node_certificate(fact_lines(None, None), now=NOW)
+    assert (report["state"], report["key"], report["key_matches"]) == ("absent", "absent", False)
+    assert report["reason"] == "/etc/gpunode/tls/node.crt does not exist"
+
+
+def test_fact_reports_a_failing_command_as_unreadable_naming_it() -> None:
+    lines = [
+        "gpunode:tls:certificate",
+        "Could not read certificate from /etc/gpunode/tls/node.crt",
+        "gpunode:tls:exit=1",
+        "gpunode:tls:public-key",
+        "Could not read key from /etc/gpunode/tls/node.key",
+        "gpunode:tls:exit=1",
+    ]
+    report = parse_node_certificate(lines, now=NOW)
+    assert report["state"] == "unreadable"
+    assert report["reason"] == (
+        "`openssl x509 -in /etc/gpunode/tls/node.crt` failed (exit 1): Could not read "
+        "certificate from /etc/gpunode/tls/node.crt"
+    )
+    assert report["key"] == "unreadable"
+    assert "`openssl pkey -in /etc/gpunode/tls/node.key -pubout` failed" in report["key_reason"]
+
+
+@pytest.mark.parametrize(
+    "lines",
+    [
+        [],
+        ["sudo: a password is required"],
+        ["gpunode:tls:certificate", "gpunode:tls:exit=0"],  # no key section
+        ["gpunode:tls:certificate", "gpunode:tls:exit=x", "gpunode:tls:public-key"],
+        ["gpunode:tls:certificate", "garbage", "gpunode:tls:exit=0", "gpunode:tls:public-key",
+         "gpunode:tls:absent"],
+    ],
+)  # fmt: skip
+def test_fact_turns_garbage_into_an_unreadable_state(lines: list[str]) -> None:
+    report = parse_node_certificate(lines, now=NOW)
+    assert report["state"] == "unreadable"
+    assert "`openssl x509 -in /etc/gpunode/tls/node.crt`" in report["reason"]
+
+
+# --- node_certificate --------------------------------------------------------------------------
+
+
+def test_fine_certificate_is_a_noop(authority: CertificateAuthority) -> None:
+    key = ec.generate_private_key(ec.SECP256R1())
+    certificate = pki.issue_certificate(authority, key.public_key(), WANTED, now=NOW)
+    report = parse_node_certificate(fact_lines(certificate, public_pem(key)), now=NOW)
+    commands, noops = commands_of(
+        node_certificate, {NodeCertificate: report}, wanted=WANTED, authority=authority, now=NOW
+    )
+    assert commands == []
+    assert noops == [
+        "certificate for node-1, node-1.cluster.example, 10.0.0.11 valid until 2026-06-01 "
+        "(365 days)"
+    ]
+
+
+def test_node_without_a_key_makes_one_then_gets_a_certificate(
+    authority: CertificateAuthority,
+) -> None:
+    report = parse_node_certificate(fact_lines(None, None), now=NOW)
+    commands, noops = operation_output(
+        node_certificate, {NodeCertificate: report}, wanted=WANTED, authority=authority, now=NOW
+    )
+    assert noops == []
+    assert [str(command) for command in commands[:1]] == [KEY_GENERATION]
+    assert isinstance(commands[1], FunctionCommand)
+    assert commands[1].function is issue_node_certificate
+    assert commands[1].kwargs["expected_public_key_pem"] is None  # the key is made just before
+    assert commands[1].kwargs["reason"] == "no certificate on the node"
+    assert len(commands) == 2
+
+
+def test_certificate_for_other_names_is_reissued_for_the_existing_key(
+    authority: CertificateAuthority,
+) -> None:
+    key = ec.generate_private_key(ec.SECP256R1())
+    old_names = pki.wanted_certificate("node-1", Tls(enabled=True))
+    certificate = pki.issue_certificate(authority, key.public_key(), old_names, now=NOW)
+    report = parse_node_certificate(fact_lines(certificate, public_pem(key)), now=NOW)
+    commands, _ = operation_output(
+        node_certificate, {NodeCertificate: report}, wanted=WANTED, authority=authority, now=NOW
+    )
+    assert len(commands) == 1 and isinstance(commands[0], FunctionCommand)
+    assert commands[0].kwargs["expected_public_key_pem"] == public_pem(key)
+    assert commands[0].kwargs["reason"].startswith("names differ")
+
+
+def test_unreadable_key_is_made_anew(authority: CertificateAuthority) -> None:
+    lines = [*fact_lines(None, None)[:-1], "Could not read key", "gpunode:tls:exit=1"]
+    report = parse_node_certificate(lines, now=NOW)
+    commands, _ = operation_output(
+        node_certificate, {NodeCertificate: report}, wanted=WANTED, authority=authority, now=NOW
+    )
+    assert str(commands[0]) == KEY_GENERATION
+    assert isinstance(commands[1], FunctionCommand)
+
+
+# --- the signing callback -----------------------------------------------------------------------
+
+
+class CallbackHost:
+    """The slice of pyinfra's Host the callback uses; the 'node' answers with a real CSR."""
+
+    def __init__(self, csr_stdout: str, command_ok: bool = True) -> None:
+        self.csr_stdout = csr_stdout
+        self.command_ok = command_ok
+        self.commands: list[str] = []
+        self.uploads: dict[str, str] = {}
+        self.messages: list[str] = []
+
+    def run_shell_command(self, command: Any, **arguments: Any) -> tuple[bool, CommandOutput]:
+        self.commands.append(str(command))
+        assert arguments["_sudo"] is True
+        if str(command).startswith("openssl req"):
+            lines = [OutputLine("stdout", line) for line in self.csr_stdout.splitlines()]
+            return True, CommandOutput(lines)
+        return self.command_ok, CommandOutput([OutputLine("stderr", "verify failed")])
+
+    def put_file(self, source: Any, remote_path: str, **arguments: Any) -> bool:
+        self.uploads[remote_path] = source.read()
+        return True
+
+    def log(self, message: str, **_: Any) -> None:
+        self.messages.append(message)
+
+    def log_styled(self, message: str, **_: Any) -> None:
+        self.messages.append(message)
+
+
+def csr_pem(key: ec.EllipticCurvePrivateKey, wanted: WantedCertificate) -> str:
+    alt_names: list[x509.GeneralName] = [x509.DNSName(name) for name in wanted.dns_names]
+    alt_names += [x509.IPAddress(ipaddress.ip_address(a)) for a in wanted.ip_addresses]
+    return (
+        x509.CertificateSigningRequestBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, wanted.host_name)]))
+        .add_extension(x509.SubjectAlternativeName(alt_names), critical=False)
+        .sign(key, hashes.SHA256())
+        .public_bytes(serialization.Encoding.PEM)
+        .decode()
+    )
+
+
+def run_callback(host: CallbackHost, authority: CertificateAuthority, **kwargs: Any) -> bool:
+    state = SimpleNamespace(print_output=False, print_input=False)
+    arguments = {"expected_public_key_pem": None, **kwargs}
+    return issue_node_certificate(
+        state,
+        host,
+        wanted=WANTED,
+        reason="no certificate on the node",
+        authority=authority,
+        connector_arguments={"_sudo": True},
+        **arguments,
+    )
+
+
+def test_callback_signs_the_nodes_csr_and_installs_a_verified_certificate(
+    authority: CertificateAuthority,
+) -> None:
+    key = ec.generate_private_key(ec.SECP256R1())
+    host = CallbackHost(csr_pem(key, WANTED))
+    assert run_callback(host, authority, expected_public_key_pem=public_pem(key)) is True
+    assert host.commands == [
+        "openssl req -new -key /etc/gpunode/tls/node.key -subj /CN=node-1 "
+        "-addext subjectAltName=DNS:node-1,DNS:node-1.cluster.example,IP:10.0.0.11",
+        "openssl verify -CAfile /etc/gpunode/tls/ca.crt /etc/gpunode/tls/node.crt.new "
+        ">/dev/null && chown root:root /etc/gpunode/tls/node.crt.new "
+        "&& chmod 644 /etc/gpunode/tls/node.crt.new "
+        "&& mv -f /etc/gpunode/tls/node.crt.new /etc/gpunode/tls/node.crt",
+    ]
+    uploaded = x509.load_pem_x509_certificate(
+        host.uploads["/etc/gpunode/tls/node.crt.new"].encode()
+    )
+    uploaded.verify_directly_issued_by(authority.certificate)
+    assert uploaded.public_key() == key.public_key()
+    assert "PRIVATE KEY" not in "".join(host.uploads.values())
+
+
+def test_callback_refuses_a_csr_with_other_names_and_installs_nothing(
+    authority: CertificateAuthority,
+) -> None:
+    other = pki.wanted_certificate("node-1", Tls(enabled=True, names=("evil.example",)))
+    host = CallbackHost(csr_pem(ec.generate_private_key(ec.SECP256R1()), other))
+    assert run_callback(host, authority) is False
+    assert host.uploads == {}
+    assert len(host.commands) == 1
+    assert "certificate refused" in host.messages[0] and "evil.example" in host.messages[0]
+
+
+def test_callback_fails_when_the_certificate_does_not_verify_on_the_node(
+    authority: CertificateAuthority,
+) -> None:
+    host = CallbackHost(csr_pem(ec.generate_private_key(ec.SECP256R1()), WANTED), command_ok=False)
+    assert run_callback(host, authority) is False
+    assert "not installed: verify failed" in host.messages[-1]
+
+
+# --- node_key_private and trusted_ca ------------------------------------------------------------
+
+
+def test_missing_key_is_left_to_node_certificate() -> None:
+    commands, noops = commands_of(node_key_private, {File: None})
+    assert commands == []
+    assert "node_certificate makes it 0600" in noops[0]
+
+
+def test_key_readable_by_others_is_made_private() -> None:
+    commands, _ = commands_of(
+        node_key_private, {File: {"mode": 644, "user": "root", "group": "root"}}
+    )
+    assert commands == [
+        "chown root:root /etc/gpunode/tls/node.key && chmod 600 /etc/gpunode/tls/node.key"
+    ]
+
+
+def test_private_key_file_is_a_noop() -> None:
+    commands, noops = commands_of(
+        node_key_private, {File: {"mode": 600, "user": "root", "group": "root"}}
+    )
+    assert (commands, noops) == ([], ["/etc/gpunode/tls/node.key is 0600 root:root"])
+
+
+CA_PEM = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"
+CA_SHA1 = hashlib.sha1(CA_PEM.encode()).hexdigest()
+LINKED = {"link_target": TRUST_PATH}
+
+
+def test_trusted_ca_up_to_date_is_a_noop() -> None:
+    facts: dict[type, Any] = {Sha1File: CA_SHA1, Link: LINKED}
+    commands, noops = commands_of(trusted_ca, facts, certificate_pem=CA_PEM)
+    assert commands == []
+    assert noops == [f"{TRUST_PATH} is up to date and trusted"]
+
+
+@pytest.mark.parametrize("current", [None, "0" * 40])
+def test_new_or_changed_ca_is_copied_and_taken_in(current: str | None) -> None:
+    commands, _ = operation_output(
+        trusted_ca, {Sha1File: current, Link: LINKED}, certificate_pem=CA_PEM
+    )
+    assert isinstance(commands[0], FileUploadCommand)
+    assert commands[0].dest == TRUST_PATH
+    assert isinstance(commands[0].src, StringIO) and commands[0].src.read() == CA_PEM
+    assert [str(command) for command in commands[1:]] == [
+        f"chown root:root {TRUST_PATH} && chmod 644 {TRUST_PATH}",
+        "update-ca-certificates",
+    ]
+
+
+def test_ca_file_never_taken_in_is_taken_in() -> None:
+    commands, _ = commands_of(trusted_ca, {Sha1File: CA_SHA1, Link: None}, certificate_pem=CA_PEM)
+    assert commands == ["update-ca-certificates"]
+    assert TRUST_LINK == "/etc/ssl/certs/gpunode-ca.pem"
