@@ -14,6 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from gpunode.inventory import desired_state
 from roles.admin_users import admin_users
 from roles.base import base_system
+from roles.firewall import firewall
 from roles.gpu_settings import gpu_settings
 from roles.sshd import sshd
 from roles.tls import tls_certificate
@@ -22,6 +23,7 @@ desired = desired_state()
 
 base_system(desired=desired)
 admin_users(desired=desired)
+firewall(desired=desired)
 sshd(desired=desired)
 tls_certificate(desired=desired)
 gpu_settings(desired=desired)

@@ -18,6 +18,7 @@ UNIT_NAME = "gpunode-firewall.service"
 UNIT_PATH = f"/etc/systemd/system/{UNIT_NAME}"
 ROLLBACK_UNIT = "gpunode-firewall-rollback"
 TABLE = "inet gpunode"
+STATE_DIR = "/var/lib/gpunode"
 
 _SECTION = "gpunode:section="
 _FILE_LOAD_FAILED = "gpunode:file-load-failed"
@@ -31,6 +32,7 @@ def parse_firewall_state(lines: list[str]) -> dict[str, Any]:
         "unit_file": False,
         "unit_enabled": False,
         "rollback_armed": False,
+        "state_files": [],
         "live": None,
         "file_loads": None,
         "file_load_error": None,
@@ -54,6 +56,8 @@ def parse_firewall_state(lines: list[str]) -> dict[str, Any]:
                 state["unit_enabled"] = value == "enabled"
             elif key == "rollback_armed":
                 state["rollback_armed"] = value == "yes"
+            elif key == "state_file" and value:
+                state["state_files"].append(value)
     if "live" in sections:
         state["live"] = _listing(sections["live"])
     if "file_loads" in sections:
@@ -82,6 +86,7 @@ class FirewallState(FactBase):
             "unit_file": True,           # /etc/systemd/system/gpunode-firewall.service
             "unit_enabled": True,
             "rollback_armed": False,     # gpunode-firewall-rollback.timer is waiting
+            "state_files": ["/var/lib/gpunode/firewall.previous.nft", ...],  # of the guard
             "live": "table inet gpunode {...}",        # nft -s list; None if absent
             "file_loads": "table inet gpunode {...}",  # the same for the file; None if absent
             "file_load_error": None,     # why the file did not load, if it did not
@@ -100,6 +105,8 @@ class FirewallState(FactBase):
                 f'echo "unit_enabled=$(systemctl is-enabled {UNIT_NAME} 2>/dev/null)"',
                 f"if systemctl is-active --quiet {ROLLBACK_UNIT}.timer; then "
                 "echo rollback_armed=yes; fi",
+                f"for path in {STATE_DIR}/firewall.*; do "
+                '[ -e "$path" ] && echo "state_file=$path"; done',
                 'if [ -n "$nft_bin" ]; then '
                 f"if nft list tables | grep -qx 'table {TABLE}'; then "
                 f"echo {_SECTION}live; nft -s list table {TABLE}; fi; "

@@ -261,6 +261,14 @@ class Firewall:
         accepts=CIDR_ACCEPTS,
     )  # fmt: skip
     extra_rules: tuple[FirewallRule, ...] = setting((), "additional allow-rules")
+    rollback_after_s: int = setting(
+        60, "seconds before a ruleset no new SSH login confirmed is reverted", min=5, max=600
+    )
+    ssh_preflight: bool = setting(
+        True,
+        "refuse a ruleset that would drop the control machine's SSH session; turn off only "
+        "where NAT or a bastion makes the node's view of the client address misleading",
+    )
 
 
 @dataclass(frozen=True)

@@ -24,3 +24,11 @@ admin_users = [
 ]
 
 tls = {"enabled": True}
+
+# The control side reaches the lab from the bridge's gateway; nodes talk freely to each other.
+firewall = {
+    "enabled": True,
+    "admin_networks": [f"{_lab.gateway}/32"],
+    "monitoring_networks": [f"{_lab.gateway}/32"],
+    "fabric_networks": [_lab.subnet],
+}

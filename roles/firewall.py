@@ -1,0 +1,458 @@
+"""nftables firewall in gpunode's own table, applied so that it cannot lock the operator out.
+
+Only ``table inet gpunode`` is ever written or deleted: Docker's, Kubernetes' and CNI's
+tables stay, and Debian's /etc/nftables.conf (which starts with ``flush ruleset``) is not
+used. The table holds one chain, input (policy drop, allow-rules from data); forward and
+output are not filtered, so container networking keeps working.
+
+A changed ruleset is applied behind two guards:
+
+1. Preflight: the node tells where the control machine's SSH session comes from
+   (``$SSH_CLIENT``); a ruleset that would not accept that address on that port is refused
+   before anything changes.
+2. Rollback: before the new table is loaded, a systemd timer on the node is armed to load
+   the previous table (or remove ours, if there was none) after ``rollback_after_s``
+   seconds. Only a brand-new SSH login from the control side disarms it; only then does the
+   new ruleset become the persistent one loaded at boot. The preflight cannot see NAT,
+   port forwards or a bastion's own firewall; this guard covers whatever it misses.
+
+Data: firewall.rollback_after_s (default 60 s) and firewall.ssh_preflight (guard 1). Test
+knobs override them from the environment: GPUNODE_FIREWALL_ROLLBACK_AFTER_S, and
+GPUNODE_FIREWALL_SKIP_SSH_PREFLIGHT=1, which leaves guard 2 alone to catch a cut.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import ipaddress
+import os
+import shlex
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from io import StringIO
+
+from pyinfra import host, logger
+from pyinfra.api import OperationError, deploy, operation
+from pyinfra.api.command import FileUploadCommand, FunctionCommand
+from pyinfra.facts.files import Sha1File
+from pyinfra.operations import apt, files, systemd
+
+from facts.firewall import (
+    ROLLBACK_UNIT,
+    RULESET_PATH,
+    STATE_DIR,
+    TABLE,
+    UNIT_NAME,
+    UNIT_PATH,
+    FirewallState,
+    SshClient,
+)
+from gpunode.model import DesiredState, Firewall
+from gpunode.reach import fresh_login
+
+CANDIDATE_PATH = f"{STATE_DIR}/firewall.candidate.nft"
+PREVIOUS_PATH = f"{STATE_DIR}/firewall.previous.nft"
+APPLIED_LISTING_PATH = f"{STATE_DIR}/firewall.applied.list"
+NFT = "/usr/sbin/nft"
+
+DEFAULT_ROLLBACK_AFTER_S = 60
+MIN_ROLLBACK_AFTER_S = 5
+# How long past the rollback's due time access may take to come back before we give up.
+ROLLBACK_GRACE_S = 30
+ROLLBACK_ENV = "GPUNODE_FIREWALL_ROLLBACK_AFTER_S"
+SKIP_PREFLIGHT_ENV = "GPUNODE_FIREWALL_SKIP_SSH_PREFLIGHT"
+
+ICMP_ECHO_LIMIT = "limit rate 10/second burst 20 packets"
+
+UNIT = f"""\
+# Managed by gpunode: loads table {TABLE} from {RULESET_PATH} at boot.
+# Debian's nftables.service is not used: its /etc/nftables.conf starts with `flush ruleset`,
+# which would wipe Docker's and Kubernetes' tables. Ordered after it in case it is enabled.
+[Unit]
+Description=gpunode firewall (nftables table {TABLE})
+Documentation=man:nft(8)
+DefaultDependencies=no
+Wants=network-pre.target
+Before=network-pre.target shutdown.target
+After=nftables.service
+Conflicts=shutdown.target
+
+[Service]
+Type=oneshot
+RemainAfterExit=yes
+ExecStart={NFT} -f {RULESET_PATH}
+ExecReload={NFT} -f {RULESET_PATH}
+
+[Install]
+WantedBy=sysinit.target
+"""
+
+
+# --- what the data allows --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AllowRule:
+    """Traffic from ``networks``: to ``ports`` over ``protocol``, or everything if None."""
+
+    label: str
+    comment: str
+    networks: tuple[str, ...]
+    protocol: str | None = None
+    ports: tuple[int, ...] = ()
+
+    def admits(self, address: ipaddress.IPv4Address | ipaddress.IPv6Address, port: int) -> bool:
+        """Would this rule accept a new TCP connection from ``address`` to ``port``?"""
+        if self.protocol not in (None, "tcp"):
+            return False
+        if self.protocol == "tcp" and port not in self.ports:
+            return False
+        return any(address in ipaddress.ip_network(network) for network in self.networks)
+
+
+def allow_rules(firewall: Firewall, ssh_port: int) -> list[AllowRule]:
+    rules = [
+        AllowRule(
+            "admin", "SSH from firewall.admin_networks", firewall.admin_networks, "tcp",
+            (ssh_port,),
+        ),
+        AllowRule(
+            "monitoring", "metrics from firewall.monitoring_networks",
+            firewall.monitoring_networks, "tcp", firewall.metrics_ports,
+        ),
+        AllowRule("fabric", "everything from firewall.fabric_networks", firewall.fabric_networks),
+    ]  # fmt: skip
+    for index, extra in enumerate(firewall.extra_rules):
+        rules.append(
+            AllowRule(
+                f"extra_{index}",
+                f"firewall.extra_rules {extra.name or index}",
+                extra.sources,
+                extra.protocol,
+                extra.ports,
+            )
+        )
+    return [rule for rule in rules if rule.networks and (rule.protocol is None or rule.ports)]
+
+
+# --- rendering -------------------------------------------------------------------------------
+
+
+def _collapsed(networks: Iterable[str], version: int) -> list[str]:
+    """Networks of one IP version, overlaps merged and sorted: the set never conflicts."""
+    parsed = [ipaddress.ip_network(network) for network in networks]
+    same_version = [network for network in parsed if network.version == version]
+    collapsed = ipaddress.collapse_addresses(same_version)  # type: ignore[type-var]
+    return [str(network) for network in collapsed]
+
+
+def _ports(ports: Iterable[int]) -> str:
+    unique = sorted(set(ports))
+    return str(unique[0]) if len(unique) == 1 else "{ " + ", ".join(map(str, unique)) + " }"
+
+
+def render_ruleset(firewall: Firewall, ssh_port: int) -> str:
+    """The file nft loads: replaces table inet gpunode, and only it, in one transaction."""
+    sets: list[str] = []
+    accepts: list[str] = []
+    for rule in allow_rules(firewall, ssh_port):
+        match = f" {rule.protocol} dport {_ports(rule.ports)}" if rule.protocol else ""
+        for version, family, address_type in ((4, "ip", "ipv4_addr"), (6, "ip6", "ipv6_addr")):
+            networks = _collapsed(rule.networks, version)
+            if not networks:
+                continue
+            set_name = f"{rule.label}_ipv{version}"
+            sets.append(
+                f"\tset {set_name} {{\n\t\ttype {address_type}\n\t\tflags interval\n"
+                f"\t\telements = {{ {', '.join(networks)} }}\n\t}}\n"
+            )
+            accepts.append(f'{family} saddr @{set_name}{match} accept comment "{rule.comment}"')
+    chain = [
+        "type filter hook input priority filter; policy drop;",
+        "ct state established,related accept",
+        "ct state invalid drop",
+        'iif "lo" accept',
+        "icmp type { destination-unreachable, time-exceeded, parameter-problem } accept",
+        f"icmp type echo-request {ICMP_ECHO_LIMIT} accept",
+        "icmpv6 type { destination-unreachable, packet-too-big, time-exceeded, "
+        "parameter-problem, mld-listener-query } accept",
+        # Neighbour discovery and router advertisements only from the link (RFC 4861).
+        "icmpv6 type { nd-router-advert, nd-neighbor-solicit, nd-neighbor-advert } "
+        "ip6 hoplimit 255 accept",
+        f"icmpv6 type echo-request {ICMP_ECHO_LIMIT} accept",
+        # DHCPv6 replies come from a server's link-local address, not as a tracked reply.
+        'ip6 saddr fe80::/10 udp dport 546 accept comment "DHCPv6 client"',
+        *accepts,
+    ]
+    input_chain = "\tchain input {\n" + "".join(f"\t\t{rule}\n" for rule in chain) + "\t}\n"
+    body = "\n".join([*sets, input_chain])
+    return (
+        "#!/usr/sbin/nft -f\n"
+        "# Managed by gpunode (firewall, sshd.port); local edits are replaced on the next run.\n"
+        f"# Only table {TABLE} is replaced; every other table (Docker, Kubernetes, CNI) stays.\n"
+        "# Declaring the table before deleting it makes the replace one atomic transaction\n"
+        "# that also works when the table does not exist yet.\n"
+        f"table {TABLE} {{}}\n"
+        f"delete table {TABLE}\n\n"
+        f"table {TABLE} {{\n{body}}}\n"
+    )
+
+
+# --- guard 1: preflight ----------------------------------------------------------------------
+
+
+def ssh_cut_reason(firewall: Firewall, ssh_port: int, client: dict | None) -> str | None:
+    """Why the ruleset would cut the current SSH session's source off, or None if it would not.
+
+    ``client`` is the SshClient fact; None (not an SSH connection) cannot be judged here.
+    """
+    if client is None:
+        return None
+    address = ipaddress.ip_address(client["address"])
+    port = client["server_port"]
+    if address.is_loopback:
+        return None
+    if any(rule.admits(address, port) for rule in allow_rules(firewall, ssh_port)):
+        return None
+    return (
+        f"the control machine reaches this node from {address} to TCP port {port} ($SSH_CLIENT "
+        f"on the node), which the new ruleset would drop: firewall.admin_networks = "
+        f"{list(firewall.admin_networks)}, sshd.port = {ssh_port}. Applying it would cut SSH "
+        "off; nothing was changed. Add the control machine's network to "
+        "firewall.admin_networks (or fabric_networks)"
+    )
+
+
+def refuse_if_ssh_would_be_cut(firewall: Firewall, ssh_port: int) -> None:
+    client = host.get_fact(SshClient, _sudo=False)
+    reason = ssh_cut_reason(firewall, ssh_port, client)
+    if reason:
+        raise OperationError(f"{host.name}: firewall refused: {reason}")
+
+
+# --- guard 2: rollback -----------------------------------------------------------------------
+
+
+def _arm_rollback_command(rollback_after_s: int) -> str:
+    """Save the live table (or its absence) and schedule loading it back on the node."""
+    timer = f"{ROLLBACK_UNIT}.timer"
+    return (
+        f"if systemctl is-active --quiet {timer}; then echo 'a firewall rollback is already "
+        "armed: an earlier run was interrupted before it confirmed SSH access; rerun once it "
+        f"has fired' >&2; exit 1; fi; "
+        f"systemctl reset-failed {ROLLBACK_UNIT}.service >/dev/null 2>&1; "
+        f"{{ printf 'table {TABLE} {{}}\\ndelete table {TABLE}\\n' && "
+        f"if nft list tables | grep -qx 'table {TABLE}'; then nft -s list table {TABLE}; fi; }}"
+        f" > {PREVIOUS_PATH} && nft -c -f {PREVIOUS_PATH} && "
+        f"systemd-run --quiet --unit={ROLLBACK_UNIT} --on-active={rollback_after_s}s "
+        f"--timer-property=AccuracySec=100ms {NFT} -f {PREVIOUS_PATH}"
+    )
+
+
+def _disarm_rollback_command() -> str:
+    """Stop the timer; fail if it fired first (the listing is no longer what was applied)."""
+    return (
+        f"systemctl stop {ROLLBACK_UNIT}.timer && "
+        f"nft -s list table {TABLE} | cmp -s - {APPLIED_LISTING_PATH} || "
+        "{ echo 'the firewall rollback fired before it could be disarmed (SSH confirmation "
+        "took longer than the rollback delay): the previous ruleset is live; rerun' >&2; "
+        "exit 1; }"
+    )
+
+
+def _login_timeout(rollback_after_s: int) -> float:
+    return max(2.0, min(15.0, rollback_after_s / 3))
+
+
+def confirm_ssh_access(rollback_after_s: int) -> None:
+    """Control side, right after the new table went live: prove a new SSH login works.
+
+    On failure the armed rollback is left to fire; once a new login works again the
+    operation fails, naming the host. The persistent ruleset was never replaced.
+    """
+    applied_at = time.monotonic()
+    failure = fresh_login(host, timeout=_login_timeout(rollback_after_s))
+    if failure is None:
+        return
+    # The timer was armed before the apply, so by this time it has fired.
+    due = applied_at + rollback_after_s
+    deadline = due + ROLLBACK_GRACE_S
+    time.sleep(max(0.0, due - time.monotonic()))
+    restored = fresh_login(host, timeout=3.0)
+    while restored is not None and time.monotonic() < deadline:
+        time.sleep(1.0)
+        restored = fresh_login(host, timeout=3.0)
+    if restored is not None:
+        raise OperationError(
+            f"{host.name}: the new firewall ruleset cut SSH off ({failure}), and access did "
+            f"not come back within {rollback_after_s + ROLLBACK_GRACE_S} s although a "
+            f"rollback was armed ({restored}). Use the console: `nft -f {PREVIOUS_PATH}` "
+            "loads the previous ruleset"
+        )
+    raise OperationError(
+        f"{host.name}: the new firewall ruleset would have cut SSH off ({failure}); the "
+        f"previous ruleset was restored by the armed rollback and a new SSH login works "
+        f"again ({time.monotonic() - applied_at:.1f} s after the apply). {RULESET_PATH} was "
+        f"not replaced; the refused ruleset is in {CANDIDATE_PATH}"
+    )
+
+
+# --- operations ------------------------------------------------------------------------------
+
+
+def _sha256(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+@operation()
+def ruleset(
+    firewall: Firewall,
+    ssh_port: int,
+    rollback_after_s: int = DEFAULT_ROLLBACK_AFTER_S,
+    check_ssh_source: bool = True,
+):
+    """Table inet gpunode is live as rendered from ``firewall``, and loaded at boot from
+    /etc/gpunode/firewall.nft. Applied when the file differs or the live table has drifted
+    from what the file loads; every apply is confirmed by a new SSH login or rolled back.
+    """
+    content = render_ruleset(firewall, ssh_port)
+    if check_ssh_source:
+        refuse_if_ssh_would_be_cut(firewall, ssh_port)
+    current = host.get_fact(FirewallState)
+    if current["file_load_error"]:
+        # Without a scratch namespace drift cannot be judged; applying again is the safe side.
+        logger.warning(
+            f"{host.name}: cannot load {RULESET_PATH} in a scratch network namespace to "
+            f"compare it with the live table ({current['file_load_error']}); applying it"
+        )
+    if (
+        current["file_sha256"] == _sha256(content)
+        and current["live"] is not None
+        and current["live"] == current["file_loads"]
+    ):
+        host.noop(f"table {TABLE} is live exactly as {RULESET_PATH} loads it")
+        return
+    if current["rollback_armed"]:
+        raise OperationError(
+            f"{host.name}: a firewall rollback is armed ({ROLLBACK_UNIT}.timer): an earlier "
+            "run was interrupted before it confirmed SSH access. Rerun once it has fired"
+        )
+    yield f"mkdir -p {os.path.dirname(RULESET_PATH)} {STATE_DIR}"
+    yield FileUploadCommand(StringIO(content), CANDIDATE_PATH)
+    yield f"nft -c -f {CANDIDATE_PATH}"
+    yield _arm_rollback_command(rollback_after_s)
+    yield f"nft -f {CANDIDATE_PATH} && nft -s list table {TABLE} > {APPLIED_LISTING_PATH}"
+    yield FunctionCommand(confirm_ssh_access, (rollback_after_s,), {})
+    yield _disarm_rollback_command()
+    # Only a confirmed ruleset becomes the one loaded at boot (mv within /etc/gpunode is atomic).
+    yield (
+        f"cp {CANDIDATE_PATH} {RULESET_PATH}.new && mv -f {RULESET_PATH}.new {RULESET_PATH} && "
+        f"rm -f {CANDIDATE_PATH}"
+    )
+
+
+@operation()
+def absent():
+    """No table inet gpunode, no persisted ruleset, no boot unit, no rollback state.
+
+    Removing the table only opens the node, so no guard is needed.
+    """
+    current = host.get_fact(FirewallState)
+    if current["rollback_armed"]:
+        # A pending rollback would load the table again.
+        yield f"systemctl stop {ROLLBACK_UNIT}.timer"
+    if current["unit_file"] or current["unit_enabled"]:
+        # The unit has no ExecStop (stopping it never opens the node), so --now is harmless.
+        yield f"systemctl disable --now {UNIT_NAME}"
+        yield f"rm -f {UNIT_PATH}"
+        yield "systemctl daemon-reload"
+    if current["file_sha256"] is not None:
+        yield f"rm -f {RULESET_PATH}"
+    if current["live"] is not None:
+        yield f"nft delete table {TABLE}"
+    if current["state_files"]:
+        yield "rm -f " + " ".join(shlex.quote(path) for path in sorted(current["state_files"]))
+    if not (
+        current["rollback_armed"]
+        or current["unit_file"]
+        or current["unit_enabled"]
+        or current["file_sha256"]
+        or current["live"] is not None
+        or current["state_files"]
+    ):
+        host.noop(f"table {TABLE} absent and not persisted")
+
+
+# --- the role --------------------------------------------------------------------------------
+
+
+def rollback_delay_from_env(default: int = DEFAULT_ROLLBACK_AFTER_S) -> int:
+    raw = os.environ.get(ROLLBACK_ENV)
+    if raw is None:
+        return default
+    try:
+        seconds = int(raw)
+    except ValueError:
+        seconds = 0
+    if seconds < MIN_ROLLBACK_AFTER_S:
+        raise OperationError(
+            f"{ROLLBACK_ENV}={raw!r}: give whole seconds, at least {MIN_ROLLBACK_AFTER_S}"
+        )
+    return seconds
+
+
+@deploy("Firewall")
+def firewall(
+    desired: DesiredState,
+    rollback_after_s: int | None = None,
+    check_ssh_source: bool | None = None,
+) -> None:
+    """nftables per ``desired.firewall``; removed entirely when firewall.enabled is false.
+
+    ``rollback_after_s`` defaults to $GPUNODE_FIREWALL_ROLLBACK_AFTER_S, else
+    firewall.rollback_after_s; ``check_ssh_source`` to firewall.ssh_preflight unless
+    $GPUNODE_FIREWALL_SKIP_SSH_PREFLIGHT is 1 (the environment knobs are for tests).
+    """
+    wanted = desired.firewall
+    if not wanted.enabled:
+        absent(name=f"No table {TABLE} (firewall.enabled is false)")
+        return
+    if rollback_after_s is None:
+        rollback_after_s = rollback_delay_from_env(wanted.rollback_after_s)
+    if check_ssh_source is None:
+        check_ssh_source = wanted.ssh_preflight and os.environ.get(SKIP_PREFLIGHT_ENV) != "1"
+    ssh_port = desired.sshd.port
+    # At prepare time, so a ruleset that would cut SSH stops the run before any change.
+    if check_ssh_source:
+        refuse_if_ssh_would_be_cut(wanted, ssh_port)
+
+    nft_installed = host.get_fact(FirewallState)["nft"]
+    apt.packages(
+        name="nftables",
+        packages=["nftables"],
+        update=not nft_installed,
+        cache_time=86400,
+    )
+    unit_sha1 = hashlib.sha1(UNIT.encode()).hexdigest()
+    unit_changed = host.get_fact(Sha1File, path=UNIT_PATH) != unit_sha1
+    files.put(
+        name=f"Boot unit {UNIT_NAME} (loads {RULESET_PATH}, never `flush ruleset`)",
+        src=StringIO(UNIT),
+        dest=UNIT_PATH,
+        mode="644",
+    )
+    ruleset(
+        name=f"Table {TABLE}: default-drop input, allow-rules from data (SSH-confirmed)",
+        firewall=wanted,
+        ssh_port=ssh_port,
+        rollback_after_s=rollback_after_s,
+        check_ssh_source=check_ssh_source,
+    )
+    systemd.service(
+        name=f"{UNIT_NAME} enabled",
+        service=UNIT_NAME,
+        enabled=True,
+        running=True,
+        daemon_reload=unit_changed,
+    )
