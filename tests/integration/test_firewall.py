@@ -114,7 +114,7 @@ def converged(lab: Lab, nodes: list[LabNode], inventory: str) -> Iterator[list[L
     first = run_pyinfra(DEPLOY, inventory=inventory)
     assert first.returncode == 0, first.output
     yield nodes
-    # Back to the lab inventory's state (firewall disabled) for the modules that follow.
+    # Back to the lab inventory's own firewall for the modules that follow.
     run_pyinfra(DEPLOY)
     for node in nodes:
         ssh(lab, node, "sudo nft delete table ip docker_sim")
@@ -256,9 +256,11 @@ def test_ruleset_that_cuts_ssh_is_rolled_back_and_the_run_fails_loudly(
     assert again.changed_operations() == {}, "the rollback restored everything"
 
 
-def test_disabled_firewall_removes_only_gpunode_table(lab: Lab, converged: list[LabNode]) -> None:
-    # The lab inventory leaves firewall.enabled at its default, false.
-    off = run_pyinfra(DEPLOY)
+def test_disabled_firewall_removes_only_gpunode_table(
+    lab: Lab, converged: list[LabNode], tmp_path: Path
+) -> None:
+    disabled = write_inventory(tmp_path / "off.py", lab, converged, {"enabled": False})
+    off = run_pyinfra(DEPLOY, inventory=disabled)
     assert off.returncode == 0, off.output
     for node in converged:
         assert "table inet gpunode" not in tables(lab, node)
@@ -270,6 +272,6 @@ def test_disabled_firewall_removes_only_gpunode_table(lab: Lab, converged: list[
         leftovers = ssh(lab, node, f"ls -d {paths}")
         assert leftovers.returncode != 0
         assert leftovers.stdout == ""
-    again = run_pyinfra(DEPLOY)
+    again = run_pyinfra(DEPLOY, inventory=disabled)
     assert again.returncode == 0, again.output
     assert again.changed_operations() == {}
