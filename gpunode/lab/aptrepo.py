@@ -1,0 +1,570 @@
+"""A local, signed apt repository of stand-in NVIDIA packages, for lab nodes.
+
+NVIDIA's repositories cannot be reached from the lab (as on an air-gapped site), so the lab host
+serves its own copies of both: the stand-in packages of ``gpunode.lab.standin`` (real names,
+versions and dependencies; tiny contents), laid out and signed the way NVIDIA publishes them:
+
+- ``cuda/debian12/x86_64/``: a flat repository like
+  ``developer.download.nvidia.com/compute/cuda/repos/debian12/x86_64/`` (``Packages``,
+  ``Packages.gz``, ``Release``, ``Release.gpg``, ``InRelease`` and the ``.deb`` files side by
+  side), used as ``deb [signed-by=...] URL/cuda/debian12/x86_64/ /``; its armored public key is
+  served beside them as ``<keyid>.pub``, as NVIDIA serves ``3bf863cc.pub``.
+- ``libnvidia-container/stable/deb/amd64/``: the same for the Container Toolkit repository
+  (``nvidia.github.io/libnvidia-container/stable/deb/$(ARCH)``); its armored key is
+  ``libnvidia-container/gpgkey``.
+
+Each repository is signed with its own throw-away ed25519 key, made for the build in a temporary
+``GNUPGHOME`` that is deleted (its gpg-agent stopped) once both are signed: no private key is
+ever written under ``directory``. The public keys are exported as binary keyrings for
+``signed-by=``: ``keyrings/cuda-archive-keyring.gpg`` and
+``keyrings/nvidia-container-toolkit-keyring.gpg`` (the names NVIDIA's instructions use under
+``/usr/share/keyrings``). The build needs ``dpkg-deb`` (dpkg), ``apt-ftparchive`` (apt-utils)
+and ``gpg``/``gpgconf`` (gnupg); ``gpgv`` checks the signatures in the tests.
+
+A build is reused while the package definitions (and this module) are unchanged: their content
+hash is kept in ``repo.json``. Serving is a plain HTTP server in a background thread that logs
+every request it answers, so tests can prove which URLs apt fetched.
+
+Usage, from a test or from ``gpunode lab`` (the lab host is the bridge gateway, 10.213.N.1)::
+
+    from gpunode.lab import Lab, aptrepo
+
+    lab = Lab()
+    repo = aptrepo.build_repository(lab.state_dir / "aptrepo")     # seconds once, then cached
+    with aptrepo.serve(repo.directory, lab.gateway, port=aptrepo.DEFAULT_PORT) as server:
+        server.cuda_url            # http://10.213.N.1:8089/cuda/debian12/x86_64
+        server.container_url       # http://10.213.N.1:8089/libnvidia-container/stable/deb/amd64
+        repo.sources(server.base_url)   # {file name in sources.list.d: one-line source}
+        repo.cuda_keyring          # copy to the node's /usr/share/keyrings/
+        ...                        # converge nodes; server.requested_paths() lists what apt got
+
+A long-lived server (``gpunode lab``) keeps the handle and calls ``server.stop()`` when done,
+or blocks in ``server.wait()``; code without the handle gets the URLs from
+``repository_urls("http://10.213.N.1:8089")``. Port 0 picks a free port (``server.port``).
+Requests are logged to ``<directory>-requests.log`` unless ``serve(log_path=...)`` says where.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import gzip
+import hashlib
+import http.server
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from gpunode.lab.standin import (
+    CUDA_REPO,
+    LIBNVIDIA_CONTAINER_REPO,
+    StandinPackage,
+    catalogue,
+)
+
+DEFAULT_PORT = 8089
+CUDA_PATH = "cuda/debian12/x86_64"
+CONTAINER_PATH = "libnvidia-container/stable/deb/amd64"
+KEYRINGS_DIR = "keyrings"
+CUDA_KEYRING = "cuda-archive-keyring.gpg"
+CONTAINER_KEYRING = "nvidia-container-toolkit-keyring.gpg"
+STATE_FILE = "repo.json"
+GNUPG_PREFIX = "gpunode-aptrepo-gnupg-"
+# Every top-level entry a build owns; a rebuild replaces exactly these.
+MANAGED_ENTRIES = ("cuda", "libnvidia-container", KEYRINGS_DIR, STATE_FILE)
+# Fixed timestamps inside the .debs: the same definitions give the same packages.
+SOURCE_DATE_EPOCH = 1735689600  # 2025-01-01T00:00:00Z
+REQUIRED_TOOLS = {
+    "dpkg-deb": "dpkg",
+    "apt-ftparchive": "apt-utils",
+    "gpg": "gnupg",
+    "gpgconf": "gnupg",
+}
+
+
+@dataclass(frozen=True)
+class Repository:
+    """One of the two apt repositories: where it lives and how it is signed."""
+
+    name: str  # CUDA_REPO or LIBNVIDIA_CONTAINER_REPO
+    path: str  # relative to the build directory and to the server's root URL
+    origin: str
+    label: str
+    key_uid: str
+    keyring: str  # file name under keyrings/
+    sources_file: str  # the file name NVIDIA's instructions use in sources.list.d
+
+
+REPOSITORIES = (
+    Repository(
+        name=CUDA_REPO,
+        path=CUDA_PATH,
+        origin="NVIDIA",
+        label="NVIDIA CUDA",
+        key_uid="gpunode lab CUDA stand-in repository <cudatools@nvidia.com>",
+        keyring=CUDA_KEYRING,
+        sources_file="cuda-debian12-x86_64.list",
+    ),
+    Repository(
+        name=LIBNVIDIA_CONTAINER_REPO,
+        path=CONTAINER_PATH,
+        origin="NVIDIA",
+        label="libnvidia-container",
+        key_uid="gpunode lab libnvidia-container stand-in repository <cudatools@nvidia.com>",
+        keyring=CONTAINER_KEYRING,
+        sources_file="nvidia-container-toolkit.list",
+    ),
+)
+
+
+def repository_urls(base_url: str) -> dict[str, str]:
+    """Repository name -> its URL under a server at ``base_url`` (e.g. http://10.213.N.1:8089)."""
+    return {
+        repository.name: f"{base_url.rstrip('/')}/{repository.path}" for repository in REPOSITORIES
+    }
+
+
+class AptRepoError(RuntimeError):
+    """The repository could not be built or served; the message says what to do."""
+
+
+@dataclass(frozen=True)
+class PackageRef:
+    name: str
+    version: str
+    repository: str
+    filename: str  # relative to the build directory
+
+
+@dataclass(frozen=True)
+class RepoInfo:
+    """A built repository pair: where everything is and what it holds."""
+
+    directory: Path
+    content_hash: str
+    fingerprints: dict[str, str]  # repository name -> signing key fingerprint
+    packages: tuple[PackageRef, ...]
+    rebuilt: bool  # False when an unchanged earlier build was reused
+
+    @property
+    def cuda_dir(self) -> Path:
+        return self.directory / CUDA_PATH
+
+    @property
+    def container_dir(self) -> Path:
+        return self.directory / CONTAINER_PATH
+
+    @property
+    def cuda_keyring(self) -> Path:
+        return self.directory / KEYRINGS_DIR / CUDA_KEYRING
+
+    @property
+    def container_keyring(self) -> Path:
+        return self.directory / KEYRINGS_DIR / CONTAINER_KEYRING
+
+    def versions(self, name: str) -> list[str]:
+        return [package.version for package in self.packages if package.name == name]
+
+    def sources(self, base_url: str, keyring_dir: str = "/usr/share/keyrings") -> dict[str, str]:
+        """sources.list.d file name -> its one-line source, for a server at ``base_url``."""
+        return {
+            repository.sources_file: (
+                f"deb [signed-by={keyring_dir}/{repository.keyring}] "
+                f"{base_url.rstrip('/')}/{repository.path}/ /\n"
+            )
+            for repository in REPOSITORIES
+        }
+
+
+# --- build ---------------------------------------------------------------------------------
+
+
+def build_repository(
+    directory: Path | str, packages: Sequence[StandinPackage] | None = None
+) -> RepoInfo:
+    """Build both signed repositories under ``directory`` (reused while nothing changed).
+
+    ``packages`` defaults to the whole stand-in catalogue; tests may pass fewer.
+    """
+    directory = Path(directory)
+    packages = list(catalogue() if packages is None else packages)
+    _check_packages(packages)
+    content_hash = _content_hash(packages)
+    directory.mkdir(parents=True, exist_ok=True)
+    # One build at a time per directory (a test session and `gpunode lab` may both ask).
+    with open(directory / ".build.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        reused = _load_state(directory, content_hash)
+        if reused is not None:
+            return reused
+        _check_tools()
+        return _build(directory, packages, content_hash)
+
+
+def _build(directory: Path, packages: list[StandinPackage], content_hash: str) -> RepoInfo:
+    staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=directory))
+    try:
+        _build_debs(staging, packages)
+        for repository in REPOSITORIES:
+            _write_indexes(staging / repository.path, repository)
+        fingerprints = _sign(staging)
+        refs = tuple(
+            PackageRef(p.name, p.version, p.repository, f"{_repository(p).path}/{p.filename}")
+            for p in packages
+        )
+        state = {
+            "content_hash": content_hash,
+            "fingerprints": fingerprints,
+            "packages": [asdict(ref) for ref in refs],
+        }
+        (staging / STATE_FILE).write_text(json.dumps(state, indent=2) + "\n")
+        _replace_managed_entries(staging, directory)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return RepoInfo(directory, content_hash, fingerprints, refs, rebuilt=True)
+
+
+def _repository(package: StandinPackage) -> Repository:
+    return next(r for r in REPOSITORIES if r.name == package.repository)
+
+
+def _check_packages(packages: Sequence[StandinPackage]) -> None:
+    seen: set[tuple[str, str]] = set()
+    for package in packages:
+        if package.repository not in {r.name for r in REPOSITORIES}:
+            raise AptRepoError(f"{package.name}: unknown repository {package.repository!r}")
+        if (package.name, package.version) in seen:
+            raise AptRepoError(f"{package.name} {package.version} is defined twice")
+        seen.add((package.name, package.version))
+
+
+def _check_tools() -> None:
+    missing = sorted({pkg for tool, pkg in REQUIRED_TOOLS.items() if not shutil.which(tool)})
+    if missing:
+        raise AptRepoError(
+            f"building the lab apt repository needs {', '.join(missing)}: "
+            f"apt-get install {' '.join(missing)}"
+        )
+
+
+def _content_hash(packages: Sequence[StandinPackage]) -> str:
+    digest = hashlib.sha256(Path(__file__).read_bytes())
+    for package in packages:
+        digest.update(json.dumps(asdict(package), sort_keys=True).encode())
+    return digest.hexdigest()
+
+
+def _load_state(directory: Path, content_hash: str) -> RepoInfo | None:
+    """The earlier build in ``directory`` if it has this hash and all its files; else None."""
+    try:
+        state = json.loads((directory / STATE_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    if state.get("content_hash") != content_hash:
+        return None
+    refs = tuple(PackageRef(**raw) for raw in state["packages"])
+    needed = [directory / ref.filename for ref in refs]
+    for repository in REPOSITORIES:
+        needed += [
+            directory / repository.path / name
+            for name in ("Packages", "Packages.gz", "Release", "Release.gpg", "InRelease")
+        ]
+        needed.append(directory / KEYRINGS_DIR / repository.keyring)
+    if not all(path.is_file() for path in needed):
+        return None
+    return RepoInfo(directory, content_hash, state["fingerprints"], refs, rebuilt=False)
+
+
+def _replace_managed_entries(staging: Path, directory: Path) -> None:
+    for entry in MANAGED_ENTRIES:
+        target = directory / entry
+        if target.is_dir() and not target.is_symlink():
+            shutil.rmtree(target)
+        else:
+            target.unlink(missing_ok=True)
+        if (staging / entry).exists():
+            os.replace(staging / entry, target)
+
+
+def _build_debs(root: Path, packages: Sequence[StandinPackage]) -> None:
+    for repository in REPOSITORIES:
+        (root / repository.path).mkdir(parents=True)
+    trees = root / ".trees"
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
+        list(pool.map(lambda package: _build_deb(package, root, trees), packages))
+    shutil.rmtree(trees)
+
+
+def _build_deb(package: StandinPackage, root: Path, trees: Path) -> None:
+    tree = trees / f"{package.name}_{package.filename}"
+    control_dir = tree / "DEBIAN"
+    control_dir.mkdir(parents=True)
+    (control_dir / "control").write_text(package.control())
+    for script, text in package.scripts.items():
+        path = control_dir / script
+        path.write_text(text)
+        path.chmod(0o755)
+    for item in package.files:
+        path = tree / item.path.lstrip("/")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(item.content)
+        path.chmod(item.mode)
+    for path in tree.rglob("*"):
+        os.utime(path, (SOURCE_DATE_EPOCH, SOURCE_DATE_EPOCH), follow_symlinks=False)
+    output = root / _repository(package).path / package.filename
+    _run(
+        ["dpkg-deb", "--root-owner-group", "-Zxz", "--build", str(tree), str(output)],
+        env={"SOURCE_DATE_EPOCH": str(SOURCE_DATE_EPOCH)},
+    )
+
+
+def _write_indexes(repo_dir: Path, repository: Repository) -> None:
+    """Packages, Packages.gz and an unsigned Release, as apt-ftparchive writes them."""
+    packages = _run(["apt-ftparchive", "packages", "."], cwd=repo_dir)
+    (repo_dir / "Packages").write_text(packages)
+    with gzip.GzipFile(repo_dir / "Packages.gz", "wb", mtime=SOURCE_DATE_EPOCH) as compressed:
+        compressed.write(packages.encode())
+    options = {
+        "Origin": repository.origin,
+        "Label": repository.label,
+        "Architectures": "amd64",
+        "Description": f"gpunode lab stand-in: {repository.label}",
+    }
+    arguments = ["apt-ftparchive"]
+    for field, value in options.items():
+        arguments += ["-o", f"APT::FTPArchive::Release::{field}={value}"]
+    release = _run([*arguments, "release", "."], cwd=repo_dir)
+    (repo_dir / "Release").write_text(release)
+
+
+def _sign(root: Path) -> dict[str, str]:
+    """Sign each repository with its own new key; export only the public halves."""
+    home = Path(tempfile.mkdtemp(prefix=GNUPG_PREFIX))
+    env = {"GNUPGHOME": str(home)}
+    fingerprints = {}
+    try:
+        (root / KEYRINGS_DIR).mkdir()
+        for repository in REPOSITORIES:
+            _run(
+                [
+                    "gpg",
+                    "--batch",
+                    "--passphrase",
+                    "",
+                    "--quick-gen-key",
+                    repository.key_uid,
+                    "ed25519",
+                    "sign",
+                    "never",
+                ],
+                env=env,
+            )
+            fingerprint = _fingerprint(repository.key_uid, env)
+            fingerprints[repository.name] = fingerprint
+            repo_dir = root / repository.path
+            gpg = [
+                "gpg",
+                "--batch",
+                "--yes",
+                "--local-user",
+                fingerprint,
+                "--digest-algo",
+                "SHA512",
+            ]
+            _run(
+                [*gpg, "--clearsign", "-o", str(repo_dir / "InRelease"), str(repo_dir / "Release")],
+                env=env,
+            )
+            _run(
+                [
+                    *gpg,
+                    "--armor",
+                    "--detach-sign",
+                    "-o",
+                    str(repo_dir / "Release.gpg"),
+                    str(repo_dir / "Release"),
+                ],
+                env=env,
+            )
+            (root / KEYRINGS_DIR / repository.keyring).write_bytes(
+                _run_bytes(["gpg", "--batch", "--export", fingerprint], env=env)
+            )
+            armored = _run(["gpg", "--batch", "--armor", "--export", fingerprint], env=env)
+            if repository.name == CUDA_REPO:
+                (repo_dir / f"{fingerprint[-8:].lower()}.pub").write_text(armored)
+            else:
+                (repo_dir.parents[2] / "gpgkey").write_text(armored)
+    finally:
+        # The private keys live only here: stop the agent that holds them, then delete.
+        subprocess.run(
+            ["gpgconf", "--kill", "all"],
+            env={**os.environ, **env},
+            capture_output=True,
+            check=False,
+        )
+        shutil.rmtree(home, ignore_errors=True)
+    return fingerprints
+
+
+def _fingerprint(uid: str, env: dict[str, str]) -> str:
+    listing = _run(["gpg", "--batch", "--with-colons", "--list-keys", f"={uid}"], env=env)
+    for line in listing.splitlines():
+        if line.startswith("fpr:"):
+            return line.split(":")[9]
+    raise AptRepoError(f"gpg made no key for {uid}")
+
+
+def _run(command: list[str], cwd: Path | None = None, env: dict[str, str] | None = None) -> str:
+    return _run_bytes(command, cwd, env).decode()
+
+
+def _run_bytes(
+    command: list[str], cwd: Path | None = None, env: dict[str, str] | None = None
+) -> bytes:
+    result = subprocess.run(
+        command, cwd=cwd, env={**os.environ, **(env or {})}, capture_output=True, check=False
+    )
+    if result.returncode != 0:
+        # Only gpg's, dpkg-deb's or apt-ftparchive's own words; no key material passes here.
+        raise AptRepoError(
+            f"{command[0]} failed ({result.returncode}): "
+            f"{result.stderr.decode(errors='replace')[-2000:]}"
+        )
+    return result.stdout
+
+
+# --- serve ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Request:
+    """One request the server answered."""
+
+    time: str
+    client: str
+    method: str
+    path: str
+    status: int
+
+
+class RepoServer:
+    """A running HTTP server for a built repository; ``stop()`` ends it."""
+
+    def __init__(self, directory: Path, bind_address: str, port: int, log_path: Path):
+        self.directory = directory
+        self.log_path = log_path
+        self._requests: list[Request] = []
+        self._lock = threading.Lock()
+        handler = _handler_class(directory, self._record)
+        try:
+            self._server = http.server.ThreadingHTTPServer((bind_address, port), handler)
+        except OSError as error:
+            raise AptRepoError(
+                f"cannot serve the lab apt repository on {bind_address}:{port}: {error}"
+            ) from error
+        self._server.daemon_threads = True
+        self.bind_address = bind_address
+        self.port = int(self._server.server_address[1])
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, name=f"aptrepo-{self.port}", daemon=True
+        )
+        self._thread.start()
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.bind_address}:{self.port}"
+
+    @property
+    def cuda_url(self) -> str:
+        return repository_urls(self.base_url)[CUDA_REPO]
+
+    @property
+    def container_url(self) -> str:
+        return repository_urls(self.base_url)[LIBNVIDIA_CONTAINER_REPO]
+
+    def requests(self) -> list[Request]:
+        with self._lock:
+            return list(self._requests)
+
+    def requested_paths(self) -> list[str]:
+        return [request.path for request in self.requests()]
+
+    def stop(self) -> None:
+        if self._thread.is_alive():
+            self._server.shutdown()
+            self._thread.join(timeout=10)
+        self._server.server_close()
+
+    def wait(self) -> None:
+        """Block until the server stops (a foreground ``gpunode lab`` command)."""
+        self._thread.join()
+
+    def __enter__(self) -> RepoServer:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def _record(self, request: Request) -> None:
+        line = f"{request.time} {request.client} {request.method} {request.path} {request.status}\n"
+        with self._lock:
+            self._requests.append(request)
+            with self.log_path.open("a", encoding="utf-8") as log:
+                log.write(line)
+
+
+def serve(
+    directory: Path | str,
+    bind_address: str,
+    port: int = DEFAULT_PORT,
+    log_path: Path | str | None = None,
+) -> RepoServer:
+    """Serve a built repository over HTTP from a background thread.
+
+    Every request is appended to ``log_path`` (default: ``<directory>-requests.log``, beside
+    the served tree) as ``TIME CLIENT METHOD PATH STATUS``.
+    """
+    directory = Path(directory)
+    if not (directory / STATE_FILE).is_file():
+        raise AptRepoError(f"{directory} holds no built repository: call build_repository first")
+    default_log = directory.with_name(f"{directory.name}-requests.log")
+    log = Path(log_path) if log_path is not None else default_log
+    log.parent.mkdir(parents=True, exist_ok=True)
+    return RepoServer(directory, bind_address, port, log)
+
+
+def _handler_class(directory: Path, record: Any) -> type[http.server.SimpleHTTPRequestHandler]:
+    class Handler(http.server.SimpleHTTPRequestHandler):
+        def __init__(self, *args: Any, **kwargs: Any):
+            super().__init__(*args, directory=str(directory), **kwargs)
+
+        def log_request(self, code: int | str = "-", size: int | str = "-") -> None:
+            status = int(code) if str(code).isdigit() else 0
+            record(
+                Request(
+                    time=datetime.now(UTC).isoformat(timespec="seconds"),
+                    client=self.client_address[0],
+                    method=self.command,
+                    path=self.path,
+                    status=status,
+                )
+            )
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass  # requests are recorded by log_request; keep the test output clean
+
+    return Handler
