@@ -16,6 +16,7 @@ from roles.admin_users import admin_users
 from roles.base import base_system
 from roles.firewall import firewall
 from roles.gpu_settings import gpu_settings
+from roles.nvidia_repos import nvidia_repositories
 from roles.sshd import sshd
 from roles.tls import tls_certificate
 
@@ -26,4 +27,5 @@ admin_users(desired=desired)
 firewall(desired=desired)
 sshd(desired=desired)
 tls_certificate(desired=desired)
+nvidia_repositories(desired=desired)
 gpu_settings(desired=desired)

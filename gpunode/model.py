@@ -378,6 +378,19 @@ class Repositories:
         "libnvidia-container repository",
         pattern=URL,
     )
+    cuda_keyring: str | None = setting(
+        None,
+        "binary keyring (on the control machine) that signs the CUDA repository; "
+        "installed as its signed-by keyring",
+        pattern=r"[^\s]+\.gpg",
+        accepts="a path to a .gpg keyring file",
+    )
+    container_toolkit_keyring: str | None = setting(
+        None,
+        "binary keyring (on the control machine) that signs the libnvidia-container repository",
+        pattern=r"[^\s]+\.gpg",
+        accepts="a path to a .gpg keyring file",
+    )
     proxy: str | None = setting(None, "apt HTTP proxy", pattern=URL)
 
     def validate(self, builder: Builder, path: str) -> None:

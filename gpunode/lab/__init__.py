@@ -16,7 +16,10 @@ import io
 import json
 import os
 import shutil
+import signal
+import socket
 import subprocess
+import sys
 import tarfile
 import tempfile
 import time
@@ -152,6 +155,20 @@ class Lab:
         return self.state_dir / "nodes.json"
 
     @property
+    def repo_dir(self) -> Path:
+        return self.state_dir / "aptrepo"
+
+    @property
+    def repo_pid_path(self) -> Path:
+        return self.state_dir / "aptrepo.pid"
+
+    @property
+    def repo_base_url(self) -> str:
+        from gpunode.lab.aptrepo import DEFAULT_PORT
+
+        return f"http://{self.gateway}:{DEFAULT_PORT}"
+
+    @property
     def image_tag(self) -> str:
         recipe = json.dumps([NODE_PACKAGES, _customize_script()]).encode()
         return f"{IMAGE_REPOSITORY}:{hashlib.sha256(recipe).hexdigest()[:12]}"
@@ -215,7 +232,55 @@ class Lab:
         for node in wanted:
             node.memory_mib = self._memory_mib(node.container)
         self._write_state(wanted)
+        self.serve_repository()
         return wanted
+
+    def serve_repository(self) -> None:
+        """Serve the lab's NVIDIA stand-in repositories on the bridge gateway (detached).
+
+        Nodes reach it as an air-gapped site reaches its mirror; NVIDIA's own hosts are
+        never needed.
+        """
+        from gpunode.lab import aptrepo
+
+        if self._repo_server_running():
+            return
+        aptrepo.build_repository(self.repo_dir)
+        log = (self.state_dir / "aptrepo-server.log").open("ab")
+        process = subprocess.Popen(
+            [sys.executable, "-m", "gpunode.lab.aptrepo", str(self.repo_dir), self.gateway],
+            stdout=log,
+            stderr=log,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            cwd=REPO_ROOT,
+        )
+        self.repo_pid_path.write_text(f"{process.pid}\n")
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if process.poll() is not None:
+                raise LabError(f"the lab apt repository server exited; see {log.name}")
+            with (
+                contextlib.suppress(OSError),
+                socket.create_connection((self.gateway, aptrepo.DEFAULT_PORT), timeout=1),
+            ):
+                return
+            time.sleep(0.2)
+        raise LabError("the lab apt repository server did not start listening in 30 s")
+
+    def _repo_server_running(self) -> bool:
+        if not self.repo_pid_path.exists():
+            return False
+        pid = int(self.repo_pid_path.read_text())
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        return "gpunode.lab.aptrepo" in Path(f"/proc/{pid}/cmdline").read_text(errors="replace")
+
+    def _stop_repository(self) -> None:
+        if self._repo_server_running():
+            os.kill(int(self.repo_pid_path.read_text()), signal.SIGTERM)
 
     def _ensure_key(self) -> None:
         if self.key_path.exists():
@@ -368,6 +433,7 @@ class Lab:
     # --- down ----------------------------------------------------------------------------------
     def down(self, keep_image: bool = False) -> None:
         """Remove every container, network and state file the lab made (and its image)."""
+        self._stop_repository()
         mine = {"label": f"{LABEL}={self.name}"}
         for container in self.client.containers.list(all=True, filters=mine):
             container.remove(force=True)

@@ -568,3 +568,22 @@ def _handler_class(directory: Path, record: Any) -> type[http.server.SimpleHTTPR
             pass  # requests are recorded by log_request; keep the test output clean
 
     return Handler
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m gpunode.lab.aptrepo DIRECTORY BIND_ADDRESS [PORT]``: build, then serve
+    in the foreground (the lab starts this detached, one per lab bridge)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m gpunode.lab.aptrepo")
+    parser.add_argument("directory", type=Path)
+    parser.add_argument("bind_address")
+    parser.add_argument("port", type=int, nargs="?", default=DEFAULT_PORT)
+    args = parser.parse_args(argv)
+    build_repository(args.directory)
+    serve(args.directory, args.bind_address, args.port).wait()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -25,6 +25,18 @@ admin_users = [
 
 tls = {"enabled": True}
 
+# NVIDIA's hosts are unreachable from the lab, as at an air-gapped site: the lab serves
+# signed stand-in repositories on its bridge (gpunode lab up) and every URL points there.
+_repo = _lab.repo_base_url
+apt = {
+    "cuda_repo_url": f"{_repo}/cuda/debian12/x86_64",
+    "container_toolkit_repo_url": f"{_repo}/libnvidia-container/stable/deb/amd64",
+    "cuda_keyring": str(_lab.repo_dir / "keyrings" / "cuda-archive-keyring.gpg"),
+    "container_toolkit_keyring": str(
+        _lab.repo_dir / "keyrings" / "nvidia-container-toolkit-keyring.gpg"
+    ),
+}
+
 # The control side reaches the lab from the bridge's gateway; nodes talk freely to each other.
 firewall = {
     "enabled": True,

@@ -37,6 +37,9 @@ apt = {
     "debian_security_mirror": "http://mirror.dc1.example.net/debian-security",
     "cuda_repo_url": "http://mirror.dc1.example.net/nvidia/cuda/debian12/x86_64",
     "container_toolkit_repo_url": "http://mirror.dc1.example.net/nvidia/libnvidia-container",
+    # Keyrings checked once by the operator (gpg --dearmor of NVIDIA's published keys).
+    "cuda_keyring": "keyrings/cuda-archive-keyring.gpg",
+    "container_toolkit_keyring": "keyrings/nvidia-container-toolkit-keyring.gpg",
 }
 
 nvidia_driver = {

@@ -1,0 +1,120 @@
+"""NVIDIA's apt repositories (CUDA, libnvidia-container), each with its own signed-by keyring.
+
+Every URL comes from data, so an air-gapped site points them at its mirror; a repository is
+configured only when something declared needs it, and removed (with its keyring) otherwise.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from io import StringIO
+from pathlib import Path
+
+from pyinfra import host
+from pyinfra.api import DeployError, deploy
+from pyinfra.operations import apt, files
+
+from gpunode.model import DesiredState
+
+KEYRING_DIR = "/usr/share/keyrings"
+SOURCES_DIR = "/etc/apt/sources.list.d"
+
+
+@dataclass(frozen=True)
+class NvidiaRepository:
+    name: str
+    url: str
+    keyring: str | None
+    keyring_key: str  # the data key that names the keyring, for error messages
+    needed: bool
+
+    @property
+    def sources_path(self) -> str:
+        return f"{SOURCES_DIR}/gpunode-{self.name}.sources"
+
+    @property
+    def keyring_path(self) -> str:
+        return f"{KEYRING_DIR}/gpunode-{self.name}.gpg"
+
+    def render_sources(self) -> str:
+        # NVIDIA publishes flat repositories: the suite is "/" and there are no components.
+        return (
+            "# Managed by gpunode; the URL comes from inventory data (apt.*_url).\n"
+            f"Types: deb\nURIs: {self.url.rstrip('/')}/\nSuites: /\n"
+            f"Signed-By: {self.keyring_path}\n"
+        )
+
+
+def nvidia_repositories_for(desired: DesiredState) -> list[NvidiaRepository]:
+    repos = desired.apt
+    runtime = desired.container_runtime
+    needs_cuda_repo = (
+        desired.nvidia_driver.source == "nvidia"
+        or bool(desired.cuda.versions)
+        or desired.dcgm.enabled
+        or desired.nccl.install_libnccl
+        or (desired.needs_fabric_manager and desired.nvidia_driver.source != "none")
+    )
+    return [
+        NvidiaRepository(
+            "nvidia-cuda", repos.cuda_repo_url, repos.cuda_keyring, "apt.cuda_keyring",
+            needs_cuda_repo,
+        ),
+        NvidiaRepository(
+            "nvidia-container-toolkit", repos.container_toolkit_repo_url,
+            repos.container_toolkit_keyring, "apt.container_toolkit_keyring",
+            bool(runtime.engines) or runtime.toolkit_version is not None,
+        ),
+    ]  # fmt: skip
+
+
+def _local_keyring(repo: NvidiaRepository) -> Path:
+    """The control-side keyring file, or a clear refusal before anything changes."""
+    if repo.keyring is None:
+        raise DeployError(
+            f"{host.name}: {repo.keyring_key} is not set, but the {repo.name} repository is "
+            "needed; give the path of its binary keyring (gpg --dearmor of the published key)"
+        )
+    path = Path(repo.keyring).expanduser()
+    if not path.is_file():
+        raise DeployError(f"{host.name}: {repo.keyring_key} = {repo.keyring!r}: no such file")
+    return path
+
+
+@deploy("NVIDIA repositories")
+def nvidia_repositories(desired: DesiredState) -> None:
+    changed = []
+    for repo in nvidia_repositories_for(desired):
+        if repo.needed:
+            keyring = _local_keyring(repo)
+            changed.append(
+                files.put(
+                    name=f"{repo.name} signing keyring",
+                    src=str(keyring),
+                    dest=repo.keyring_path,
+                    mode="644",
+                )
+            )
+            changed.append(
+                files.put(
+                    name=f"{repo.name} source ({repo.url})",
+                    src=StringIO(repo.render_sources()),
+                    dest=repo.sources_path,
+                    mode="644",
+                )
+            )
+        else:
+            changed.append(
+                files.file(
+                    name=f"No {repo.name} source (nothing declared needs it)",
+                    path=repo.sources_path,
+                    present=False,
+                )
+            )
+            changed.append(
+                files.file(name=f"No {repo.name} keyring", path=repo.keyring_path, present=False)
+            )
+    apt.update(
+        name="Refresh package lists after a repository change",
+        _if=lambda: any(op.did_change() for op in changed),
+    )
