@@ -1,0 +1,1148 @@
+"""Node-side GPU probe: prints one JSON document about the node's NVIDIA GPUs and driver stack.
+
+It runs with the node's ``/usr/bin/python3`` and needs nothing but the standard library.
+``facts.hardware.GpuReport`` pipes this file (and, by default, NVIDIA's pure-Python ``pynvml``
+module from the control venv, so nodes need no pip) into ``python3 -``: nothing is installed.
+Where the fact is told not to ship pynvml, the probe imports it from ``sys.path`` or
+``PYNVML_DIR`` (/usr/local/lib/gpunode-probe/pynvml.py) if present.
+
+Sources, in order of preference:
+
+- NVML through pynvml, when ``libnvidia-ml.so.1`` loads;
+- else ``nvidia-smi -q -x`` (every XML schema: elements renamed between driver generations
+  are looked up under each name), plus ``nvidia-smi nvlink -s`` for NVLink states, since no
+  known XML schema carries them. ``--query-gpu`` is never used: an older driver rejects a
+  whole call that names a field it does not know.
+
+Per node it adds the kernel module's state and version (/proc/driver/nvidia/version), the
+installed driver package version (dpkg; on lab nodes the stand-in file
+``/var/lib/gpunode-lab/installed-driver-version``), whether these disagree with the
+userspace driver, the Fabric Manager service state, and NVIDIA XID events from the kernel
+log since a given time.
+
+The parsing functions here are pure and are also used on the control side
+(``gpunode.probe.parsers``). Each returns data, or ``{"state": "unreadable", "command": ...,
+"reason": ...}`` naming what could not be read and why; none raises.
+
+Usage: ``python3 gpu_probe.py [--xid-since ISO8601] [--no-nvml]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import functools
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+import xml.etree.ElementTree as ElementTree
+from collections.abc import Callable, Iterable
+from datetime import datetime, timedelta, timezone
+from typing import Any, NamedTuple
+
+SCHEMA = "gpunode.gpu-report/1"
+PYNVML_DIR = "/usr/local/lib/gpunode-probe"
+XID_WINDOW_HOURS = 24
+
+XML_COMMAND = "nvidia-smi -q -x"
+NVLINK_COMMAND = "nvidia-smi nvlink -s"
+XID_COMMAND = "journalctl -t kernel -o short-iso"
+DPKG_COMMAND = "dpkg-query -W nvidia-driver* libnvidia-ml1 libnvidia-compute*"
+DPKG_PATTERNS = ("nvidia-driver*", "libnvidia-ml1", "libnvidia-compute*")
+FABRIC_MANAGER_COMMAND = "systemctl show nvidia-fabricmanager.service"
+MODULE_VERSION_PATH = "/proc/driver/nvidia/version"
+SYSFS_MODULE_VERSION_PATH = "/sys/module/nvidia/version"
+LAB_INSTALLED_VERSION_PATH = "/var/lib/gpunode-lab/installed-driver-version"
+
+# nvidia-smi(1), RETURN VALUE; 18 is NVML's "RM has detected an NVML/RM version mismatch".
+SMI_EXIT_REASONS = {
+    2: "invalid argument or flag",
+    3: "the requested operation is not available on the target device",
+    4: "insufficient permissions",
+    6: "the query was unsuccessful (no such device)",
+    8: "external power cables are not properly attached",
+    9: "NVIDIA driver is not loaded",
+    10: "NVIDIA kernel detected an interrupt issue with a GPU",
+    12: "NVML shared library could not be found or loaded",
+    13: "the local NVML version does not implement this function",
+    14: "infoROM is corrupted",
+    15: "the GPU has fallen off the bus or has otherwise become inaccessible",
+    18: "driver/library version mismatch",
+    255: "other error or internal driver error",
+}
+EXIT_DRIVER_NOT_LOADED = 9
+VERSION_MISMATCH_TEXT = "Driver/library version mismatch"
+
+# NVML clocks event (formerly throttle) reason bits, named as nvidia-smi's XML names them.
+CLOCK_EVENT_REASON_BITS = {
+    0x1: "gpu_idle",
+    0x2: "applications_clocks_setting",
+    0x4: "sw_power_cap",
+    0x8: "hw_slowdown",
+    0x10: "sync_boost",
+    0x20: "sw_thermal_slowdown",
+    0x40: "hw_thermal_slowdown",
+    0x80: "hw_power_brake_slowdown",
+    0x100: "display_clocks_setting",
+}
+REASON_PREFIXES = ("clocks_event_reason_", "clocks_throttle_reason_")
+REASON_ALIASES = {"display_clock_setting": "display_clocks_setting"}
+
+# How nvidia-smi says a value is not there; all read as None.
+UNAVAILABLE = re.compile(
+    r"\[?(n/a|not supported|unknown error|insufficient permissions|not available|"
+    r"gpu is lost|requested functionality has been deprecated)\]?",
+    re.IGNORECASE,
+)
+
+Result = dict[str, Any]
+
+
+# --- the result contract ----------------------------------------------------------------------
+
+
+def unreadable(command: str, reason: str) -> Result:
+    """What every parser returns when the output cannot be trusted, saying why."""
+    return {"state": "unreadable", "command": command, "reason": reason}
+
+
+def absent(command: str, reason: str) -> Result:
+    return {"state": "absent", "command": command, "reason": reason}
+
+
+def never_raises(command: str) -> Callable[[Callable[..., Result]], Callable[..., Result]]:
+    """A parser bug becomes an explicit unreadable result, never a crashed fact or probe.
+
+    The reason starts with "internal parser error" so the fuzz tests can tell it apart.
+    """
+
+    def decorate(parse: Callable[..., Result]) -> Callable[..., Result]:
+        @functools.wraps(parse)
+        def guarded(*args: Any, **kwargs: Any) -> Result:
+            try:
+                return parse(*args, **kwargs)
+            except Exception as error:  # the contract: data or a reason, never an exception
+                return unreadable(command, f"internal parser error: {error!r}")
+
+        return guarded
+
+    return decorate
+
+
+# --- values -----------------------------------------------------------------------------------
+
+
+def clean(text: str | None) -> str | None:
+    """Stripped text, or None where nvidia-smi says the value is not available."""
+    if text is None:
+        return None
+    text = text.strip()
+    if not text or UNAVAILABLE.fullmatch(text):
+        return None
+    return text
+
+
+def number(text: str | None) -> float | None:
+    """'350.00 W' -> 350.0, '16x' -> 16.0; unavailable or not numeric -> None."""
+    value = clean(text)
+    if value is None:
+        return None
+    match = re.match(r"[-+]?[0-9]+(?:\.[0-9]+)?", value)
+    return float(match.group(0)) if match else None
+
+
+def integer(text: str | None) -> int | None:
+    value = number(text)
+    return int(value) if value is not None and value.is_integer() else None
+
+
+def enabled(text: str | None) -> bool | None:
+    return {"enabled": True, "disabled": False}.get((clean(text) or "").lower())
+
+
+def yes_no(text: str | None) -> bool | None:
+    return {"yes": True, "no": False}.get((clean(text) or "").lower())
+
+
+def bus_key(bus_id: str | None) -> tuple[int, int, int] | None:
+    """'00000000:18:00.0', '0000:18:00' (XID) and '18:00.0' name the same device."""
+    if not bus_id:
+        return None
+    match = re.fullmatch(
+        r"(?:([0-9a-fA-F]{1,8}):)?([0-9a-fA-F]{1,2}):([0-9a-fA-F]{1,2})(?:\.[0-7])?",
+        bus_id.strip(),
+    )
+    if not match:
+        return None
+    return int(match.group(1) or "0", 16), int(match.group(2), 16), int(match.group(3), 16)
+
+
+# --- nvidia-smi -q -x -------------------------------------------------------------------------
+
+
+def _text(element: ElementTree.Element | None, *paths: str) -> str | None:
+    """Text of the first of ``paths`` present (elements renamed across schemas)."""
+    if element is None:
+        return None
+    for path in paths:
+        found = element.find(path)
+        if found is not None and found.text is not None and found.text.strip():
+            return found.text.strip()
+    return None
+
+
+def _first(element: ElementTree.Element, *tags: str) -> ElementTree.Element | None:
+    for tag in tags:
+        found = element.find(tag)
+        if found is not None:
+            return found
+    return None
+
+
+def _ecc_totals(scope: ElementTree.Element | None) -> dict[str, int | None]:
+    """Corrected and uncorrected totals of one ECC scope (volatile or aggregate).
+
+    Schemas v11/v12 count per memory (sram_correctable, dram_uncorrectable, ...), driver 590
+    splits SRAM uncorrectable by detection (..._parity, ..._secded), older schemas give
+    single_bit/double_bit groups with a total each.
+    """
+    totals: dict[str, int | None] = {"corrected": None, "uncorrected": None}
+    if scope is None:
+        return totals
+    old_style = {"corrected": "single_bit/total", "uncorrected": "double_bit/total"}
+    if any(scope.find(path) is not None for path in old_style.values()):
+        return {kind: integer(_text(scope, path)) for kind, path in old_style.items()}
+    for counter in scope:
+        count = integer(counter.text)
+        if count is None:
+            continue
+        kind = (
+            "uncorrected"
+            if "uncorrectable" in counter.tag
+            else "corrected"
+            if "correctable" in counter.tag
+            else None
+        )
+        if kind is not None:
+            totals[kind] = (totals[kind] or 0) + count
+    return totals
+
+
+def _retired_pages(element: ElementTree.Element | None) -> Result:
+    single = integer(_text(element, "multiple_single_bit_retirement/retired_count"))
+    double = integer(_text(element, "double_bit_retirement/retired_count"))
+    pending_flags = [
+        yes_no(_text(element, tag)) for tag in ("pending_blacklist", "pending_retirement")
+    ]
+    known = [flag for flag in pending_flags if flag is not None]
+    return {
+        "supported": single is not None or double is not None,
+        "single_bit": single,
+        "double_bit": double,
+        "pending": any(known) if known else None,
+    }
+
+
+def _remapped_rows(element: ElementTree.Element | None) -> Result:
+    rows = {
+        "correctable": integer(_text(element, "remapped_row_corr")),
+        "uncorrectable": integer(_text(element, "remapped_row_unc")),
+        "pending": yes_no(_text(element, "remapped_row_pending")),
+        "failure": yes_no(_text(element, "remapped_row_failure")),
+    }
+    return {"supported": any(value is not None for value in rows.values()), **rows}
+
+
+def _reason_name(tag: str) -> str:
+    for prefix in REASON_PREFIXES:
+        if tag.startswith(prefix):
+            tag = tag[len(prefix) :]
+            break
+    return REASON_ALIASES.get(tag, tag)
+
+
+def _clock_event_reasons(element: ElementTree.Element | None) -> list[str] | None:
+    """Active reasons, sorted; None when the report has no readable reason at all."""
+    if element is None:
+        return None
+    states = {_reason_name(child.tag): (clean(child.text) or "").lower() for child in element}
+    known = {name: state for name, state in states.items() if state in ("active", "not active")}
+    if not known:
+        return None
+    return sorted(name for name, state in known.items() if state == "active")
+
+
+def _clocks(element: ElementTree.Element | None) -> dict[str, int | None]:
+    return {
+        name: integer(_text(element, f"{tag}_clock"))
+        for name, tag in (
+            ("graphics", "graphics"),
+            ("sm", "sm"),
+            ("memory", "mem"),
+            ("video", "video"),
+        )
+    }
+
+
+LINK_STATES = {"active": True, "up": True, "inactive": False, "down": False}
+
+
+def _xml_nvlinks(gpu: ElementTree.Element) -> list[Result] | None:
+    """NVLink states if the report has an NVLink element; None otherwise.
+
+    No captured schema (v11, v12, driver 590) has one, so this only reads an element whose
+    tag starts with "nvlink" and whose children each hold a link's state as text.
+    """
+    container = next((child for child in gpu if child.tag.startswith("nvlink")), None)
+    if container is None:
+        return None
+    links = []
+    for position, link in enumerate(container):
+        texts = [(node.tag, clean(node.text)) for node in link.iter()]
+        states = [
+            LINK_STATES[text.lower()] for _, text in texts if text and text.lower() in LINK_STATES
+        ]
+        if not states:
+            continue
+        numbers = [integer(text) for tag, text in texts if "id" in tag or tag in ("link", "index")]
+        link_number = next((value for value in numbers if value is not None), position)
+        links.append({"link": link_number, "active": states[0], "speed_gbps": None})
+    return links
+
+
+def gpu_from_xml(gpu: ElementTree.Element, position: int) -> Result:
+    """The normalized fields of one ``<gpu>`` element, whatever the schema."""
+    power = _first(gpu, "gpu_power_readings", "power_readings")
+    link_info = gpu.find("pci/pci_gpu_link_info")
+    module_id = integer(_text(gpu, "gpu_module_id", "platformInfo/module_id"))
+    ecc_errors = gpu.find("ecc_errors")
+    xml_links = _xml_nvlinks(gpu)
+    return {
+        # The enumeration order, which nvidia-smi -i uses; the minor number (/dev/nvidiaN)
+        # can differ, e.g. after a GPU has fallen off the bus.
+        "index": position,
+        "minor_number": integer(_text(gpu, "minor_number")),
+        "module_id": module_id,
+        "uuid": clean(_text(gpu, "uuid")),
+        "serial": clean(_text(gpu, "serial")),
+        "name": clean(_text(gpu, "product_name")),
+        "pci_bus_id": clean(gpu.get("id")) or clean(_text(gpu, "pci/pci_bus_id")),
+        "vbios_version": clean(_text(gpu, "vbios_version")),
+        "persistence_mode": enabled(_text(gpu, "persistence_mode")),
+        "performance_state": clean(_text(gpu, "performance_state")),
+        "ecc_mode": {
+            "current": enabled(_text(gpu, "ecc_mode/current_ecc")),
+            "pending": enabled(_text(gpu, "ecc_mode/pending_ecc")),
+        },
+        "ecc_errors": {
+            scope: _ecc_totals(None if ecc_errors is None else ecc_errors.find(scope))
+            for scope in ("volatile", "aggregate")
+        },
+        "retired_pages": _retired_pages(gpu.find("retired_pages")),
+        "remapped_rows": _remapped_rows(gpu.find("remapped_rows")),
+        "mig_mode": {
+            "current": enabled(_text(gpu, "mig_mode/current_mig")),
+            "pending": enabled(_text(gpu, "mig_mode/pending_mig")),
+        },
+        "temperature_c": {
+            "gpu": integer(_text(gpu, "temperature/gpu_temp")),
+            "memory": integer(_text(gpu, "temperature/memory_temp")),
+        },
+        "power_w": {
+            "draw": number(_text(power, "power_draw", "average_power_draw", "instant_power_draw")),
+            "limit": number(
+                _text(power, "current_power_limit", "enforced_power_limit", "power_limit")
+            ),
+            "default_limit": number(_text(power, "default_power_limit")),
+            "min_limit": number(_text(power, "min_power_limit")),
+            "max_limit": number(_text(power, "max_power_limit")),
+        },
+        "clocks_mhz": {
+            "current": _clocks(gpu.find("clocks")),
+            "max": _clocks(gpu.find("max_clocks")),
+        },
+        "clock_event_reasons": _clock_event_reasons(
+            _first(gpu, "clocks_event_reasons", "clocks_throttle_reasons")
+        ),
+        "pcie": {
+            "gen_current": integer(_text(link_info, "pcie_gen/current_link_gen")),
+            "gen_max": integer(_text(link_info, "pcie_gen/max_link_gen")),
+            "width_current": integer(_text(link_info, "link_widths/current_link_width")),
+            "width_max": integer(_text(link_info, "link_widths/max_link_width")),
+        },
+        "fabric": {
+            "state": clean(_text(gpu, "fabric/state")),
+            "status": clean(_text(gpu, "fabric/status")),
+        },
+        "nvlink": None if xml_links is None else nvlink_summary(xml_links, "xml"),
+    }
+
+
+@never_raises(XML_COMMAND)
+def parse_nvidia_smi_xml(text: str) -> Result:
+    """``nvidia-smi -q -x`` output (any DTD version) -> driver versions and normalized GPUs."""
+    if not text.strip():
+        return unreadable(XML_COMMAND, "empty output")
+    try:
+        root = ElementTree.fromstring(text)
+    except (ElementTree.ParseError, ValueError) as error:
+        return unreadable(XML_COMMAND, f"not well-formed XML, truncated or corrupted ({error})")
+    if root.tag != "nvidia_smi_log":
+        return unreadable(XML_COMMAND, f"root element is <{root.tag}>, not <nvidia_smi_log>")
+    elements = root.findall("gpu")
+    driver_version = clean(_text(root, "driver_version"))
+    attached = integer(_text(root, "attached_gpus"))
+    if driver_version is None and attached is None and not elements:
+        return unreadable(XML_COMMAND, "no driver_version, attached_gpus or gpu element")
+    return {
+        "state": "ok",
+        "command": XML_COMMAND,
+        "driver_version": driver_version,
+        "cuda_driver_version": clean(_text(root, "cuda_version")),
+        # Counts every GPU, also those a -i selection left out of the report.
+        "attached_gpus": attached,
+        "gpus": [gpu_from_xml(element, position) for position, element in enumerate(elements)],
+    }
+
+
+# --- nvidia-smi nvlink -s ---------------------------------------------------------------------
+
+ALL_LINKS_INACTIVE = "NVML: Unable to retrieve NVLink information as all links are inactive"
+_NVLINK_GPU = re.compile(r"GPU (\d+): (.*) \(UUID: ([^()\s]+)\)")
+_NVLINK_LINK = re.compile(r"\s*Link (\d+): (.*?)\s*")
+
+
+def nvlink_summary(links: list[Result], source: str, all_inactive: bool = False) -> Result:
+    """Per-GPU NVLink state: ok (links listed), all_inactive, or none (no NVLink)."""
+    active = sum(1 for link in links if link["active"])
+    state = "ok" if links else "none"
+    if all_inactive or (links and not active):
+        state = "all_inactive"
+    return {
+        "source": source,
+        "state": state,
+        "active": active,
+        # nvidia-smi names no link when all are inactive: the number is unknown then.
+        "total": None if all_inactive else len(links),
+        "links": links,
+    }
+
+
+@never_raises(NVLINK_COMMAND)
+def parse_nvlink_status(text: str) -> Result:
+    """``nvidia-smi nvlink -s`` -> per GPU (index, name, UUID) its links and their state."""
+    gpus: list[Result] = []
+    for line_number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        if match := _NVLINK_GPU.fullmatch(line.strip()):
+            gpus.append(
+                {
+                    "index": int(match.group(1)),
+                    "name": match.group(2),
+                    "uuid": match.group(3),
+                    "links": [],
+                    "all_inactive": False,
+                }
+            )
+            continue
+        if not gpus:
+            return unreadable(NVLINK_COMMAND, f"line {line_number} comes before any GPU: {line!r}")
+        if line.strip() == ALL_LINKS_INACTIVE:
+            gpus[-1]["all_inactive"] = True
+        elif match := _NVLINK_LINK.fullmatch(line):
+            value = match.group(2)
+            speed = re.fullmatch(r"([0-9]+(?:\.[0-9]+)?) GB/s", value)
+            if value == "<inactive>":
+                gpus[-1]["links"].append(
+                    {"link": int(match.group(1)), "active": False, "speed_gbps": None}
+                )
+            elif speed:
+                gpus[-1]["links"].append(
+                    {"link": int(match.group(1)), "active": True, "speed_gbps": float(speed[1])}
+                )
+            else:
+                return unreadable(
+                    NVLINK_COMMAND, f"line {line_number}: unknown link state {value!r}"
+                )
+        else:
+            return unreadable(NVLINK_COMMAND, f"line {line_number} not understood: {line!r}")
+    if not gpus:
+        return unreadable(NVLINK_COMMAND, "empty output" if not text.strip() else "no GPU line")
+    return {
+        "state": "ok",
+        "command": NVLINK_COMMAND,
+        "gpus": [
+            {
+                "index": gpu["index"],
+                "name": gpu["name"],
+                "uuid": gpu["uuid"],
+                **nvlink_summary(gpu["links"], NVLINK_COMMAND, gpu["all_inactive"]),
+            }
+            for gpu in gpus
+        ],
+    }
+
+
+# --- nvidia-smi failures ----------------------------------------------------------------------
+
+
+def nvidia_smi_failure(command: str, exit_code: int | None, output: str) -> Result:
+    """Why an nvidia-smi call failed, from its exit code (nvidia-smi(1)) and its words."""
+    if exit_code is None:
+        return unreadable(command, "timed out (a GPU may be hung)")
+    reason = SMI_EXIT_REASONS.get(exit_code, "unknown failure")
+    if VERSION_MISMATCH_TEXT in output:
+        reason = SMI_EXIT_REASONS[18]
+    detail = " ".join(output.split())[:300]
+    result = unreadable(
+        command, f"exit code {exit_code}: {reason}" + (f": {detail}" if detail else "")
+    )
+    result["exit_code"] = exit_code
+    if exit_code == EXIT_DRIVER_NOT_LOADED:
+        result["state"] = "driver_not_loaded"
+    library = re.search(r"NVML library version: *([0-9][0-9.]*[0-9])", output)
+    if library:  # printed on a driver/library mismatch: the userspace side's version
+        result["nvml_library_version"] = library.group(1)
+    return result
+
+
+# --- kernel log: XID events -------------------------------------------------------------------
+
+_XID = re.compile(
+    r"NVRM: Xid \((?:PCI:)?([0-9A-Fa-f]{1,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.[0-7])?)"
+    r"[^)]*\): (\d+)(?:, *(.*))?"
+)
+_ISO_TIME = re.compile(r"(\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(?:\.\d+)?(?:Z|[+-]\d{2}:?\d{2})?)\s")
+_SYSLOG_TIME = re.compile(r"([A-Z][a-z]{2} [ 0-9]\d \d{2}:\d{2}:\d{2})\s")
+_PID_NAME = re.compile(r"pid=([^,]*), name=([^,]*), (.*)")
+
+
+def _event_time(line: str) -> str | None:
+    if match := _ISO_TIME.match(line):
+        stamp = match.group(1)
+        for layout in ("%Y-%m-%dT%H:%M:%S.%f%z", "%Y-%m-%dT%H:%M:%S%z"):
+            with contextlib.suppress(ValueError):
+                return datetime.strptime(stamp.replace("Z", "+0000"), layout).isoformat()
+        return stamp
+    if match := _SYSLOG_TIME.match(line):
+        return match.group(1)
+    return None
+
+
+@never_raises(XID_COMMAND)
+def parse_xid_events(text: str) -> Result:
+    """Kernel log lines (journalctl short-iso, syslog or dmesg) -> NVIDIA XID events.
+
+    Lines that are not XID reports are other kernel messages and are only counted. No
+    output is a valid answer here (no kernel message in the window); whether the command
+    itself succeeded is for the caller to check.
+    """
+    events = []
+    lines = [line for line in text.splitlines() if line.strip()]
+    for line in lines:
+        if "NVRM: Xid" not in line:
+            continue
+        match = _XID.search(line)
+        if not match:
+            events.append({"time": _event_time(line), "pci": None, "xid": None, "message": line})
+            continue
+        message = match.group(3) or ""
+        event: Result = {
+            "time": _event_time(line),
+            "pci": match.group(1).lower(),
+            "xid": int(match.group(2)),
+            "message": message,
+        }
+        if detail := _PID_NAME.fullmatch(message):
+            event.update(pid=detail.group(1), process=detail.group(2), message=detail.group(3))
+        events.append(event)
+    return {"state": "ok", "command": XID_COMMAND, "lines_read": len(lines), "events": events}
+
+
+# --- driver versions --------------------------------------------------------------------------
+
+
+def parse_module_version(text: str) -> Result:
+    """/proc/driver/nvidia/version (or /sys/module/nvidia/version) -> version and flavour."""
+    match = re.search(r"Kernel Module(?: for \S+)?\s+([0-9]+\.[0-9]+(?:\.[0-9]+)?)", text)
+    if match:
+        flavor = "open" if "Open Kernel Module" in text else "proprietary"
+        return {"version": match.group(1), "flavor": flavor}
+    bare = re.fullmatch(r"\s*([0-9]+\.[0-9]+(?:\.[0-9]+)?)\s*", text)  # the sysfs file
+    return {"version": bare.group(1) if bare else None, "flavor": None}
+
+
+def upstream_version(package_version: str) -> str | None:
+    """'1:535.54.03-1~deb12u1' -> '535.54.03'; None unless it looks like a driver version."""
+    version = package_version.split(":", 1)[-1].split("-", 1)[0]
+    return version if re.fullmatch(r"[0-9]{3}\.[0-9]+(?:\.[0-9]+)?", version) else None
+
+
+def parse_dpkg_versions(text: str) -> dict[str, str]:
+    """``dpkg-query -W -f '${Package}\\t${Version}\\t${db:Status-Abbrev}\\n'`` -> installed.
+
+    Packages dpkg knows but has not installed (status not ?i) and packages whose version is
+    not a driver version (e.g. nvidia-driver-assistant) are left out.
+    """
+    installed = {}
+    for line in text.splitlines():
+        fields = line.split("\t")
+        if len(fields) != 3 or len(fields[2]) < 2 or fields[2][1] != "i":
+            continue
+        version = upstream_version(fields[1])
+        if version is not None:
+            installed[fields[0]] = version
+    return installed
+
+
+def parse_systemctl_show(text: str) -> dict[str, str]:
+    return dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
+
+
+def fabric_manager_state(properties: dict[str, str]) -> Result:
+    load = properties.get("LoadState")
+    active = properties.get("ActiveState")
+    if load is None or active is None:
+        return {"state": "unknown", "reason": "systemctl show printed no LoadState/ActiveState"}
+    state = "not_installed" if load == "not-found" else active
+    return {
+        "state": state,
+        "active_state": active,
+        "sub_state": properties.get("SubState"),
+        "load_state": load,
+        "unit_file_state": properties.get("UnitFileState"),
+    }
+
+
+def version_comparison(
+    kernel_module: str | None,
+    userspace: str | None,
+    installed: dict[str, str],
+    installed_source: str | None,
+    mismatch_reported: bool,
+) -> Result:
+    """Do kernel module, userspace driver and installed packages agree on one version?"""
+    known = {
+        "kernel_module": kernel_module,
+        "userspace": userspace,
+        **{f"package {name}": version for name, version in sorted(installed.items())},
+    }
+    distinct = sorted({version for version in known.values() if version})
+    if mismatch_reported:
+        mismatch: bool | None = True
+        reason = "the driver reports a driver/library version mismatch"
+    elif sum(1 for version in known.values() if version) < 2:
+        mismatch = None
+        reason = "fewer than two of kernel module, userspace and package versions are known"
+    else:
+        mismatch = len(distinct) > 1
+        reason = f"versions differ: {', '.join(distinct)}" if mismatch else ""
+    versions = sorted(set(installed.values()))
+    return {
+        "kernel_module": kernel_module,
+        "userspace": userspace,
+        "installed_package": versions[0] if len(versions) == 1 else None,
+        "installed_packages": installed,
+        "installed_package_source": installed_source,
+        "mismatch": mismatch,
+        "reason": reason,
+    }
+
+
+# --- NVML -------------------------------------------------------------------------------------
+
+FABRIC_STATES = {0: None, 1: "Not Started", 2: "In Progress", 3: "Completed"}
+
+
+def _text_of(value: Any) -> str | None:
+    if isinstance(value, bytes):
+        value = value.decode(errors="replace")
+    return clean(value) if isinstance(value, str) else None
+
+
+class NvmlReader:
+    """Reads one value at a time; a value NVML cannot give (not supported...) is None."""
+
+    def __init__(self, nvml: Any) -> None:
+        self.nvml = nvml
+
+    def get(self, function: str, *args: Any) -> Any:
+        call = getattr(self.nvml, function, None)
+        if call is None:  # an older pynvml
+            return None
+        try:
+            return call(*args)
+        except self.nvml.NVMLError:
+            return None
+
+    def enabled(self, value: Any) -> bool | None:
+        if value is None:
+            return None
+        return value == self.nvml.NVML_FEATURE_ENABLED
+
+    def gpu(self, handle: Any, index: int) -> Result:
+        nvml = self.nvml
+        pci = self.get("nvmlDeviceGetPciInfo", handle)
+        ecc = self.get("nvmlDeviceGetEccMode", handle) or [None, None]
+        mig = self.get("nvmlDeviceGetMigMode", handle) or [None, None]
+        constraints = self.get("nvmlDeviceGetPowerManagementLimitConstraints", handle) or [
+            None,
+            None,
+        ]
+        remapped = self.get("nvmlDeviceGetRemappedRows", handle)
+        retired = {
+            name: self.get("nvmlDeviceGetRetiredPages", handle, cause)
+            for name, cause in (
+                ("single_bit", nvml.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS),
+                ("double_bit", nvml.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR),
+            )
+        }
+        pending_pages = self.get("nvmlDeviceGetRetiredPagesPendingStatus", handle)
+        reasons = self.get("nvmlDeviceGetCurrentClocksEventReasons", handle)
+        if reasons is None:
+            reasons = self.get("nvmlDeviceGetCurrentClocksThrottleReasons", handle)
+        clock_types = {
+            "graphics": nvml.NVML_CLOCK_GRAPHICS,
+            "sm": nvml.NVML_CLOCK_SM,
+            "memory": nvml.NVML_CLOCK_MEM,
+            "video": nvml.NVML_CLOCK_VIDEO,
+        }
+        return {
+            "index": index,
+            "minor_number": self.get("nvmlDeviceGetMinorNumber", handle),
+            "module_id": self.get("nvmlDeviceGetModuleId", handle),
+            "uuid": _text_of(self.get("nvmlDeviceGetUUID", handle)),
+            "serial": _text_of(self.get("nvmlDeviceGetSerial", handle)),
+            "name": _text_of(self.get("nvmlDeviceGetName", handle)),
+            "pci_bus_id": _text_of(getattr(pci, "busId", None)),
+            "vbios_version": _text_of(self.get("nvmlDeviceGetVbiosVersion", handle)),
+            "persistence_mode": self.enabled(self.get("nvmlDeviceGetPersistenceMode", handle)),
+            "performance_state": self._performance_state(handle),
+            "ecc_mode": {"current": self.enabled(ecc[0]), "pending": self.enabled(ecc[1])},
+            "ecc_errors": {
+                scope: {
+                    kind: self.get("nvmlDeviceGetTotalEccErrors", handle, error_type, counter)
+                    for kind, error_type in (
+                        ("corrected", nvml.NVML_MEMORY_ERROR_TYPE_CORRECTED),
+                        ("uncorrected", nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED),
+                    )
+                }
+                for scope, counter in (
+                    ("volatile", nvml.NVML_VOLATILE_ECC),
+                    ("aggregate", nvml.NVML_AGGREGATE_ECC),
+                )
+            },
+            "retired_pages": {
+                "supported": any(pages is not None for pages in retired.values()),
+                **{name: None if pages is None else len(pages) for name, pages in retired.items()},
+                "pending": None if pending_pages is None else bool(pending_pages),
+            },
+            "remapped_rows": {
+                "supported": remapped is not None,
+                "correctable": None if remapped is None else remapped[0],
+                "uncorrectable": None if remapped is None else remapped[1],
+                "pending": None if remapped is None else bool(remapped[2]),
+                "failure": None if remapped is None else bool(remapped[3]),
+            },
+            "mig_mode": {"current": self.enabled(mig[0]), "pending": self.enabled(mig[1])},
+            "temperature_c": {
+                "gpu": self.get("nvmlDeviceGetTemperature", handle, nvml.NVML_TEMPERATURE_GPU),
+                "memory": self._memory_temperature(handle),
+            },
+            "power_w": {
+                "draw": _watts(self.get("nvmlDeviceGetPowerUsage", handle)),
+                "limit": _watts(self.get("nvmlDeviceGetEnforcedPowerLimit", handle)),
+                "default_limit": _watts(
+                    self.get("nvmlDeviceGetPowerManagementDefaultLimit", handle)
+                ),
+                "min_limit": _watts(constraints[0]),
+                "max_limit": _watts(constraints[1]),
+            },
+            "clocks_mhz": {
+                "current": {
+                    name: self.get("nvmlDeviceGetClockInfo", handle, clock)
+                    for name, clock in clock_types.items()
+                },
+                "max": {
+                    name: self.get("nvmlDeviceGetMaxClockInfo", handle, clock)
+                    for name, clock in clock_types.items()
+                },
+            },
+            "clock_event_reasons": None if reasons is None else reason_names(reasons),
+            "pcie": {
+                "gen_current": self.get("nvmlDeviceGetCurrPcieLinkGeneration", handle),
+                "gen_max": self.get("nvmlDeviceGetMaxPcieLinkGeneration", handle),
+                "width_current": self.get("nvmlDeviceGetCurrPcieLinkWidth", handle),
+                "width_max": self.get("nvmlDeviceGetMaxPcieLinkWidth", handle),
+            },
+            "fabric": self._fabric(handle),
+            "nvlink": self._nvlink(handle),
+        }
+
+    def _performance_state(self, handle: Any) -> str | None:
+        state = self.get("nvmlDeviceGetPerformanceState", handle)
+        return None if state is None or state == 32 else f"P{state}"  # 32: unknown
+
+    def _memory_temperature(self, handle: Any) -> int | None:
+        field = getattr(self.nvml, "NVML_FI_DEV_MEMORY_TEMP", None)
+        values = None if field is None else self.get("nvmlDeviceGetFieldValues", handle, [field])
+        if not values or values[0].nvmlReturn != 0:
+            return None
+        return int(values[0].value.uiVal)
+
+    def _fabric(self, handle: Any) -> Result:
+        structure = getattr(self.nvml, "c_nvmlGpuFabricInfo_t", None)
+        if structure is None:
+            return {"state": None, "status": None}
+        info = structure()
+        if self.get("nvmlDeviceGetGpuFabricInfo", handle, ctypes.byref(info)) is None:
+            return {"state": None, "status": None}
+        state = FABRIC_STATES.get(int(info.state))
+        status = None
+        if state is not None:
+            status = (
+                "Success"
+                if int(info.status) == 0
+                else _text_of(self.get("nvmlErrorString", int(info.status)))
+            )
+        return {"state": state, "status": status}
+
+    def _nvlink(self, handle: Any) -> Result:
+        links = []
+        for link in range(int(getattr(self.nvml, "NVML_NVLINK_MAX_LINKS", 18))):
+            state = self.get("nvmlDeviceGetNvLinkState", handle, link)
+            if state is not None:  # links past the GPU's own count are "not supported"
+                links.append(
+                    {
+                        "link": link,
+                        "active": state == self.nvml.NVML_FEATURE_ENABLED,
+                        "speed_gbps": None,
+                    }
+                )
+        return nvlink_summary(links, "nvml")
+
+
+def _watts(milliwatts: Any) -> float | None:
+    return None if milliwatts is None else milliwatts / 1000.0
+
+
+def reason_names(mask: int) -> list[str]:
+    """NVML clocks event reason bitmask -> sorted names; unknown bits named by value."""
+    names = [name for bit, name in CLOCK_EVENT_REASON_BITS.items() if mask & bit]
+    known = 0
+    for bit in CLOCK_EVENT_REASON_BITS:
+        known |= bit
+    unknown = mask & ~known
+    bit = 1
+    while unknown >= bit:
+        if unknown & bit:
+            names.append(f"reason_0x{bit:x}")
+        bit <<= 1
+    return sorted(names)
+
+
+def cuda_version_text(value: int | None) -> str | None:
+    """NVML's CUDA driver version 13010 -> '13.1'."""
+    if not value:
+        return None
+    return f"{value // 1000}.{(value % 1000) // 10}"
+
+
+def collect_nvml(nvml: Any) -> Result:
+    """The GPU section from NVML; raises nvml.NVMLError when NVML cannot start."""
+    nvml.nvmlInit()
+    try:
+        reader = NvmlReader(nvml)
+        cuda = reader.get("nvmlSystemGetCudaDriverVersion_v2")
+        if cuda is None:
+            cuda = reader.get("nvmlSystemGetCudaDriverVersion")
+        count = nvml.nvmlDeviceGetCount()
+        gpus = [reader.gpu(nvml.nvmlDeviceGetHandleByIndex(index), index) for index in range(count)]
+        return {
+            "state": "ok",
+            "command": "NVML",
+            "driver_version": _text_of(nvml.nvmlSystemGetDriverVersion()),
+            "cuda_driver_version": cuda_version_text(cuda),
+            "attached_gpus": count,
+            "gpus": gpus,
+        }
+    finally:
+        with contextlib.suppress(Exception):
+            nvml.nvmlShutdown()
+
+
+def load_pynvml(search: Iterable[str] = (PYNVML_DIR,)) -> tuple[Any, str]:
+    """pynvml (shipped by the fact, or installed) and where it came from; (None, why) if none."""
+    shipped = sys.modules.get("pynvml")
+    if shipped is not None:
+        return shipped, getattr(shipped, "__file__", None) or "shipped"
+    for directory in search:
+        if os.path.isfile(os.path.join(directory, "pynvml.py")) and directory not in sys.path:
+            sys.path.append(directory)
+    try:
+        import pynvml
+    except ImportError:
+        return None, "pynvml is neither shipped nor importable"
+    return pynvml, getattr(pynvml, "__file__", None) or "installed"
+
+
+# --- the node ---------------------------------------------------------------------------------
+
+
+class Completed(NamedTuple):
+    exit_code: int | None  # None: timed out
+    stdout: str
+    stderr: str
+    missing: bool = False  # the program is not installed
+
+
+class System:
+    """The node as the probe sees it; tests substitute a fake."""
+
+    def run(self, argv: list[str], timeout: float = 60.0) -> Completed:
+        environment = {**os.environ, "LC_ALL": "C"}
+        environment["PATH"] = environment.get("PATH", "/usr/bin:/bin") + ":/usr/sbin:/sbin"
+        try:
+            done = subprocess.run(
+                argv,
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                timeout=timeout,
+                env=environment,
+                check=False,
+            )
+        except FileNotFoundError:
+            return Completed(None, "", f"{argv[0]}: not found", missing=True)
+        except subprocess.TimeoutExpired:
+            return Completed(None, "", f"{argv[0]}: timed out after {timeout:.0f} s")
+        decode = functools.partial(bytes.decode, encoding="utf-8", errors="replace")
+        return Completed(done.returncode, decode(done.stdout), decode(done.stderr))
+
+    def read(self, path: str) -> str | None:
+        try:
+            with open(path, encoding="utf-8", errors="replace") as handle:
+                return handle.read()
+        except OSError:
+            return None
+
+    def now(self) -> datetime:
+        return datetime.now(timezone.utc)  # noqa: UP017 - nodes may run Python 3.10
+
+
+def read_gpus(system: System, nvml: Any, nvml_origin: str) -> tuple[Result, Result]:
+    """The GPU section (NVML first, else nvidia-smi -q -x) and what became of NVML."""
+    if nvml is None:
+        nvml_state: Result = {"state": "unavailable", "reason": nvml_origin}
+    else:
+        try:
+            section = collect_nvml(nvml)
+            return section, {"state": "ok", "module": nvml_origin}
+        except Exception as error:  # NVMLError (no libnvidia-ml.so.1...) or an NVML oddity
+            nvml_state = {"state": "unavailable", "module": nvml_origin, "reason": str(error)}
+            if getattr(error, "value", None) == getattr(nvml, "NVML_ERROR_DRIVER_NOT_LOADED", 9):
+                nvml_state["driver_not_loaded"] = True
+    completed = system.run(["nvidia-smi", "-q", "-x"])
+    if completed.missing:
+        return absent(XML_COMMAND, "nvidia-smi is not installed"), nvml_state
+    if completed.exit_code != 0:
+        output = completed.stdout + completed.stderr
+        return nvidia_smi_failure(XML_COMMAND, completed.exit_code, output), nvml_state
+    return parse_nvidia_smi_xml(completed.stdout), nvml_state
+
+
+def add_nvlink_status(system: System, gpus: list[Result]) -> None:
+    """NVLink states from ``nvidia-smi nvlink -s`` for GPUs whose report had none."""
+    wanting = [gpu for gpu in gpus if gpu.get("nvlink") is None]
+    if not wanting:
+        return
+    completed = system.run(["nvidia-smi", "nvlink", "-s"])
+    if completed.exit_code != 0:
+        failure = nvidia_smi_failure(
+            NVLINK_COMMAND, completed.exit_code, completed.stdout + completed.stderr
+        )
+        status: Result = failure
+    else:
+        status = parse_nvlink_status(completed.stdout)
+    by_uuid = {gpu["uuid"]: gpu for gpu in status.get("gpus", [])}
+    for gpu in wanting:
+        if status["state"] != "ok":
+            gpu["nvlink"] = {
+                "source": NVLINK_COMMAND,
+                "state": "unreadable",
+                "reason": status["reason"],
+            }
+        elif gpu["uuid"] in by_uuid:
+            found = dict(by_uuid[gpu["uuid"]])
+            for key in ("index", "name", "uuid"):
+                found.pop(key)
+            gpu["nvlink"] = found
+        else:
+            gpu["nvlink"] = {
+                "source": NVLINK_COMMAND,
+                "state": "unreadable",
+                "reason": f"{gpu['uuid']} is missing from the output of {NVLINK_COMMAND}",
+            }
+
+
+def kernel_module(system: System, gpu_section: Result, nvml_state: Result) -> Result:
+    """Loaded, not loaded, or unknown (GPUs answer but the module's procfs is not visible)."""
+    for path in (MODULE_VERSION_PATH, SYSFS_MODULE_VERSION_PATH):
+        text = system.read(path)
+        if text is not None:
+            return {"state": "loaded", "source": path, **parse_module_version(text)}
+    if gpu_section["state"] == "driver_not_loaded" or nvml_state.get("driver_not_loaded"):
+        return {
+            "state": "not_loaded",
+            "version": None,
+            "flavor": None,
+            "reason": "the driver reports that it is not loaded",
+        }
+    if gpu_section["state"] == "ok":
+        reason = (
+            f"GPUs answer but {MODULE_VERSION_PATH} is absent "
+            "(a container without the driver's procfs, or simulated GPUs)"
+        )
+        return {"state": "unknown", "version": None, "flavor": None, "reason": reason}
+    return {
+        "state": "not_loaded",
+        "version": None,
+        "flavor": None,
+        "reason": f"no {MODULE_VERSION_PATH}, no {SYSFS_MODULE_VERSION_PATH} and no answering GPU",
+    }
+
+
+def installed_driver(system: System) -> tuple[dict[str, str], str | None]:
+    """Installed driver package versions, and where they were read."""
+    completed = system.run(
+        ["dpkg-query", "-W", "-f", "${Package}\t${Version}\t${db:Status-Abbrev}\n", *DPKG_PATTERNS]
+    )
+    installed = parse_dpkg_versions(completed.stdout)
+    if installed:
+        return installed, "dpkg"
+    stand_in = system.read(LAB_INSTALLED_VERSION_PATH)
+    version = upstream_version(stand_in.strip()) if stand_in else None
+    if version:
+        return {"installed-driver-version (lab)": version}, LAB_INSTALLED_VERSION_PATH
+    return {}, None
+
+
+def fabric_manager(system: System) -> Result:
+    completed = system.run(
+        [
+            "systemctl",
+            "show",
+            "nvidia-fabricmanager.service",
+            "--property=LoadState,ActiveState,SubState,UnitFileState",
+        ]
+    )
+    if completed.missing:
+        return {"state": "unknown", "reason": "systemctl is not installed"}
+    if completed.exit_code != 0:
+        return {
+            "state": "unknown",
+            "reason": f"systemctl show failed: {completed.stderr.strip()[:200]}",
+        }
+    return fabric_manager_state(parse_systemctl_show(completed.stdout))
+
+
+def xid_events(system: System, since: datetime, gpus: list[Result]) -> Result:
+    since_utc = since.astimezone(timezone.utc)  # noqa: UP017 - nodes may run Python 3.10
+    # journalctl 252 (Debian 12) does not take ISO 8601's "T"; this form it takes everywhere.
+    argv = [
+        "journalctl",
+        "-t",
+        "kernel",
+        "--since",
+        since_utc.strftime("%Y-%m-%d %H:%M:%S UTC"),
+        "-o",
+        "short-iso",
+        "--no-pager",
+        "-q",
+    ]
+    completed = system.run(argv)
+    since_text = since_utc.isoformat()
+    if completed.missing:
+        return {**unreadable(XID_COMMAND, "journalctl is not installed"), "since": since_text}
+    if completed.exit_code != 0:
+        reason = f"exit code {completed.exit_code}: {completed.stderr.strip()[:300]}"
+        return {**unreadable(XID_COMMAND, reason), "since": since_text}
+    if "not seeing messages from other users and the system" in completed.stderr:
+        reason = "the system journal is not readable by this user (run as root)"
+        return {**unreadable(XID_COMMAND, reason), "since": since_text}
+    result = parse_xid_events(completed.stdout)
+    result["since"] = since_text
+    indexes = {bus_key(gpu.get("pci_bus_id")): gpu["index"] for gpu in gpus}
+    for event in result.get("events", []):
+        event["gpu_index"] = indexes.get(bus_key(event.get("pci")))
+    return result
+
+
+def collect(system: System, nvml: Any, nvml_origin: str, xid_since: datetime | None) -> Result:
+    """The whole report; every section says itself whether it could be read."""
+    gpu_section, nvml_state = read_gpus(system, nvml, nvml_origin)
+    gpus = list(gpu_section.get("gpus", []))
+    if gpu_section["state"] == "ok":
+        add_nvlink_status(system, gpus)
+    module = kernel_module(system, gpu_section, nvml_state)
+    installed, installed_source = installed_driver(system)
+    userspace = gpu_section.get("driver_version") or gpu_section.get("nvml_library_version")
+    mismatch_reported = (
+        gpu_section.get("exit_code") == 18
+        or "mismatch" in str(nvml_state.get("reason", "")).lower()
+    )
+    since = xid_since or system.now() - timedelta(hours=XID_WINDOW_HOURS)
+    source = {"ok": "nvml" if gpu_section["command"] == "NVML" else "nvidia-smi"}.get(
+        gpu_section["state"]
+    )
+    return {
+        "schema": SCHEMA,
+        "probe": {"python": platform.python_version()},
+        "state": gpu_section["state"],
+        "reason": gpu_section.get("reason", ""),
+        "source": source,
+        "nvml": nvml_state,
+        "driver_version": gpu_section.get("driver_version"),
+        "cuda_driver_version": gpu_section.get("cuda_driver_version"),
+        "attached_gpus": gpu_section.get("attached_gpus"),
+        "gpu_count": len(gpus) if gpu_section["state"] == "ok" else None,
+        "gpus": gpus,
+        "kernel_module": module,
+        "driver_versions": version_comparison(
+            module.get("version"), userspace, installed, installed_source, mismatch_reported
+        ),
+        "fabric_manager": fabric_manager(system),
+        "xid_events": xid_events(system, since, gpus),
+    }
+
+
+def parse_since(text: str) -> datetime:
+    moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)  # noqa: UP017
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="gpu_probe", description=__doc__.splitlines()[0])
+    parser.add_argument("--xid-since", type=parse_since, help="ISO 8601 time (default: 24 h ago)")
+    parser.add_argument("--no-nvml", action="store_true", help="read nvidia-smi, not NVML")
+    options = parser.parse_args(argv)
+    nvml, origin = (None, "disabled by --no-nvml") if options.no_nvml else load_pynvml()
+    try:
+        report = collect(System(), nvml, origin, options.xid_since)
+    except Exception as error:  # a probe bug must still leave one JSON document
+        report = {
+            "schema": SCHEMA,
+            "state": "unreadable",
+            "reason": f"probe error: {error!r}",
+            "gpus": [],
+        }
+    sys.stdout.write(json.dumps(report, sort_keys=True, separators=(",", ":")) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,668 @@
+"""Pure parsers of GPU-server hardware tool output, and the shell commands that produce it.
+
+Every parser takes the text a command printed and returns a dict whose ``state`` says what
+it is: ``ok`` (the data), ``unreadable`` (``reason`` says why: empty, truncated, malformed),
+``absent`` (the tool is not installed), or for nvidia-smi ``driver_not_loaded``. ``command``
+names the command the output came from. No parser raises and none returns a silent empty
+list: where a list is empty, the output proved it empty.
+
+Parsers (the ones the node-side probe also needs live in ``gpu_probe`` and are re-exported):
+
+- ``parse_nvidia_smi_xml``: ``nvidia-smi -q -x``, every DTD version;
+- ``parse_nvlink_status``: ``nvidia-smi nvlink -s``;
+- ``parse_page_retirement``: ``nvidia-smi -q -d PAGE_RETIREMENT`` (and any full ``-q`` text);
+- ``parse_ibstat``: ``ibstat``;
+- ``parse_nvme_list``: ``nvme list -o json``;
+- ``parse_xid_events``: kernel log lines with ``NVRM: Xid``;
+- ``parse_ib_flaps``: InfiniBand carrier losses in syslog / journal lines;
+- ``parse_gpu_report``: the JSON document of the probe (``gpu_probe``).
+
+Sections: ``SECTION_COMMANDS`` maps a section name to one shell command that frames its tool's
+output (stderr lines prefixed, exit status last, or a marker that the tool is absent);
+``parse_section(name, lines)`` turns that output into the parser's result. A composite fact
+can run several sections as ONE command with ``combined_command(names)`` and split the
+result with ``parse_combined(lines)``.
+"""
+
+from __future__ import annotations
+
+import base64
+import functools
+import json
+import lzma
+import re
+import shlex
+import sys
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from gpunode.probe import gpu_probe
+from gpunode.probe.gpu_probe import (
+    NVLINK_COMMAND,
+    SCHEMA,
+    XID_COMMAND,
+    XML_COMMAND,
+    Result,
+    absent,
+    never_raises,
+    nvidia_smi_failure,
+    parse_nvidia_smi_xml,
+    parse_nvlink_status,
+    parse_xid_events,
+    unreadable,
+)
+
+__all__ = [
+    "SECTION_COMMANDS",
+    "absent",
+    "combined_command",
+    "parse_combined",
+    "parse_gpu_report",
+    "parse_ib_flaps",
+    "parse_ibstat",
+    "parse_nvidia_smi_xml",
+    "parse_nvlink_status",
+    "parse_nvme_list",
+    "parse_page_retirement",
+    "parse_section",
+    "parse_xid_events",
+    "probe_command",
+    "unreadable",
+]
+
+PAGE_RETIREMENT_COMMAND = "nvidia-smi -q -d PAGE_RETIREMENT"
+IBSTAT_COMMAND = "ibstat"
+NVME_COMMAND = "nvme list -o json"
+IB_FLAPS_COMMAND = "journalctl -t systemd-networkd -t kernel -o short"
+PROBE_COMMAND = "gpu_probe (python3 -)"
+
+EXIT_MARKER = "gpunode:exit="
+STDERR_MARKER = "gpunode:stderr:"
+ABSENT_MARKER = "gpunode:absent="
+SECTION_MARKER = "gpunode:section="
+LOG_WINDOW = "-24h"  # journalctl's relative --since, on the node's own clock
+
+
+# --- nvidia-smi -q text (PAGE_RETIREMENT and full reports) ------------------------------------
+
+
+class _Problem(Exception):
+    """Text that cannot be trusted; becomes the unreadable result's reason."""
+
+
+_QUERY_GPU = re.compile(r"GPU ([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7])\s*")
+_QUERY_VALUE = re.compile(r"( *)(\S.*?)\s+: ?(.*?)\s*")
+_QUERY_HEADER = re.compile(r"( *)(\S.*?)\s*")
+
+
+def parse_query_text(text: str) -> tuple[dict[str, Any], list[tuple[str, dict[str, Any]]]]:
+    """``nvidia-smi -q`` text -> (header values, [(bus id, nested sections)]).
+
+    Nesting follows indentation; a line without " : " opens a section.
+    """
+    header: dict[str, Any] = {}
+    gpus: list[tuple[str, dict[str, Any]]] = []
+    stack: list[tuple[int, dict[str, Any]]] = [(-1, header)]
+    for line in text.splitlines():
+        if not line.strip() or re.fullmatch(r"=+NVSMI LOG=+", line.strip()):
+            continue
+        if match := _QUERY_GPU.fullmatch(line):
+            sections: dict[str, Any] = {}
+            gpus.append((match.group(1), sections))
+            stack = [(-1, header), (0, sections)]
+            continue
+        value_match = _QUERY_VALUE.fullmatch(line)
+        match = value_match or _QUERY_HEADER.fullmatch(line)
+        if match is None:  # pragma: no cover - the header pattern takes any non-blank line
+            continue
+        indent = len(match.group(1))
+        while stack[-1][0] >= indent:
+            stack.pop()
+        parent = stack[-1][1]
+        if value_match:
+            parent.setdefault(value_match.group(2), value_match.group(3))
+        else:
+            section: dict[str, Any] = {}
+            parent.setdefault(match.group(2), section)
+            stack.append((indent, section))
+    return header, gpus
+
+
+def _string(value: Any) -> str | None:
+    """A value line's text; a section (a dict: the line lost its " : ") is no value."""
+    return value if isinstance(value, str) else None
+
+
+def _count(value: Any, where: str) -> int | None:
+    if isinstance(value, dict):  # some drivers nest a count under the cause
+        value = value.get("Count")
+    if not isinstance(value, str) or gpu_probe.clean(value) is None:
+        return None
+    if not re.fullmatch(r"[0-9]+", value.strip()):
+        raise _Problem(f"{where}: {value!r} is not a count")
+    return int(value)
+
+
+def _flag(value: Any, where: str) -> bool | None:
+    if not isinstance(value, str) or gpu_probe.clean(value) is None:
+        return None
+    flag = gpu_probe.yes_no(value)
+    if flag is None:
+        raise _Problem(f"{where}: {value!r} is neither Yes nor No")
+    return flag
+
+
+def _query_retired_pages(section: Any, bus_id: str) -> Result:
+    if not isinstance(section, dict):
+        return {"supported": False, "single_bit": None, "double_bit": None, "pending": None}
+    pending_keys = [key for key in section if key.lower().startswith("pending")]
+    missing = [k for k in ("Single Bit ECC", "Double Bit ECC") if k not in section]
+    if missing or not pending_keys:
+        raise _Problem(f"GPU {bus_id}: Retired Pages lacks {missing or 'Pending'} (truncated?)")
+    where = f"GPU {bus_id} Retired Pages"
+    single = _count(section["Single Bit ECC"], where)
+    double = _count(section["Double Bit ECC"], where)
+    flags = [_flag(section[key], where) for key in pending_keys]
+    known = [flag for flag in flags if flag is not None]
+    return {
+        "supported": single is not None or double is not None,
+        "single_bit": single,
+        "double_bit": double,
+        "pending": any(known) if known else None,
+    }
+
+
+def _query_remapped_rows(section: Any, bus_id: str) -> Result:
+    keys = {
+        "correctable": "Correctable Error",
+        "uncorrectable": "Uncorrectable Error",
+        "pending": "Pending",
+        "failure": "Remapping Failure Occurred",
+    }
+    if not isinstance(section, dict):
+        return {"supported": False, **dict.fromkeys(keys)}
+    missing = [label for label in keys.values() if label not in section]
+    if missing:
+        raise _Problem(f"GPU {bus_id}: Remapped Rows lacks {missing} (truncated?)")
+    where = f"GPU {bus_id} Remapped Rows"
+    rows = {
+        "correctable": _count(section[keys["correctable"]], where),
+        "uncorrectable": _count(section[keys["uncorrectable"]], where),
+        "pending": _flag(section[keys["pending"]], where),
+        "failure": _flag(section[keys["failure"]], where),
+    }
+    return {"supported": any(value is not None for value in rows.values()), **rows}
+
+
+@never_raises(PAGE_RETIREMENT_COMMAND)
+def parse_page_retirement(text: str) -> Result:
+    """Retired pages (and remapped rows where shown) per GPU from ``nvidia-smi -q`` text."""
+    if not text.strip():
+        return unreadable(PAGE_RETIREMENT_COMMAND, "empty output")
+    header, gpus = parse_query_text(text)
+    attached = gpu_probe.integer(_string(header.get("Attached GPUs")))
+    if not gpus:
+        return unreadable(PAGE_RETIREMENT_COMMAND, "no 'GPU <bus id>' section")
+    if attached is None:
+        return unreadable(PAGE_RETIREMENT_COMMAND, "no 'Attached GPUs' line: not -q output")
+    if attached != len(gpus):
+        return unreadable(
+            PAGE_RETIREMENT_COMMAND,
+            f"'Attached GPUs' says {attached} but {len(gpus)} are listed (truncated?)",
+        )
+    try:
+        listed = []
+        for bus_id, sections in gpus:
+            if "Retired Pages" not in sections and "Remapped Rows" not in sections:
+                raise _Problem(f"GPU {bus_id} has no Retired Pages section (truncated?)")
+            listed.append(
+                {
+                    "pci_bus_id": bus_id,
+                    "retired_pages": _query_retired_pages(sections.get("Retired Pages"), bus_id),
+                    "remapped_rows": _query_remapped_rows(sections.get("Remapped Rows"), bus_id)
+                    if "Remapped Rows" in sections
+                    else None,
+                }
+            )
+    except _Problem as problem:
+        return unreadable(PAGE_RETIREMENT_COMMAND, str(problem))
+    return {
+        "state": "ok",
+        "command": PAGE_RETIREMENT_COMMAND,
+        "driver_version": gpu_probe.clean(_string(header.get("Driver Version"))),
+        "attached_gpus": attached,
+        "gpus": listed,
+    }
+
+
+# --- ibstat -----------------------------------------------------------------------------------
+
+_IBSTAT_CA = re.compile(r"CA '([^']+)'")
+_IBSTAT_PORT = re.compile(r"\tPort ([0-9]+):")
+_IBSTAT_FIELD = re.compile(r"(\t{1,2})([A-Za-z][A-Za-z ]*): ?(.*?)\s*")
+IBSTAT_NUMBERS = ("number_of_ports", "base_lid", "lmc", "sm_lid")
+IBSTAT_PORT_REQUIRED = ("state", "physical_state", "rate", "link_layer")
+IBSTAT_CA_REQUIRED = ("ca_type", "firmware_version")
+
+
+def _ibstat_value(key: str, value: str) -> Any:
+    if key in IBSTAT_NUMBERS and re.fullmatch(r"[0-9]+", value):
+        return int(value)
+    if key == "rate" and re.fullmatch(r"[0-9]+(?:\.[0-9]+)?", value):  # Gb/s; SDR is 2.5
+        rate = float(value)
+        return int(rate) if rate.is_integer() else rate
+    return value
+
+
+@never_raises(IBSTAT_COMMAND)
+def parse_ibstat(text: str) -> Result:
+    """``ibstat`` -> CAs (type, firmware, GUIDs) with their ports, and the ports flattened."""
+    cas: list[Result] = []
+    port: Result | None = None
+    for line_number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        if match := _IBSTAT_CA.fullmatch(line):
+            cas.append({"name": match.group(1), "ports": []})
+            port = None
+        elif not cas:
+            return unreadable(IBSTAT_COMMAND, f"line {line_number} comes before any CA: {line!r}")
+        elif match := _IBSTAT_PORT.fullmatch(line):
+            port = {"port": int(match.group(1))}
+            cas[-1]["ports"].append(port)
+        elif match := _IBSTAT_FIELD.fullmatch(line):
+            key = match.group(2).strip().lower().replace(" ", "_")
+            if len(match.group(1)) == 2:
+                if port is None:
+                    return unreadable(
+                        IBSTAT_COMMAND, f"line {line_number}: port field outside a port"
+                    )
+                port[key] = _ibstat_value(key, match.group(3))
+            elif port is not None:
+                return unreadable(IBSTAT_COMMAND, f"line {line_number}: CA field after its ports")
+            else:
+                cas[-1][key] = _ibstat_value(key, match.group(3))
+        else:
+            return unreadable(IBSTAT_COMMAND, f"line {line_number} not understood: {line!r}")
+    if not cas:
+        return unreadable(IBSTAT_COMMAND, "empty output" if not text.strip() else "no CA")
+    for ca in cas:
+        missing = [key for key in IBSTAT_CA_REQUIRED if key not in ca]
+        declared = ca.get("number_of_ports")
+        if missing:
+            return unreadable(IBSTAT_COMMAND, f"CA {ca['name']} lacks {missing} (truncated?)")
+        if not isinstance(declared, int) or declared != len(ca["ports"]):
+            return unreadable(
+                IBSTAT_COMMAND,
+                f"CA {ca['name']} declares {declared} ports but lists {len(ca['ports'])} "
+                "(truncated?)",
+            )
+        for each in ca["ports"]:
+            lacking = [key for key in IBSTAT_PORT_REQUIRED if key not in each]
+            if lacking:
+                return unreadable(
+                    IBSTAT_COMMAND,
+                    f"CA {ca['name']} port {each['port']} lacks {lacking} (truncated?)",
+                )
+    ports = [
+        {"ca": ca["name"], "ca_type": ca["ca_type"], "firmware_version": ca["firmware_version"]}
+        | each
+        for ca in cas
+        for each in ca["ports"]
+    ]
+    return {"state": "ok", "command": IBSTAT_COMMAND, "cas": cas, "ports": ports}
+
+
+# --- nvme list -o json ------------------------------------------------------------------------
+
+NVME_FIELDS = {
+    "device_path": "DevicePath",
+    "generic_path": "GenericPath",
+    "namespace": "NameSpace",
+    "model": "ModelNumber",
+    "serial": "SerialNumber",
+    "firmware": "Firmware",
+    "physical_size": "PhysicalSize",
+    "used_bytes": "UsedBytes",
+    "sector_size": "SectorSize",
+    "maximum_lba": "MaximumLBA",
+}
+NVME_NUMBERS = ("namespace", "physical_size", "used_bytes", "sector_size", "maximum_lba")
+
+
+@never_raises(NVME_COMMAND)
+def parse_nvme_list(text: str) -> Result:
+    """``nvme list -o json`` (nvme-cli 1.x/2.x flat listing) -> NVMe namespaces."""
+    if not text.strip():
+        # nvme-cli prints nothing when it finds no device: not proof of zero drives.
+        return unreadable(NVME_COMMAND, "empty output")
+    try:
+        document = json.loads(text)
+    except ValueError as error:
+        return unreadable(NVME_COMMAND, f"not JSON, truncated or corrupted ({error})")
+    if not isinstance(document, dict) or not isinstance(document.get("Devices"), list):
+        return unreadable(NVME_COMMAND, "no 'Devices' list at the top level")
+    devices = []
+    for position, entry in enumerate(document["Devices"]):
+        if not isinstance(entry, dict) or not isinstance(entry.get("DevicePath"), str):
+            return unreadable(NVME_COMMAND, f"device {position} has no DevicePath")
+        device: Result = {}
+        for field, key in NVME_FIELDS.items():
+            value = entry.get(key)
+            if field in NVME_NUMBERS:
+                ok = isinstance(value, int) and not isinstance(value, bool)
+                device[field] = value if ok else None
+            else:
+                device[field] = value.strip() if isinstance(value, str) else None
+        devices.append(device)
+    return {"state": "ok", "command": NVME_COMMAND, "devices": devices}
+
+
+# --- syslog: InfiniBand link flaps ------------------------------------------------------------
+
+_SYSLOG_LINE = re.compile(
+    r"(?P<time>[A-Z][a-z]{2} [ 0-9]\d \d{2}:\d{2}:\d{2}"
+    r"|\d{4}-\d{2}-\d{2}T[0-9:.]+(?:Z|[+-][0-9:]+)?)"
+    r" (?P<host>\S+) (?P<tag>[^\s:\[]+)(?:\[\d+\])?: (?P<message>.*)"
+)
+_CARRIER = re.compile(r"(?P<interface>[^\s:]+): (?P<event>[Ll]ost|[Gg]ained) carrier\s*")
+_INFINIBAND_INTERFACE = re.compile(r"ib[0-9a-z]*")
+
+
+@never_raises(IB_FLAPS_COMMAND)
+def parse_ib_flaps(text: str, empty_ok: bool = False) -> Result:
+    """Syslog or ``journalctl -o short`` lines -> carrier losses per InfiniBand interface.
+
+    A flap is a "lost carrier" (systemd-networkd); "gained carrier" lines are counted as
+    recoveries. ``empty_ok``: no line at all is a valid answer (the journal had none).
+    """
+    lines = [line for line in text.splitlines() if line.strip() and not line.startswith("-- ")]
+    if not lines and not empty_ok:
+        return unreadable(IB_FLAPS_COMMAND, "empty output")
+    flaps: dict[str, int] = {}
+    recoveries: dict[str, int] = {}
+    others: dict[str, int] = {}
+    times: list[str] = []
+    syslog_lines = 0
+    for line in lines:
+        match = _SYSLOG_LINE.fullmatch(line.rstrip())
+        if not match:
+            continue
+        syslog_lines += 1
+        carrier = _CARRIER.fullmatch(match.group("message"))
+        if not carrier:
+            continue
+        interface = carrier.group("interface")
+        lost = carrier.group("event").lower() == "lost"
+        if not _INFINIBAND_INTERFACE.fullmatch(interface):
+            if lost:
+                others[interface] = others.get(interface, 0) + 1
+            continue
+        counts = flaps if lost else recoveries
+        counts[interface] = counts.get(interface, 0) + 1
+        if lost:
+            times.append(match.group("time"))
+    if lines and not syslog_lines:
+        return unreadable(IB_FLAPS_COMMAND, "no syslog-formatted line")
+    return {
+        "state": "ok",
+        "command": IB_FLAPS_COMMAND,
+        "lines_read": len(lines),
+        "unparsed_lines": len(lines) - syslog_lines,
+        "flaps": flaps,
+        "total_flaps": sum(flaps.values()),
+        "recoveries": recoveries,
+        "other_carrier_losses": others,
+        "first_flap": times[0] if times else None,
+        "last_flap": times[-1] if times else None,
+    }
+
+
+# --- the probe's JSON -------------------------------------------------------------------------
+
+REPORT_STATES = ("ok", "driver_not_loaded", "absent", "unreadable")
+REPORT_KEYS = ("state", "gpus", "kernel_module", "driver_versions", "fabric_manager", "xid_events")
+
+
+@never_raises(PROBE_COMMAND)
+def parse_gpu_report(text: str) -> Result:
+    """The probe's JSON document, checked to be one whole report of the known schema."""
+    if not text.strip():
+        return unreadable(PROBE_COMMAND, "empty output")
+    try:
+        report = json.loads(text)
+    except ValueError as error:
+        return unreadable(PROBE_COMMAND, f"not JSON, truncated or corrupted ({error})")
+    if not isinstance(report, dict) or report.get("schema") != SCHEMA:
+        schema = report.get("schema") if isinstance(report, dict) else None
+        return unreadable(PROBE_COMMAND, f"not a {SCHEMA} document (schema {schema!r})")
+    state = report.get("state")
+    if state not in REPORT_STATES:
+        return unreadable(PROBE_COMMAND, f"unknown report state {state!r}")
+    if state == "ok":
+        missing = [key for key in REPORT_KEYS if key not in report]
+        if missing:
+            return unreadable(PROBE_COMMAND, f"report lacks {missing}")
+    elif not isinstance(report.get("reason"), str) or not report["reason"]:
+        return unreadable(PROBE_COMMAND, f"report in state {state!r} gives no reason")
+    gpus = report.get("gpus")
+    if not isinstance(gpus, list) or not all(isinstance(gpu, dict) for gpu in gpus):
+        return unreadable(PROBE_COMMAND, "'gpus' is not a list of GPU objects")
+    return {**report, "command": PROBE_COMMAND}
+
+
+# --- commands ---------------------------------------------------------------------------------
+
+
+def framed(command: str, program: str) -> str:
+    """``command`` with its output framed for ``split_framed``, as one POSIX sh command.
+
+    stdout passes through; stderr is captured and printed after it, each line prefixed; the
+    exit status comes last, so output cut short shows as such. If ``program`` is not
+    installed only the absent marker is printed. The shell always exits 0: pyinfra fails a
+    fact whose command fails, and a failure here is data.
+    """
+    return (
+        'PATH="$PATH:/usr/sbin:/sbin"; '
+        f"if command -v {program} >/dev/null 2>&1; then "
+        f"{{ gpunode_err=$({{ {command}; }} 2>&1 1>&3 3>&-); gpunode_rc=$?; }} 3>&1; "
+        f'[ -z "$gpunode_err" ] || printf "%s\\n" "$gpunode_err" | sed "s/^/{STDERR_MARKER}/"; '
+        f'echo "{EXIT_MARKER}$gpunode_rc"; '
+        f"else echo {ABSENT_MARKER}{program}; fi"
+    )
+
+
+class Framed(NamedTuple):
+    stdout: list[str]
+    stderr: list[str]
+    exit_code: int | None  # None: the output ended before the exit status (cut short)
+    absent: str | None  # the program that is not installed
+
+
+def split_framed(lines: Iterable[str]) -> Framed:
+    stdout: list[str] = []
+    stderr: list[str] = []
+    exit_code = None
+    missing = None
+    for line in lines:
+        if exit_code is not None:  # anything after the exit status: not one whole section
+            return Framed(stdout, stderr, None, None)
+        # A tool whose last line has no newline leaves a marker glued to its end.
+        before, marker, after = line.partition(STDERR_MARKER)
+        if marker:
+            if before:
+                stdout.append(before)
+            stderr.append(after)
+            continue
+        before, marker, after = line.partition(EXIT_MARKER)
+        if marker and re.fullmatch(r"[0-9]+", after):
+            if before:
+                stdout.append(before)
+            exit_code = int(after)
+            continue
+        if line.startswith(ABSENT_MARKER) and not stdout:
+            missing = line[len(ABSENT_MARKER) :]
+            continue
+        stdout.append(line)
+    return Framed(stdout, stderr, exit_code, missing)
+
+
+def _find_pynvml() -> Path | None:
+    """pynvml.py (NVIDIA's nvidia-ml-py) on the control side, found without importing it."""
+    for entry in sys.path:
+        candidate = Path(entry or ".") / "pynvml.py"
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def probe_program(ship_pynvml: bool = True) -> str:
+    """Python source that runs the probe; with ``ship_pynvml`` it carries pynvml along.
+
+    Each module is registered in ``sys.modules`` before its code runs, as an import would.
+    """
+    lines = ["import sys, types"]
+    modules: dict[str, tuple[str, str]] = {}
+    pynvml_path = _find_pynvml() if ship_pynvml else None
+    if pynvml_path is not None:
+        modules["pynvml"] = (pynvml_path.read_text(encoding="utf-8"), "pynvml.py (shipped)")
+    probe_source = Path(gpu_probe.__file__).read_text(encoding="utf-8")
+    modules["gpunode_gpu_probe"] = (probe_source, "gpu_probe.py")
+    for name, (source, filename) in modules.items():
+        lines += [
+            f"_module = types.ModuleType({name!r})",
+            f"_module.__file__ = {filename!r}",
+            f"sys.modules[{name!r}] = _module",
+            f"exec(compile({source!r}, {filename!r}, 'exec'), _module.__dict__)",
+        ]
+    lines.append("sys.exit(sys.modules['gpunode_gpu_probe'].main(sys.argv[1:]))")
+    return "\n".join(lines) + "\n"
+
+
+@functools.cache
+def _probe_payload(ship_pynvml: bool) -> str:
+    """The probe program, compressed and encoded once per process (it is ~400 kB of source)."""
+    program = probe_program(ship_pynvml).encode()
+    return base64.b64encode(lzma.compress(program, preset=9 | lzma.PRESET_EXTREME)).decode()
+
+
+def probe_command(xid_since: str | None = None, ship_pynvml: bool = True) -> str:
+    """ONE shell command that runs the probe from its source: nothing installed on the node.
+
+    The program travels xz-compressed and base64-encoded inside the command (about 70 kB
+    with pynvml, under Linux's 128 kB limit on one argument); ``python3 -c`` unpacks it from
+    stdin with the standard library alone.
+    """
+    arguments = ""
+    if xid_since is not None:
+        gpu_probe.parse_since(xid_since)  # bad input fails here, on the control side
+        arguments = f" --xid-since {shlex.quote(xid_since)}"
+    payload = _probe_payload(ship_pynvml)
+    unpack = (
+        "import base64,lzma,sys;"
+        'exec(compile(lzma.decompress(base64.b64decode(sys.stdin.read())),"gpu_probe","exec"))'
+    )
+    return framed(f"printf '%s\\n' {payload} | python3 -I -c '{unpack}'{arguments}", "python3")
+
+
+def _nvidia_smi(arguments: str) -> str:
+    return framed(f"nvidia-smi {arguments}", "nvidia-smi")
+
+
+SECTION_COMMANDS: dict[str, str] = {
+    "gpu": probe_command(),
+    "nvidia_smi_xml": _nvidia_smi("-q -x"),
+    "nvlink": _nvidia_smi("nvlink -s"),
+    "page_retirement": _nvidia_smi("-q -d PAGE_RETIREMENT"),
+    "xid": framed(
+        f"journalctl -t kernel --since {LOG_WINDOW} -o short-iso --no-pager -q", "journalctl"
+    ),
+    "ib_flaps": framed(
+        f"journalctl -t systemd-networkd -t kernel --since {LOG_WINDOW} -o short --no-pager -q",
+        "journalctl",
+    ),
+    "ibstat": framed("ibstat", "ibstat"),
+    "nvme": framed("nvme list -o json", "nvme"),
+}
+
+SECTION_TITLES = {
+    "gpu": PROBE_COMMAND,
+    "nvidia_smi_xml": XML_COMMAND,
+    "nvlink": NVLINK_COMMAND,
+    "page_retirement": PAGE_RETIREMENT_COMMAND,
+    "xid": XID_COMMAND,
+    "ib_flaps": IB_FLAPS_COMMAND,
+    "ibstat": IBSTAT_COMMAND,
+    "nvme": NVME_COMMAND,
+}
+NVIDIA_SMI_SECTIONS = ("nvidia_smi_xml", "nvlink", "page_retirement")
+JOURNAL_SECTIONS = ("xid", "ib_flaps")
+JOURNAL_NOT_READABLE = "not seeing messages from other users and the system"
+
+SECTION_PARSERS: Mapping[str, Callable[[str], Result]] = {
+    "gpu": parse_gpu_report,
+    "nvidia_smi_xml": parse_nvidia_smi_xml,
+    "nvlink": parse_nvlink_status,
+    "page_retirement": parse_page_retirement,
+    "xid": parse_xid_events,
+    "ib_flaps": lambda text: parse_ib_flaps(text, empty_ok=True),
+    "ibstat": parse_ibstat,
+    "nvme": parse_nvme_list,
+}
+
+
+def parse_section(name: str, lines: Iterable[str]) -> Result:
+    """The output of ``SECTION_COMMANDS[name]`` -> that section's parser result."""
+    if name not in SECTION_PARSERS:
+        return unreadable(name, f"unknown section; known: {', '.join(SECTION_PARSERS)}")
+    title = SECTION_TITLES[name]
+    output = split_framed(lines)
+    if output.absent is not None:
+        return absent(title, f"{output.absent} is not installed")
+    if output.exit_code is None:
+        if not output.stdout and not output.stderr:
+            return unreadable(title, "empty output")
+        return unreadable(title, "output ends without the command's exit status (truncated)")
+    if output.exit_code != 0:
+        if name in NVIDIA_SMI_SECTIONS:
+            return nvidia_smi_failure(
+                title, output.exit_code, "\n".join(output.stdout + output.stderr)
+            )
+        detail = " ".join(" ".join(output.stderr or output.stdout).split())[:300]
+        return unreadable(title, f"exit code {output.exit_code}: {detail or 'no message'}")
+    if name in JOURNAL_SECTIONS and any(JOURNAL_NOT_READABLE in line for line in output.stderr):
+        return unreadable(title, "the system journal is not readable by this user (run as root)")
+    result = SECTION_PARSERS[name]("\n".join(output.stdout))
+    if output.stderr and result.get("state") == "ok":
+        result["stderr"] = output.stderr
+    return result
+
+
+def combined_command(names: Iterable[str] | None = None) -> str:
+    """Several sections as ONE shell command (one SSH round trip); see ``parse_combined``."""
+    chosen = list(SECTION_COMMANDS if names is None else names)
+    unknown = [name for name in chosen if name not in SECTION_COMMANDS]
+    if unknown:
+        raise ValueError(f"unknown sections {unknown}; known: {', '.join(SECTION_COMMANDS)}")
+    return "; ".join(f"echo {SECTION_MARKER}{name}; {SECTION_COMMANDS[name]}" for name in chosen)
+
+
+def parse_combined(lines: Iterable[str], names: Iterable[str] | None = None) -> dict[str, Result]:
+    """The output of ``combined_command(names)`` -> each section's result by name."""
+    chosen = list(SECTION_COMMANDS if names is None else names)
+    outputs: dict[str, list[str]] = {}
+    current: list[str] | None = None
+    for line in lines:
+        if line.startswith(SECTION_MARKER) and line[len(SECTION_MARKER) :] in chosen:
+            current = outputs.setdefault(line[len(SECTION_MARKER) :], [])
+        elif current is not None:
+            current.append(line)
+    return {
+        name: parse_section(name, outputs[name])
+        if name in outputs
+        else unreadable(
+            SECTION_TITLES.get(name, name), "section missing from the output (cut short)"
+        )
+        for name in chosen
+    }

@@ -1,0 +1,831 @@
+"""The parsers read every real capture in tests/fixtures and name what they cannot read.
+
+Real captures are used as they are; the multi-command nvidia-smi captures are cut into their
+sections (``nvlink -s``, ``-q``). Where no capture exists (XID lines, nvme-cli JSON), the
+test says where its sample comes from.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+import subprocess
+import xml.etree.ElementTree as ElementTree
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpunode.lab.hwsim import nvidia_smi, nvme, profiles
+from gpunode.lab.hwsim.hwstate import SHARE_ENV
+from gpunode.probe.parsers import (
+    ABSENT_MARKER,
+    EXIT_MARKER,
+    SECTION_COMMANDS,
+    STDERR_MARKER,
+    combined_command,
+    framed,
+    parse_combined,
+    parse_gpu_report,
+    parse_ib_flaps,
+    parse_ibstat,
+    parse_nvidia_smi_xml,
+    parse_nvlink_status,
+    parse_nvme_list,
+    parse_page_retirement,
+    parse_query_text,
+    parse_section,
+    parse_xid_events,
+    split_framed,
+)
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+XML = FIXTURES / "nvidia-smi-xml"
+H100_CAPTURE = "nvidia-smi-capture/linux-x86_64__nvidia-h100-80gb-hbm3__590.48.01.txt"
+H200_CAPTURE = "nvidia-smi-capture/linux-x86_64__nvidia-h200__590.48.01.txt"
+A100_UUID = "GPU-513536b6-7d19-9063-b049-1e69664bb298"
+
+Parser = Callable[[str], dict[str, Any]]
+Extract = Callable[[str], str]
+
+
+def read(relative: str) -> str:
+    return (FIXTURES / relative).read_text(encoding="utf-8")
+
+
+def whole(text: str) -> str:
+    return text
+
+
+def capture_section(title: str) -> Extract:
+    """The body of one section of an nvidia_gpu_exporter multi-command capture."""
+
+    def extract(text: str) -> str:
+        return nvidia_smi.capture_sections(text)[title]
+
+    return extract
+
+
+CAPTURE_CASES: list[tuple[str, Extract, Parser]] = [
+    ("nvlink -s", capture_section("capabilities :: nvlink -s"), parse_nvlink_status),
+    ("idle -q", capture_section("idle :: query (-q)"), parse_page_retirement),
+    ("load -q", capture_section("load :: query (-q)"), parse_page_retirement),
+]
+
+# Every command capture in tests/fixtures, with the parser(s) that read it.
+FIXTURE_CASES: dict[str, list[tuple[str, Extract, Parser]]] = {
+    "nvidia-smi-xml/a100-sxm4-v12.xml": [("-q -x", whole, parse_nvidia_smi_xml)],
+    "nvidia-smi-xml/tesla-t4.xml": [("-q -x", whole, parse_nvidia_smi_xml)],
+    "nvidia-smi-xml/a10g.xml": [("-q -x", whole, parse_nvidia_smi_xml)],
+    H100_CAPTURE: CAPTURE_CASES,
+    H200_CAPTURE: CAPTURE_CASES,
+    "ibstat/ibstat.47.0.h100.all.active.0": [("ibstat", whole, parse_ibstat)],
+    "ibstat/ibstat.47.0.a100.all.active.0": [("ibstat", whole, parse_ibstat)],
+    "nvlink/good_nvlink_status.txt": [("nvlink -s", whole, parse_nvlink_status)],
+    "nvlink/bad_nvlink_status.txt": [("nvlink -s", whole, parse_nvlink_status)],
+    "page-retirement/orig_nvsmi8_output.txt": [("PAGE_RETIREMENT", whole, parse_page_retirement)],
+    "page-retirement/bad_nvsmi8_output.txt": [("PAGE_RETIREMENT", whole, parse_page_retirement)],
+    "syslog/1dev_6flap_syslog": [("syslog", whole, parse_ib_flaps)],
+    "syslog/0flap_syslog": [("syslog", whole, parse_ib_flaps)],
+}
+NOT_COMMAND_OUTPUT = {
+    "PROVENANCE.md": "where the fixtures come from",
+    "manifests/DGX_A100.json": "an expected-hardware manifest, no command printed it",
+}
+FIXTURE_PARAMETERS = [
+    pytest.param(relative, extract, parse, id=f"{relative}:{label}")
+    for relative, cases in FIXTURE_CASES.items()
+    for label, extract, parse in cases
+]
+
+
+def test_every_fixture_file_is_read_by_a_parser() -> None:
+    on_disk = {str(path.relative_to(FIXTURES)) for path in FIXTURES.rglob("*") if path.is_file()}
+    assert on_disk == set(FIXTURE_CASES) | set(NOT_COMMAND_OUTPUT)
+
+
+@pytest.mark.parametrize(("relative", "extract", "parse"), FIXTURE_PARAMETERS)
+def test_every_capture_parses(relative: str, extract: Extract, parse: Parser) -> None:
+    result = parse(extract(read(relative)))
+    assert result["state"] == "ok", result
+    assert result["command"]
+
+
+# --- nvidia-smi -q -x -------------------------------------------------------------------------
+
+
+def test_a100_v12_xml() -> None:
+    report = parse_nvidia_smi_xml(read("nvidia-smi-xml/a100-sxm4-v12.xml"))
+    assert (report["driver_version"], report["cuda_driver_version"]) == ("535.54.03", "12.2")
+    # telegraf kept one of the four <gpu> elements: the count and the list disagree, as given.
+    assert report["attached_gpus"] == 4
+    (gpu,) = report["gpus"]
+    assert gpu["uuid"] == A100_UUID
+    assert gpu["serial"] == "1650522003820"
+    assert gpu["name"] == "NVIDIA A100-SXM4-80GB"
+    assert gpu["pci_bus_id"] == "00000000:01:00.0"
+    assert gpu["vbios_version"] == "92.00.36.00.02"
+    assert (gpu["minor_number"], gpu["module_id"]) == (1, 4)
+    assert gpu["persistence_mode"] is False
+    assert gpu["mig_mode"] == {"current": True, "pending": True}
+    assert gpu["ecc_mode"] == {"current": True, "pending": True}
+    assert gpu["ecc_errors"]["aggregate"] == {"corrected": 0, "uncorrected": 0}
+    # A100 replaced page retirement by row remapping; this capture shows both as N/A.
+    assert gpu["retired_pages"]["supported"] is False
+    assert gpu["remapped_rows"]["supported"] is False
+    assert gpu["temperature_c"] == {"gpu": 27, "memory": 44}
+    assert gpu["power_w"] == {
+        "draw": 67.03,
+        "limit": 500.0,
+        "default_limit": 500.0,
+        "min_limit": 100.0,
+        "max_limit": 500.0,
+    }
+    assert gpu["clocks_mhz"]["current"] == {
+        "graphics": 1275,
+        "sm": 1275,
+        "memory": 1593,
+        "video": 1275,
+    }
+    assert gpu["clocks_mhz"]["max"] == {"graphics": 1410, "sm": 1410, "memory": 1593, "video": 1290}
+    assert gpu["clock_event_reasons"] == []
+    assert gpu["pcie"] == {"gen_current": 4, "gen_max": 4, "width_current": 16, "width_max": 16}
+    assert gpu["fabric"] == {"state": None, "status": None}
+    assert gpu["nvlink"] is None  # not in any XML schema: the probe asks nvlink -s
+
+
+def test_t4_v11_xml_uses_throttle_reasons_and_power_readings() -> None:
+    (gpu,) = parse_nvidia_smi_xml(read("nvidia-smi-xml/tesla-t4.xml"))["gpus"]
+    assert gpu["name"] == "Tesla T4"
+    assert gpu["power_w"]["limit"] == 70.0 and gpu["power_w"]["draw"] == 26.78
+    assert gpu["clock_event_reasons"] == []
+    assert gpu["retired_pages"] == {
+        "supported": True,
+        "single_bit": 0,
+        "double_bit": 0,
+        "pending": False,
+    }
+    assert gpu["remapped_rows"]["supported"] is False
+    assert gpu["pcie"] == {"gen_current": 3, "gen_max": 3, "width_current": 8, "width_max": 16}
+    assert gpu["mig_mode"] == {"current": None, "pending": None}  # N/A: no MIG on Turing
+
+
+def test_a10g_v11_xml_idle_and_row_remapping() -> None:
+    (gpu,) = parse_nvidia_smi_xml(read("nvidia-smi-xml/a10g.xml"))["gpus"]
+    assert gpu["clock_event_reasons"] == ["gpu_idle"]
+    assert gpu["remapped_rows"] == {
+        "supported": True,
+        "correctable": 0,
+        "uncorrectable": 0,
+        "pending": False,
+        "failure": False,
+    }
+    assert gpu["pcie"]["gen_current"] == 1 and gpu["pcie"]["gen_max"] == 4
+    assert gpu["temperature_c"] == {"gpu": 17, "memory": None}
+
+
+def test_every_schema_gives_the_same_field_names() -> None:
+    reports = [
+        parse_nvidia_smi_xml(read(f"nvidia-smi-xml/{name}"))
+        for name in ("a100-sxm4-v12.xml", "tesla-t4.xml", "a10g.xml")
+    ]
+    key_sets = [_keys(report["gpus"][0]) for report in reports]
+    assert key_sets[0] == key_sets[1] == key_sets[2]
+
+
+def _keys(value: Any, prefix: str = "") -> set[str]:
+    if not isinstance(value, dict):
+        return {prefix}
+    return set().union(*(_keys(item, f"{prefix}.{key}") for key, item in value.items()))
+
+
+def _rename(root: ElementTree.Element, old: str, new: str) -> None:
+    for element in root.iter():
+        if element.tag.startswith(old):
+            element.tag = new + element.tag[len(old) :]
+
+
+def test_renamed_elements_of_older_and_newer_schemas_read_the_same() -> None:
+    """v12's names, the v11 names (throttle reasons, power_readings) and 590's power draw."""
+    text = read("nvidia-smi-xml/a100-sxm4-v12.xml")
+    current = parse_nvidia_smi_xml(text)["gpus"]
+
+    older = ElementTree.fromstring(text)
+    _rename(older, "clocks_event_reason", "clocks_throttle_reason")
+    readings = older.find("gpu/gpu_power_readings")
+    assert readings is not None
+    readings.tag = "power_readings"
+    limit = readings.find("current_power_limit")
+    assert limit is not None
+    limit.tag = "power_limit"
+
+    newer = ElementTree.fromstring(text)
+    draw = newer.find("gpu/gpu_power_readings/power_draw")
+    assert draw is not None
+    draw.tag = "average_power_draw"
+
+    for variant in (older, newer):
+        assert (
+            parse_nvidia_smi_xml(ElementTree.tostring(variant, encoding="unicode"))["gpus"]
+            == current
+        )
+
+
+@pytest.fixture
+def share_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The lab double's template directory, for rendering its XML here."""
+    for template in ("nvidia-smi-xml/a100-sxm4-v12.xml", "nvidia-smi-xml/a10g.xml", H100_CAPTURE):
+        (tmp_path / Path(template).name).write_text(read(template), encoding="utf-8")
+    monkeypatch.setenv(SHARE_ENV, str(tmp_path))
+    return tmp_path
+
+
+def render(state: dict[str, Any], generation: str) -> str:
+    state = {**copy.deepcopy(state), "smi_generation": generation}
+    state["smi_xml_template"] = "a10g.xml" if generation == "r515" else "a100-sxm4-v12.xml"
+    return nvidia_smi.render_xml(state, nvidia_smi.select(state, None))
+
+
+@pytest.mark.usefixtures("share_dir")
+def test_one_gpu_state_reads_the_same_from_driver_515_535_and_590_layouts() -> None:
+    """The lab double prints the same hardware in each driver generation's XML layout."""
+    state = profiles.initial_state("a100", "node-a")
+    gpu = state["gpus"][2]
+    gpu["persistence_mode"] = "Enabled"
+    gpu["power"]["limit"] = 450.0
+    gpu["ecc_errors"]["volatile"].update(sram_uncorrectable=3, dram_correctable=5)
+    gpu["clocks_event_reasons"].update(gpu_idle=False, sw_power_cap=True)
+    gpu["remapped_rows"].update(correctable=2, pending="Yes")
+    reports = {
+        generation: parse_nvidia_smi_xml(render(state, generation))
+        for generation in ("r515", "r535", "r590")
+    }
+    assert reports["r515"]["gpus"] == reports["r535"]["gpus"] == reports["r590"]["gpus"]
+    third = reports["r590"]["gpus"][2]
+    assert third["persistence_mode"] is True
+    assert third["power_w"]["limit"] == 450.0
+    assert third["ecc_errors"]["volatile"] == {"corrected": 5, "uncorrected": 3}
+    assert third["clock_event_reasons"] == ["sw_power_cap"]
+    assert third["remapped_rows"]["correctable"] == 2 and third["remapped_rows"]["pending"] is True
+    # 515/535 keep the module id in gpu_module_id, 590 under platformInfo.
+    assert third["module_id"] == 3
+
+
+def test_nvlink_element_in_xml_is_read_when_present() -> None:
+    """No captured schema has one (synthetic element); if a driver adds it, it is used."""
+    root = ElementTree.fromstring(read("nvidia-smi-xml/a100-sxm4-v12.xml"))
+    gpu = root.find("gpu")
+    assert gpu is not None
+    links = ElementTree.SubElement(gpu, "nvlinks")
+    for number, state in enumerate(("Active", "Inactive", "Active")):
+        link = ElementTree.SubElement(links, "nvlink")
+        ElementTree.SubElement(link, "link_id").text = str(number)
+        ElementTree.SubElement(link, "state").text = state
+    (parsed,) = parse_nvidia_smi_xml(ElementTree.tostring(root, encoding="unicode"))["gpus"]
+    assert parsed["nvlink"]["source"] == "xml"
+    assert (parsed["nvlink"]["active"], parsed["nvlink"]["total"]) == (2, 3)
+    assert [link["active"] for link in parsed["nvlink"]["links"]] == [True, False, True]
+
+
+@pytest.mark.parametrize(
+    ("text", "reason"),
+    [
+        ("", "empty output"),
+        ("   \n", "empty output"),
+        (read("nvidia-smi-xml/a100-sxm4-v12.xml")[:5000], "not well-formed XML"),
+        ("<html><body>502</body></html>", "root element is <html>"),
+        (
+            "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.",
+            "not well-formed",
+        ),
+        ("<nvidia_smi_log></nvidia_smi_log>", "no driver_version, attached_gpus or gpu element"),
+    ],
+    ids=["empty", "blank", "truncated", "wrong-document", "error-text", "no-content"],
+)
+def test_bad_xml_is_unreadable_naming_the_command(text: str, reason: str) -> None:
+    result = parse_nvidia_smi_xml(text)
+    assert result["state"] == "unreadable"
+    assert result["command"] == "nvidia-smi -q -x"
+    assert reason in result["reason"]
+
+
+# --- nvidia-smi nvlink -s ---------------------------------------------------------------------
+
+
+def test_good_nvlink_status_has_twelve_active_links() -> None:
+    (gpu,) = parse_nvlink_status(read("nvlink/good_nvlink_status.txt"))["gpus"]
+    assert (gpu["index"], gpu["uuid"]) == (7, "GPU-c7e253b0-c227-6f10-e860-7482c85e7ce8")
+    assert gpu["name"] == "NVIDIA A100-SXM4-80GB"
+    assert (gpu["state"], gpu["active"], gpu["total"]) == ("ok", 12, 12)
+    assert {link["speed_gbps"] for link in gpu["links"]} == {25.0}
+    assert [link["link"] for link in gpu["links"]] == list(range(12))
+
+
+def test_bad_nvlink_status_is_all_inactive() -> None:
+    (gpu,) = parse_nvlink_status(read("nvlink/bad_nvlink_status.txt"))["gpus"]
+    assert (gpu["index"], gpu["uuid"]) == (6, "GPU-9667d95e-6d22-0c22-1f57-c481f13e7c44")
+    assert gpu["state"] == "all_inactive"
+    assert gpu["active"] == 0
+    assert gpu["total"] is None  # nvidia-smi does not say how many links there are
+    assert gpu["links"] == []
+
+
+@pytest.mark.parametrize("capture", [H100_CAPTURE, H200_CAPTURE])
+def test_hopper_captures_have_eighteen_links(capture: str) -> None:
+    text = capture_section("capabilities :: nvlink -s")(read(capture))
+    (gpu,) = parse_nvlink_status(text)["gpus"]
+    assert (gpu["state"], gpu["active"], gpu["total"]) == ("ok", 18, 18)
+    assert {link["speed_gbps"] for link in gpu["links"]} == {26.562}
+
+
+def test_inactive_link_and_gpu_without_nvlink() -> None:
+    """Layouts of the lab double: '<inactive>' for one link, a GPU line alone for none."""
+    text = (
+        "GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-1)\n"
+        "\t Link 0: 26.562 GB/s\n\t Link 1: <inactive>\n"
+        "GPU 1: NVIDIA A10G (UUID: GPU-2)\n"
+    )
+    first, second = parse_nvlink_status(text)["gpus"]
+    assert (first["state"], first["active"], first["total"]) == ("ok", 1, 2)
+    assert (second["state"], second["active"], second["total"]) == ("none", 0, 0)
+
+
+@pytest.mark.parametrize(
+    ("text", "reason"),
+    [
+        ("", "empty output"),
+        ("\t Link 0: 25 GB/s\n", "comes before any GPU"),
+        ("GPU 7: NVIDIA A100-SXM4-80GB (UUID: GPU-1)\n\t Link 0: 25 GB", "unknown link state"),
+        ("Failed to initialize NVML: Driver/library version mismatch\n", "comes before any GPU"),
+    ],
+    ids=["empty", "no-gpu-line", "truncated-line", "error-text"],
+)
+def test_bad_nvlink_status_output_is_unreadable(text: str, reason: str) -> None:
+    result = parse_nvlink_status(text)
+    assert result["state"] == "unreadable"
+    assert result["command"] == "nvidia-smi nvlink -s"
+    assert reason in result["reason"]
+
+
+# --- nvidia-smi -q -d PAGE_RETIREMENT ---------------------------------------------------------
+
+
+def test_bad_page_retirement_names_the_gpus_with_pending_blacklists() -> None:
+    result = parse_page_retirement(read("page-retirement/bad_nvsmi8_output.txt"))
+    assert (result["driver_version"], result["attached_gpus"]) == ("535.86.10", 8)
+    pending = [gpu["pci_bus_id"] for gpu in result["gpus"] if gpu["retired_pages"]["pending"]]
+    assert pending == [
+        "00000002:00:00.0",
+        "00000004:00:00.0",
+        "00000006:00:00.0",
+        "00000008:00:00.0",
+    ]
+    counts = {
+        gpu["pci_bus_id"][:8]: (
+            gpu["retired_pages"]["single_bit"],
+            gpu["retired_pages"]["double_bit"],
+        )
+        for gpu in result["gpus"]
+    }
+    assert counts == {
+        "00000001": (60, 5),
+        "00000002": (2, 61),
+        "00000003": (0, 0),
+        "00000004": (6, 0),
+        "00000005": (0, 0),
+        "00000006": (20, 45),
+        "00000007": (0, 0),
+        "00000008": (8, 56),
+    }
+
+
+def test_orig_page_retirement_is_clean() -> None:
+    result = parse_page_retirement(read("page-retirement/orig_nvsmi8_output.txt"))
+    assert len(result["gpus"]) == 8
+    assert {
+        (pages["single_bit"], pages["double_bit"], pages["pending"])
+        for pages in (gpu["retired_pages"] for gpu in result["gpus"])
+    } == {(0, 0, False)}
+
+
+@pytest.mark.parametrize(
+    ("capture", "bus_id"), [(H100_CAPTURE, "00000000:00:09.0"), (H200_CAPTURE, "00000000:83:00.0")]
+)
+@pytest.mark.parametrize("phase", ["idle", "load"])
+def test_hopper_full_query_shows_remapped_rows_not_retired_pages(
+    capture: str, bus_id: str, phase: str
+) -> None:
+    text = capture_section(f"{phase} :: query (-q)")(read(capture))
+    result = parse_page_retirement(text)
+    assert result["driver_version"] == "590.48.01"
+    (gpu,) = result["gpus"]
+    assert gpu["pci_bus_id"] == bus_id
+    assert gpu["retired_pages"] == {
+        "supported": False,
+        "single_bit": None,
+        "double_bit": None,
+        "pending": None,
+    }
+    assert gpu["remapped_rows"] == {
+        "supported": True,
+        "correctable": 0,
+        "uncorrectable": 0,
+        "pending": False,
+        "failure": False,
+    }
+
+
+def test_query_text_nests_sections_by_indentation() -> None:
+    text = capture_section("idle :: query (-q)")(read(H100_CAPTURE))
+    header, gpus = parse_query_text(text)
+    assert header["CUDA Version"] == "13.1"
+    ((bus_id, sections),) = gpus
+    assert bus_id == "00000000:00:09.0"
+    assert sections["Product Name"] == "NVIDIA H100 80GB HBM3"
+    assert sections["PCI"]["GPU Link Info"]["PCIe Generation"]["Max"] == "5"
+    assert sections["Clocks Event Reasons"]["HW Slowdown"] == "Not Active"
+    assert sections["Clocks Event Reasons Counters"]["Sync Boost"] == "0 us"
+
+
+def _cut_before_line(text: str, needle: str, occurrence: int) -> str:
+    lines = text.splitlines(keepends=True)
+    positions = [n for n, line in enumerate(lines) if needle in line]
+    return "".join(lines[: positions[occurrence]])
+
+
+@pytest.mark.parametrize(
+    ("text", "reason"),
+    [
+        ("", "empty output"),
+        ("garbage\nmore garbage\n", "no 'GPU <bus id>' section"),
+        (
+            _cut_before_line(read("page-retirement/bad_nvsmi8_output.txt"), "GPU 0000", 5),
+            "says 8 but 5 are listed",
+        ),
+        (
+            _cut_before_line(read("page-retirement/bad_nvsmi8_output.txt"), "Pending Page", 7),
+            "lacks",
+        ),
+        (read("page-retirement/bad_nvsmi8_output.txt").replace(": 56", ": 5x"), "is not a count"),
+        (
+            read("page-retirement/bad_nvsmi8_output.txt").replace(": Yes", ": Ye"),
+            "neither Yes nor No",
+        ),
+    ],
+    ids=["empty", "garbage", "cut-at-gpu", "cut-in-gpu", "bad-count", "bad-flag"],
+)
+def test_bad_page_retirement_output_is_unreadable(text: str, reason: str) -> None:
+    result = parse_page_retirement(text)
+    assert result["state"] == "unreadable"
+    assert result["command"] == "nvidia-smi -q -d PAGE_RETIREMENT"
+    assert reason in result["reason"]
+
+
+# --- ibstat -----------------------------------------------------------------------------------
+
+
+def test_h100_ibstat_has_twelve_cas() -> None:
+    result = parse_ibstat(read("ibstat/ibstat.47.0.h100.all.active.0"))
+    assert len(result["cas"]) == 12
+    by_type: dict[str, list[dict[str, Any]]] = {}
+    for port in result["ports"]:
+        by_type.setdefault(port["ca_type"], []).append(port)
+    assert {ca_type: len(ports) for ca_type, ports in by_type.items()} == {"MT4129": 8, "MT4125": 4}
+    assert {(p["firmware_version"], p["rate"]) for p in by_type["MT4129"]} == {("28.39.1002", 400)}
+    assert {(p["firmware_version"], p["rate"]) for p in by_type["MT4125"]} == {("22.39.1002", 100)}
+    assert {(p["state"], p["physical_state"], p["link_layer"]) for p in result["ports"]} == {
+        ("Active", "LinkUp", "Ethernet")
+    }
+    first = result["cas"][0]
+    assert (first["name"], first["node_guid"], first["number_of_ports"]) == (
+        "mlx5_0",
+        "0xa088c20300e3142a",
+        1,
+    )
+    assert first["ports"][0]["port_guid"] == "0xa288c2fffee3142a"
+    assert first["ports"][0]["base_lid"] == 0
+
+
+def test_a100_ibstat_has_eight_infiniband_and_one_ethernet_port() -> None:
+    result = parse_ibstat(read("ibstat/ibstat.47.0.a100.all.active.0"))
+    assert len(result["cas"]) == 9
+    assert {(p["ca_type"], p["rate"], p["state"]) for p in result["ports"]} == {
+        ("MT4126", 200, "Active")
+    }
+    layers = [port["link_layer"] for port in result["ports"]]
+    assert (layers.count("InfiniBand"), layers.count("Ethernet")) == (8, 1)
+
+
+def test_ibstat_agrees_with_the_lab_doubles_own_reader() -> None:
+    """The lab's profiles read the same captures; both must see the same ports."""
+    text = read("ibstat/ibstat.47.0.a100.all.active.0")
+    ours = parse_ibstat(text)["ports"]
+    theirs = profiles.parse_ibstat(text)
+    assert [(p["ca"], p["state"], p["rate"], p["port_guid"]) for p in ours] == [
+        (p["ca"], p["state"], p["rate"], p["port_guid"]) for p in theirs
+    ]
+
+
+@pytest.mark.parametrize(
+    ("text", "reason"),
+    [
+        ("", "empty output"),
+        (
+            read("ibstat/ibstat.47.0.h100.all.active.0").rsplit("\tPort 1:", 1)[0],
+            "declares 1 ports but lists 0",
+        ),
+        (
+            read("ibstat/ibstat.47.0.h100.all.active.0").rsplit("\t\tRate", 1)[0],
+            "lacks ['rate', 'link_layer']",
+        ),
+        ("\t\tState: Active\n", "comes before any CA"),
+        ("ibpanic: [1234] main: can't init UMAD library\n", "comes before any CA"),
+        ("CA 'mlx5_0'\n\tCA type: MT4129\n\tPort 1:\n\t\t\tRate: 400\n", "not understood"),
+    ],
+    ids=["empty", "cut-before-port", "cut-in-port", "no-ca", "error-text", "bad-indent"],
+)
+def test_bad_ibstat_output_is_unreadable(text: str, reason: str) -> None:
+    result = parse_ibstat(text)
+    assert result["state"] == "unreadable"
+    assert result["command"] == "ibstat"
+    assert reason in result["reason"]
+
+
+# --- nvme list -o json ------------------------------------------------------------------------
+
+
+def lab_nvme_listing(profile: str) -> str:
+    """What the lab double prints (no real nvme-cli capture exists in tests/fixtures)."""
+    drives = profiles.initial_state(profile, "node-a")["nvme"]
+    document = {"Devices": [nvme.list_item(drive) for drive in drives]}
+    return json.dumps(document, indent=2, separators=(",", ":"))
+
+
+def test_nvme_listing() -> None:
+    result = parse_nvme_list(lab_nvme_listing("hgx-h100"))
+    assert len(result["devices"]) == 8
+    first = result["devices"][0]
+    assert first["device_path"] == "/dev/nvme0n1"
+    assert first["model"] == "SAMSUNG MZWLJ3T8HBLS-00007"
+    assert (first["physical_size"], first["sector_size"], first["namespace"]) == (
+        3840755982336,
+        512,
+        1,
+    )
+
+
+def test_nvme_listing_strips_padding_and_reads_zero_devices() -> None:
+    padded = (
+        '{"Devices":[{"DevicePath":"/dev/nvme0n1","SerialNumber":"S4YP  ","ModelNumber":" M "}]}'
+    )
+    (device,) = parse_nvme_list(padded)["devices"]
+    assert (device["serial"], device["model"], device["firmware"]) == ("S4YP", "M", None)
+    assert parse_nvme_list('{"Devices":[]}') == {
+        "state": "ok",
+        "command": "nvme list -o json",
+        "devices": [],
+    }
+
+
+@pytest.mark.parametrize(
+    ("text", "reason"),
+    [
+        ("", "empty output"),
+        (lab_nvme_listing("a100")[:200], "not JSON"),
+        ('{"devices": []}', "no 'Devices' list"),
+        ('{"Devices": [{"ModelNumber": "x"}]}', "device 0 has no DevicePath"),
+        ("[1, 2]", "no 'Devices' list"),
+    ],
+    ids=["empty", "truncated", "wrong-key", "no-path", "wrong-type"],
+)
+def test_bad_nvme_output_is_unreadable(text: str, reason: str) -> None:
+    result = parse_nvme_list(text)
+    assert result["state"] == "unreadable"
+    assert result["command"] == "nvme list -o json"
+    assert reason in result["reason"]
+
+
+# --- kernel log XIDs --------------------------------------------------------------------------
+
+# Message layouts of the NVIDIA driver's XID reports (no kernel log capture is in the fixtures).
+XID_LOG = "\n".join(
+    [
+        "2026-11-30T09:19:40+0000 lab-1 kernel[98]: NVRM: Xid (PCI:0000:18:00): 79, pid=1234, "
+        "name=python, GPU has fallen off the bus.",
+        "2026-11-30T09:20:01.250000+0000 gpu-7 kernel: NVRM: Xid (PCI:0000:b3:00): 48, "
+        "pid='<unknown>', name=<unknown>, An uncorrectable double bit error (DBE) has been "
+        "detected on GPU in the framebuffer at partition 6, subpartition 0.",
+        "2026-11-30T09:21:00+0000 gpu-7 kernel: NVRM: Xid (PCI:0000:4b:00 GPU-I:05): 43, pid=77, "
+        "name=train, Ch 00000008",
+        "2026-11-30T09:22:00+0000 gpu-7 kernel: nvidia-nvswitch0: SXid (PCI:0000:c5:00.0): 12028, "
+        "Non-fatal, Link 32 egress non-posted PRIV error",
+        "Aug 17 06:18:01 gpu-7 kernel: [12345.678901] NVRM: Xid (0000:3b:00): 13, Graphics SM Warp "
+        "Exception on (GPC 0, TPC 0, SM 0): Out Of Range Address",
+    ]
+)
+
+
+def test_xid_events() -> None:
+    result = parse_xid_events(XID_LOG)
+    assert result["lines_read"] == 5
+    fell_off, dbe, mig, sm = result["events"]
+    assert fell_off == {
+        "time": "2026-11-30T09:19:40+00:00",
+        "pci": "0000:18:00",
+        "xid": 79,
+        "message": "GPU has fallen off the bus.",
+        "pid": "1234",
+        "process": "python",
+    }
+    assert (dbe["xid"], dbe["pci"], dbe["pid"]) == (48, "0000:b3:00", "'<unknown>'")
+    assert dbe["time"] == "2026-11-30T09:20:01.250000+00:00"
+    assert dbe["message"].startswith("An uncorrectable double bit error")
+    assert (mig["xid"], mig["pci"]) == (43, "0000:4b:00")
+    assert (sm["xid"], sm["pci"], sm["time"]) == (13, "0000:3b:00", "Aug 17 06:18:01")
+    assert sm["message"].startswith("Graphics SM Warp Exception")
+
+
+def test_kernel_log_without_xids_is_an_explicit_zero() -> None:
+    result = parse_xid_events("2026-11-30T09:19:40+0000 n kernel: eth0: link up\n")
+    assert (result["state"], result["lines_read"], result["events"]) == ("ok", 1, [])
+
+
+def test_unrecognized_xid_line_is_kept_not_dropped() -> None:
+    (event,) = parse_xid_events("kernel: NVRM: Xid (something new)\n")["events"]
+    assert event["xid"] is None and "something new" in event["message"]
+
+
+# --- syslog IB flaps --------------------------------------------------------------------------
+
+
+def test_six_flaps_on_ib6() -> None:
+    result = parse_ib_flaps(read("syslog/1dev_6flap_syslog"))
+    assert result["flaps"] == {"ib6": 6}
+    assert result["total_flaps"] == 6
+    assert result["recoveries"] == {"ib6": 6}
+    assert (result["first_flap"], result["last_flap"]) == ("Aug 17 06:18:01", "Aug 17 06:18:06")
+    assert result["lines_read"] == 14 and result["unparsed_lines"] == 0
+
+
+def test_no_flaps() -> None:
+    result = parse_ib_flaps(read("syslog/0flap_syslog"))
+    assert (result["state"], result["flaps"], result["total_flaps"], result["lines_read"]) == (
+        "ok",
+        {},
+        0,
+        2,
+    )
+
+
+def test_carrier_loss_of_other_interfaces_is_not_an_ib_flap() -> None:
+    log = "2026-11-30T09:19:40+0000 n systemd-networkd[5]: eth0: Lost carrier\n"
+    result = parse_ib_flaps(log)
+    assert (result["total_flaps"], result["other_carrier_losses"]) == (0, {"eth0": 1})
+
+
+@pytest.mark.parametrize(
+    ("text", "reason"),
+    [("", "empty output"), ("no syslog here\nnor here\n", "no syslog-formatted line")],
+)
+def test_bad_syslog_is_unreadable(text: str, reason: str) -> None:
+    result = parse_ib_flaps(text)
+    assert result["state"] == "unreadable" and reason in result["reason"]
+
+
+# --- the probe's report -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "reason"),
+    [
+        ("", "empty output"),
+        ('{"schema": "gpunode.gpu-report/1", "state": "ok"', "not JSON"),
+        ('{"schema": "other/1"}', "not a gpunode.gpu-report/1 document"),
+        ('{"schema": "gpunode.gpu-report/1", "state": "ok", "gpus": []}', "report lacks"),
+        (
+            '{"schema": "gpunode.gpu-report/1", "state": "absent", "reason": "r", "gpus": 3}',
+            "not a list of GPU objects",
+        ),
+        ('{"schema": "gpunode.gpu-report/1", "state": "fine", "gpus": []}', "unknown report state"),
+        ('{"schema": "gpunode.gpu-report/1", "state": "absent", "gpus": []}', "gives no reason"),
+    ],
+    ids=["empty", "truncated", "other-schema", "incomplete", "bad-gpus", "bad-state", "no-reason"],
+)
+def test_bad_probe_report_is_unreadable(text: str, reason: str) -> None:
+    result = parse_gpu_report(text)
+    assert result["state"] == "unreadable"
+    assert result["command"] == "gpu_probe (python3 -)"
+    assert reason in result["reason"]
+
+
+# --- sections: framing, exit status, absence --------------------------------------------------
+
+
+def run_sh(command: str) -> list[str]:
+    done = subprocess.run(
+        ["sh", "-c", command], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert done.stderr == ""  # everything, stderr included, arrives framed on stdout
+    return done.stdout.splitlines()
+
+
+def test_framing_keeps_stdout_prefixes_stderr_and_ends_with_the_exit_status() -> None:
+    lines = run_sh(framed("echo out1; echo err1 >&2; printf out2; exit 3", "sh"))
+    # stdout's last line had no newline: the first marker is glued to it, and still found.
+    assert lines == ["out1", f"out2{STDERR_MARKER}err1", f"{EXIT_MARKER}3"]
+    output = split_framed(lines)
+    assert (output.stdout, output.stderr, output.exit_code) == (["out1", "out2"], ["err1"], 3)
+
+
+def test_framing_reports_a_missing_program() -> None:
+    lines = run_sh(framed("no-such-tool --list", "no-such-tool"))
+    assert lines == [f"{ABSENT_MARKER}no-such-tool"]
+    result = parse_section("ibstat", lines)
+    assert (result["state"], result["command"]) == ("absent", "ibstat")
+    assert "not installed" in result["reason"]
+
+
+def test_section_output_cut_short_is_unreadable() -> None:
+    lines = read("ibstat/ibstat.47.0.h100.all.active.0").splitlines()
+    result = parse_section("ibstat", lines)  # no exit status line: the output was cut
+    assert result["state"] == "unreadable" and "truncated" in result["reason"]
+    assert parse_section("ibstat", [*lines, f"{EXIT_MARKER}0"])["state"] == "ok"
+    assert parse_section("ibstat", [])["reason"] == "empty output"
+
+
+def test_failed_tool_is_unreadable_with_its_message() -> None:
+    lines = [f"{STDERR_MARKER}ibpanic: [77] main: can't init UMAD library", f"{EXIT_MARKER}255"]
+    result = parse_section("ibstat", lines)
+    assert result["state"] == "unreadable"
+    assert result["reason"] == "exit code 255: ibpanic: [77] main: can't init UMAD library"
+
+
+def test_nvidia_smi_exit_codes_are_named() -> None:
+    not_loaded = parse_section(
+        "nvlink",
+        [
+            "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.",
+            f"{EXIT_MARKER}9",
+        ],
+    )
+    assert not_loaded["state"] == "driver_not_loaded"
+    assert "NVIDIA driver is not loaded" in not_loaded["reason"]
+    fell_off = parse_section(
+        "nvidia_smi_xml", ["Unable to determine the device handle", f"{EXIT_MARKER}15"]
+    )
+    assert fell_off["state"] == "unreadable" and "fallen off the bus" in fell_off["reason"]
+    mismatch = parse_section(
+        "nvidia_smi_xml",
+        [
+            "Failed to initialize NVML: Driver/library version mismatch",
+            "NVML library version: 550.90",
+            f"{EXIT_MARKER}18",
+        ],
+    )
+    assert mismatch["nvml_library_version"] == "550.90"
+    assert "driver/library version mismatch" in mismatch["reason"]
+
+
+def test_journal_sections_refuse_a_partial_journal() -> None:
+    hint = "Hint: You are currently not seeing messages from other users and the system."
+    result = parse_section("xid", [f"{STDERR_MARKER}{hint}", f"{EXIT_MARKER}0"])
+    assert result["state"] == "unreadable" and "run as root" in result["reason"]
+    empty = parse_section("xid", [f"{EXIT_MARKER}0"])
+    assert (empty["state"], empty["events"], empty["lines_read"]) == ("ok", [], 0)
+    flaps = parse_section("ib_flaps", [f"{EXIT_MARKER}0"])
+    assert (flaps["state"], flaps["total_flaps"]) == ("ok", 0)
+
+
+def test_unknown_section_is_unreadable() -> None:
+    assert parse_section("gpus", ["x"])["state"] == "unreadable"
+
+
+def test_combined_output_is_split_by_section() -> None:
+    lines = [
+        "gpunode:section=ibstat",
+        *read("ibstat/ibstat.47.0.a100.all.active.0").splitlines(),
+        f"{EXIT_MARKER}0",
+        "gpunode:section=nvme",
+        f"{ABSENT_MARKER}nvme",
+    ]
+    results = parse_combined(lines, ["ibstat", "nvme", "nvlink"])
+    assert results["ibstat"]["state"] == "ok" and len(results["ibstat"]["ports"]) == 9
+    assert results["nvme"]["state"] == "absent"
+    assert results["nvlink"]["state"] == "unreadable" and "missing" in results["nvlink"]["reason"]
+
+
+def test_combined_command_is_each_section_after_its_marker() -> None:
+    command = combined_command(["ibstat", "nvme"])
+    assert command == (
+        f"echo gpunode:section=ibstat; {SECTION_COMMANDS['ibstat']}; "
+        f"echo gpunode:section=nvme; {SECTION_COMMANDS['nvme']}"
+    )
+    with pytest.raises(ValueError, match="unknown sections"):
+        combined_command(["ibstat", "disks"])
+
+
+def test_section_commands_never_use_query_gpu() -> None:
+    assert not any("--query-gpu" in command for command in SECTION_COMMANDS.values())
+    assert re.search(r"\bnvidia-smi -q -x\b", SECTION_COMMANDS["nvidia_smi_xml"])

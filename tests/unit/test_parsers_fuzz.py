@@ -1,0 +1,208 @@
+"""Fuzzed input never breaks a parser: the answer is data, or unreadable with a reason.
+
+Inputs: random text and bytes, every real capture cut at random points, the nvidia-smi XML
+with random elements removed, random JSON for nvme-cli and the probe's report, and random
+framed section output. "internal parser error" (a parser bug caught by its guard) fails too.
+"""
+
+from __future__ import annotations
+
+import json
+import xml.etree.ElementTree as ElementTree
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from gpunode.probe.parsers import (
+    EXIT_MARKER,
+    SECTION_COMMANDS,
+    STDERR_MARKER,
+    parse_gpu_report,
+    parse_ib_flaps,
+    parse_ibstat,
+    parse_nvidia_smi_xml,
+    parse_nvlink_status,
+    parse_nvme_list,
+    parse_page_retirement,
+    parse_section,
+    parse_xid_events,
+)
+
+from .test_parsers import FIXTURE_CASES, read
+
+FUZZ = settings(
+    max_examples=200,
+    deadline=None,
+    database=None,  # no .hypothesis directory in the checkout
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+Parser = Callable[[str], dict[str, Any]]
+PARSERS: dict[str, Parser] = {
+    "nvidia_smi_xml": parse_nvidia_smi_xml,
+    "nvlink": parse_nvlink_status,
+    "page_retirement": parse_page_retirement,
+    "ibstat": parse_ibstat,
+    "nvme": parse_nvme_list,
+    "xid": parse_xid_events,
+    "ib_flaps": parse_ib_flaps,
+    "gpu": parse_gpu_report,
+}
+STATES = {"ok", "unreadable", "absent", "driver_not_loaded"}
+
+
+def check(result: Any) -> None:
+    """The contract: a dict that says what it is, and why when it is not data."""
+    assert isinstance(result, dict)
+    assert result["state"] in STATES
+    assert isinstance(result["command"], str) and result["command"]
+    if result["state"] != "ok":
+        assert isinstance(result["reason"], str) and result["reason"]
+        assert not result["reason"].startswith("internal parser error"), result["reason"]
+    json.dumps(result)  # what a fact returns must serialize
+
+
+# Text with the characters these formats are made of, so that fuzzing reaches past line 1.
+FORMAT_TEXT = st.lists(
+    st.sampled_from([*"GPU 0:1.xX()<>/\t\n =-'\"{}[],AaLinkCAPort", "\n\t\t", "GPU ", "CA '"]),
+    max_size=200,
+).map("".join)
+
+
+@pytest.mark.parametrize("name", list(PARSERS))
+@FUZZ
+@given(text=st.one_of(st.text(max_size=2000), FORMAT_TEXT))
+def test_random_text(name: str, text: str) -> None:
+    check(PARSERS[name](text))
+
+
+@pytest.mark.parametrize("name", list(PARSERS))
+@FUZZ
+@given(data=st.binary(max_size=2000))
+def test_random_bytes(name: str, data: bytes) -> None:
+    # pyinfra hands facts text; a node's tool can print any bytes, decoded leniently.
+    check(PARSERS[name](data.decode("utf-8", errors="replace")))
+    check(PARSERS[name](data.decode("latin-1")))
+
+
+CAPTURE_PARAMETERS = [
+    pytest.param(relative, extract, parse, id=f"{relative}:{label}")
+    for relative, cases in FIXTURE_CASES.items()
+    for label, extract, parse in cases
+]
+
+
+@pytest.mark.parametrize(("relative", "extract", "parse"), CAPTURE_PARAMETERS)
+@FUZZ
+@given(cut=st.floats(min_value=0.0, max_value=1.0))
+def test_truncated_real_captures(relative: str, extract: Any, parse: Parser, cut: float) -> None:
+    text = extract(read(relative))
+    check(parse(text[: int(len(text) * cut)]))
+
+
+@pytest.mark.parametrize(("relative", "extract", "parse"), CAPTURE_PARAMETERS)
+@FUZZ
+@given(data=st.data())
+def test_real_captures_with_a_line_dropped_or_mangled(
+    relative: str, extract: Any, parse: Parser, data: st.DataObject
+) -> None:
+    lines = extract(read(relative)).splitlines()
+    position = data.draw(st.integers(min_value=0, max_value=max(len(lines) - 1, 0)))
+    replacement = data.draw(
+        st.sampled_from(["", "garbage", "\t", "  : ", lines[position][:3] if lines else ""])
+    )
+    mangled = [*lines[:position], replacement, *lines[position + 1 :]]
+    check(parse("\n".join(mangled)))
+
+
+XML_CAPTURES = ["a100-sxm4-v12.xml", "tesla-t4.xml", "a10g.xml"]
+
+
+@pytest.mark.parametrize("capture", XML_CAPTURES)
+@FUZZ
+@given(data=st.data())
+def test_xml_with_elements_removed(capture: str, data: st.DataObject) -> None:
+    root = ElementTree.fromstring(read(f"nvidia-smi-xml/{capture}"))
+    parents = [(parent, child) for parent in root.iter() for child in parent]
+    chosen = data.draw(st.sets(st.integers(min_value=0, max_value=len(parents) - 1), max_size=40))
+    for index in sorted(chosen, reverse=True):
+        parent, child = parents[index]
+        if child in list(parent):
+            parent.remove(child)
+    result = parse_nvidia_smi_xml(ElementTree.tostring(root, encoding="unicode"))
+    check(result)
+    if result["state"] == "ok":
+        assert len(result["gpus"]) == len(root.findall("gpu"))
+
+
+@pytest.mark.parametrize("capture", XML_CAPTURES)
+@FUZZ
+@given(data=st.data())
+def test_xml_with_values_replaced(capture: str, data: st.DataObject) -> None:
+    root = ElementTree.fromstring(read(f"nvidia-smi-xml/{capture}"))
+    leaves = [element for element in root.iter() if len(element) == 0]
+    values = st.sampled_from(["N/A", "", "[Not Supported]", "-1", "1e9", "Active", "0x10", "nan"])
+    for index in data.draw(
+        st.sets(st.integers(min_value=0, max_value=len(leaves) - 1), max_size=60)
+    ):
+        leaves[index].text = data.draw(st.one_of(values, st.text(max_size=10)))
+    check(parse_nvidia_smi_xml(ElementTree.tostring(root, encoding="unicode")))
+
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
+    lambda children: (
+        st.lists(children, max_size=5) | st.dictionaries(st.text(max_size=12), children, max_size=5)
+    ),
+    max_leaves=30,
+)
+NVME_DEVICE = st.dictionaries(
+    st.sampled_from(
+        ["DevicePath", "ModelNumber", "SerialNumber", "PhysicalSize", "NameSpace", "Firmware"]
+    ),
+    JSON_VALUES,
+)
+
+
+@FUZZ
+@given(
+    document=st.one_of(
+        JSON_VALUES, st.fixed_dictionaries({"Devices": st.lists(NVME_DEVICE, max_size=4)})
+    )
+)
+def test_random_nvme_json(document: Any) -> None:
+    result = parse_nvme_list(json.dumps(document))
+    check(result)
+    if result["state"] == "ok":
+        assert len(result["devices"]) == len(document["Devices"])
+
+
+@FUZZ
+@given(
+    report=st.one_of(
+        JSON_VALUES,
+        st.fixed_dictionaries(
+            {"schema": st.just("gpunode.gpu-report/1"), "state": JSON_VALUES, "gpus": JSON_VALUES},
+            optional={"kernel_module": JSON_VALUES, "reason": JSON_VALUES},
+        ),
+    )
+)
+def test_random_probe_reports(report: Any) -> None:
+    check(parse_gpu_report(json.dumps(report)))
+
+
+SECTION_LINE = st.one_of(
+    st.text(max_size=60),
+    st.builds(lambda n: f"{EXIT_MARKER}{n}", st.integers(min_value=0, max_value=300)),
+    st.builds(lambda text: f"{STDERR_MARKER}{text}", st.text(max_size=30)),
+    st.just("gpunode:absent=ibstat"),
+)
+
+
+@pytest.mark.parametrize("name", list(SECTION_COMMANDS))
+@FUZZ
+@given(lines=st.lists(SECTION_LINE, max_size=20))
+def test_random_section_output(name: str, lines: list[str]) -> None:
+    check(parse_section(name, lines))
