@@ -1,10 +1,18 @@
-"""gpunode command line: the lab, inventory validation and the documented defaults."""
+"""gpunode command line: the lab, inventory validation, defaults and the drift check."""
 
 from __future__ import annotations
 
+import sys
+
+if sys.argv[1:2] == ["drift"]:
+    # pyinfra reaches hosts in parallel through gevent, which must patch sockets and ssl
+    # before anything imports them (as the pyinfra CLI itself does first thing).
+    from gevent import monkey
+
+    monkey.patch_all()
+
 import argparse
 import os
-import sys
 from collections.abc import Sequence
 
 from gpunode.inventory import InvalidInventory, fleet_of
@@ -46,6 +54,36 @@ def cmd_defaults(_: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_drift(args: argparse.Namespace) -> int:
+    from gpunode.drift import run_drift, select_hosts, stderr_progress
+    from gpunode.drift.baseline import apply_baseline
+    from gpunode.drift.output import (
+        render_json,
+        render_junit,
+        render_prometheus,
+        render_table,
+        write_atomically,
+    )
+
+    inventory = load_inventory(args.inventory)
+    try:
+        total = len(select_hosts(inventory, args.limit))
+        result = run_drift(inventory, args.inventory, args.limit, stderr_progress(total))
+    except InvalidInventory as error:
+        print(str(error), file=sys.stderr)
+        return 2
+    if args.baseline:
+        apply_baseline(result, args.baseline)
+    if args.junit:
+        write_atomically(args.junit, render_junit(result))
+    if args.prometheus:
+        write_atomically(args.prometheus, render_prometheus(result))
+    if args.write_baseline:
+        write_atomically(args.write_baseline, render_json(result))
+    print(render_json(result) if args.json else render_table(result), end="")
+    return result.exit_code
+
+
 def cmd_lab_up(args: argparse.Namespace) -> int:
     lab = Lab()
     nodes = lab.up(args.nodes, args.profiles.split(","))
@@ -82,6 +120,25 @@ def build_parser() -> argparse.ArgumentParser:
 
     defaults = commands.add_parser("defaults", help="print every setting with its default")
     defaults.set_defaults(func=cmd_defaults)
+
+    drift = commands.add_parser(
+        "drift",
+        help="compare every host with the inventory (exit 0 clean, 1 drift, 2 not checked)",
+    )
+    drift.add_argument("inventory")
+    drift.add_argument("--limit", help="hosts or groups, comma-separated")
+    drift.add_argument("--json", action="store_true", help="JSON on stdout instead of a table")
+    drift.add_argument("--junit", metavar="FILE", help="also write a JUnit XML report")
+    drift.add_argument(
+        "--prometheus", metavar="FILE", help="also write node_exporter textfile metrics"
+    )
+    drift.add_argument(
+        "--baseline", metavar="FILE", help="mark findings already in this JSON report as known"
+    )
+    drift.add_argument(
+        "--write-baseline", metavar="FILE", help="also write this run's JSON report here"
+    )
+    drift.set_defaults(func=cmd_drift)
 
     lab = commands.add_parser("lab", help="local fleet of Debian 12 lab nodes")
     lab_commands = lab.add_subparsers(dest="lab_command", required=True)

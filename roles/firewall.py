@@ -48,6 +48,7 @@ from facts.firewall import (
     FirewallState,
     SshClient,
 )
+from gpunode.drift.findings import Severity
 from gpunode.model import DesiredState, Firewall
 from gpunode.reach import fresh_login
 
@@ -299,6 +300,29 @@ def confirm_ssh_access(rollback_after_s: int) -> None:
 
 
 # --- operations ------------------------------------------------------------------------------
+
+
+def firewall_drift(desired: DesiredState, state: dict) -> list[tuple[str, Severity, str, str]]:
+    """(subject, severity, expected, found) for each way the node's firewall differs from
+    ``desired``; the FirewallState fact is ``state``. Used by the drift check."""
+    wanted = desired.firewall
+    live = state.get("live")
+    if not wanted.enabled:
+        if live is not None:
+            return [("table", Severity.INFO, f"no table {TABLE}", "table present")]
+        return []
+    if live is None:
+        return [("table", Severity.CRITICAL, f"table {TABLE} live", "absent: input not filtered")]
+    drift = []
+    if live != state.get("file_loads"):
+        drift.append(
+            ("rules", Severity.WARNING, f"live rules as {RULESET_PATH}", "changed by hand")
+        )
+    if state.get("file_sha256") != _sha256(render_ruleset(wanted, desired.sshd.port)):
+        drift.append(("ruleset", Severity.WARNING, "ruleset from inventory data", "different"))
+    if not state.get("unit_enabled"):
+        drift.append(("boot_unit", Severity.WARNING, f"{UNIT_NAME} enabled", "disabled"))
+    return drift
 
 
 def _sha256(text: str) -> str:

@@ -122,6 +122,24 @@ def render_sshd_config(sshd: Sshd) -> str:
     return "\n".join(lines) + "\n"
 
 
+# Keywords `sshd -T` does not print once (or at all), and spellings it normalises.
+_NOT_SINGLE_IN_EFFECTIVE = {"debianbanner", "hostkey", "listenaddress", "subsystem", "acceptenv"}
+_EFFECTIVE_SPELLING = {("permitrootlogin", "prohibit-password"): "without-password"}
+
+
+def expected_effective(sshd: Sshd) -> dict[str, str]:
+    """What ``sshd -T`` must print for every single-valued setting gpunode writes."""
+    expected = {}
+    for line in render_sshd_config(sshd).splitlines():
+        if not line or line.startswith(("#", "Include")):
+            continue
+        keyword, _, value = line.partition(" ")
+        key = keyword.lower()
+        if key not in _NOT_SINGLE_IN_EFFECTIVE:
+            expected[key] = _EFFECTIVE_SPELLING.get((key, value), value)
+    return expected
+
+
 def lockout_risks(desired: DesiredState, login_user: str | None, password: bool) -> list[str]:
     """Why applying ``desired`` would leave nobody able to log in with a key and sudo."""
     risks = []

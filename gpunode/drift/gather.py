@@ -6,6 +6,7 @@ and the others are still gathered: a nightly check must not lose the fleet to on
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import gevent
@@ -21,7 +22,11 @@ def make_state(inventory: Any, parallel: int = 64, connect_timeout: int = 10) ->
 
 
 def gather_fact(
-    state: State, fact: type, hosts: list[Any], **fact_kwargs: Any
+    state: State,
+    fact: type,
+    hosts: list[Any],
+    progress: Callable[[str], None] | None = None,
+    **fact_kwargs: Any,
 ) -> tuple[dict[str, Any], dict[str, str]]:
     """({host: fact value}, {host: why it could not be checked})."""
     values: dict[str, Any] = {}
@@ -39,6 +44,8 @@ def gather_fact(
             finally:
                 if host.connected:
                     host.disconnect()
+                if progress is not None:
+                    progress(host.name)
 
     greenlets = [state.pool.spawn(check, host) for host in hosts]
     gevent.joinall(greenlets)

@@ -1,0 +1,26 @@
+"""Everything the drift check compares, gathered in ONE SSH round trip per host."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from pyinfra.api import FactBase
+
+from facts.batch import FactBatch
+from facts.firewall import FirewallState
+from facts.hardware import GpuReport, InfinibandPorts, NvmeDevices
+from facts.sshd import SshdState
+from facts.tls import NodeCertificate
+
+
+class NodeState(FactBatch):
+    """GPU, InfiniBand, NVMe, sshd, firewall and TLS state of a node (see each fact)."""
+
+    FACTS: ClassVar[dict[str, type[FactBase]]] = {
+        "gpu": GpuReport,
+        "infiniband": InfinibandPorts,
+        "nvme": NvmeDevices,
+        "sshd": SshdState,
+        "firewall": FirewallState,
+        "tls": NodeCertificate,
+    }

@@ -1,0 +1,58 @@
+"""The nightly drift check: facts from every host against the inventory's desired state."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from gpunode.drift.findings import DriftResult
+from gpunode.inventory import fleet_of
+
+
+def select_hosts(inventory: Any, limit: str | None) -> list[Any]:
+    """Hosts named in ``limit`` (host or group names, comma-separated), else all."""
+    wanted = set(filter(None, (limit or "").split(",")))
+    hosts = [h for h in inventory if not wanted or h.name in wanted or wanted & set(h.groups)]
+    if wanted and not hosts:
+        raise SystemExit(f"gpunode drift: --limit {limit} matches no host or group")
+    return hosts
+
+
+def run_drift(
+    inventory: Any,
+    source: str,
+    limit: str | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> DriftResult:
+    """Gather NodeState from the selected hosts in parallel and evaluate every rule."""
+    from facts.node import NodeState
+    from gpunode.drift.gather import gather_fact, make_state
+    from gpunode.drift.rules import evaluate
+
+    fleet = fleet_of(inventory, source)
+    hosts = select_hosts(inventory, limit)
+    state = make_state(inventory)
+    values, unreachable = gather_fact(state, NodeState, hosts, progress=progress)
+    result = DriftResult(unreachable=unreachable)
+    for name, facts in sorted(values.items()):
+        if not facts.get("complete"):
+            result.unreachable[name] = "stopped answering during the check (output cut short)"
+            continue
+        result.checked_hosts.append(name)
+        result.findings.extend(evaluate(name, fleet.for_host(name), facts))
+    return result
+
+
+def stderr_progress(total: int) -> Callable[[str], None]:
+    done = 0
+
+    def report(host: str) -> None:
+        nonlocal done
+        done += 1
+        if sys.stderr.isatty():
+            sys.stderr.write(f"\r{done}/{total} hosts checked ({host})\033[K")
+            if done == total:
+                sys.stderr.write("\n")
+
+    return report

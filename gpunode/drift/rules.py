@@ -1,0 +1,276 @@
+"""Health and drift rules: the inventory's desired state and expected hardware against facts.
+
+Each rule reads one section of a host's NodeState fact and returns findings. Severity follows
+what an operator does about it: critical means jobs should not land on the node (hardware
+fault, driver broken, GPU missing); warning means a deploy or a reset fixes it; info is worth
+knowing but needs no action tonight. Thresholds and XID lists follow the public node health
+checks (Azure aznhc, LBNL NHC, DCGM) named in the project's reference notes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from gpunode.drift.findings import HARDWARE_TICKET, RUN_DEPLOY, Finding, Severity
+from gpunode.model import DesiredState
+
+Section = dict[str, Any]
+Rule = Callable[[DesiredState, dict[str, Any]], Iterator[tuple[str, Severity, str, str, str]]]
+
+# XIDs that mean the GPU or its memory is unusable until reset or repair (NVIDIA XID catalog;
+# the set the issue and aznhc treat as fatal).
+CRITICAL_XIDS = frozenset({48, 63, 64, 74, 79, 92, 94, 95, 119, 120})
+SLOWDOWN_REASONS = (
+    "hw_slowdown",
+    "hw_thermal_slowdown",
+    "hw_power_brake_slowdown",
+    "sw_thermal_slowdown",
+)
+REBOOT = "reboot the node (drain first)"
+CHECK_CABLE = "check the cable and the switch port"
+RESET_GPU = "drain and reset the GPU (nvidia-smi -r) or reboot"
+
+CRIT, WARN, INFO = Severity.CRITICAL, Severity.WARNING, Severity.INFO
+
+
+def _unreadable(name: str, section: Section) -> Iterator[tuple[str, Severity, str, str, str]]:
+    reason = section.get("reason") or section.get("state") or "no data"
+    yield f"{name}.unreadable", WARN, f"{name} facts readable", f"unreadable: {reason}", RUN_DEPLOY
+
+
+def gpu_rules(desired: DesiredState, facts: dict[str, Any]) -> Iterator[tuple]:
+    report: Section = facts.get("gpu") or {}
+    expected = desired.expected_hardware
+    state = report.get("state")
+    if state == "driver_not_loaded":
+        yield "gpu.driver_loaded", CRIT, "NVIDIA driver loaded", "not loaded", REBOOT
+        return
+    if state == "absent":
+        if expected.gpu_count:
+            yield "gpu.tooling", CRIT, "nvidia-smi present", "not installed", RUN_DEPLOY
+        return
+    if state != "ok":
+        yield from _unreadable("gpu", report)
+        return
+    gpus = report.get("gpus", [])
+    if expected.gpu_count is not None and len(gpus) != expected.gpu_count:
+        yield "gpu.count", CRIT, f"{expected.gpu_count} GPUs", f"{len(gpus)} GPUs", HARDWARE_TICKET
+    pinned = desired.nvidia_driver.driver_version
+    if pinned and report.get("driver_version") != pinned:
+        yield "driver.version", CRIT, pinned, str(report.get("driver_version")), RUN_DEPLOY
+    versions = report.get("driver_versions") or {}
+    if versions.get("mismatch"):
+        found = (
+            f"kernel module {versions.get('kernel_module')}, userspace {versions.get('userspace')}"
+        )
+        yield "driver.mismatch", CRIT, "kernel module and userspace agree", found, REBOOT
+    installed, loaded = versions.get("installed_package"), report.get("driver_version")
+    if installed and loaded and installed != loaded:
+        yield "node.reboot_required", WARN, f"driver {installed} loaded", f"{loaded} loaded", REBOOT
+    if expected.nvswitch:
+        fabric = (report.get("fabric_manager") or {}).get("state")
+        if fabric != "active":
+            yield "fabric_manager", CRIT, "nvidia-fabricmanager active", str(fabric), RUN_DEPLOY
+    for event in (report.get("xid_events") or {}).get("events", []):
+        xid = event.get("xid")
+        severity = CRIT if xid in CRITICAL_XIDS else WARN
+        subject = f"{xid}:{event.get('pci')}"
+        found = f"XID {xid} at {event.get('time')}: {str(event.get('message', ''))[:80]}"
+        yield f"gpu.xid:{subject}", severity, "no XID errors", found, HARDWARE_TICKET
+    for gpu in gpus:
+        yield from _gpu_device_rules(desired, gpu)
+
+
+def _gpu_device_rules(desired: DesiredState, gpu: dict[str, Any]) -> Iterator[tuple]:
+    expected = desired.expected_hardware
+    settings = desired.gpu_settings
+    label = f"{gpu.get('index')}"
+    if expected.gpu_model and gpu.get("name") != expected.gpu_model:
+        yield f"gpu.model:{label}", CRIT, expected.gpu_model, str(gpu.get("name")), HARDWARE_TICKET
+    wanted_persistence = settings.persistence_mode
+    persistence = gpu.get("persistence_mode")
+    if wanted_persistence is not None and persistence not in (None, wanted_persistence):
+        want, got = _on_off(wanted_persistence), _on_off(bool(persistence))
+        yield f"gpu.persistence:{label}", WARN, f"persistence {want}", got, RUN_DEPLOY
+    ecc = gpu.get("ecc_mode") or {}
+    if settings.ecc is not None and ecc.get("current") not in (None, settings.ecc):
+        pending = ecc.get("pending") == settings.ecc
+        yield (
+            f"gpu.ecc:{label}", INFO if pending else WARN, f"ECC {_on_off(settings.ecc)}",
+            f"ECC {_on_off(ecc['current'])}" + (" (change pending a reset)" if pending else ""),
+            RESET_GPU if pending else RUN_DEPLOY,
+        )  # fmt: skip
+    errors = (gpu.get("ecc_errors") or {}).get("volatile") or {}
+    if errors.get("uncorrected"):
+        found = f"{errors['uncorrected']} uncorrectable ECC errors since the last reset"
+        yield (
+            f"gpu.ecc_uncorrectable:{label}",
+            CRIT,
+            "no uncorrectable ECC errors",
+            found,
+            RESET_GPU,
+        )
+    rows = gpu.get("remapped_rows") or {}
+    if rows.get("failure"):
+        yield (
+            f"gpu.row_remap_failure:{label}",
+            CRIT,
+            "row remapping works",
+            "failed",
+            HARDWARE_TICKET,
+        )
+    elif rows.get("pending"):
+        yield f"gpu.row_remap_pending:{label}", WARN, "no pending row remap", "pending", RESET_GPU
+    pages = gpu.get("retired_pages") or {}
+    if pages.get("pending"):
+        yield f"gpu.page_retirement_pending:{label}", WARN, "none pending", "pending", RESET_GPU
+    retired = (pages.get("single_bit") or 0) + (pages.get("double_bit") or 0)
+    if retired:
+        yield f"gpu.retired_pages:{label}", INFO, "no retired pages", f"{retired} retired", "watch"
+    yield from _nvlink_rules(desired, gpu, label)
+    for reason in gpu.get("clock_event_reasons") or []:
+        if reason in SLOWDOWN_REASONS:
+            yield (
+                f"gpu.throttle:{label}:{reason}", WARN, "no hardware or thermal slowdown",
+                reason, "check cooling and power; open a hardware ticket if it persists",
+            )  # fmt: skip
+    pcie = gpu.get("pcie") or {}
+    # Only the width: an idle GPU lowers its link generation to save power, by design.
+    width, width_max = pcie.get("width_current"), pcie.get("width_max")
+    if width and width_max and width < width_max:
+        found = f"x{width} (max x{width_max})"
+        yield f"gpu.pcie_width:{label}", WARN, f"x{width_max}", found, HARDWARE_TICKET
+
+
+def _nvlink_rules(desired: DesiredState, gpu: dict[str, Any], label: str) -> Iterator[tuple]:
+    wanted = desired.expected_hardware.nvlink_links_per_gpu
+    if not wanted:
+        return
+    nvlink = gpu.get("nvlink") or {}
+    active = nvlink.get("active") or 0
+    if nvlink.get("state") == "unreadable":
+        yield f"gpu.nvlink:{label}", WARN, f"{wanted} NVLinks active", "unreadable", RUN_DEPLOY
+    elif active < wanted:
+        found = "all inactive" if nvlink.get("state") == "all_inactive" else f"{active} active"
+        yield f"gpu.nvlink:{label}", CRIT, f"{wanted} NVLinks active", found, HARDWARE_TICKET
+
+
+def _on_off(value: bool) -> str:
+    return "on" if value else "off"
+
+
+def infiniband_rules(desired: DesiredState, facts: dict[str, Any]) -> Iterator[tuple]:
+    expected = desired.expected_hardware
+    if not expected.ib_port_count:
+        return
+    section: Section = facts.get("infiniband") or {}
+    if section.get("state") != "ok":
+        if section.get("state") == "absent":
+            yield "ib.tooling", CRIT, "ibstat present", "not installed", RUN_DEPLOY
+        else:
+            yield from _unreadable("ib", section)
+        return
+    ports = [p for p in section.get("ports", []) if p.get("link_layer") == "InfiniBand"]
+    if len(ports) != expected.ib_port_count:
+        expected_text = f"{expected.ib_port_count} InfiniBand ports"
+        yield "ib.count", CRIT, expected_text, f"{len(ports)} ports", HARDWARE_TICKET
+    for port in ports:
+        name = f"{port.get('ca')}/{port.get('port')}"
+        if port.get("state") != "Active" or port.get("physical_state") != "LinkUp":
+            found = f"{port.get('state')} / {port.get('physical_state')}"
+            yield (
+                f"ib.port:{name}",
+                CRIT,
+                "Active / LinkUp",
+                found,
+                "check the cable and switch port",
+            )
+        elif expected.ib_rate_gbps and (port.get("rate") or 0) < expected.ib_rate_gbps:
+            found = f"{port.get('rate')} Gb/s"
+            yield f"ib.rate:{name}", WARN, f"{expected.ib_rate_gbps} Gb/s", found, HARDWARE_TICKET
+
+
+def nvme_rules(desired: DesiredState, facts: dict[str, Any]) -> Iterator[tuple]:
+    wanted = desired.expected_hardware.nvme_count
+    if wanted is None:
+        return
+    section: Section = facts.get("nvme") or {}
+    if section.get("state") == "absent" and wanted == 0:
+        return
+    if section.get("state") != "ok":
+        yield from _unreadable("nvme", section)
+        return
+    found = len(section.get("devices", []))
+    if found != wanted:
+        yield "nvme.count", CRIT, f"{wanted} NVMe drives", f"{found} drives", HARDWARE_TICKET
+
+
+def sshd_rules(desired: DesiredState, facts: dict[str, Any]) -> Iterator[tuple]:
+    import hashlib
+
+    from roles.sshd import expected_effective, render_sshd_config
+
+    section: Section = facts.get("sshd") or {}
+    effective = section.get("effective") or {}
+    if not effective:
+        yield from _unreadable("sshd", {"reason": section.get("effective_error")})
+        return
+    for keyword, wanted in expected_effective(desired.sshd).items():
+        found = effective.get(keyword, ["(unset)"])
+        if found != [wanted]:
+            yield f"sshd.{keyword}", WARN, wanted, ",".join(found), RUN_DEPLOY
+    rendered = hashlib.sha1(render_sshd_config(desired.sshd).encode()).hexdigest()
+    if section.get("config_sha1") != rendered:
+        yield "sshd.config", WARN, "sshd_config as gpunode wrote it", "edited", RUN_DEPLOY
+
+
+def firewall_rules(desired: DesiredState, facts: dict[str, Any]) -> Iterator[tuple]:
+    from roles.firewall import firewall_drift
+
+    section: Section = facts.get("firewall") or {}
+    if "state" in section and section.get("state") == "unreadable":
+        yield from _unreadable("firewall", section)
+        return
+    for subject, severity, expected, found in firewall_drift(desired, section):
+        yield f"firewall.{subject}", severity, expected, found, RUN_DEPLOY
+
+
+def tls_rules(desired: DesiredState, facts: dict[str, Any]) -> Iterator[tuple]:
+    wanted = desired.tls
+    if not wanted.enabled:
+        return
+    cert: Section = facts.get("tls") or {}
+    state = cert.get("state")
+    if state == "absent":
+        yield "tls.certificate", WARN, "a node certificate", "none", RUN_DEPLOY
+        return
+    if state != "present":
+        yield from _unreadable("tls", cert)
+        return
+    if cert.get("key") != "matches":
+        yield "tls.key", CRIT, "key matches certificate", str(cert.get("key")), RUN_DEPLOY
+    days = cert.get("days_to_expiry")
+    if isinstance(days, int) and days <= wanted.renew_before_days:
+        severity = CRIT if days <= 7 else WARN
+        found = f"expires in {days} days ({cert.get('not_after')})"
+        yield "tls.expiry", severity, f"> {wanted.renew_before_days} days left", found, RUN_DEPLOY
+
+
+RULES: tuple[Rule, ...] = (
+    gpu_rules,
+    infiniband_rules,
+    nvme_rules,
+    sshd_rules,
+    firewall_rules,
+    tls_rules,
+)
+
+
+def evaluate(host: str, desired: DesiredState, facts: dict[str, Any]) -> list[Finding]:
+    """Every rule over one host's facts."""
+    findings = []
+    for rule in RULES:
+        for finding_id, severity, expected, found, fix in rule(desired, facts):
+            findings.append(Finding(finding_id, host, severity, expected, found, fix))
+    return findings
