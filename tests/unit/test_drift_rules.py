@@ -1,0 +1,223 @@
+"""Every drift/health rule: a healthy node passes, each fault gives exactly its finding."""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from gpunode.drift.findings import Severity
+from gpunode.drift.rules import evaluate
+from gpunode.model import DesiredState, build_desired_state
+from roles.firewall import _sha256, render_ruleset
+from roles.sshd import expected_effective, render_sshd_config
+
+DATA = {
+    "expected_hardware": {
+        "gpu_model": "NVIDIA H100 80GB HBM3",
+        "gpu_count": 2,
+        "nvswitch": True,
+        "nvlink_links_per_gpu": 18,
+        "ib_port_count": 2,
+        "ib_rate_gbps": 400,
+        "nvme_count": 2,
+    },
+    "gpu_settings": {"persistence_mode": True, "ecc": True},
+    "nvidia_driver": {"source": "nvidia", "branch": "570", "version": "570.195.03-1"},
+    "firewall": {"enabled": True},
+    "tls": {"enabled": True},
+}
+
+
+def desired(data: dict[str, Any] | None = None) -> DesiredState:
+    state, problems = build_desired_state(DATA if data is None else data)
+    assert problems == []
+    return state
+
+
+def healthy_gpu(index: int) -> dict[str, Any]:
+    return {
+        "index": index,
+        "uuid": f"GPU-{index}",
+        "name": "NVIDIA H100 80GB HBM3",
+        "persistence_mode": True,
+        "ecc_mode": {"current": True, "pending": True},
+        "ecc_errors": {"volatile": {"corrected": 3, "uncorrected": 0}},
+        "remapped_rows": {"pending": False, "failure": False},
+        "retired_pages": {"single_bit": None, "double_bit": None, "pending": None},
+        "nvlink": {"state": "ok", "active": 18, "total": 18},
+        "clock_event_reasons": ["gpu_idle"],
+        "pcie": {"gen_current": 2, "gen_max": 5, "width_current": 16, "width_max": 16},
+    }
+
+
+def healthy_facts() -> dict[str, Any]:
+    wanted = desired()
+    sshd_effective = {key: [value] for key, value in expected_effective(wanted.sshd).items()}
+    return {
+        "complete": True,
+        "gpu": {
+            "state": "ok",
+            "driver_version": "570.195.03",
+            "driver_versions": {"mismatch": False, "installed_package": "570.195.03"},
+            "fabric_manager": {"state": "active"},
+            "xid_events": {"state": "ok", "events": []},
+            "gpus": [healthy_gpu(0), healthy_gpu(1)],
+        },
+        "infiniband": {
+            "state": "ok",
+            "ports": [
+                {
+                    "ca": f"mlx5_{i}",
+                    "port": 1,
+                    "state": "Active",
+                    "physical_state": "LinkUp",
+                    "rate": 400,
+                    "link_layer": "InfiniBand",
+                }
+                for i in range(2)
+            ]
+            + [
+                {
+                    "ca": "mlx5_9",
+                    "port": 1,
+                    "state": "Down",
+                    "physical_state": "Disabled",
+                    "rate": 10,
+                    "link_layer": "Ethernet",
+                }
+            ],
+        },
+        "nvme": {"state": "ok", "devices": [{"serial": "a"}, {"serial": "b"}]},
+        "sshd": {
+            "effective": sshd_effective,
+            "config_sha1": hashlib.sha1(render_sshd_config(wanted.sshd).encode()).hexdigest(),
+        },
+        "firewall": {
+            "live": "table inet gpunode {}",
+            "file_loads": "table inet gpunode {}",
+            "file_sha256": _sha256(render_ruleset(wanted.firewall, wanted.sshd.port)),
+            "unit_enabled": True,
+        },
+        "tls": {"state": "present", "key": "matches", "days_to_expiry": 200},
+    }
+
+
+def findings(facts: dict[str, Any], state: DesiredState | None = None) -> dict[str, Severity]:
+    return {f.id: f.severity for f in evaluate("node-1", state or desired(), facts)}
+
+
+def test_healthy_node_has_no_findings() -> None:
+    assert findings(healthy_facts()) == {}
+
+
+Mutation = Callable[[dict[str, Any]], None]
+
+
+def set_path(path: str, value: Any) -> Mutation:
+    def mutate(facts: dict[str, Any]) -> None:
+        *parents, last = path.split(".")
+        node: Any = facts
+        for part in parents:
+            node = node[int(part)] if isinstance(node, list) else node[part]
+        if isinstance(node, list):
+            node[int(last)] = value
+        else:
+            node[last] = value
+
+    return mutate
+
+
+FAULTS = [
+    pytest.param(set_path("gpu.gpus", [healthy_gpu(0)]), {"gpu.count": Severity.CRITICAL},
+                 id="gpu-fell-off-the-bus"),
+    pytest.param(set_path("gpu.gpus.1.name", "NVIDIA A100-SXM4-80GB"),
+                 {"gpu.model:1": Severity.CRITICAL}, id="wrong-gpu-model"),
+    pytest.param(set_path("gpu", {"state": "driver_not_loaded", "reason": "exit 9"}),
+                 {"gpu.driver_loaded": Severity.CRITICAL}, id="driver-not-loaded"),
+    pytest.param(set_path("gpu.driver_version", "570.124.06"),
+                 {"driver.version": Severity.CRITICAL, "node.reboot_required": Severity.WARNING},
+                 id="driver-upgraded-by-hand-not-loaded"),
+    pytest.param(set_path("gpu.driver_versions.mismatch", True),
+                 {"driver.mismatch": Severity.CRITICAL}, id="userspace-kernel-mismatch"),
+    pytest.param(set_path("gpu.fabric_manager.state", "failed"),
+                 {"fabric_manager": Severity.CRITICAL}, id="fabric-manager-down"),
+    pytest.param(set_path("gpu.xid_events.events", [{"xid": 79, "pci": "0000:18:00"}]),
+                 {"gpu.xid:79:0000:18:00": Severity.CRITICAL}, id="critical-xid"),
+    pytest.param(set_path("gpu.xid_events.events", [{"xid": 13, "pci": "0000:18:00"}]),
+                 {"gpu.xid:13:0000:18:00": Severity.WARNING}, id="application-xid"),
+    pytest.param(set_path("gpu.gpus.0.persistence_mode", False),
+                 {"gpu.persistence:0": Severity.WARNING}, id="persistence-off"),
+    pytest.param(set_path("gpu.gpus.0.ecc_mode", {"current": False, "pending": False}),
+                 {"gpu.ecc:0": Severity.WARNING}, id="ecc-off"),
+    pytest.param(set_path("gpu.gpus.0.ecc_mode", {"current": False, "pending": True}),
+                 {"gpu.ecc:0": Severity.INFO}, id="ecc-pending-reset"),
+    pytest.param(set_path("gpu.gpus.0.ecc_errors.volatile.uncorrected", 2),
+                 {"gpu.ecc_uncorrectable:0": Severity.CRITICAL}, id="uncorrectable-ecc"),
+    pytest.param(set_path("gpu.gpus.0.remapped_rows.pending", True),
+                 {"gpu.row_remap_pending:0": Severity.WARNING}, id="row-remap-pending"),
+    pytest.param(set_path("gpu.gpus.0.remapped_rows.failure", True),
+                 {"gpu.row_remap_failure:0": Severity.CRITICAL}, id="row-remap-failed"),
+    pytest.param(set_path("gpu.gpus.0.retired_pages", {"pending": True, "single_bit": 1}),
+                 {"gpu.page_retirement_pending:0": Severity.WARNING,
+                  "gpu.retired_pages:0": Severity.INFO}, id="retired-pages"),
+    pytest.param(set_path("gpu.gpus.1.nvlink", {"state": "ok", "active": 17, "total": 18}),
+                 {"gpu.nvlink:1": Severity.CRITICAL}, id="nvlink-down"),
+    pytest.param(set_path("gpu.gpus.1.nvlink", {"state": "all_inactive", "active": 0}),
+                 {"gpu.nvlink:1": Severity.CRITICAL}, id="nvlink-all-inactive"),
+    pytest.param(set_path("gpu.gpus.0.clock_event_reasons", ["hw_thermal_slowdown"]),
+                 {"gpu.throttle:0:hw_thermal_slowdown": Severity.WARNING}, id="thermal-throttle"),
+    pytest.param(set_path("gpu.gpus.0.pcie.width_current", 8),
+                 {"gpu.pcie_width:0": Severity.WARNING}, id="pcie-width-below-max"),
+    pytest.param(set_path("infiniband.ports.1.state", "Down"),
+                 {"ib.port:mlx5_1/1": Severity.CRITICAL}, id="ib-port-down"),
+    pytest.param(set_path("infiniband.ports.0.rate", 200),
+                 {"ib.rate:mlx5_0/1": Severity.WARNING}, id="ib-half-rate"),
+    pytest.param(set_path("nvme.devices", [{"serial": "a"}]),
+                 {"nvme.count": Severity.CRITICAL}, id="nvme-missing"),
+    pytest.param(set_path("sshd.effective.passwordauthentication", ["yes"]),
+                 {"sshd.passwordauthentication": Severity.WARNING}, id="sshd-edited"),
+    pytest.param(set_path("sshd.config_sha1", "0" * 40),
+                 {"sshd.config": Severity.WARNING}, id="sshd-config-file-edited"),
+    pytest.param(set_path("firewall.live", "table inet gpunode { chain input {} }"),
+                 {"firewall.rules": Severity.WARNING}, id="firewall-rule-deleted"),
+    pytest.param(set_path("firewall.live", None),
+                 {"firewall.table": Severity.CRITICAL}, id="firewall-table-gone"),
+    pytest.param(set_path("tls.days_to_expiry", 20),
+                 {"tls.expiry": Severity.WARNING}, id="certificate-near-expiry"),
+    pytest.param(set_path("tls.days_to_expiry", 3),
+                 {"tls.expiry": Severity.CRITICAL}, id="certificate-about-to-expire"),
+    pytest.param(set_path("tls.key", "mismatch"),
+                 {"tls.key": Severity.CRITICAL}, id="certificate-key-mismatch"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("mutate", "expected"), FAULTS)
+def test_each_fault_gives_exactly_its_findings(
+    mutate: Mutation, expected: dict[str, Severity]
+) -> None:
+    facts = copy.deepcopy(healthy_facts())
+    mutate(facts)
+    assert findings(facts) == expected
+
+
+def test_unreadable_sections_are_findings_not_silence() -> None:
+    facts = healthy_facts()
+    facts["infiniband"] = {"state": "unreadable", "reason": "ibstat: truncated"}
+    facts["gpu"] = {"state": "unreadable", "reason": "nvidia-smi -q -x: not XML"}
+    assert findings(facts) == {
+        "gpu.unreadable": Severity.WARNING,
+        "ib.unreadable": Severity.WARNING,
+    }
+
+
+def test_nothing_expected_means_nothing_checked() -> None:
+    facts = healthy_facts()
+    facts["infiniband"] = {"state": "absent"}
+    facts["nvme"] = {"state": "absent"}
+    facts["gpu"] = {"state": "absent"}
+    # Defaults: no firewall wanted, so a live table is only worth knowing about.
+    assert findings(facts, desired({})) == {"firewall.table": Severity.INFO}
