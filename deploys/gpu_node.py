@@ -15,10 +15,13 @@ from gpunode.inventory import desired_state
 from roles.admin_users import admin_users
 from roles.base import base_system
 from roles.firewall import firewall
+from roles.gpu_metrics import gpu_metrics
 from roles.gpu_settings import gpu_settings
+from roles.kernel import kernel_hardening
 from roles.nvidia_repos import nvidia_repositories
 from roles.sshd import sshd
 from roles.tls import tls_certificate
+from roles.unattended_upgrades import unattended_upgrades
 
 desired = desired_state()
 
@@ -27,5 +30,8 @@ admin_users(desired=desired)
 firewall(desired=desired)
 sshd(desired=desired)
 tls_certificate(desired=desired)
+kernel_hardening(desired=desired)
+unattended_upgrades(desired=desired)
 nvidia_repositories(desired=desired)
 gpu_settings(desired=desired)
+gpu_metrics(desired=desired)

@@ -346,8 +346,9 @@ class UnattendedUpgrades:
 
     enabled: bool = setting(False, "install and enable unattended-upgrades")
     blacklist: tuple[str, ...] = setting(
-        ("nvidia-", "libnvidia-", "cuda-", "libcuda", "datacenter-gpu-manager", "linux-image-",
-         "linux-headers-", "linux-modules-"),
+        ("nvidia-", "libnvidia-", "cuda-", "libcuda", "datacenter-gpu-manager", "firmware-nvidia-",
+         "xserver-xorg-video-nvidia", "libnvcuvid", "libnvoptix", "libnccl", "libcudnn",
+         "linux-image-", "linux-headers-", "linux-modules-"),
         "package name prefixes unattended-upgrades must never touch",
         pattern=r"[a-z0-9][a-z0-9+.-]*",
         accepts="package name prefixes",
@@ -612,6 +613,19 @@ class NvmeCache:
 
 
 @dataclass(frozen=True)
+class GpuMetrics:
+    """Node-local health metrics: the GPU probe writes a node_exporter textfile on a timer."""
+
+    enabled: bool = setting(False, "install the probe and its timer on the node")
+    interval_minutes: int = setting(5, "how often the probe runs", min=1, max=60)
+    textfile_dir: str = setting(
+        "/var/lib/prometheus/node-exporter",
+        "node_exporter's textfile collector directory (Debian's default)",
+        pattern=ABSOLUTE_PATH,
+    )
+
+
+@dataclass(frozen=True)
 class ExpectedHardware:
     """What should be in the box; the drift check compares facts against it."""
 
@@ -654,6 +668,7 @@ class DesiredState:
     nccl: Nccl = setting(Nccl(), "NCCL")
     infiniband: Infiniband = setting(Infiniband(), "InfiniBand / RDMA")
     nvme_cache: NvmeCache = setting(NvmeCache(), "NVMe cache")
+    gpu_metrics: GpuMetrics = setting(GpuMetrics(), "node-local GPU health metrics")
     expected_hardware: ExpectedHardware = setting(ExpectedHardware(), "expected hardware")
 
     @property

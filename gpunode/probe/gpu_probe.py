@@ -1125,10 +1125,91 @@ def parse_since(text: str) -> datetime:
     return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)  # noqa: UP017
 
 
+def _metric_labels(**labels: object) -> str:
+    text = ",".join(
+        f'{key}="{str(value).replace(chr(92), chr(92) * 2).replace(chr(34), chr(92) + chr(34))}"'
+        for key, value in labels.items()
+    )
+    return "{" + text + "}"
+
+
+# (metric, help, value from one normalized GPU)
+GPU_METRICS = (
+    ("gpunode_gpu_persistence_mode", "1 if persistence mode is on",
+     lambda gpu: gpu.get("persistence_mode")),
+    ("gpunode_gpu_ecc_uncorrected_volatile", "uncorrectable ECC errors since the last reset",
+     lambda gpu: ((gpu.get("ecc_errors") or {}).get("volatile") or {}).get("uncorrected")),
+    ("gpunode_gpu_remapped_rows_pending", "1 if a row remap waits for a reset",
+     lambda gpu: (gpu.get("remapped_rows") or {}).get("pending")),
+    ("gpunode_gpu_remapped_rows_failure", "1 if row remapping failed",
+     lambda gpu: (gpu.get("remapped_rows") or {}).get("failure")),
+    ("gpunode_gpu_temperature_celsius", "GPU temperature",
+     lambda gpu: (gpu.get("temperature_c") or {}).get("gpu")),
+    ("gpunode_gpu_power_draw_watts", "power draw",
+     lambda gpu: (gpu.get("power_w") or {}).get("draw")),
+    ("gpunode_gpu_nvlink_active_links", "active NVLinks",
+     lambda gpu: (gpu.get("nvlink") or {}).get("active")),
+)  # fmt: skip
+
+
+def render_prometheus(report: dict[str, Any]) -> str:
+    """node_exporter textfile metrics for a probe report (node-local health mode)."""
+    lines = [
+        "# HELP gpunode_gpu_probe_ok 1 if the GPU probe could read the GPUs",
+        "# TYPE gpunode_gpu_probe_ok gauge",
+        f"gpunode_gpu_probe_ok{_metric_labels(state=report.get('state'))} "
+        f"{int(report.get('state') == 'ok')}",
+        "# HELP gpunode_gpu_count GPUs the driver reports",
+        "# TYPE gpunode_gpu_count gauge",
+        f"gpunode_gpu_count {len(report.get('gpus') or [])}",
+    ]
+    gpus = report.get("gpus") or []
+    for metric, help_text, value_of in GPU_METRICS:
+        lines += [f"# HELP {metric} {help_text}", f"# TYPE {metric} gauge"]
+        for gpu in gpus:
+            value = value_of(gpu)
+            if value is not None:
+                labels = _metric_labels(gpu=gpu.get("index"), uuid=gpu.get("uuid"))
+                lines.append(f"{metric}{labels} {float(value):g}")
+    lines += [
+        "# HELP gpunode_gpu_clock_event_reason 1 per active clock event (throttle) reason",
+        "# TYPE gpunode_gpu_clock_event_reason gauge",
+    ]
+    for gpu in gpus:
+        for reason in gpu.get("clock_event_reasons") or []:
+            labels = _metric_labels(gpu=gpu.get("index"), uuid=gpu.get("uuid"), reason=reason)
+            lines.append(f"gpunode_gpu_clock_event_reason{labels} 1")
+    lines += [
+        "# HELP gpunode_gpu_xid_events XID events in the probe's window, per XID",
+        "# TYPE gpunode_gpu_xid_events gauge",
+    ]
+    counts: dict[tuple[object, object], int] = {}
+    for event in (report.get("xid_events") or {}).get("events") or []:
+        key = (event.get("xid"), event.get("pci"))
+        counts[key] = counts.get(key, 0) + 1
+    for (xid, pci), count in sorted(counts.items(), key=str):
+        lines.append(f"gpunode_gpu_xid_events{_metric_labels(xid=xid, pci=pci)} {count}")
+    return "\n".join(lines) + "\n"
+
+
+def write_atomically(path: str, content: str) -> None:
+    """node_exporter must never read half a file: write beside it, then rename."""
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    temporary = os.path.join(directory, f".{os.path.basename(path)}.{os.getpid()}")
+    with open(temporary, "w", encoding="utf-8") as stream:
+        stream.write(content)
+    os.chmod(temporary, 0o644)
+    os.replace(temporary, path)
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="gpu_probe", description=__doc__.splitlines()[0])
     parser.add_argument("--xid-since", type=parse_since, help="ISO 8601 time (default: 24 h ago)")
     parser.add_argument("--no-nvml", action="store_true", help="read nvidia-smi, not NVML")
+    parser.add_argument(
+        "--prometheus", metavar="FILE", help="write node_exporter textfile metrics, not JSON"
+    )
     options = parser.parse_args(argv)
     nvml, origin = (None, "disabled by --no-nvml") if options.no_nvml else load_pynvml()
     try:
@@ -1140,6 +1221,9 @@ def main(argv: list[str]) -> int:
             "reason": f"probe error: {error!r}",
             "gpus": [],
         }
+    if options.prometheus:
+        write_atomically(options.prometheus, render_prometheus(report))
+        return 0
     sys.stdout.write(json.dumps(report, sort_keys=True, separators=(",", ":")) + "\n")
     return 0
 

@@ -44,3 +44,5 @@ firewall = {
     "monitoring_networks": [f"{_lab.gateway}/32"],
     "fabric_networks": [_lab.subnet],
 }
+
+gpu_metrics = {"enabled": True}

@@ -1,0 +1,82 @@
+"""Node-local GPU health metrics: the probe writes a node_exporter textfile every few minutes.
+
+The same probe the drift check runs over SSH is installed on the node (with the pure-Python
+pynvml beside it, so the node needs no pip) and run by a systemd timer; Prometheus then sees
+XIDs, ECC, row remapping and throttling between nightly drift checks.
+"""
+
+from __future__ import annotations
+
+from io import StringIO
+from pathlib import Path
+
+import pynvml
+from pyinfra.api import deploy
+from pyinfra.operations import files, systemd
+
+import gpunode.probe.gpu_probe as gpu_probe
+from gpunode.model import DesiredState
+
+INSTALL_DIR = "/usr/local/lib/gpunode-probe"
+UNIT = "gpunode-gpu-metrics"
+METRICS_FILE = "gpunode_gpu.prom"
+
+
+def render_units(textfile_dir: str, interval_minutes: int) -> tuple[str, str]:
+    service = (
+        "[Unit]\nDescription=gpunode GPU health metrics for node_exporter\n\n"
+        "[Service]\nType=oneshot\n"
+        f"ExecStart=/usr/bin/python3 -I {INSTALL_DIR}/gpu_probe.py "
+        f"--prometheus {textfile_dir}/{METRICS_FILE}\n"
+        "Nice=10\n"
+    )
+    timer = (
+        "[Unit]\nDescription=Run the gpunode GPU probe periodically\n\n"
+        f"[Timer]\nOnBootSec=1min\nOnUnitActiveSec={interval_minutes}min\n\n"
+        "[Install]\nWantedBy=timers.target\n"
+    )
+    return service, timer
+
+
+@deploy("GPU health metrics")
+def gpu_metrics(desired: DesiredState) -> None:
+    wanted = desired.gpu_metrics
+    unit_dir = "/etc/systemd/system"
+    if not wanted.enabled:
+        timer = files.file(
+            name="No GPU metrics timer", path=f"{unit_dir}/{UNIT}.timer", present=False
+        )
+        files.file(name="No GPU metrics service", path=f"{unit_dir}/{UNIT}.service", present=False)
+        systemd.daemon_reload(name="Reload systemd after removing units", _if=timer.did_change)
+        return
+    files.directory(name=f"Directory {INSTALL_DIR}", path=INSTALL_DIR, mode="755")
+    files.put(
+        name="GPU probe",
+        src=str(Path(gpu_probe.__file__)),
+        dest=f"{INSTALL_DIR}/gpu_probe.py",
+        mode="644",
+    )
+    files.put(
+        name="pynvml (pure Python, shipped so the node needs no pip)",
+        src=str(Path(pynvml.__file__)),
+        dest=f"{INSTALL_DIR}/pynvml.py",
+        mode="644",
+    )
+    files.directory(name=f"Directory {wanted.textfile_dir}", path=wanted.textfile_dir, mode="755")
+    service, timer_text = render_units(wanted.textfile_dir, wanted.interval_minutes)
+    service_op = files.put(
+        name=f"{UNIT}.service", src=StringIO(service), dest=f"{unit_dir}/{UNIT}.service"
+    )
+    timer_op = files.put(
+        name=f"{UNIT}.timer", src=StringIO(timer_text), dest=f"{unit_dir}/{UNIT}.timer"
+    )
+    systemd.daemon_reload(
+        name="Reload systemd after a unit change",
+        _if=lambda: service_op.did_change() or timer_op.did_change(),
+    )
+    systemd.service(
+        name=f"{UNIT}.timer enabled and running",
+        service=f"{UNIT}.timer",
+        running=True,
+        enabled=True,
+    )
