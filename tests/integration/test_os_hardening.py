@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 
 from gpunode.lab import LOGIN_USER, Lab, LabNode
-from gpunode.model import DesiredState
+from gpunode.model import DesiredState, UnattendedUpgrades
 from roles.kernel import SYSCTL_PATH, parse_sysctl_conf, sysctl_values
-from roles.unattended_upgrades import CONFIG_PATH
+from roles.unattended_upgrades import CONFIG_PATH, blacklist_pattern
 
 from .conftest import PyinfraRun, run_pyinfra, ssh
 
@@ -256,10 +256,13 @@ def test_unattended_upgrades_load_the_blacklist_enabled_or_not(
         log = dry_run_log(lab, node)
         blacklist = re.search(r"Initial blacklist: (.*)", log)
         assert blacklist is not None, log
-        assert blacklist.group(1).split() == [
+        assert blacklist.group(1).split()[:5] == [
             "^nvidia-", "^libnvidia-", "^cuda-", "^libcuda", "^datacenter-gpu-manager",
-            "^linux-image-", "^linux-headers-", "^linux-modules-",
         ]  # fmt: skip
+        assert blacklist.group(1).split() == [
+            blacklist_pattern(prefix) for prefix in UnattendedUpgrades().blacklist
+        ]
+        assert "^linux-image-" in blacklist.group(1).split()
         origins = re.search(r"Allowed origins are: (.*)", log)
         assert origins is not None, log
         assert origins.group(1).split(", ") == [

@@ -18,7 +18,8 @@ def test_enabled_config_is_security_only_with_blacklist_and_no_reboot() -> None:
     text = render_unattended_upgrades_conf(UnattendedUpgrades(enabled=True))
     assert blacklist_of(text) == [
         "^nvidia-", "^libnvidia-", "^cuda-", "^libcuda", "^datacenter-gpu-manager",
-        "^linux-image-", "^linux-headers-", "^linux-modules-",
+        "^firmware-nvidia-", "^xserver-xorg-video-nvidia", "^libnvcuvid", "^libnvoptix",
+        "^libnccl", "^libcudnn", "^linux-image-", "^linux-headers-", "^linux-modules-",
     ]  # fmt: skip
     assert 'Unattended-Upgrade::Automatic-Reboot "false";' in text
     # Debian's 50unattended-upgrades also allows point releases; #clear drops its list first.
