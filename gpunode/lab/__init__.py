@@ -419,10 +419,14 @@ class Lab:
         raise LabError(f"{node.name} did not finish booting in {BOOT_TIMEOUT_S} s")
 
     def _memory_mib(self, container: str) -> float:
-        stats = self.client.containers.get(container).stats(stream=False)
-        usage = stats.get("memory_stats", {})
-        cache = usage.get("stats", {}).get("cache", 0)
-        return round((usage.get("usage", 0) - cache) / 2**20, 1)
+        """Resident memory of the node's processes (page cache is the host's to reclaim)."""
+        memory = self.client.containers.get(container).stats(stream=False).get("memory_stats", {})
+        stats = memory.get("stats", {})
+        if "total_rss" in stats:  # cgroup v1
+            used = stats["total_rss"]
+        else:  # cgroup v2: anon is the resident, non-file-backed part
+            used = stats.get("anon", memory.get("usage", 0) - stats.get("inactive_file", 0))
+        return round(used / 2**20, 1)
 
     def _write_state(self, nodes: list[LabNode]) -> None:
         self.nodes_path.write_text(json.dumps([asdict(node) for node in nodes], indent=2) + "\n")
