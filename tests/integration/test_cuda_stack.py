@@ -1,0 +1,448 @@
+"""deploys/cuda.py on lab nodes: CUDA toolkits, Container Toolkit and DCGM from the lab's mirror.
+
+The module starts from nodes without any of the stack (its packages purged, engine configs
+replaced by ones holding other settings), converges them, changes the data (pin, default runtime,
+releases, exporter) and ends with the nodes converged to the base data again.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import tomllib
+from typing import Any
+
+import pytest
+
+from gpunode.lab import Lab, LabNode
+
+from .conftest import PYINFRA, ROOT, PyinfraRun, run_pyinfra, ssh, write_inventory
+
+pytestmark = pytest.mark.lab
+
+DEPLOY = "deploys/cuda.py"
+TOOLKIT_PACKAGES = (
+    "nvidia-container-toolkit",
+    "nvidia-container-toolkit-base",
+    "libnvidia-container-tools",
+    "libnvidia-container1",
+)
+# Everything the stack's roles install, by name prefix (the driver's packages are not among them).
+STACK_PREFIXES = (
+    "cuda-",
+    "libnvidia-container",
+    "nvidia-container-toolkit",
+    "datacenter-gpu-manager",
+    "dcgm-exporter",
+    "libnccl",
+)
+DRIVER_PACKAGES = (
+    "cuda",
+    "cuda-drivers",
+    "cuda-12-4",
+    "cuda-12-8",
+    "cuda-runtime-12-4",
+    "cuda-runtime-12-8",
+    "nvidia-driver",
+    "nvidia-driver-cuda",
+    "libcuda1",
+    "nvidia-kernel-dkms",
+    "nvidia-kernel-open-dkms",
+    "nvidia-open",
+)
+DOCKER_SETTINGS = {
+    "log-driver": "json-file",
+    "log-opts": {"max-size": "10m"},
+    "data-root": "/srv/docker",
+    "default-address-pools": [{"base": "172.30.0.0/16", "size": 24}],
+}
+CONTAINERD_CONFIG = """\
+version = 2
+# Site setting that must survive: runc with the systemd cgroup driver.
+[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+  runtime_type = "io.containerd.runc.v2"
+[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+  SystemdCgroup = true
+"""
+
+
+def sudo(lab: Lab, node: LabNode, command: str) -> str:
+    result = ssh(lab, node, f"sudo sh -c {shlex.quote(command)}")
+    assert result.returncode == 0, f"{command}\n{result.stdout}\n{result.stderr}"
+    return result.stdout
+
+
+def stack_data(lab: Lab, **changes: Any) -> dict[str, Any]:
+    """The lab's apt data (as inventories/group_data/lab.py) and the stack under test."""
+    repo = lab.repo_base_url
+    keyrings = lab.repo_dir / "keyrings"
+    data: dict[str, Any] = {
+        "apt": {
+            "cuda_repo_url": f"{repo}/cuda/debian12/x86_64",
+            "container_toolkit_repo_url": f"{repo}/libnvidia-container/stable/deb/amd64",
+            "cuda_keyring": str(keyrings / "cuda-archive-keyring.gpg"),
+            "container_toolkit_keyring": str(keyrings / "nvidia-container-toolkit-keyring.gpg"),
+        },
+        "cuda": {"versions": ["12.4", "12.8"], "default": "12.8"},
+        "container_runtime": {
+            "engines": ["docker", "containerd"],
+            "toolkit_version": "1.17.4-1",
+            "cdi": True,
+        },
+        "dcgm": {"enabled": True},
+        "nccl": {"install_libnccl": True},
+    }
+    for section, values in changes.items():
+        data[section] = {**data[section], **values}
+    return data
+
+
+@pytest.fixture(scope="module")
+def inventories(
+    lab: Lab, lab_nodes: list[LabNode], tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, str]:
+    directory = tmp_path_factory.mktemp("cuda-stack")
+    variants = {
+        "base": stack_data(lab),
+        "changed": stack_data(
+            lab, container_runtime={"toolkit_version": "1.17.8-1", "set_as_default": True}
+        ),
+        "one_release": stack_data(lab, cuda={"versions": ["12.4"], "default": None}),
+        "exporter": stack_data(lab, dcgm={"exporter": True}),
+    }
+    return {
+        name: write_inventory(
+            directory / f"{name}.py", lab, lab_nodes, {node.name: data for node in lab_nodes}
+        )
+        for name, data in variants.items()
+    }
+
+
+def reset_node(lab: Lab, node: LabNode) -> None:
+    """The node as before gpunode: no stack packages, no mirror lists, engine configs that hold
+    other settings only."""
+    purge = (
+        "pkgs=$(dpkg-query -W -f='${db:Status-Abbrev}|${Package}\\n' | awk -F'|' '$1 !~ /^.n/ "
+        f"{{print $2}}' | grep -E '^({'|'.join(STACK_PREFIXES)})' || true); "
+        'if [ -n "$pkgs" ]; then apt-mark unhold $pkgs >/dev/null; '
+        "DEBIAN_FRONTEND=noninteractive apt-get purge -y -q $pkgs >/dev/null; fi; "
+        "apt-get clean; "
+        "rm -rf /etc/docker /etc/containerd /etc/cdi /var/lib/gpunode/cuda-toolkits "
+        "/etc/profile.d/gpunode-cuda.sh /etc/ld.so.conf.d/gpunode-cuda.conf "
+        "/etc/apt/sources.list.d/gpunode-nvidia-*.sources "
+        "/usr/share/keyrings/gpunode-nvidia-*.gpg; "
+        f"find /var/lib/apt/lists -name '{lab.gateway}*' -delete"
+    )
+    sudo(lab, node, purge)
+    daemon_json = shlex.quote(json.dumps(DOCKER_SETTINGS, indent=2))
+    sudo(
+        lab,
+        node,
+        f"mkdir -p /etc/docker /etc/containerd && printf '%s\\n' {daemon_json} > "
+        f"/etc/docker/daemon.json && printf %s {shlex.quote(CONTAINERD_CONFIG)} > "
+        "/etc/containerd/config.toml",
+    )
+
+
+def changes(run: PyinfraRun) -> set[tuple[str, str]]:
+    return {(name, host) for name, hosts in run.changed_operations().items() for host in hosts}
+
+
+def predicted(dry: PyinfraRun, conditional: bool = False) -> set[tuple[str, str]]:
+    assert dry.returncode == 0, dry.output
+    assert dry.results is not None
+    keys = ["hosts_with_change", *(["hosts_with_conditional_change"] if conditional else [])]
+    return {(op["name"], host) for op in dry.results["plan"] for key in keys for host in op[key]}
+
+
+def converge(inventory: str) -> PyinfraRun:
+    run = run_pyinfra(DEPLOY, inventory=inventory)
+    assert run.returncode == 0, run.output
+    return run
+
+
+def assert_no_changes(inventory: str) -> None:
+    assert changes(converge(inventory)) == set()
+
+
+@pytest.fixture(scope="module")
+def first_run(lab: Lab, lab_nodes: list[LabNode], inventories: dict[str, str]) -> dict[str, Any]:
+    for node in lab_nodes:
+        reset_node(lab, node)
+    log_offset = lab.repo_dir.with_name("aptrepo-requests.log").stat().st_size
+    dry = run_pyinfra("--dry", DEPLOY, inventory=inventories["base"])
+    real = converge(inventories["base"])
+    return {"dry": dry, "real": real, "log_offset": log_offset}
+
+
+def test_dry_run_on_fresh_nodes_predicts_the_first_converge(first_run: dict[str, Any]) -> None:
+    # Conditional operations here (apt update, ldconfig) fire because what they follow changed.
+    real = changes(first_run["real"])
+    assert real == predicted(first_run["dry"], conditional=True)
+    assert predicted(first_run["dry"]) <= real
+
+
+def dpkg_state(lab: Lab, node: LabNode) -> dict[str, tuple[str, str]]:
+    """package -> (dpkg status abbreviation, version) for every package dpkg knows."""
+    output = sudo(lab, node, "dpkg-query -W -f='${db:Status-Abbrev}|${Package}|${Version}\\n'")
+    state = {}
+    for line in output.splitlines():
+        status, name, version = line.split("|")
+        state[name] = (status.strip(), version)
+    return state
+
+
+def installed(state: dict[str, tuple[str, str]], name: str) -> str | None:
+    status, version = state.get(name, ("un", ""))
+    return version if status[1:2] == "i" else None
+
+
+def test_cuda_releases_side_by_side_with_the_default_on_login_path(
+    lab: Lab, lab_nodes: list[LabNode], first_run: dict[str, Any]
+) -> None:
+    for node in lab_nodes:
+        state = dpkg_state(lab, node)
+        for package in ("cuda-toolkit-12-4", "cuda-toolkit-12-8"):
+            assert installed(state, package), package
+            assert state[package][0] == "hi", f"{package} is not held"
+        login = ssh(lab, node, "bash -lc 'command -v nvcc; nvcc --version'")
+        assert login.returncode == 0, login.stderr
+        assert login.stdout.splitlines()[0] == "/usr/local/cuda/bin/nvcc"
+        assert "Cuda compilation tools, release 12.8" in login.stdout
+        query = sudo(lab, node, "update-alternatives --query cuda")
+        assert "Status: manual" in query and "Value: /usr/local/cuda-12.8" in query
+        assert sudo(lab, node, "readlink -f /usr/local/cuda").strip() == "/usr/local/cuda-12.8"
+        ld_conf = sudo(lab, node, "cat /etc/ld.so.conf.d/gpunode-cuda.conf")
+        assert "/usr/local/cuda/targets/x86_64-linux/lib" in ld_conf.splitlines()
+
+
+def test_no_driver_package_was_installed(
+    lab: Lab, lab_nodes: list[LabNode], first_run: dict[str, Any]
+) -> None:
+    for node in lab_nodes:
+        state = dpkg_state(lab, node)
+        assert [name for name in DRIVER_PACKAGES if installed(state, name)] == []
+
+
+def test_container_toolkit_pinned_and_held(
+    lab: Lab, lab_nodes: list[LabNode], first_run: dict[str, Any]
+) -> None:
+    for node in lab_nodes:
+        state = dpkg_state(lab, node)
+        assert {name: state[name] for name in TOOLKIT_PACKAGES} == dict.fromkeys(
+            TOOLKIT_PACKAGES, ("hi", "1.17.4-1")
+        )
+
+
+def docker_config(lab: Lab, node: LabNode) -> dict[str, Any]:
+    return json.loads(sudo(lab, node, "cat /etc/docker/daemon.json"))
+
+
+def containerd_config(lab: Lab, node: LabNode) -> tuple[str, dict[str, Any]]:
+    text = sudo(lab, node, "cat /etc/containerd/config.toml")
+    return text, tomllib.loads(text)
+
+
+def test_engine_configs_gain_the_nvidia_runtime_and_keep_every_other_setting(
+    lab: Lab, lab_nodes: list[LabNode], first_run: dict[str, Any]
+) -> None:
+    for node in lab_nodes:
+        docker = docker_config(lab, node)
+        assert {key: docker[key] for key in DOCKER_SETTINGS} == DOCKER_SETTINGS
+        assert docker["runtimes"]["nvidia"]["path"] == "nvidia-container-runtime"
+        assert docker["features"] == {"cdi": True}
+        assert "default-runtime" not in docker
+        text, containerd = containerd_config(lab, node)
+        cri = containerd["plugins"]["io.containerd.grpc.v1.cri"]
+        runtimes = cri["containerd"]["runtimes"]
+        assert runtimes["runc"]["options"] == {"SystemdCgroup": True}
+        assert runtimes["nvidia"]["options"] == {
+            "SystemdCgroup": True,
+            "BinaryName": "/usr/bin/nvidia-container-runtime",
+        }
+        assert cri["enable_cdi"] is True
+        assert "default_runtime_name" not in cri["containerd"]
+        assert "# Site setting that must survive" in text
+
+
+def simulator_uuids(lab: Lab, node: LabNode) -> list[str]:
+    listing = ssh(lab, node, "nvidia-smi -L").stdout
+    return sorted(line.split("UUID: ")[1].rstrip(")") for line in listing.splitlines())
+
+
+def spec_uuids(lab: Lab, node: LabNode) -> list[str]:
+    listed = sudo(lab, node, "nvidia-ctk cdi list 2>/dev/null").split()
+    return sorted(name.split("=", 1)[1] for name in listed if "=GPU-" in name)
+
+
+def test_cdi_spec_lists_the_simulators_gpus(
+    lab: Lab, lab_nodes: list[LabNode], first_run: dict[str, Any]
+) -> None:
+    for node in lab_nodes:
+        uuids = simulator_uuids(lab, node)
+        assert len(uuids) >= 1
+        assert spec_uuids(lab, node) == uuids
+
+
+def test_dcgm_installed_and_running(
+    lab: Lab, lab_nodes: list[LabNode], first_run: dict[str, Any]
+) -> None:
+    for node in lab_nodes:
+        assert dpkg_state(lab, node)["datacenter-gpu-manager"] == ("hi", "1:3.3.9")
+        assert sudo(lab, node, "systemctl is-active nvidia-dcgm").strip() == "active"
+        assert sudo(lab, node, "systemctl is-enabled nvidia-dcgm").strip() == "enabled"
+        discovery = sudo(lab, node, "dcgmi discovery -l")
+        assert f"{len(simulator_uuids(lab, node))} GPUs found." in discovery
+
+
+def test_libnccl2_is_the_newest_build_for_the_default_release(
+    lab: Lab, lab_nodes: list[LabNode], first_run: dict[str, Any]
+) -> None:
+    for node in lab_nodes:
+        assert dpkg_state(lab, node)["libnccl2"] == ("hi", "2.26.2-1+cuda12.8")
+
+
+def test_everything_came_from_the_mirror(
+    lab: Lab, lab_nodes: list[LabNode], first_run: dict[str, Any]
+) -> None:
+    with lab.repo_dir.with_name("aptrepo-requests.log").open(encoding="utf-8") as log:
+        log.seek(first_run["log_offset"])
+        requests = [line.split() for line in log]
+    fetched = {(fields[1], fields[3].rsplit("/", 1)[-1].split("_")[0]) for fields in requests}
+    mirror = lab.repo_base_url
+    for node in lab_nodes:
+        state = dpkg_state(lab, node)
+        ours = [
+            name for name in state if installed(state, name) and name.startswith(STACK_PREFIXES)
+        ]
+        assert len(ours) >= 15
+        assert [name for name in ours if (node.address, name) not in fetched] == []
+        policy = sudo(lab, node, "LC_ALL=C apt-cache policy " + " ".join(ours))
+        origins = {line.split()[1] for line in policy.splitlines() if line.startswith(" " * 8)}
+        assert {origin for origin in origins if "://" in origin} == {
+            f"{mirror}/cuda/debian12/x86_64",
+            f"{mirror}/libnvidia-container/stable/deb/amd64",
+        }
+        nvidia_hosts = ssh(lab, node, "grep -rli 'nvidia.com' /etc/apt")
+        assert nvidia_hosts.returncode == 1, nvidia_hosts.stdout
+
+
+def test_second_run_changes_nothing(inventories: dict[str, str], first_run: dict[str, Any]) -> None:
+    assert_no_changes(inventories["base"])
+
+
+def test_pin_change_upgrades_and_holds_again_and_dry_run_predicts_it(
+    lab: Lab, lab_nodes: list[LabNode], inventories: dict[str, str], first_run: dict[str, Any]
+) -> None:
+    dry = run_pyinfra("--dry", DEPLOY, inventory=inventories["changed"])
+    expected = predicted(dry)  # conditional ones (apt update, ldconfig) have nothing to follow
+    toolkit = "NVIDIA Container Toolkit | "
+    assert {name for name, _ in expected} == {
+        toolkit + "NVIDIA Container Toolkit 1.17.8-1, held",
+        toolkit + "docker: nvidia runtime in /etc/docker/daemon.json",
+        toolkit + "containerd: nvidia runtime in /etc/containerd/config.toml",
+        toolkit + "CDI spec /etc/cdi/nvidia.yaml",  # the toolkit version changes
+    }
+    assert changes(converge(inventories["changed"])) == expected
+    for node in lab_nodes:
+        state = dpkg_state(lab, node)
+        assert {name: state[name] for name in TOOLKIT_PACKAGES} == dict.fromkeys(
+            TOOLKIT_PACKAGES, ("hi", "1.17.8-1")
+        )
+        docker = docker_config(lab, node)
+        assert docker["default-runtime"] == "nvidia"
+        assert {key: docker[key] for key in DOCKER_SETTINGS} == DOCKER_SETTINGS
+        _, containerd = containerd_config(lab, node)
+        cri = containerd["plugins"]["io.containerd.grpc.v1.cri"]["containerd"]
+        assert cri["default_runtime_name"] == "nvidia"
+    assert_no_changes(inventories["changed"])
+
+    # Back to the base data: the pin goes down again, nvidia stops being the default.
+    converge(inventories["base"])
+    for node in lab_nodes:
+        state = dpkg_state(lab, node)
+        assert {name: state[name] for name in TOOLKIT_PACKAGES} == dict.fromkeys(
+            TOOLKIT_PACKAGES, ("hi", "1.17.4-1")
+        )
+        docker = docker_config(lab, node)
+        assert "default-runtime" not in docker
+        assert {key: docker[key] for key in DOCKER_SETTINGS} == DOCKER_SETTINGS
+        _, containerd = containerd_config(lab, node)
+        cri = containerd["plugins"]["io.containerd.grpc.v1.cri"]["containerd"]
+        assert cri["default_runtime_name"] == "runc"
+    assert_no_changes(inventories["base"])
+
+
+def test_release_dropped_from_data_is_removed_and_the_default_follows(
+    lab: Lab, lab_nodes: list[LabNode], inventories: dict[str, str], first_run: dict[str, Any]
+) -> None:
+    converge(inventories["one_release"])
+    for node in lab_nodes:
+        state = dpkg_state(lab, node)
+        assert installed(state, "cuda-toolkit-12-4")
+        leftovers = [name for name in state if installed(state, name) and "12-8" in name]
+        assert leftovers == []
+        login = ssh(lab, node, "bash -lc 'nvcc --version'")
+        assert "release 12.4" in login.stdout, login.stdout + login.stderr
+        assert state["libnccl2"] == ("hi", "2.21.5-1+cuda12.4")
+    assert_no_changes(inventories["one_release"])
+    converge(inventories["base"])
+    for node in lab_nodes:
+        login = ssh(lab, node, "bash -lc 'nvcc --version'")
+        assert "release 12.8" in login.stdout
+    assert_no_changes(inventories["base"])
+
+
+def test_cdi_spec_follows_the_gpu_set(
+    lab: Lab, lab_nodes: list[LabNode], inventories: dict[str, str], first_run: dict[str, Any]
+) -> None:
+    node = lab_nodes[0]
+    before = simulator_uuids(lab, node)
+    sudo(lab, node, "gpunode-lab-hw set gpus.1.present false")
+    try:
+        after = simulator_uuids(lab, node)
+        assert len(after) == len(before) - 1
+        run = converge(inventories["base"])
+        assert changes(run) == {
+            ("NVIDIA Container Toolkit | CDI spec /etc/cdi/nvidia.yaml", node.name)
+        }
+        assert spec_uuids(lab, node) == after
+    finally:
+        sudo(lab, node, "gpunode-lab-hw set gpus.1.present true")
+    converge(inventories["base"])
+    assert spec_uuids(lab, node) == before
+    assert_no_changes(inventories["base"])
+
+
+def test_missing_exporter_is_refused_before_any_change(
+    lab: Lab, inventories: dict[str, str], first_run: dict[str, Any]
+) -> None:
+    refused = run_pyinfra(DEPLOY, inventory=inventories["exporter"])
+    assert refused.returncode != 0
+    url = f"{lab.repo_base_url}/cuda/debian12/x86_64"
+    assert f"dcgm-exporter is not offered by {url}" in refused.output
+    assert "Nothing was changed" in refused.output
+    assert_no_changes(inventories["base"])
+
+
+def test_gpu_container_check_is_skipped_with_its_reason_on_lab_nodes(
+    lab_nodes: list[LabNode], inventories: dict[str, str], first_run: dict[str, Any]
+) -> None:
+    result = subprocess.run(
+        [PYINFRA, "-y", "-v", inventories["base"], DEPLOY],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "GPUNODE_GPU_CONTAINER_CHECK": "1"},
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output
+    for node in lab_nodes:
+        assert (
+            f"[{node.name}] noop: GPU container check skipped: docker.service is not installed "
+            "on this host" in output
+        ), output
+    assert_no_changes(inventories["base"])
