@@ -14,6 +14,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from gpunode.inventory import desired_state
 from roles.admin_users import admin_users
 from roles.base import base_system
+from roles.container_toolkit import container_toolkit
+from roles.cuda import cuda_toolkits
+from roles.dcgm import dcgm
 from roles.firewall import firewall
 from roles.gpu_metrics import gpu_metrics
 from roles.gpu_settings import gpu_settings
@@ -33,5 +36,8 @@ tls_certificate(desired=desired)
 kernel_hardening(desired=desired)
 unattended_upgrades(desired=desired)
 nvidia_repositories(desired=desired)
+cuda_toolkits(desired=desired)
+container_toolkit(desired=desired)
+dcgm(desired=desired)
 gpu_settings(desired=desired)
 gpu_metrics(desired=desired)
