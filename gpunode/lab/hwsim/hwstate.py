@@ -84,12 +84,23 @@ def reset_gpu(gpu: State) -> None:
         gpu["ecc_errors"]["volatile"][counter] = 0
 
 
+# Written by the lab's stand-in NVIDIA kernel module packages (gpunode.lab.standin.catalogue,
+# INSTALLED_DRIVER_VERSION_PATH), beside the state file: the driver a reboot loads.
+INSTALLED_DRIVER_VERSION_FILE = "installed-driver-version"
+
+
 def reboot(state: State) -> None:
     """What a reboot does to every GPU: a reset, plus the settings the driver does not keep.
 
     Persistence mode, power limit and application clocks are not persistent across a reboot
-    (nvidia-smi(1)); a deploy has to apply them again at every boot.
+    (nvidia-smi(1)); a deploy has to apply them again at every boot. Where a stand-in driver
+    package recorded its version, the reboot loads that driver (``driver_version``).
     """
+    installed = state_path().parent / INSTALLED_DRIVER_VERSION_FILE
+    with contextlib.suppress(OSError):
+        version = installed.read_text(encoding="utf-8").strip()
+        if version:
+            state["driver_version"] = version
     for gpu in state["gpus"]:
         reset_gpu(gpu)
         gpu["persistence_mode"] = "Disabled"

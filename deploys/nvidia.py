@@ -1,0 +1,24 @@
+"""Converge the NVIDIA driver stack declared in the inventory: repositories, driver, Fabric
+Manager.
+
+    pyinfra inventories/prod.py deploys/nvidia.py
+
+The whole inventory is validated before anything runs; one bad host stops every host.
+"""
+
+import sys
+from pathlib import Path
+
+# Roles and facts live at the project root; pyinfra only adds the working directory.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from gpunode.inventory import desired_state
+from roles.fabric_manager import fabric_manager
+from roles.nvidia_driver import nvidia_driver
+from roles.nvidia_repos import nvidia_repositories
+
+desired = desired_state()
+
+nvidia_repositories(desired=desired)
+nvidia_driver(desired=desired)
+fabric_manager(desired=desired)

@@ -1,0 +1,215 @@
+"""NVIDIA Fabric Manager: on NVSwitch nodes only, at exactly the driver's version, held.
+
+What results:
+
+* Nodes that need it (``DesiredState.needs_fabric_manager``; the ``nvidia`` driver source, as
+  validation enforces): ``nvidia-fabricmanager-<branch>`` installed at exactly the driver's
+  version (``fabric_manager.version``, else ``nvidia_driver.version``, else the installed
+  driver's), held, and covered by the driver role's apt pin. The ``nvidia-fabricmanager``
+  service is enabled, so it comes up with the boot that loads the matching module, and started
+  only while the loaded driver is that version: Fabric Manager refuses any other. Until then it
+  is reported as pending a reboot.
+* Nodes that do not need it: never installed. An installed one is removed (with its hold) only
+  where data says so for certain: ``fabric_manager.mode: never``, or ``auto`` with
+  ``expected_hardware.nvswitch: false``. With ``nvswitch`` unknown it is reported and left, as
+  removing Fabric Manager from an NVSwitch system leaves its GPUs unusable.
+* ``nvidia_driver.source: none``: nothing (the driver, and so the version, is not gpunode's).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from pyinfra import host
+from pyinfra.api import deploy, operation
+from pyinfra.facts.systemd import SystemdEnabled, SystemdStatus
+
+from facts.nvidia_packages import NvidiaPackages
+from gpunode.model import DesiredState, upstream_version
+from roles.nvidia_driver import APT_INSTALL, installed_driver_version
+
+SERVICE = "nvidia-fabricmanager.service"
+# Fabric Manager packages of every branch (NSCQ and the combined metapackages too).
+FABRIC_MANAGER_PACKAGE = re.compile(
+    r"(nvidia-fabricmanager(-[0-9]{3})?|libnvidia-nscq(-[0-9]{3})?|"
+    r"cuda-drivers-fabricmanager(-[0-9]{3})?)"
+)
+# The driver's apt version on the node (nvidia-driver comes with both flavours), for a first
+# install whose version data leaves open: the driver role installs it earlier in the run.
+INSTALLED_DRIVER_VERSION = "$(dpkg-query -W -f='${Version}' nvidia-driver)"
+
+
+def package_name(branch: str) -> str:
+    return f"nvidia-fabricmanager-{branch}"
+
+
+def installed_fabric_manager(packages: dict[str, str]) -> dict[str, str]:
+    return {name: v for name, v in packages.items() if FABRIC_MANAGER_PACKAGE.fullmatch(name)}
+
+
+def loaded_after_driver(
+    facts: dict[str, Any], driver_reboots: bool, driver_version: str | None
+) -> str | None:
+    """The driver loaded once the driver role has run. With ``reboot: if-needed`` that role
+    reboots into the installed driver, so a --dry run can predict what follows the reboot."""
+    loaded = facts["loaded_module"]
+    if driver_reboots:
+        if driver_version:
+            return upstream_version(driver_version)
+        if facts["installed_module"]:
+            return str(facts["installed_module"]["version"])
+    return str(loaded["version"]) if loaded else None
+
+
+def plan_fabric_manager(
+    branch: str, version: str | None, facts: dict[str, Any], running: bool, loaded: str | None
+) -> tuple[list[str], list[str]]:
+    """(commands, notes) that install ``branch``'s Fabric Manager at ``version`` (None: the
+    installed driver's), hold it, enable it and start it once the loaded driver matches."""
+    packages: dict[str, str] = facts["packages"]
+    held = set(facts["held"])
+    name = package_name(branch)
+    version = version or installed_driver_version(packages)
+    installed = packages.get(name)
+    others = sorted(
+        other
+        for other in packages
+        if re.fullmatch(r"nvidia-fabricmanager-[0-9]{3}", other) and other != name
+    )
+    matches = version is not None and loaded == upstream_version(version)
+    if installed is not None and installed == version and name in held and not others:
+        return [], []
+    to_unhold = sorted(held & ({name} | set(others)))
+    commands = [f"apt-mark unhold {' '.join(to_unhold)}"] if to_unhold else []
+    wanted = version or INSTALLED_DRIVER_VERSION
+    removals = " ".join(f"{other}-" for other in others)
+    commands.append(f"{APT_INSTALL} {name}={wanted}" + (f" {removals}" if removals else ""))
+    commands.append(f"apt-mark hold {name}")
+    commands.append(f"systemctl enable {SERVICE}")
+    notes = []
+    if matches:
+        # A running Fabric Manager of the old version must give way to the new one.
+        commands.append(f"systemctl {'restart' if running else 'start'} {SERVICE}")
+    else:
+        notes.append(pending_note(version, loaded))
+    return commands, notes
+
+
+def pending_note(version: str | None, loaded: str | None) -> str:
+    wanted = upstream_version(version) if version else "the installed driver's version"
+    return (
+        f"nvidia-fabricmanager {wanted} not started: pending a reboot into the matching driver "
+        f"(loaded: {loaded or 'none'})"
+    )
+
+
+@operation()
+def fabric_manager_package(
+    branch: str,
+    version: str | None = None,
+    driver_reboots: bool = False,
+    driver_version: str | None = None,
+):
+    """``nvidia-fabricmanager-<branch>`` is installed at exactly ``version`` (None: the
+    installed driver's) and held; no other branch's is; the service is enabled, and started
+    when the loaded driver is that version.
+
+    ``driver_reboots``: the driver role reboots into its ``driver_version`` if needed."""
+    facts = host.get_fact(NvidiaPackages)
+    running = _service_running()
+    loaded = loaded_after_driver(facts, driver_reboots, driver_version)
+    commands, notes = plan_fabric_manager(branch, version, facts, running, loaded)
+    for note in notes:
+        host.noop(note)
+    if not commands:
+        installed = facts["packages"][package_name(branch)]
+        host.noop(f"{package_name(branch)} {installed} installed and held")
+    yield from commands
+
+
+def _service_running() -> bool:
+    return bool(host.get_fact(SystemdStatus, services=[SERVICE]).get(SERVICE, False))
+
+
+@operation()
+def fabric_manager_service(
+    branch: str, driver_reboots: bool = False, driver_version: str | None = None
+):
+    """nvidia-fabricmanager is enabled, and running while the loaded driver is its version;
+    otherwise it is reported as pending a reboot. ``driver_reboots``: as for the package."""
+    facts = host.get_fact(NvidiaPackages)
+    installed = facts["packages"].get(package_name(branch))
+    if installed is None:
+        host.noop("nvidia-fabricmanager is not installed yet: its install sets the service up")
+        return
+    enabled = host.get_fact(SystemdEnabled, services=[SERVICE]).get(SERVICE, False)
+    running = _service_running()
+    if not enabled:
+        yield f"systemctl enable {SERVICE}"
+    loaded = loaded_after_driver(facts, driver_reboots, driver_version)
+    if loaded != upstream_version(installed):
+        host.noop(pending_note(installed, loaded))
+        return
+    if not running:
+        yield f"systemctl start {SERVICE}"
+    elif enabled:
+        host.noop(f"nvidia-fabricmanager {upstream_version(installed)} enabled and running")
+
+
+@operation()
+def fabric_manager_absent(remove: bool):
+    """No Fabric Manager package is installed (``remove``), or any that is, is reported."""
+    facts = host.get_fact(NvidiaPackages)
+    installed = installed_fabric_manager(facts["packages"])
+    if not installed:
+        host.noop("no Fabric Manager package installed (this node does not need one)")
+        return
+    names = sorted(installed)
+    if not remove:
+        host.noop(
+            f"Fabric Manager installed ({', '.join(names)}) but not declared; left in place "
+            "because expected_hardware.nvswitch is unknown (set it, or fabric_manager.mode)"
+        )
+        return
+    held = sorted(set(facts["held"]) & set(names))
+    if held:
+        yield f"apt-mark unhold {' '.join(held)}"
+    yield f"DEBIAN_FRONTEND=noninteractive apt-get remove -y -q {' '.join(names)}"
+
+
+@operation()
+def fabric_manager_left_alone():
+    """Nothing: without a managed driver there is no version for Fabric Manager to match."""
+    host.noop("Fabric Manager left alone: nvidia_driver.source is 'none'")
+    yield from ()
+
+
+@deploy("NVIDIA Fabric Manager")
+def fabric_manager(desired: DesiredState) -> None:
+    driver = desired.nvidia_driver
+    if driver.source == "none":
+        fabric_manager_left_alone(name="Fabric Manager (nvidia_driver.source: none)")
+        return
+    if not desired.needs_fabric_manager:
+        certain = desired.fabric_manager.mode == "never" or (
+            desired.expected_hardware.nvswitch is False
+        )
+        fabric_manager_absent(name="No Fabric Manager (no NVSwitch)", remove=certain)
+        return
+    branch = str(driver.branch)
+    version = desired.fabric_manager.version or driver.version
+    reboots = driver.reboot == "if-needed"
+    fabric_manager_package(
+        name=f"{package_name(branch)} at the driver's version, held",
+        branch=branch,
+        version=version,
+        driver_reboots=reboots,
+        driver_version=driver.version,
+    )
+    fabric_manager_service(
+        name="nvidia-fabricmanager enabled, running with its driver",
+        branch=branch,
+        driver_reboots=reboots,
+        driver_version=driver.version,
+    )

@@ -1,0 +1,581 @@
+"""The NVIDIA driver, pinned and held, from Debian non-free or NVIDIA's repository.
+
+What results on a node whose ``nvidia_driver.source`` is not ``none``:
+
+* nouveau is blacklisted (``/etc/modprobe.d/gpunode-nouveau.conf``); the initramfs is rebuilt
+  when that file changed and ``update-initramfs`` exists.
+* ``/etc/apt/preferences.d/gpunode-nvidia-driver`` pins every driver package to the exact
+  ``nvidia_driver.version`` (or, without one, to the newest release of ``branch``) at priority
+  1001: NVIDIA's metapackages depend with ``>=``, so naming a version alone is not enough.
+* The driver's packages are installed at that version, the other kernel module flavour's
+  packages are removed, and every driver package is held (``apt-mark hold``), so neither
+  ``apt upgrade`` nor unattended-upgrades moves it. Only a changed version (or branch, or
+  flavour) in data changes it: unhold, install the exact versions, hold again. Without a
+  version in data, an installed release of the branch stays until data names one.
+* Sources: ``nvidia`` installs ``nvidia-open`` (open modules) or ``cuda-drivers`` (proprietary)
+  with ``nvidia-driver-cuda``, as NVIDIA's Debian guide does; ``debian`` installs the headless
+  compute set of Debian non-free (kernel module, ``nvidia-smi``, ``libcuda1``, and
+  ``nvidia-persistenced`` when wanted), never Debian's X11 ``nvidia-driver`` metapackage. For
+  the ``debian`` source a missing version resolves at prepare time to the installed one, else
+  to the newest Debian offers for the flavour's kernel module (Debian's open module can lag the
+  driver, so the whole set is pinned to the module's version).
+* Kernel headers: before a kernel module that builds with DKMS is installed,
+  ``linux-headers-$(uname -r)`` must be installed or installable (it is then installed with the
+  driver); otherwise the run stops with an error naming the package, at prepare time, before
+  anything changes. Whether the module builds with DKMS is read from the package (Depends:
+  dkms); where apt does not know the package yet, Debian's are assumed to (all of them do) and
+  NVIDIA's are checked again when the operation runs, after the repository was added.
+* nvidia-persistenced is enabled (``persistence_daemon``) and started once the installed module
+  is the loaded one; or disabled and stopped.
+* Reboot: "reboot required" (loaded kernel module differs from the installed one) is always
+  reported. With ``reboot: if-needed`` the node is rebooted; with ``never`` it is not. On lab
+  nodes, recognised by the lab's ``gpunode-lab-hw`` command, the reboot is the GPU simulator's
+  (``gpunode-lab-hw reboot``); the container itself is never rebooted.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from dataclasses import dataclass
+from io import StringIO
+from typing import Any, Literal
+
+from pyinfra import host
+from pyinfra.api import DeployError, OperationError, deploy, operation
+from pyinfra.facts.server import Which
+from pyinfra.facts.systemd import SystemdEnabled, SystemdStatus
+from pyinfra.operations import files, server
+
+from facts.nvidia_packages import AptPackageVersions, NvidiaPackages
+from gpunode.model import DesiredState, NvidiaDriver, upstream_version, version_tuple
+
+PREFERENCES_PATH = "/etc/apt/preferences.d/gpunode-nvidia-driver"
+NOUVEAU_PATH = "/etc/modprobe.d/gpunode-nouveau.conf"
+NOUVEAU_CONF = (
+    "# Managed by gpunode (nvidia_driver): the NVIDIA kernel module needs nouveau kept out.\n"
+    "blacklist nouveau\n"
+    "options nouveau modeset=0\n"
+)
+PERSISTENCED_UNIT = "nvidia-persistenced.service"
+LAB_REBOOT = "gpunode-lab-hw reboot"
+
+# Names the apt pin covers (apt_preferences globs): NVIDIA's and Debian's driver packages.
+# A pinned version that a package does not have (the container toolkit's) has no effect.
+PINNED_PACKAGES = (
+    "nvidia-*", "libnvidia-*", "libcuda*", "libnv*", "firmware-nvidia-gsp*", "cuda-drivers*",
+    "xserver-xorg-video-nvidia*", "libgl1-nvidia-*", "libglx-nvidia*", "libegl-nvidia*",
+    "libgles-nvidia*",
+)  # fmt: skip
+# Driver packages (ERE on the name); held when at the driver's version. Fabric Manager's
+# packages share that version but belong to roles/fabric_manager.py.
+DRIVER_FAMILY = (
+    r"^(nvidia-|libnvidia-|libcuda|libnv|firmware-nvidia-gsp|cuda-drivers|"
+    r"xserver-xorg-video-nvidia|lib(gl1|glx|egl|gles)[a-z0-9-]*-nvidia)"
+)
+FABRIC_MANAGER_FAMILY = r"^(nvidia-fabricmanager|libnvidia-nscq|cuda-drivers-fabricmanager)"
+# Every kernel module package either source ships (proprietary and open).
+KERNEL_MODULE_PACKAGES = (
+    "nvidia-kernel-dkms",
+    "nvidia-kernel-open-dkms",
+    "nvidia-open-kernel-dkms",
+)
+
+APT_INSTALL = (
+    "DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "
+    "--allow-downgrades --allow-change-held-packages "
+    "-o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold"
+)
+
+
+# --- which packages ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DriverPackages:
+    """The driver as apt packages: what to install, at which version, what must go."""
+
+    source: Literal["debian", "nvidia"]
+    flavour: Literal["open", "proprietary"]
+    branch: str | None
+    version: str | None  # exact apt version; None: the newest of ``branch`` (apt pin)
+    module: str  # the kernel module package
+    versioned: tuple[str, ...]  # installed at exactly ``version``
+    unversioned: tuple[str, ...] = ()  # from other source packages, with their own versions
+    conflicting: tuple[str, ...] = ()  # the other flavour's
+
+    @property
+    def pin(self) -> str:
+        return self.version or f"{self.branch}.*"
+
+    def describe(self, version: str | None = None) -> str:
+        shown = version or self.version or f"newest of branch {self.branch}"
+        return f"NVIDIA driver {shown} ({self.flavour} kernel module, {self.source} source)"
+
+
+def module_package(wanted: NvidiaDriver) -> str:
+    if wanted.source == "nvidia":
+        return "nvidia-kernel-open-dkms" if wanted.flavour == "open" else "nvidia-kernel-dkms"
+    return "nvidia-open-kernel-dkms" if wanted.flavour == "open" else "nvidia-kernel-dkms"
+
+
+def driver_packages_for(wanted: NvidiaDriver, version: str | None) -> DriverPackages:
+    """The packages for ``wanted`` at ``version`` (the resolved one for the debian source)."""
+    module = module_package(wanted)
+    source: Literal["debian", "nvidia"] = "nvidia" if wanted.source == "nvidia" else "debian"
+    if source == "nvidia":
+        common = (module, "nvidia-driver", "nvidia-driver-cuda")
+        if wanted.flavour == "open":
+            return DriverPackages(
+                source, "open", wanted.branch, version, module, ("nvidia-open", *common),
+                conflicting=("cuda-drivers", f"cuda-drivers-{wanted.branch}",
+                             "nvidia-kernel-dkms"),
+            )  # fmt: skip
+        return DriverPackages(
+            source, "proprietary", wanted.branch, version, module,
+            ("cuda-drivers", f"cuda-drivers-{wanted.branch}", *common),
+            conflicting=("nvidia-open", "nvidia-kernel-open-dkms"),
+        )  # fmt: skip
+    # Debian: the headless compute set; nvidia-persistenced has its own source and version.
+    other = "nvidia-kernel-dkms" if wanted.flavour == "open" else "nvidia-open-kernel-dkms"
+    return DriverPackages(
+        source, wanted.flavour, wanted.branch, version, module,
+        (module, "nvidia-smi", "libcuda1"),
+        unversioned=("nvidia-persistenced",) if wanted.persistence_daemon else (),
+        conflicting=(other,),
+    )  # fmt: skip
+
+
+def render_preferences(spec: DriverPackages) -> str:
+    return (
+        "# Managed by gpunode (nvidia_driver): the driver stays at this version until the\n"
+        "# inventory names another; apt never picks a different one by itself.\n"
+        f"Package: {' '.join(PINNED_PACKAGES)}\n"
+        f"Pin: version {spec.pin}\n"
+        "Pin-Priority: 1001\n"
+    )
+
+
+def in_branch(version: str, branch: str | None) -> bool:
+    return branch is None or upstream_version(version).startswith(branch + ".")
+
+
+def resolve_version(
+    wanted: NvidiaDriver, packages: dict[str, str], available: dict[str, list[dict[str, Any]]]
+) -> str | None:
+    """The exact version to pin: data's; for the debian source without one, the installed
+    module's, else the newest Debian offers (in ``branch``). None: the nvidia source's branch
+    pin decides. Raises DeployError when the debian source has nothing to offer."""
+    if wanted.version or wanted.source == "nvidia":
+        return wanted.version
+    module = module_package(wanted)
+    installed = packages.get(module)
+    if installed and in_branch(installed, wanted.branch):
+        return installed
+    offered = [
+        entry["version"]
+        for entry in available.get(module, [])
+        if in_branch(entry["version"], wanted.branch)
+    ]
+    if not offered:
+        branch = f" in branch {wanted.branch}" if wanted.branch else ""
+        raise DeployError(
+            f"{host.name}: apt offers no {module}{branch}; enable Debian's non-free component "
+            "(apt.debian_components) and refresh the package lists, or set nvidia_driver.version"
+        )
+    return max(offered, key=version_tuple)
+
+
+# --- kernel headers ------------------------------------------------------------------------
+
+HeadersNeed = Literal["not-needed", "present", "install", "missing", "unknown"]
+
+
+def spec_matches(spec: DriverPackages, entry: dict[str, Any]) -> bool:
+    if spec.version:
+        return bool(entry["version"] == spec.version)
+    return in_branch(entry["version"], spec.branch)
+
+
+def headers_need(
+    spec: DriverPackages, facts: dict[str, Any], available: dict[str, list[dict[str, Any]]]
+) -> HeadersNeed:
+    """What the kernel module install needs from the running kernel's headers.
+
+    "unknown": apt does not know the module package yet (NVIDIA's repository is being added by
+    this run); the operation asks again once it runs.
+    """
+    offered = [entry for entry in available.get(spec.module, []) if spec_matches(spec, entry)]
+    if offered:
+        builds_with_dkms = any(entry["dkms"] for entry in offered)
+    elif spec.source == "debian":
+        builds_with_dkms = True  # every Debian NVIDIA kernel module package is a DKMS one
+    else:
+        return "unknown"
+    if not builds_with_dkms:
+        return "not-needed"
+    headers = facts["headers"]
+    if headers["installed"] or headers["build_dir"]:
+        return "present"
+    return "install" if headers["candidate"] else "missing"
+
+
+def headers_error(facts: dict[str, Any]) -> str:
+    package = facts["headers"]["package"]
+    message = (
+        f"{host.name}: {package} is not installed and not installable from the configured "
+        "repositories; the NVIDIA kernel module cannot be built (install it or use a kernel "
+        "with headers)"
+    )
+    if not facts["package_lists"]:
+        message += "; note that apt has no package lists at all: run apt update first"
+    return message
+
+
+@operation()
+def kernel_headers(spec: DriverPackages):
+    """The running kernel's headers are there (or come with the driver) wherever the driver's
+    kernel module must be built with DKMS; otherwise the host stops here, before the nouveau
+    blacklist, the apt pin or any package changes. Changes nothing itself."""
+    facts = host.get_fact(NvidiaPackages)
+    available = host.get_fact(AptPackageVersions, packages=[spec.module])
+    package = facts["headers"]["package"]
+    if not module_pending(spec, facts["packages"]):
+        host.noop(f"{spec.module} already installed: nothing to build")
+        return
+    need = headers_need(spec, facts, available)
+    if need == "missing":
+        raise OperationError(headers_error(facts))
+    host.noop(
+        {
+            "not-needed": f"{spec.module} ships a built module (no DKMS): no headers needed",
+            "present": f"{package} installed",
+            "install": f"{package} is installed with the driver",
+            "unknown": f"apt does not know {spec.module} yet: checked again at the install",
+        }[need]
+    )
+    yield from ()
+
+
+# --- installed, pinned, held ---------------------------------------------------------------
+
+
+def installed_driver_version(packages: dict[str, str]) -> str | None:
+    """The apt version of whichever kernel module package is installed."""
+    for name in KERNEL_MODULE_PACKAGES:
+        if name in packages:
+            return packages[name]
+    return None
+
+
+def driver_family(packages: dict[str, str], version: str | None) -> set[str]:
+    """Installed driver packages at ``version`` (not Fabric Manager's)."""
+    if version is None:
+        return set()
+    return {
+        name
+        for name, installed in packages.items()
+        if installed == version
+        and re.match(DRIVER_FAMILY, name)
+        and not re.match(FABRIC_MANAGER_FAMILY, name)
+    }
+
+
+def module_pending(spec: DriverPackages, packages: dict[str, str]) -> bool:
+    """Whether the kernel module package is to be (re)installed: only then is a module built,
+    so only then do headers matter."""
+    version = packages.get(spec.module)
+    if version is None:
+        return True
+    return version != spec.version if spec.version else not in_branch(version, spec.branch)
+
+
+def driver_in_place(spec: DriverPackages, packages: dict[str, str], held: set[str]) -> str | None:
+    """The installed version when the driver is exactly as ``spec`` wants it, else None."""
+    version = packages.get(spec.module)
+    if version is None:
+        return None
+    wanted = version == spec.version if spec.version else in_branch(version, spec.branch)
+    if not wanted:
+        return None
+    if any(packages.get(name) != version for name in spec.versioned):
+        return None
+    if any(name not in packages for name in spec.unversioned):
+        return None
+    if any(name in packages for name in stale_packages(spec, packages)):
+        return None
+    to_hold = driver_family(packages, version) | set(spec.unversioned)
+    return version if to_hold <= held else None
+
+
+def stale_packages(spec: DriverPackages, packages: dict[str, str]) -> list[str]:
+    """Installed packages of the other flavour, and other branches' cuda-drivers-NNN."""
+    stale = [name for name in spec.conflicting if name in packages]
+    if spec.source == "nvidia":
+        stale += sorted(
+            name
+            for name in packages
+            if re.fullmatch(r"cuda-drivers-[0-9]{3}", name)
+            and name != f"cuda-drivers-{spec.branch}"
+        )
+    return stale
+
+
+def hold_command(spec: DriverPackages) -> str:
+    """Hold every installed driver package at the module's version, computed on the node
+    (NVIDIA's metapackages pull in packages that are not named here)."""
+    hold = (
+        f"version=$(dpkg-query -W -f='${{Version}}' {spec.module}) && "
+        "dpkg-query -W -f='${db:Status-Abbrev} ${Package} ${Version}\\n' | "
+        "awk -v version=\"$version\" '$1 ~ /^.i/ && $3 == version {print $2}' | "
+        f"grep -E {shlex.quote(DRIVER_FAMILY)} | grep -vE {shlex.quote(FABRIC_MANAGER_FAMILY)} | "
+        "xargs -r apt-mark hold"
+    )
+    if spec.unversioned:
+        hold += f" && apt-mark hold {' '.join(spec.unversioned)}"
+    return hold
+
+
+def plan_driver(
+    spec: DriverPackages,
+    facts: dict[str, Any],
+    available: dict[str, list[dict[str, Any]]],
+    persistence_daemon: bool,
+) -> tuple[list[str], str]:
+    """(commands, what they do or why none are needed)."""
+    packages: dict[str, str] = facts["packages"]
+    held = set(facts["held"])
+    in_place = driver_in_place(spec, packages, held)
+    if in_place:
+        return [], f"{spec.describe(in_place)} installed, pinned and held"
+    commands = []
+    current = installed_driver_version(packages)
+    to_unhold = sorted(
+        held
+        & (
+            driver_family(packages, current)
+            | set(spec.versioned)
+            | set(spec.unversioned)
+            | set(spec.conflicting)
+        )
+    )
+    if to_unhold:
+        commands.append(f"apt-mark unhold {' '.join(to_unhold)}")
+    suffix = f"={spec.version}" if spec.version else ""
+    names = [f"{name}{suffix}" for name in spec.versioned] + list(spec.unversioned)
+    module_change = module_pending(spec, packages)
+    if module_change and headers_need(spec, facts, available) == "install":
+        names.append(facts["headers"]["package"])
+    names += [f"{name}-" for name in stale_packages(spec, packages)]
+    commands.append(f"{APT_INSTALL} {' '.join(names)}")
+    commands.append(hold_command(spec))
+    # The package's own scripts may enable or start it; data decides.
+    if persistence_daemon:
+        commands.append(f"systemctl enable {PERSISTENCED_UNIT}")
+    else:
+        commands.append(
+            f"if systemctl cat {PERSISTENCED_UNIT} >/dev/null 2>&1; then "
+            f"systemctl disable --now {PERSISTENCED_UNIT}; fi"
+        )
+    action = "upgrade to" if current else "install"
+    return commands, f"{action} {spec.describe()}"
+
+
+@operation()
+def driver_packages(spec: DriverPackages, persistence_daemon: bool = True):
+    """The driver's packages are installed at ``spec``'s version, the other flavour's are gone,
+    and every driver package is held. Refuses, before apt runs, a DKMS module without headers.
+    """
+    facts = host.get_fact(NvidiaPackages)
+    available = host.get_fact(AptPackageVersions, packages=[spec.module])
+    commands, summary = plan_driver(spec, facts, available, persistence_daemon)
+    if not commands:
+        host.noop(summary)
+        if facts["installed_module"] is None:
+            # E.g. a new kernel for which DKMS could not build the module.
+            host.noop(
+                f"warning: no NVIDIA kernel module is installed for the running kernel "
+                f"{facts['kernel']}; is {facts['headers']['package']} installed?"
+            )
+        return
+    if module_pending(spec, facts["packages"]) and headers_need(spec, facts, available) == (
+        "missing"
+    ):
+        raise OperationError(headers_error(facts))
+    yield from commands
+
+
+# --- after the install ---------------------------------------------------------------------
+
+
+@operation()
+def persistence_daemon(enabled: bool = True):
+    """nvidia-persistenced is enabled and running (once its module is loaded), or neither."""
+    facts = host.get_fact(NvidiaPackages)
+    if "nvidia-persistenced" not in facts["packages"]:
+        host.noop("nvidia-persistenced is not installed yet: the driver install sets it up")
+        return
+    is_enabled = host.get_fact(SystemdEnabled, services=[PERSISTENCED_UNIT]).get(
+        PERSISTENCED_UNIT, False
+    )
+    is_running = host.get_fact(SystemdStatus, services=[PERSISTENCED_UNIT]).get(
+        PERSISTENCED_UNIT, False
+    )
+    if enabled:
+        if not is_enabled:
+            yield f"systemctl enable {PERSISTENCED_UNIT}"
+        if is_running:
+            if is_enabled:
+                host.noop("nvidia-persistenced is enabled and running")
+        elif facts["reboot_required"]:
+            host.noop(
+                "nvidia-persistenced is enabled; it starts with the new kernel module "
+                "(reboot pending)"
+            )
+        else:
+            yield f"systemctl start {PERSISTENCED_UNIT}"
+        return
+    if is_enabled:
+        yield f"systemctl disable {PERSISTENCED_UNIT}"
+    if is_running:
+        yield f"systemctl stop {PERSISTENCED_UNIT}"
+    if not is_enabled and not is_running:
+        host.noop("nvidia-persistenced is disabled and stopped")
+
+
+def module_after_install(
+    facts: dict[str, Any], install_pending: bool, pending_version: str | None, branch: str | None
+) -> str | None:
+    """The kernel module version installed once the driver install has run (None: unknown).
+
+    ``pending_version`` is the exact version a pending install brings; without one (branch
+    pin, first install) the installed module only counts once it is in the branch."""
+    if install_pending and pending_version:
+        return upstream_version(pending_version)
+    installed = facts["installed_module"]
+    if installed is None:
+        return None
+    if install_pending and not in_branch(installed["version"], branch):
+        return None
+    return str(installed["version"])
+
+
+def reboot_needed(
+    facts: dict[str, Any],
+    install_pending: bool,
+    pending_version: str | None,
+    branch: str | None,
+    flavour: str | None,
+) -> tuple[bool, str | None]:
+    """(whether the loaded module differs from the one installed after this run, that one)."""
+    installed = module_after_install(facts, install_pending, pending_version, branch)
+    if not install_pending:
+        return bool(facts["reboot_required"]), installed
+    loaded = facts["loaded_module"]
+    if installed is None or loaded is None or loaded["version"] != installed:
+        return True, installed
+    return bool(loaded["flavour"] and flavour and loaded["flavour"] != flavour), installed
+
+
+@operation()
+def driver_reboot(
+    policy: Literal["never", "if-needed"] = "never",
+    install_pending: bool = False,
+    pending_version: str | None = None,
+    branch: str | None = None,
+    flavour: str | None = None,
+):
+    """The loaded kernel module is the installed one: reboots when it is not and ``policy`` is
+    ``if-needed``; always reports a pending reboot. Lab nodes reboot the GPU simulator.
+
+    ``install_pending``: the driver install of this run changes the installed module (to
+    ``pending_version``, or the newest of ``branch``, with ``flavour``)."""
+    facts = host.get_fact(NvidiaPackages)
+    loaded = facts["loaded_module"]
+    required, installed = reboot_needed(facts, install_pending, pending_version, branch, flavour)
+    if installed is None and not install_pending:
+        host.noop("no NVIDIA kernel module is installed for the running kernel")
+        return
+    loaded_text = loaded["version"] if loaded else "none"
+    if not required:
+        host.noop(f"the loaded NVIDIA kernel module is the installed one ({loaded_text})")
+        return
+    where = " (GPU simulator)" if facts["lab_simulator"] else ""
+    host.noop(
+        f"reboot required: loaded NVIDIA kernel module {loaded_text}{where}, installed "
+        f"{installed or 'the new driver'}"
+    )
+    if policy == "never":
+        host.noop("not rebooting: nvidia_driver.reboot is 'never'")
+        return
+    if facts["lab_simulator"]:
+        yield LAB_REBOOT
+    else:
+        yield from server.reboot._inner(delay=10, interval=2, reboot_timeout=900)
+
+
+@operation()
+def driver_left_alone():
+    """Nothing: the driver is not gpunode's to manage on this host."""
+    host.noop("NVIDIA driver left alone: nvidia_driver.source is 'none'")
+    yield from ()
+
+
+# --- the role ------------------------------------------------------------------------------
+
+
+@deploy("NVIDIA driver")
+def nvidia_driver(desired: DesiredState) -> None:
+    wanted = desired.nvidia_driver
+    if wanted.source == "none":
+        driver_left_alone(name="NVIDIA driver (source: none)")
+        return
+    facts = host.get_fact(NvidiaPackages)
+    available = host.get_fact(AptPackageVersions, packages=[module_package(wanted)])
+    # The headers verdict for the debian source does not depend on the version resolved
+    # below, so a node without headers gets that message rather than a version problem.
+    early = driver_packages_for(wanted, wanted.version)
+    if module_pending(early, facts["packages"]) and headers_need(early, facts, available) == (
+        "missing"
+    ):
+        raise DeployError(headers_error(facts))
+    spec = driver_packages_for(wanted, resolve_version(wanted, facts["packages"], available))
+    if module_pending(spec, facts["packages"]) and headers_need(spec, facts, available) == (
+        "missing"
+    ):
+        raise DeployError(headers_error(facts))
+    install_pending = bool(plan_driver(spec, facts, available, wanted.persistence_daemon)[0])
+
+    kernel_headers(name="Kernel headers for the NVIDIA kernel module", spec=spec)
+    blacklist = files.put(
+        name="nouveau blacklisted",
+        src=StringIO(NOUVEAU_CONF),
+        dest=NOUVEAU_PATH,
+        mode="644",
+    )
+    # Decided at prepare time (not with _if) so that --dry shows it as a definite change.
+    if host.get_fact(Which, command="update-initramfs") and blacklist.will_change:
+        server.shell(name="initramfs without nouveau", commands=["update-initramfs -u"])
+    files.put(
+        name=f"apt pin: driver packages at {spec.pin}",
+        src=StringIO(render_preferences(spec)),
+        dest=PREFERENCES_PATH,
+        mode="644",
+    )
+    driver_packages(
+        name=f"{spec.describe()}: installed and held",
+        spec=spec,
+        persistence_daemon=wanted.persistence_daemon,
+    )
+    persistence_daemon(
+        name="nvidia-persistenced " + ("enabled" if wanted.persistence_daemon else "disabled"),
+        enabled=wanted.persistence_daemon,
+    )
+    driver_reboot(
+        name=f"Loaded kernel module is the installed one (reboot: {wanted.reboot})",
+        policy=wanted.reboot,
+        install_pending=install_pending,
+        pending_version=spec.version,
+        branch=spec.branch,
+        flavour=spec.flavour,
+    )

@@ -1,0 +1,342 @@
+"""deploys/nvidia.py on lab nodes: the NVIDIA driver pinned, held, upgraded only by data.
+
+The ``debian`` source uses Debian's real non-free packages: the lab's container kernel has no
+headers package, so the role must refuse before apt is asked for anything. The ``nvidia``
+source uses the lab's signed stand-in repository (real names, versions and dependency shapes):
+install 550.127.08-1 (open), change data to 550.144.03-1, reboot the GPU simulator into it,
+switch to the proprietary flavour. lab-1 (HGX H100) is declared to have NVSwitches, so it
+gets Fabric Manager; lab-2 (A100 data without NVSwitch) must not.
+
+The module leaves the nodes as it found them: no driver, no NVIDIA source, simulator as before.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpunode.lab import Lab, LabNode, hwsim
+from gpunode.lab.standin import catalogue
+
+from .conftest import PyinfraRun, run_pyinfra, ssh, write_inventory
+
+pytestmark = pytest.mark.lab
+
+DEPLOY = "deploys/nvidia.py"
+OURS = ("NVIDIA driver | ", "NVIDIA Fabric Manager | ")
+PREFERENCES = "/etc/apt/preferences.d/gpunode-nvidia-driver"
+NOUVEAU = "/etc/modprobe.d/gpunode-nouveau.conf"
+HARDWARE = "/var/lib/gpunode-lab/hardware.json"
+HARDWARE_BACKUP = "/root/hardware.json.before-test-nvidia-driver"
+# Lab nodes have no initramfs-tools: a stand-in records each call.
+FAKE_INITRAMFS = "/usr/local/sbin/update-initramfs"
+INITRAMFS_CALLS = "/root/update-initramfs.calls"
+OPEN_DRIVER = (
+    "nvidia-open", "nvidia-kernel-open-dkms", "nvidia-driver", "nvidia-driver-cuda",
+    "nvidia-driver-libs", "libcuda1", "libnvidia-ml1", "nvidia-smi", "nvidia-persistenced",
+    "nvidia-modprobe", "nvidia-kernel-support", "firmware-nvidia-gsp",
+)  # fmt: skip
+PROPRIETARY_DRIVER = (
+    "cuda-drivers", "cuda-drivers-550", "nvidia-kernel-dkms",
+    *(name for name in OPEN_DRIVER if name not in ("nvidia-open", "nvidia-kernel-open-dkms")),
+)  # fmt: skip
+# What the module adds, and what it leaves as it found it.
+SNAPSHOT = (
+    "dpkg-query -W -f='${db:Status-Abbrev} ${Package} ${Version}\\n' | awk '$1 !~ /^.n/' | sort; "
+    "apt-mark showhold; ls /etc/apt/sources.list.d /etc/apt/preferences.d /etc/modprobe.d "
+    "/usr/share/keyrings"
+)
+
+
+def run(lab: Lab, node: LabNode, command: str) -> str:
+    """A root shell command on the node; fails the test with its output if it fails."""
+    result = ssh(lab, node, f"sudo sh -c {shlex.quote(command)}")
+    assert result.returncode == 0, f"{command}\n{result.stdout}\n{result.stderr}"
+    return result.stdout
+
+
+def versions(lab: Lab, node: LabNode) -> dict[str, str]:
+    listing = run(lab, node, "dpkg-query -W -f='${db:Status-Abbrev} ${Package} ${Version}\\n'")
+    return {
+        parts[1]: parts[2]
+        for parts in (line.split() for line in listing.splitlines())
+        if len(parts) == 3 and parts[0][1] == "i"
+    }
+
+
+def holds(lab: Lab, node: LabNode) -> set[str]:
+    return set(run(lab, node, "apt-mark showhold").split())
+
+
+def unit_state(lab: Lab, node: LabNode, unit: str) -> tuple[str, str]:
+    enabled = run(lab, node, f"systemctl is-enabled {unit} || true").strip()
+    active = run(lab, node, f"systemctl is-active {unit} || true").strip()
+    return enabled, active
+
+
+def loaded_driver(lab: Lab, node: LabNode) -> str:
+    return run(lab, node, "gpunode-lab-hw show driver_version").strip().strip('"')
+
+
+def repository_requests(lab: Lab) -> list[str]:
+    """The lab repository server's request log (written from the first request on)."""
+    log = Path(f"{lab.repo_dir}-requests.log")
+    return log.read_text().splitlines() if log.exists() else []
+
+
+def apt_data(lab: Lab) -> dict[str, str]:
+    """The lab's NVIDIA repositories, as inventories/group_data/lab.py declares them."""
+    repo = lab.repo_base_url
+    return {
+        "cuda_repo_url": f"{repo}/cuda/debian12/x86_64",
+        "container_toolkit_repo_url": f"{repo}/libnvidia-container/stable/deb/amd64",
+        "cuda_keyring": str(lab.repo_dir / "keyrings" / "cuda-archive-keyring.gpg"),
+        "container_toolkit_keyring": str(
+            lab.repo_dir / "keyrings" / "nvidia-container-toolkit-keyring.gpg"
+        ),
+    }
+
+
+def deploy(
+    lab: Lab, nodes: list[LabNode], path: Path, driver: dict[str, Any], *args: str
+) -> PyinfraRun:
+    """deploys/nvidia.py with ``driver`` as nvidia_driver data; lab-1 has NVSwitches."""
+    data: dict[str, dict[str, Any]] = {}
+    for node in nodes:
+        data[node.name] = {"apt": apt_data(lab), "nvidia_driver": driver}
+        if node.profile == "hgx-h100" and driver.get("source") == "nvidia":
+            data[node.name]["expected_hardware"] = {"nvswitch": True}
+    inventory = write_inventory(path, lab, nodes, data)
+    return run_pyinfra("-v", *args, DEPLOY, inventory=inventory)
+
+
+def ours_changed(result: PyinfraRun) -> set[tuple[str, str]]:
+    assert result.returncode == 0, result.output
+    return {
+        (name, host)
+        for name, hosts in result.changed_operations().items()
+        for host in hosts
+        if name.startswith(OURS)
+    }
+
+
+def ours_predicted(result: PyinfraRun) -> set[tuple[str, str]]:
+    assert result.returncode == 0 and result.results is not None, result.output
+    return {
+        (op["name"], host)
+        for op in result.results["plan"]
+        for host in op["hosts_with_change"]
+        if op["name"].startswith(OURS)
+    }
+
+
+def converge(lab: Lab, nodes: list[LabNode], path: Path, driver: dict[str, Any]) -> PyinfraRun:
+    """--dry, then the real run, which must change exactly what --dry predicted."""
+    dry = deploy(lab, nodes, path, driver, "--dry")
+    real = deploy(lab, nodes, path, driver)
+    assert ours_changed(real) == ours_predicted(dry)
+    return real
+
+
+def assert_no_change(lab: Lab, nodes: list[LabNode], path: Path, driver: dict[str, Any]) -> None:
+    again = deploy(lab, nodes, path, driver)
+    assert again.returncode == 0, again.output
+    assert again.changed_operations() == {}, again.output
+
+
+def _remove_everything(lab: Lab, nodes: list[LabNode], path: Path) -> None:
+    names = " ".join(sorted({package.name for package in catalogue()}))
+    for node in nodes:
+        run(
+            lab,
+            node,
+            f"installed=$(dpkg-query -W -f='${{db:Status-Abbrev}} ${{Package}}\\n' {names} "
+            "2>/dev/null | awk '$1 !~ /^.n/ {print $2}'); "
+            'if [ -n "$installed" ]; then apt-mark unhold $installed >/dev/null; '
+            "DEBIAN_FRONTEND=noninteractive apt-get purge -y -q $installed >/dev/null; fi; "
+            f"rm -f {PREFERENCES} {NOUVEAU} {FAKE_INITRAMFS} {INITRAMFS_CALLS}; "
+            # Downloaded stand-ins too, so that each install fetches from the repository.
+            f"for name in {names}; do rm -f /var/cache/apt/archives/${{name}}_*.deb; done",
+        )
+    # The repository role removes the NVIDIA source and keyring once nothing needs them.
+    cleared = deploy(lab, nodes, path, {"source": "none"})
+    assert cleared.returncode == 0, cleared.output
+
+
+@pytest.fixture(scope="module")
+def nodes(
+    lab: Lab, lab_nodes: list[LabNode], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[list[LabNode]]:
+    """The lab nodes without any NVIDIA driver; put back as found afterwards."""
+    path = tmp_path_factory.mktemp("nvidia-driver") / "cleanup_inventory.py"
+    _remove_everything(lab, lab_nodes, path)
+    for node in lab_nodes:
+        # The simulated reboots change the loaded driver and reset GPU settings.
+        run(lab, node, f"cp -p {HARDWARE} {HARDWARE_BACKUP}")
+        factory = hwsim.PROFILES[node.profile].driver_version
+        run(lab, node, f"gpunode-lab-hw set driver_version '\"{factory}\"'")
+    before = {node.name: run(lab, node, SNAPSHOT) for node in lab_nodes}
+    yield lab_nodes
+    _remove_everything(lab, lab_nodes, path)
+    for node in lab_nodes:
+        run(lab, node, f"mv {HARDWARE_BACKUP} {HARDWARE}")
+        assert run(lab, node, SNAPSHOT) == before[node.name], f"{node.name} not left as found"
+
+
+@pytest.fixture
+def inventory_path(tmp_path: Path) -> Path:
+    return tmp_path / "inventory.py"
+
+
+# --- debian source: the real Debian packages, no headers for the container's kernel ---------
+
+
+def test_debian_source_refuses_missing_headers_before_anything_changes(
+    lab: Lab, nodes: list[LabNode], inventory_path: Path
+) -> None:
+    for node in nodes:
+        # Fresh lists, so "not installable" is apt's verdict, and Debian does offer the driver.
+        run(lab, node, "apt-get update -q >/dev/null")
+        assert "Candidate: (none)" not in run(lab, node, "apt-cache policy nvidia-kernel-dkms")
+    before = {node.name: run(lab, node, SNAPSHOT) for node in nodes}
+    kernel = run(lab, nodes[0], "uname -r").strip()
+
+    for args in (("--dry",), ()):
+        result = deploy(lab, nodes, inventory_path, {"source": "debian"}, *args)
+        assert result.returncode != 0
+        assert (
+            f"linux-headers-{kernel} is not installed and not installable from the configured "
+            "repositories; the NVIDIA kernel module cannot be built (install it or use a kernel "
+            "with headers)"
+        ) in result.output
+    for node in nodes:
+        assert run(lab, node, SNAPSHOT) == before[node.name]
+        assert "nvidia" not in run(lab, node, "dpkg -l | awk '$1 ~ /^.i/ {print $2}'")
+
+
+# --- nvidia source: the lab's stand-in repository --------------------------------------------
+
+OPEN_127 = {"source": "nvidia", "branch": "550", "version": "550.127.08-1"}
+OPEN_144 = {**OPEN_127, "version": "550.144.03-1"}
+OPEN_144_REBOOT = {**OPEN_144, "reboot": "if-needed"}
+PROPRIETARY_144 = {**OPEN_144_REBOOT, "flavour": "proprietary"}
+
+
+def test_branch_550_installs_pinned_and_held(
+    lab: Lab, nodes: list[LabNode], inventory_path: Path
+) -> None:
+    for node in nodes:
+        script = f'#!/bin/sh\necho "$*" >> {INITRAMFS_CALLS}\n'
+        run(lab, node, f"printf %s {shlex.quote(script)} > {FAKE_INITRAMFS}; "
+                       f"chmod 755 {FAKE_INITRAMFS}")  # fmt: skip
+    started = len(repository_requests(lab))
+    result = converge(lab, nodes, inventory_path, OPEN_127)
+    for node in nodes:
+        assert ("NVIDIA driver | nouveau blacklisted", node.name) in ours_changed(result)
+        assert ("NVIDIA driver | initramfs without nouveau", node.name) in ours_changed(result)
+        assert run(lab, node, f"cat {INITRAMFS_CALLS}") == "-u\n"
+        installed = versions(lab, node)
+        assert {name: installed.get(name) for name in OPEN_DRIVER} == dict.fromkeys(
+            OPEN_DRIVER, "550.127.08-1"
+        )
+        assert set(OPEN_DRIVER) <= holds(lab, node)
+        # Pinned: apt would not pick the newer release even for a fresh install.
+        policy = run(lab, node, "apt-cache policy nvidia-open")
+        assert "Candidate: 550.127.08-1" in policy and "550.144.03-1" in policy
+        assert "nvidia" not in run(lab, node, "apt-get -s -q dist-upgrade | grep ^Inst || true")
+        assert run(lab, node, f"cat {NOUVEAU}").splitlines()[1:] == [
+            "blacklist nouveau",
+            "options nouveau modeset=0",
+        ]
+        assert unit_state(lab, node, "nvidia-persistenced") == ("enabled", "active")
+        assert f"[{node.name}] noop: reboot required: loaded NVIDIA kernel module " in result.output
+
+    lab1, lab2 = nodes[0], nodes[1]
+    assert versions(lab, lab1)["nvidia-fabricmanager-550"] == "550.127.08-1"
+    assert "nvidia-fabricmanager-550" in holds(lab, lab1)
+    # The simulator's loaded driver is not 550.127.08: Fabric Manager waits for a reboot.
+    assert unit_state(lab, lab1, "nvidia-fabricmanager") == ("enabled", "inactive")
+    assert "nvidia-fabricmanager 550.127.08 not started: pending a reboot" in result.output
+    assert not any("fabricmanager" in name for name in versions(lab, lab2))
+
+    # The mirror from data is the only place apt looked; nothing names NVIDIA's hosts.
+    for node in nodes:
+        sources = run(lab, node, "cat /etc/apt/sources.list.d/gpunode-nvidia-cuda.sources")
+        assert f"URIs: {lab.repo_base_url}/cuda/debian12/x86_64/" in sources
+        assert run(lab, node, "grep -rl 'nvidia.com\\|nvidia.github.io' /etc/apt || true") == ""
+    logged = repository_requests(lab)[started:]
+    assert logged
+    addresses = {node.address for node in nodes}
+    assert {line.split()[1] for line in logged} <= addresses
+    assert all(line.split()[3].startswith("/cuda/debian12/x86_64/") for line in logged)
+    assert any("nvidia-kernel-open-dkms_550.127.08-1_amd64.deb" in line for line in logged)
+
+
+def test_second_run_changes_nothing(lab: Lab, nodes: list[LabNode], inventory_path: Path) -> None:
+    assert_no_change(lab, nodes, inventory_path, OPEN_127)
+    for node in nodes:
+        # The blacklist did not change, so the initramfs was left alone.
+        assert run(lab, node, f"cat {INITRAMFS_CALLS}") == "-u\n"
+
+
+def test_a_new_version_in_data_upgrades_and_holds_again(
+    lab: Lab, nodes: list[LabNode], inventory_path: Path
+) -> None:
+    result = converge(lab, nodes, inventory_path, OPEN_144)
+    changed = ours_changed(result)
+    for node in nodes:
+        assert (
+            "NVIDIA driver | NVIDIA driver 550.144.03-1 (open kernel module, nvidia source): "
+            "installed and held",
+            node.name,
+        ) in changed
+        installed = versions(lab, node)
+        assert {installed[name] for name in OPEN_DRIVER} == {"550.144.03-1"}
+        assert set(OPEN_DRIVER) <= holds(lab, node)
+        assert "Pin: version 550.144.03-1" in run(lab, node, f"cat {PREFERENCES}")
+    assert versions(lab, nodes[0])["nvidia-fabricmanager-550"] == "550.144.03-1"
+    assert "nvidia-fabricmanager-550" in holds(lab, nodes[0])
+    assert_no_change(lab, nodes, inventory_path, OPEN_144)
+
+
+def test_if_needed_reboots_into_the_installed_driver_and_fabric_manager_starts(
+    lab: Lab, nodes: list[LabNode], inventory_path: Path
+) -> None:
+    assert {loaded_driver(lab, node) for node in nodes} != {"550.144.03"}
+    result = converge(lab, nodes, inventory_path, OPEN_144_REBOOT)
+    rebooted = {host for name, host in ours_changed(result) if "Loaded kernel module" in name}
+    assert rebooted == {node.name for node in nodes}
+    for node in nodes:
+        assert loaded_driver(lab, node) == "550.144.03"
+    assert unit_state(lab, nodes[0], "nvidia-fabricmanager") == ("enabled", "active")
+    assert_no_change(lab, nodes, inventory_path, OPEN_144_REBOOT)
+
+
+def test_switching_to_the_proprietary_flavour(
+    lab: Lab, nodes: list[LabNode], inventory_path: Path
+) -> None:
+    converge(lab, nodes, inventory_path, PROPRIETARY_144)
+    for node in nodes:
+        installed = versions(lab, node)
+        assert {installed.get(name) for name in PROPRIETARY_DRIVER} == {"550.144.03-1"}
+        assert "nvidia-open" not in installed and "nvidia-kernel-open-dkms" not in installed
+        assert set(PROPRIETARY_DRIVER) <= holds(lab, node)
+        flavour = run(lab, node, "cat /var/lib/gpunode-lab/installed-kernel-module-flavour")
+        assert flavour == "proprietary\n"
+    assert_no_change(lab, nodes, inventory_path, PROPRIETARY_144)
+
+
+def test_source_none_leaves_the_installed_driver_alone(
+    lab: Lab, nodes: list[LabNode], inventory_path: Path
+) -> None:
+    before = {node.name: versions(lab, node) for node in nodes}
+    result = deploy(lab, nodes, inventory_path, {"source": "none"})
+    assert ours_changed(result) == set()
+    assert "NVIDIA driver left alone: nvidia_driver.source is 'none'" in result.output
+    for node in nodes:
+        assert versions(lab, node) == before[node.name]
+        assert set(PROPRIETARY_DRIVER) <= holds(lab, node)

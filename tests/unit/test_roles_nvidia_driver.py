@@ -1,0 +1,670 @@
+"""NVIDIA driver role: package sets, pins, holds, headers, reboots; facts in, commands out."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pyinfra.api import DeployError, OperationError
+from pyinfra.facts.systemd import SystemdEnabled, SystemdStatus
+
+from facts.nvidia_packages import (
+    AptPackageVersions,
+    NvidiaPackages,
+    parse_apt_show,
+    parse_nvidia_packages,
+    parse_proc_version,
+)
+from gpunode.lab.hwsim import hwstate
+from gpunode.model import NvidiaDriver, build_desired_state
+from roles.nvidia_driver import (
+    APT_INSTALL,
+    LAB_REBOOT,
+    DriverPackages,
+    driver_left_alone,
+    driver_packages,
+    driver_packages_for,
+    driver_reboot,
+    headers_need,
+    kernel_headers,
+    persistence_daemon,
+    render_preferences,
+    resolve_version,
+)
+
+from .fakehost import commands_of, fake_host
+
+OPEN_550 = (
+    "nvidia-open", "nvidia-kernel-open-dkms", "nvidia-driver", "nvidia-driver-cuda",
+    "nvidia-driver-libs", "libcuda1", "libnvidia-ml1", "nvidia-smi", "nvidia-persistenced",
+    "nvidia-modprobe", "nvidia-kernel-support", "firmware-nvidia-gsp",
+)  # fmt: skip
+HOLD_PREFIX = "version=$(dpkg-query -W -f='${Version}' "
+
+
+def driver(**data: Any) -> NvidiaDriver:
+    state, problems = build_desired_state({"nvidia_driver": data})
+    assert problems == []
+    return state.nvidia_driver
+
+
+def nvidia_550(version: str | None = "550.127.08-1", **more: Any) -> DriverPackages:
+    wanted = driver(source="nvidia", branch="550", version=version, **more)
+    return driver_packages_for(wanted, wanted.version)
+
+
+def node(
+    installed: dict[str, str] | None = None,
+    held: tuple[str, ...] = (),
+    loaded: str | None = "590.48.01",
+    module: str | None = None,
+    headers: str = "missing",
+    lab: bool = True,
+) -> dict[str, Any]:
+    """A NvidiaPackages fact value."""
+    loaded_module = {"version": loaded, "flavour": None, "source": "simulator"} if loaded else None
+    installed_module = {"version": module, "flavour": "open", "source": "lab"} if module else None
+    return {
+        "packages": dict(installed or {}),
+        "held": sorted(held),
+        "loaded_module": loaded_module,
+        "installed_module": installed_module,
+        "reboot_required": bool(module and module != loaded),
+        "kernel": "6.18.44-fc-v857",
+        "headers": {
+            "package": "linux-headers-6.18.44-fc-v857",
+            "installed": headers == "installed",
+            "candidate": "6.18.44-1" if headers == "available" else None,
+            "build_dir": False,
+        },
+        "lab_simulator": lab,
+        "package_lists": True,
+    }
+
+
+def offered(module: str, *versions: str, dkms: bool = False) -> dict[str, list[dict[str, Any]]]:
+    """An AptPackageVersions fact value for one kernel module package."""
+    return {
+        module: [{"version": v, "upstream": v.rsplit("-", 1)[0], "dkms": dkms} for v in versions]
+    }
+
+
+def at(version: str, names: tuple[str, ...] = OPEN_550) -> dict[str, str]:
+    return {name: version for name in names}
+
+
+STANDIN_OPEN = offered("nvidia-kernel-open-dkms", "550.127.08-1", "550.144.03-1")
+DKMS_OPEN = offered("nvidia-kernel-open-dkms", "550.127.08-1", "550.144.03-1", dkms=True)
+
+
+# --- facts --------------------------------------------------------------------------------
+
+
+def test_proc_version_gives_the_loaded_version_and_flavour() -> None:
+    assert parse_proc_version(
+        "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  550.127.08  Release Build  "
+        "(dvs-builder@U16-I3-B03-4-3)  Tue Oct  8 00:13:24 UTC 2024"
+    ) == {"version": "550.127.08", "flavour": "open"}
+    assert parse_proc_version(
+        "NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.54.03  Tue Jun  6 22:20:39 UTC 2023"
+    ) == {"version": "535.54.03", "flavour": "proprietary"}
+    assert parse_proc_version("garbage") is None
+
+
+def test_packages_fact_reads_holds_modules_kernel_and_headers() -> None:
+    facts = parse_nvidia_packages(
+        [
+            "@@installed",
+            "hi |nvidia-open|550.127.08-1",
+            "ii |libcuda1|550.127.08-1",
+            "rc |nvidia-kernel-dkms|550.127.08-1",
+            "@@held",
+            "nvidia-open",
+            "@@loaded",
+            "proc|NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  550.127.08  Release",
+            "@@installed-module",
+            "modinfo|550.144.03|Dual MIT/GPL",
+            "@@kernel",
+            "6.1.0-28-amd64",
+            "@@headers",
+            "status|ii ",
+            "candidate|6.1.119-1",
+            "@@lab",
+            "@@lists",
+            "12",
+        ]
+    )
+    assert facts["packages"] == {"nvidia-open": "550.127.08-1", "libcuda1": "550.127.08-1"}
+    assert facts["held"] == ["nvidia-open"]
+    assert facts["loaded_module"] == {"version": "550.127.08", "flavour": "open", "source": "proc"}
+    assert facts["installed_module"] == {
+        "version": "550.144.03",
+        "flavour": "open",
+        "source": "modinfo",
+    }
+    assert facts["reboot_required"] is True
+    assert facts["headers"] == {
+        "package": "linux-headers-6.1.0-28-amd64",
+        "installed": True,
+        "candidate": "6.1.119-1",
+        "build_dir": False,
+    }
+    assert facts["lab_simulator"] is False and facts["package_lists"] is True
+
+
+def test_lab_node_reports_the_simulator_as_loaded_and_the_standin_record_as_installed() -> None:
+    facts = parse_nvidia_packages(
+        [
+            "@@loaded",
+            "simulator|590.48.01",
+            "@@installed-module",
+            "lab|590.48.01|open",
+            "@@kernel",
+            "6.18.44-fc-v857",
+            "@@headers",
+            "status|",
+            "candidate|(none)",
+            "@@lab",
+            "/usr/local/sbin/gpunode-lab-hw",
+            "@@lists",
+            "0",
+        ]
+    )
+    assert facts["loaded_module"] == {
+        "version": "590.48.01",
+        "flavour": None,
+        "source": "simulator",
+    }
+    assert facts["reboot_required"] is False
+    assert facts["headers"]["installed"] is False and facts["headers"]["candidate"] is None
+    assert facts["lab_simulator"] is True and facts["package_lists"] is False
+
+
+def test_a_flavour_change_alone_needs_a_reboot_and_no_module_needs_none() -> None:
+    lines = ["@@loaded", "proc|NVIDIA UNIX x86_64 Kernel Module  550.127.08  Tue"]
+    swapped = parse_nvidia_packages(
+        [*lines, "@@installed-module", "modinfo|550.127.08|Dual MIT/GPL"]
+    )
+    assert swapped["reboot_required"] is True
+    assert parse_nvidia_packages(lines)["reboot_required"] is False
+
+
+def test_apt_show_says_which_versions_build_with_dkms() -> None:
+    available = parse_apt_show(
+        [
+            "Package: nvidia-kernel-dkms",
+            "Version: 535.309.01-0+deb12u1",
+            "Depends: firmware-nvidia-gsp (= 535.309.01) | firmware-nvidia-gsp-535.309.01,",
+            " nvidia-kernel-support--v1, dkms (>= 3.0.3-4~)",
+            "",
+            "Package: nvidia-kernel-open-dkms",
+            "Version: 550.127.08-1",
+            "Depends: nvidia-kernel-support (= 550.127.08-1), firmware-nvidia-gsp (= 550.127.08-1)",
+            "",
+        ]
+    )
+    assert available == {
+        "nvidia-kernel-dkms": [
+            {"version": "535.309.01-0+deb12u1", "upstream": "535.309.01", "dkms": True}
+        ],
+        "nvidia-kernel-open-dkms": [
+            {"version": "550.127.08-1", "upstream": "550.127.08", "dkms": False}
+        ],
+    }
+
+
+# --- packages and pins ----------------------------------------------------------------------
+
+
+def test_nvidia_source_packages_per_flavour() -> None:
+    open_driver = nvidia_550()
+    assert open_driver.module == "nvidia-kernel-open-dkms"
+    assert open_driver.versioned == (
+        "nvidia-open", "nvidia-kernel-open-dkms", "nvidia-driver", "nvidia-driver-cuda",
+    )  # fmt: skip
+    assert set(open_driver.conflicting) == {
+        "cuda-drivers",
+        "cuda-drivers-550",
+        "nvidia-kernel-dkms",
+    }
+    proprietary = nvidia_550(flavour="proprietary")
+    assert proprietary.versioned[:3] == ("cuda-drivers", "cuda-drivers-550", "nvidia-kernel-dkms")
+    assert set(proprietary.conflicting) == {"nvidia-open", "nvidia-kernel-open-dkms"}
+
+
+def test_debian_source_installs_the_headless_compute_set() -> None:
+    spec = driver_packages_for(driver(source="debian", flavour="open"), "535.261.03-1")
+    assert spec.versioned == ("nvidia-open-kernel-dkms", "nvidia-smi", "libcuda1")
+    assert spec.unversioned == ("nvidia-persistenced",)
+    assert spec.conflicting == ("nvidia-kernel-dkms",)
+    quiet = driver_packages_for(
+        driver(source="debian", flavour="proprietary", persistence_daemon=False), "1-1"
+    )
+    assert quiet.module == "nvidia-kernel-dkms" and quiet.unversioned == ()
+
+
+def test_preferences_pin_the_exact_version_or_else_the_branch() -> None:
+    exact = render_preferences(nvidia_550()).splitlines()
+    assert exact[-2:] == ["Pin: version 550.127.08-1", "Pin-Priority: 1001"]
+    assert exact[2].startswith("Package: nvidia-* libnvidia-* libcuda* ")
+    assert "cuda-drivers*" in exact[2]
+    assert render_preferences(nvidia_550(version=None)).splitlines()[-2] == "Pin: version 550.*"
+
+
+def test_version_resolution() -> None:
+    assert resolve_version(driver(source="nvidia", branch="550"), {}, {}) is None
+    assert resolve_version(driver(source="debian", version="535.261.03-1"), {}, {}) == (
+        "535.261.03-1"
+    )
+    debian = driver(source="debian", flavour="proprietary")
+    both = offered("nvidia-kernel-dkms", "535.261.03-1", "535.309.01-0+deb12u1", dkms=True)
+    with fake_host({}):
+        # Kept: the installed release; else the newest on offer.
+        assert resolve_version(debian, {"nvidia-kernel-dkms": "535.261.03-1"}, both) == (
+            "535.261.03-1"
+        )
+        assert resolve_version(debian, {}, both) == "535.309.01-0+deb12u1"
+        with pytest.raises(DeployError, match="node-1: apt offers no nvidia-kernel-dkms"):
+            resolve_version(debian, {}, {})
+
+
+# --- kernel headers -------------------------------------------------------------------------
+
+
+def test_headers_matter_only_for_a_module_built_with_dkms() -> None:
+    spec = nvidia_550()
+    dkms = offered(spec.module, "550.127.08-1", dkms=True)
+    assert headers_need(spec, node(headers="missing"), STANDIN_OPEN) == "not-needed"
+    assert headers_need(spec, node(headers="missing"), dkms) == "missing"
+    assert headers_need(spec, node(headers="available"), dkms) == "install"
+    assert headers_need(spec, node(headers="installed"), dkms) == "present"
+    # NVIDIA's repository not fetched yet: asked again when the operation runs.
+    assert headers_need(spec, node(headers="missing"), {}) == "unknown"
+    # Every Debian NVIDIA kernel module builds with DKMS.
+    debian = driver_packages_for(driver(source="debian"), None)
+    assert headers_need(debian, node(headers="missing"), {}) == "missing"
+
+
+def test_missing_headers_stop_the_install_before_apt_runs() -> None:
+    spec = nvidia_550()
+    dkms = offered(spec.module, "550.127.08-1", dkms=True)
+    with pytest.raises(OperationError) as raised:
+        commands_of(
+            driver_packages,
+            {NvidiaPackages: node(headers="missing"), AptPackageVersions: dkms},
+            spec=spec,
+        )
+    assert str(raised.value) == (
+        "node-1: linux-headers-6.18.44-fc-v857 is not installed and not installable from the "
+        "configured repositories; the NVIDIA kernel module cannot be built (install it or use "
+        "a kernel with headers)"
+    )
+
+
+def test_headers_check_stops_the_host_before_anything_changes() -> None:
+    spec = nvidia_550()
+    dkms = offered(spec.module, "550.127.08-1", dkms=True)
+    with pytest.raises(OperationError, match=r"linux-headers-6\.18\.44-fc-v857 is not installed"):
+        commands_of(kernel_headers, {NvidiaPackages: node(), AptPackageVersions: dkms}, spec=spec)
+
+
+@pytest.mark.parametrize(
+    ("headers", "available", "said"),
+    [
+        ("missing", STANDIN_OPEN, "nvidia-kernel-open-dkms ships a built module (no DKMS): "
+                                  "no headers needed"),
+        ("installed", DKMS_OPEN, "linux-headers-6.18.44-fc-v857 installed"),
+        ("available", DKMS_OPEN, "linux-headers-6.18.44-fc-v857 is installed with the driver"),
+        ("missing", {}, "apt does not know nvidia-kernel-open-dkms yet: checked again at the "
+                        "install"),
+    ],
+)  # fmt: skip
+def test_headers_check_says_what_it_found(
+    headers: str, available: dict[str, Any], said: str
+) -> None:
+    facts = {NvidiaPackages: node(headers=headers), AptPackageVersions: available}
+    assert commands_of(kernel_headers, facts, spec=nvidia_550()) == ([], [said])
+
+
+def test_headers_are_not_checked_for_an_installed_driver() -> None:
+    facts = node(installed=at("550.127.08-1"), held=OPEN_550, module="550.127.08")
+    assert commands_of(
+        kernel_headers, {NvidiaPackages: facts, AptPackageVersions: DKMS_OPEN}, spec=nvidia_550()
+    ) == ([], ["nvidia-kernel-open-dkms already installed: nothing to build"])
+
+
+def test_rehold_of_an_installed_module_needs_no_headers() -> None:
+    held = tuple(name for name in OPEN_550 if name != "libcuda1")
+    facts = node(installed=at("550.127.08-1"), held=held, module="550.127.08")
+    commands, _ = commands_of(
+        driver_packages, {NvidiaPackages: facts, AptPackageVersions: DKMS_OPEN}, spec=nvidia_550()
+    )
+    assert commands[1].startswith(APT_INSTALL) and "linux-headers" not in commands[1]
+
+
+def test_installable_headers_come_with_the_driver() -> None:
+    spec = nvidia_550()
+    dkms = offered(spec.module, "550.127.08-1", dkms=True)
+    commands, _ = commands_of(
+        driver_packages,
+        {NvidiaPackages: node(headers="available"), AptPackageVersions: dkms},
+        spec=spec,
+    )
+    assert commands[0].endswith(" linux-headers-6.18.44-fc-v857")
+
+
+# --- install, upgrade, hold -----------------------------------------------------------------
+
+
+def test_first_install_names_exact_versions_then_holds_and_enables_persistenced() -> None:
+    commands, noops = commands_of(
+        driver_packages,
+        {NvidiaPackages: node(), AptPackageVersions: STANDIN_OPEN},
+        spec=nvidia_550(),
+    )
+    assert commands[0] == (
+        f"{APT_INSTALL} nvidia-open=550.127.08-1 nvidia-kernel-open-dkms=550.127.08-1 "
+        "nvidia-driver=550.127.08-1 nvidia-driver-cuda=550.127.08-1"
+    )
+    assert commands[1].startswith(HOLD_PREFIX + "nvidia-kernel-open-dkms) && ")
+    assert commands[1].endswith("| xargs -r apt-mark hold")
+    assert commands[2] == "systemctl enable nvidia-persistenced.service"
+    assert len(commands) == 3 and noops == []
+
+
+def test_installed_pinned_and_held_driver_is_left_alone() -> None:
+    facts = node(installed=at("550.127.08-1"), held=OPEN_550, module="550.127.08")
+    commands, noops = commands_of(
+        driver_packages,
+        {NvidiaPackages: facts, AptPackageVersions: STANDIN_OPEN},
+        spec=nvidia_550(),
+    )
+    assert commands == []
+    assert noops == [
+        "NVIDIA driver 550.127.08-1 (open kernel module, nvidia source) installed, pinned and held"
+    ]
+
+
+def test_installed_driver_without_a_module_for_the_running_kernel_is_reported() -> None:
+    facts = node(installed=at("550.127.08-1"), held=OPEN_550, module=None)
+    commands, noops = commands_of(
+        driver_packages,
+        {NvidiaPackages: facts, AptPackageVersions: STANDIN_OPEN},
+        spec=nvidia_550(),
+    )
+    assert commands == []
+    assert noops[1] == (
+        "warning: no NVIDIA kernel module is installed for the running kernel 6.18.44-fc-v857; "
+        "is linux-headers-6.18.44-fc-v857 installed?"
+    )
+
+
+def test_fabric_manager_and_other_tools_need_not_be_held_by_the_driver() -> None:
+    installed = {
+        **at("550.127.08-1"),
+        "nvidia-fabricmanager-550": "550.127.08-1",
+        "nvidia-container-toolkit": "1.17.4-1",
+    }
+    facts = node(installed=installed, held=OPEN_550, module="550.127.08")
+    commands, _ = commands_of(
+        driver_packages,
+        {NvidiaPackages: facts, AptPackageVersions: STANDIN_OPEN},
+        spec=nvidia_550(),
+    )
+    assert commands == []
+
+
+def test_an_unheld_driver_package_is_held_again() -> None:
+    held = tuple(name for name in OPEN_550 if name != "libcuda1")
+    facts = node(installed=at("550.127.08-1"), held=held, module="550.127.08")
+    commands, _ = commands_of(
+        driver_packages,
+        {NvidiaPackages: facts, AptPackageVersions: STANDIN_OPEN},
+        spec=nvidia_550(),
+    )
+    assert commands[0] == f"apt-mark unhold {' '.join(sorted(held))}"
+    assert any(command.startswith(HOLD_PREFIX) for command in commands)
+
+
+def test_version_change_in_data_unholds_installs_exact_versions_and_holds() -> None:
+    facts = node(installed=at("550.127.08-1"), held=OPEN_550, module="550.127.08")
+    commands, _ = commands_of(
+        driver_packages,
+        {NvidiaPackages: facts, AptPackageVersions: STANDIN_OPEN},
+        spec=nvidia_550("550.144.03-1"),
+    )
+    assert commands[0] == f"apt-mark unhold {' '.join(sorted(OPEN_550))}"
+    assert commands[1] == (
+        f"{APT_INSTALL} nvidia-open=550.144.03-1 nvidia-kernel-open-dkms=550.144.03-1 "
+        "nvidia-driver=550.144.03-1 nvidia-driver-cuda=550.144.03-1"
+    )
+    assert commands[2].startswith(HOLD_PREFIX)
+
+
+def test_flavour_switch_removes_the_other_flavour() -> None:
+    facts = node(installed=at("550.144.03-1"), held=OPEN_550, module="550.144.03")
+    spec = nvidia_550("550.144.03-1", flavour="proprietary")
+    commands, _ = commands_of(
+        driver_packages,
+        {NvidiaPackages: facts, AptPackageVersions: offered(spec.module, "550.144.03-1")},
+        spec=spec,
+    )
+    install = commands[1]
+    assert install.startswith(f"{APT_INSTALL} cuda-drivers=550.144.03-1 cuda-drivers-550=")
+    assert install.endswith(" nvidia-open- nvidia-kernel-open-dkms-")
+    assert commands[2].startswith(HOLD_PREFIX + "nvidia-kernel-dkms) && ")
+
+
+def test_another_branchs_metapackage_goes_with_a_branch_change() -> None:
+    names = ("cuda-drivers", "cuda-drivers-550", "nvidia-kernel-dkms", "nvidia-driver")
+    facts = node(installed=at("550.144.03-1", names), held=names, module="550.144.03")
+    wanted = driver(source="nvidia", branch="570", flavour="proprietary")
+    spec = driver_packages_for(wanted, None)
+    commands, _ = commands_of(
+        driver_packages, {NvidiaPackages: facts, AptPackageVersions: {}}, spec=spec
+    )
+    assert commands[1] == (
+        f"{APT_INSTALL} cuda-drivers cuda-drivers-570 nvidia-kernel-dkms nvidia-driver "
+        "nvidia-driver-cuda cuda-drivers-550-"
+    )
+
+
+def test_branch_pin_keeps_an_installed_release_of_the_branch() -> None:
+    facts = node(installed=at("550.127.08-1"), held=OPEN_550, module="550.127.08")
+    spec = nvidia_550(version=None)
+    commands, noops = commands_of(
+        driver_packages, {NvidiaPackages: facts, AptPackageVersions: STANDIN_OPEN}, spec=spec
+    )
+    assert commands == []
+    assert noops == [
+        "NVIDIA driver 550.127.08-1 (open kernel module, nvidia source) installed, pinned and held"
+    ]
+
+
+def test_debian_source_holds_persistenced_of_its_own_version_and_can_disable_it() -> None:
+    wanted = driver(source="debian", flavour="proprietary", version="535.309.01-0+deb12u1")
+    spec = driver_packages_for(wanted, wanted.version)
+    commands, _ = commands_of(
+        driver_packages,
+        {NvidiaPackages: node(headers="installed"), AptPackageVersions: {}},
+        spec=spec,
+    )
+    assert commands[0] == (
+        f"{APT_INSTALL} nvidia-kernel-dkms=535.309.01-0+deb12u1 nvidia-smi=535.309.01-0+deb12u1 "
+        "libcuda1=535.309.01-0+deb12u1 nvidia-persistenced"
+    )
+    assert commands[1].endswith(" && apt-mark hold nvidia-persistenced")
+    off = driver_packages_for(driver(source="debian", persistence_daemon=False), "1-1")
+    commands, _ = commands_of(
+        driver_packages,
+        {NvidiaPackages: node(headers="installed"), AptPackageVersions: {}},
+        spec=off,
+        persistence_daemon=False,
+    )
+    assert commands[-1] == (
+        "if systemctl cat nvidia-persistenced.service >/dev/null 2>&1; then "
+        "systemctl disable --now nvidia-persistenced.service; fi"
+    )
+
+
+def test_source_none_does_nothing() -> None:
+    commands, noops = commands_of(driver_left_alone, {})
+    assert commands == []
+    assert noops == ["NVIDIA driver left alone: nvidia_driver.source is 'none'"]
+
+
+# --- nvidia-persistenced --------------------------------------------------------------------
+
+UNIT = "nvidia-persistenced.service"
+
+
+def persistenced(is_enabled: bool, is_running: bool, reboot_pending: bool = False, **kwargs: Any):
+    facts = node(
+        installed=at("550.127.08-1"),
+        module="550.127.08",
+        loaded="590.48.01" if reboot_pending else "550.127.08",
+    )
+    return commands_of(
+        persistence_daemon,
+        {
+            NvidiaPackages: facts,
+            SystemdEnabled: {UNIT: is_enabled},
+            SystemdStatus: {UNIT: is_running},
+        },
+        **kwargs,
+    )
+
+
+def test_persistenced_enabled_and_running_is_left_alone() -> None:
+    assert persistenced(True, True) == ([], ["nvidia-persistenced is enabled and running"])
+
+
+def test_persistenced_is_enabled_and_started() -> None:
+    assert persistenced(False, False) == (
+        [
+            "systemctl enable nvidia-persistenced.service",
+            "systemctl start nvidia-persistenced.service",
+        ],
+        [],
+    )
+
+
+def test_persistenced_waits_for_the_new_module() -> None:
+    assert persistenced(True, False, reboot_pending=True) == (
+        [],
+        ["nvidia-persistenced is enabled; it starts with the new kernel module (reboot pending)"],
+    )
+
+
+def test_persistenced_is_disabled_and_stopped_when_not_wanted() -> None:
+    assert persistenced(True, True, enabled=False)[0] == [
+        "systemctl disable nvidia-persistenced.service",
+        "systemctl stop nvidia-persistenced.service",
+    ]
+    assert persistenced(False, False, enabled=False) == (
+        [],
+        ["nvidia-persistenced is disabled and stopped"],
+    )
+
+
+def test_persistenced_not_yet_installed_is_the_installs_business() -> None:
+    commands, noops = commands_of(persistence_daemon, {NvidiaPackages: node()})
+    assert commands == []
+    assert noops == ["nvidia-persistenced is not installed yet: the driver install sets it up"]
+
+
+# --- reboot ---------------------------------------------------------------------------------
+
+
+def test_matching_module_needs_no_reboot() -> None:
+    facts = node(installed=at("550.127.08-1"), module="550.127.08", loaded="550.127.08")
+    commands, noops = commands_of(driver_reboot, {NvidiaPackages: facts}, policy="if-needed")
+    assert commands == []
+    assert noops == ["the loaded NVIDIA kernel module is the installed one (550.127.08)"]
+
+
+def test_reboot_required_is_reported_and_never_performed_with_never() -> None:
+    facts = node(installed=at("550.127.08-1"), module="550.127.08", loaded="590.48.01")
+    commands, noops = commands_of(driver_reboot, {NvidiaPackages: facts}, policy="never")
+    assert commands == []
+    assert noops == [
+        "reboot required: loaded NVIDIA kernel module 590.48.01 (GPU simulator), installed "
+        "550.127.08",
+        "not rebooting: nvidia_driver.reboot is 'never'",
+    ]
+
+
+def test_lab_node_reboots_the_gpu_simulator() -> None:
+    facts = node(installed=at("550.127.08-1"), module="550.127.08", loaded="590.48.01")
+    commands, _ = commands_of(driver_reboot, {NvidiaPackages: facts}, policy="if-needed")
+    assert commands == [LAB_REBOOT]
+
+
+def test_real_host_reboots_and_waits_for_it() -> None:
+    facts = node(installed=at("550.127.08-1"), module="550.127.08", loaded="535.54.03", lab=False)
+    commands, noops = commands_of(driver_reboot, {NvidiaPackages: facts}, policy="if-needed")
+    assert LAB_REBOOT not in commands
+    assert "( sleep 1 && reboot ) </dev/null >/dev/null 2>&1 &" in commands
+    assert noops[0] == (
+        "reboot required: loaded NVIDIA kernel module 535.54.03, installed 550.127.08"
+    )
+
+
+def test_pending_install_predicts_the_reboot() -> None:
+    # At prepare time the old driver is installed and loaded; the install will change it.
+    facts = node(installed=at("550.127.08-1"), module="550.127.08", loaded="550.127.08")
+    commands, _ = commands_of(
+        driver_reboot,
+        {NvidiaPackages: facts},
+        policy="if-needed",
+        install_pending=True,
+        pending_version="550.144.03-1",
+    )
+    assert commands == [LAB_REBOOT]
+    # Installing the version that is already loaded needs none.
+    commands, _ = commands_of(
+        driver_reboot,
+        {NvidiaPackages: node(loaded="550.144.03")},
+        policy="if-needed",
+        install_pending=True,
+        pending_version="550.144.03-1",
+    )
+    assert commands == []
+
+
+def test_pending_branch_install_counts_the_installed_module_only_inside_the_branch() -> None:
+    old_branch = node(installed=at("550.144.03-1"), module="550.144.03", loaded="550.144.03")
+    commands, _ = commands_of(
+        driver_reboot, {NvidiaPackages: old_branch}, policy="if-needed",
+        install_pending=True, branch="570",
+    )  # fmt: skip
+    assert commands == [LAB_REBOOT]
+    new_branch = node(installed=at("570.195.03-1"), module="570.195.03", loaded="570.195.03")
+    commands, _ = commands_of(
+        driver_reboot, {NvidiaPackages: new_branch}, policy="if-needed",
+        install_pending=True, branch="570",
+    )  # fmt: skip
+    assert commands == []
+
+
+def test_no_module_installed_needs_no_reboot() -> None:
+    commands, noops = commands_of(driver_reboot, {NvidiaPackages: node()}, policy="if-needed")
+    assert commands == []
+    assert noops == ["no NVIDIA kernel module is installed for the running kernel"]
+
+
+# --- the lab's reboot -----------------------------------------------------------------------
+
+
+def test_simulated_reboot_loads_the_driver_the_standin_package_installed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(hwstate.STATE_ENV, str(tmp_path / "hardware.json"))
+    state: dict[str, Any] = {"driver_version": "590.48.01", "gpus": []}
+    hwstate.reboot(state)
+    assert state["driver_version"] == "590.48.01"  # nothing recorded: unchanged
+    (tmp_path / "installed-driver-version").write_text("550.144.03\n")
+    hwstate.reboot(state)
+    assert json.loads(json.dumps(state))["driver_version"] == "550.144.03"
