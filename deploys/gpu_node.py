@@ -17,10 +17,12 @@ from roles.base import base_system
 from roles.container_toolkit import container_toolkit
 from roles.cuda import cuda_toolkits
 from roles.dcgm import dcgm
+from roles.fabric_manager import fabric_manager
 from roles.firewall import firewall
 from roles.gpu_metrics import gpu_metrics
 from roles.gpu_settings import gpu_settings
 from roles.kernel import kernel_hardening
+from roles.nvidia_driver import nvidia_driver
 from roles.nvidia_repos import nvidia_repositories
 from roles.sshd import sshd
 from roles.tls import tls_certificate
@@ -36,6 +38,8 @@ tls_certificate(desired=desired)
 kernel_hardening(desired=desired)
 unattended_upgrades(desired=desired)
 nvidia_repositories(desired=desired)
+nvidia_driver(desired=desired)
+fabric_manager(desired=desired)
 cuda_toolkits(desired=desired)
 container_toolkit(desired=desired)
 dcgm(desired=desired)

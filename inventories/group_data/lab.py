@@ -46,3 +46,17 @@ firewall = {
 }
 
 gpu_metrics = {"enabled": True}
+
+# The whole NVIDIA stack, from the lab's stand-in repositories. The simulated GPUs load the
+# installed driver on a (simulated) reboot, which reboot: if-needed performs.
+nvidia_driver = {
+    "source": "nvidia",
+    "branch": "570",
+    "version": "570.195.03-1",
+    "flavour": "open",
+    "reboot": "if-needed",
+}
+fabric_manager = {"version": "570.195.03-1"}
+cuda = {"versions": ["12.4", "12.8"], "default": "12.8"}
+container_runtime = {"engines": ["docker"], "toolkit_version": "1.17.8-1"}
+dcgm = {"enabled": True}
