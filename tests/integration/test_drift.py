@@ -1,0 +1,212 @@
+"""The drift check end to end on lab nodes: clean after converge, then exactly the drift we
+inject, with the right severity, in every output format; a stopped host gives exit code 2."""
+
+from __future__ import annotations
+
+import base64
+import datetime
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ElementTree
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cryptography.hazmat.primitives import serialization
+
+from gpunode import pki
+from gpunode.lab import Lab, LabNode
+from gpunode.model import Tls
+
+from .conftest import ROOT, run_pyinfra, ssh
+
+pytestmark = pytest.mark.lab
+
+GPUNODE = str(Path(sys.executable).with_name("gpunode"))
+
+
+def drift(*args: str) -> tuple[int, str, str]:
+    result = subprocess.run(
+        [GPUNODE, "drift", "inventories/lab.py", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    return result.returncode, result.stdout, result.stderr
+
+
+def sudo(lab: Lab, node: LabNode, command: str) -> str:
+    result = ssh(lab, node, f"sudo sh -c {shlex.quote(command)}")
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+@pytest.fixture(scope="module")
+def converged(lab_nodes: list[LabNode]) -> Iterator[list[LabNode]]:
+    assert len(lab_nodes) >= 2
+    run = run_pyinfra("deploys/gpu_node.py")
+    assert run.returncode == 0, run.output
+    yield lab_nodes[:2]
+    # Leave the fleet converged for the modules that follow, hardware faults undone too.
+    lab = Lab()
+    sudo(lab, lab_nodes[0], "gpunode-lab-hw set gpus.7.present true")
+    port_index, _ = first_infiniband_port(lab, lab_nodes[1])
+    sudo(lab, lab_nodes[1], f"gpunode-lab-hw set ib_ports.{port_index}.state '\"Active\"'")
+    restore = run_pyinfra("deploys/gpu_node.py")
+    assert restore.returncode == 0, restore.output
+
+
+def test_converged_fleet_has_no_drift(converged: list[LabNode]) -> None:
+    code, out, err = drift("--json")
+    report = json.loads(out)
+    assert report["findings"] == [], report["findings"]
+    assert sorted(report["checked_hosts"]) == sorted(node.name for node in converged)
+    assert code == 0, err
+
+
+def expire_soon(lab: Lab, node: LabNode) -> None:
+    """Install a certificate from the lab CA on ``node`` with 5 days left."""
+    env = dict(os.environ)
+    pki.use_lab_ca(lab.state_dir, env)
+    authority = pki.open_ca(pki.ca_directory(env), pki.ca_passphrase(env), create=False)
+    assert authority is not None
+    public_pem = sudo(lab, node, "openssl pkey -in /etc/gpunode/tls/node.key -pubout")
+    public_key = serialization.load_pem_public_key(public_pem.encode())
+    wanted = pki.wanted_certificate(node.name, Tls(enabled=True))
+    issued_at = datetime.datetime.now(datetime.UTC) - datetime.timedelta(days=365 - 5)
+    certificate = pki.issue_certificate(authority, public_key, wanted, now=issued_at)  # type: ignore[arg-type]
+    pem = base64.b64encode(certificate.public_bytes(serialization.Encoding.PEM)).decode()
+    sudo(lab, node, f"echo {pem} | base64 -d > /etc/gpunode/tls/node.crt")
+
+
+def wait_for_ssh(lab: Lab, node: LabNode) -> None:
+    for _ in range(40):
+        if ssh(lab, node, "true").returncode == 0:
+            return
+        time.sleep(0.25)
+    raise AssertionError(f"{node.name} does not accept SSH logins")
+
+
+def first_infiniband_port(lab: Lab, node: LabNode) -> tuple[int, str]:
+    """(index in the simulator's state, drift subject) of the node's first InfiniBand port."""
+    ports = json.loads(sudo(lab, node, "gpunode-lab-hw show ib_ports"))
+    index = next(i for i, port in enumerate(ports) if port["link_layer"] == "InfiniBand")
+    return index, f"{ports[index]['ca']}/{ports[index]['port']}"
+
+
+def inject_drift(lab: Lab, first: LabNode, second: LabNode) -> dict[tuple[str, str], str]:
+    """Break both nodes in known ways; returns {(host, finding id): severity}."""
+    sudo(lab, first, "nvidia-smi -i 2 -pm 0")
+    sudo(lab, first, "gpunode-lab-hw set gpus.7.present false")
+    ssh_rule = sudo(lab, first, "nft -a list chain inet gpunode input | grep 'tcp dport 22'")
+    handle = ssh_rule.split("# handle ")[-1].split()[0]
+    sudo(lab, first, f"nft delete rule inet gpunode input handle {handle}")
+    port_index, port = first_infiniband_port(lab, second)
+    sudo(lab, second, f"gpunode-lab-hw set ib_ports.{port_index}.state '\"Down\"'")
+    expire_soon(lab, second)
+    # Last: the reload makes sshd refuse connections for a moment.
+    sudo(
+        lab,
+        second,
+        "sed -i 's/^MaxAuthTries 2$/MaxAuthTries 6/' /etc/ssh/sshd_config && systemctl reload ssh",
+    )
+    wait_for_ssh(lab, second)
+    return {
+        (first.name, "gpu.persistence:2"): "warning",
+        (first.name, "gpu.count"): "critical",
+        (first.name, "firewall.rules"): "warning",
+        (second.name, f"ib.port:{port}"): "critical",
+        (second.name, "sshd.maxauthtries"): "warning",
+        (second.name, "sshd.config"): "warning",
+        (second.name, "tls.expiry"): "critical",
+    }
+
+
+def test_injected_drift_is_reported_exactly_in_every_format(
+    lab: Lab, converged: list[LabNode], tmp_path: Path
+) -> None:
+    expected = inject_drift(lab, converged[0], converged[1])
+    junit, prometheus = tmp_path / "drift.xml", tmp_path / "textfile" / "gpunode_drift.prom"
+    code, out, err = drift("--json", "--junit", str(junit), "--prometheus", str(prometheus))
+    assert code == 1, err
+
+    report = json.loads(out)
+    found = {(f["host"], f["id"]): f["severity"] for f in report["findings"]}
+    assert found == expected
+    assert all(f["fix"] for f in report["findings"])
+
+    cases = {
+        (suite.get("name"), case.get("name")): case.find("failure").get("type")  # type: ignore[union-attr]
+        for suite in ElementTree.parse(junit).getroot().iter("testsuite")
+        for case in suite.iter("testcase")
+        if case.find("failure") is not None
+    }
+    assert cases == expected
+
+    metrics = prometheus.read_text()
+    for (host, finding_id), severity in expected.items():
+        assert (
+            f'gpunode_drift_finding{{host="{host}",id="{finding_id}",'
+            f'severity="{severity}",status="new"}} 1'
+        ) in metrics
+
+    code, table, _ = drift("--limit", converged[1].name)
+    assert code == 1
+    rows = [line.split()[:4] for line in table.splitlines()[1:-1]]
+    assert sorted(row[3] for row in rows) == sorted(
+        finding_id for (host, finding_id) in expected if host == converged[1].name
+    )
+    assert {row[0] for row in rows} == {converged[1].name}
+
+
+def test_baseline_marks_yesterdays_findings_known(converged: list[LabNode], tmp_path: Path) -> None:
+    baseline = tmp_path / "baseline.json"
+    drift("--json", "--write-baseline", str(baseline))
+    sudo_node = converged[0]
+    lab = Lab()
+    sudo(lab, sudo_node, "nvidia-smi -i 3 -pm 0")
+    _, out, _ = drift("--json", "--baseline", str(baseline))
+    status = {
+        f["id"]: f["status"] for f in json.loads(out)["findings"] if f["host"] == sudo_node.name
+    }
+    assert status["gpu.persistence:3"] == "new"
+    assert status["gpu.persistence:2"] == "known"
+
+
+def test_unreachable_host_gives_exit_code_2_and_the_others_are_still_checked(
+    lab: Lab, converged: list[LabNode]
+) -> None:
+    stopped = converged[1]
+    lab.client.containers.get(stopped.container).pause()
+    try:
+        code, out, _ = drift("--json")
+    finally:
+        lab.client.containers.get(stopped.container).unpause()
+    report: dict[str, Any] = json.loads(out)
+    assert code == 2
+    assert list(report["unreachable"]) == [stopped.name]
+    assert report["checked_hosts"] == [converged[0].name]
+    assert any(f["host"] == converged[0].name for f in report["findings"])
+
+
+def test_converge_repairs_what_it_can_and_the_rest_stays_reported(
+    lab: Lab, converged: list[LabNode]
+) -> None:
+    run = run_pyinfra("deploys/gpu_node.py")
+    assert run.returncode == 0, run.output
+    _, out, _ = drift("--json")
+    left = {(f["host"], f["id"]) for f in json.loads(out)["findings"]}
+    # Hardware faults are not something a deploy can fix.
+    port_index, port = first_infiniband_port(lab, converged[1])
+    assert left == {(converged[0].name, "gpu.count"), (converged[1].name, f"ib.port:{port}")}
+    sudo(lab, converged[0], "gpunode-lab-hw set gpus.7.present true")
+    sudo(lab, converged[1], f"gpunode-lab-hw set ib_ports.{port_index}.state '\"Active\"'")
+    code, out, _ = drift("--json")
+    assert json.loads(out)["findings"] == []
+    assert code == 0
