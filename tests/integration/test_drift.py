@@ -210,3 +210,24 @@ def test_converge_repairs_what_it_can_and_the_rest_stays_reported(
     code, out, _ = drift("--json")
     assert json.loads(out)["findings"] == []
     assert code == 0
+
+
+def test_whole_drift_fact_set_costs_one_ssh_command_per_host(
+    converged: list[LabNode], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pyinfra.connectors.ssh import SSHConnector
+
+    from gpunode.cli import load_inventory
+    from gpunode.drift import run_drift
+
+    commands: dict[str, int] = {}
+    original = SSHConnector.run_shell_command
+
+    def counting(self: SSHConnector, *args: Any, **kwargs: Any) -> Any:
+        commands[self.host.name] = commands.get(self.host.name, 0) + 1
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(SSHConnector, "run_shell_command", counting)
+    result = run_drift(load_inventory("inventories/lab.py"), "inventories/lab.py")
+    assert sorted(result.checked_hosts) == sorted(node.name for node in converged)
+    assert commands == {node.name: 1 for node in converged}
