@@ -1,0 +1,43 @@
+"""TLS checks: a node certificate from the internal CA, its key private to root, trusted."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from facts.tls import CA_PATH, CERT_PATH, KEY_PATH
+from gpunode.model import DesiredState
+from roles.tls import TRUST_PATH
+
+
+@pytest.fixture
+def wanted(desired: DesiredState) -> DesiredState:
+    if not desired.tls.enabled:
+        pytest.skip("tls.enabled is false for this host in the inventory")
+    return desired
+
+
+def test_node_key_is_private_to_root(host: Any, wanted: DesiredState) -> None:
+    key = host.file(KEY_PATH)
+    assert (key.user, key.group, key.mode) == ("root", "root", 0o600)
+
+
+def test_certificate_verifies_against_the_ca(host: Any, wanted: DesiredState) -> None:
+    assert host.run(f"openssl verify -CAfile {CA_PATH} {CERT_PATH}").rc == 0
+
+
+def test_certificate_names_the_host(host: Any, wanted: DesiredState) -> None:
+    text = host.check_output(f"openssl x509 -in {CERT_PATH} -noout -ext subjectAltName")
+    for name in wanted.tls.names:
+        assert f"DNS:{name}" in text
+
+
+def test_certificate_is_outside_the_renewal_window(host: Any, wanted: DesiredState) -> None:
+    seconds = wanted.tls.renew_before_days * 86400
+    assert host.run(f"openssl x509 -in {CERT_PATH} -noout -checkend {seconds}").rc == 0
+
+
+def test_ca_is_in_the_system_trust_store(host: Any, wanted: DesiredState) -> None:
+    assert host.file(TRUST_PATH).exists
+    assert host.run(f"openssl verify {CERT_PATH}").rc == 0
