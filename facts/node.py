@@ -9,12 +9,13 @@ from pyinfra.api import FactBase
 from facts.batch import FactBatch
 from facts.firewall import FirewallState
 from facts.hardware import GpuReport, InfinibandPorts, NvmeDevices
+from facts.nvidia_packages import NvidiaPackages
 from facts.sshd import SshdState
 from facts.tls import NodeCertificate
 
 
 class NodeState(FactBatch):
-    """GPU, InfiniBand, NVMe, sshd, firewall and TLS state of a node (see each fact)."""
+    """GPU, InfiniBand, NVMe, sshd, firewall, TLS and NVIDIA package state (see each fact)."""
 
     FACTS: ClassVar[dict[str, type[FactBase]]] = {
         "gpu": GpuReport,
@@ -23,4 +24,5 @@ class NodeState(FactBatch):
         "sshd": SshdState,
         "firewall": FirewallState,
         "tls": NodeCertificate,
+        "packages": NvidiaPackages,
     }

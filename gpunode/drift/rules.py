@@ -257,6 +257,35 @@ def tls_rules(desired: DesiredState, facts: dict[str, Any]) -> Iterator[tuple]:
         yield "tls.expiry", severity, f"> {wanted.renew_before_days} days left", found, RUN_DEPLOY
 
 
+def package_rules(desired: DesiredState, facts: dict[str, Any]) -> Iterator[tuple]:
+    """Pinned NVIDIA packages at their versions and held (changed by hand = drift)."""
+    from roles.container_toolkit import TOOLKIT_PACKAGES
+    from roles.nvidia_driver import driver_packages_for
+
+    section: Section = facts.get("packages") or {}
+    if "packages" not in section:
+        if desired.nvidia_driver.source != "none" or desired.container_runtime.toolkit_version:
+            yield from _unreadable("packages", section)
+        return
+    installed: dict[str, str] = section["packages"]
+    held = set(section.get("held", []))
+    pinned: dict[str, str] = {}
+    driver = desired.nvidia_driver
+    if driver.source != "none" and driver.version:
+        spec = driver_packages_for(driver, driver.version)
+        pinned.update({name: driver.version for name in spec.versioned})
+    if desired.container_runtime.toolkit_version:
+        pinned.update(
+            {name: desired.container_runtime.toolkit_version for name in TOOLKIT_PACKAGES}
+        )
+    for name, version in sorted(pinned.items()):
+        found = installed.get(name)
+        if found != version:
+            yield f"packages.version:{name}", CRIT, version, found or "not installed", RUN_DEPLOY
+        elif name not in held:
+            yield f"packages.hold:{name}", WARN, "held", "not held", RUN_DEPLOY
+
+
 RULES: tuple[Rule, ...] = (
     gpu_rules,
     infiniband_rules,
@@ -264,6 +293,7 @@ RULES: tuple[Rule, ...] = (
     sshd_rules,
     firewall_rules,
     tls_rules,
+    package_rules,
 )
 
 

@@ -22,6 +22,7 @@ from cryptography.hazmat.primitives import serialization
 from gpunode import pki
 from gpunode.lab import Lab, LabNode
 from gpunode.model import Tls
+from roles.container_toolkit import TOOLKIT_PACKAGES
 
 from .conftest import ROOT, run_pyinfra, ssh
 
@@ -107,6 +108,14 @@ def inject_drift(lab: Lab, first: LabNode, second: LabNode) -> dict[tuple[str, s
     ssh_rule = sudo(lab, first, "nft -a list chain inet gpunode input | grep 'tcp dport 22'")
     handle = ssh_rule.split("# handle ")[-1].split()[0]
     sudo(lab, first, f"nft delete rule inet gpunode input handle {handle}")
+    # An operator "fixes" something by hand: the Container Toolkit goes back a version.
+    downgrade = " ".join(f"{name}=1.17.4-1" for name in TOOLKIT_PACKAGES)
+    sudo(
+        lab,
+        first,
+        "DEBIAN_FRONTEND=noninteractive apt-get install -qq -y --allow-downgrades "
+        f"--allow-change-held-packages {downgrade} >/dev/null",
+    )
     port_index, port = first_infiniband_port(lab, second)
     sudo(lab, second, f"gpunode-lab-hw set ib_ports.{port_index}.state '\"Down\"'")
     expire_soon(lab, second)
@@ -121,6 +130,7 @@ def inject_drift(lab: Lab, first: LabNode, second: LabNode) -> dict[tuple[str, s
         (first.name, "gpu.persistence:2"): "warning",
         (first.name, "gpu.count"): "critical",
         (first.name, "firewall.rules"): "warning",
+        **{(first.name, f"packages.version:{name}"): "critical" for name in TOOLKIT_PACKAGES},
         (second.name, f"ib.port:{port}"): "critical",
         (second.name, "sshd.maxauthtries"): "warning",
         (second.name, "sshd.config"): "warning",

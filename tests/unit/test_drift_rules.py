@@ -13,6 +13,7 @@ from gpunode.drift.findings import Severity
 from gpunode.drift.rules import evaluate
 from gpunode.model import DesiredState, build_desired_state
 from roles.firewall import _sha256, render_ruleset
+from roles.nvidia_driver import driver_packages_for
 from roles.sshd import expected_effective, render_sshd_config
 
 DATA = {
@@ -103,7 +104,16 @@ def healthy_facts() -> dict[str, Any]:
             "unit_enabled": True,
         },
         "tls": {"state": "present", "key": "matches", "days_to_expiry": 200},
+        "packages": {
+            "packages": {name: "570.195.03-1" for name in DRIVER_PACKAGES},
+            "held": sorted(DRIVER_PACKAGES),
+        },
     }
+
+
+DRIVER_PACKAGES = driver_packages_for(
+    desired().nvidia_driver, desired().nvidia_driver.version
+).versioned
 
 
 def findings(facts: dict[str, Any], state: DesiredState | None = None) -> dict[str, Severity]:
@@ -190,6 +200,12 @@ FAULTS = [
                  {"tls.expiry": Severity.WARNING}, id="certificate-near-expiry"),
     pytest.param(set_path("tls.days_to_expiry", 3),
                  {"tls.expiry": Severity.CRITICAL}, id="certificate-about-to-expire"),
+    pytest.param(set_path("packages.packages.nvidia-open", "570.124.06-1"),
+                 {"packages.version:nvidia-open": Severity.CRITICAL}, id="package-changed-by-hand"),
+    pytest.param(set_path("packages.held", ["nvidia-driver"]),
+                 {f"packages.hold:{name}": Severity.WARNING
+                  for name in ("nvidia-open", "nvidia-kernel-open-dkms", "nvidia-driver-cuda")},
+                 id="packages-unheld"),
     pytest.param(set_path("tls.key", "mismatch"),
                  {"tls.key": Severity.CRITICAL}, id="certificate-key-mismatch"),
 ]  # fmt: skip
