@@ -585,6 +585,16 @@ class Infiniband:
     subnet_manager: bool = setting(False, "run opensm on this node")
     memlock_unlimited: bool = setting(True, "unlimited memlock for RDMA users")
 
+    def validate(self, builder: Builder, path: str) -> None:
+        seen: set[str] = set()
+        for index, interface in enumerate(self.ipoib):
+            if interface.name in seen:
+                builder.problem(
+                    f"{path}.ipoib[{index}].name", interface.name, "duplicate interface",
+                    "one entry per interface",
+                )  # fmt: skip
+            seen.add(interface.name)
+
 
 @dataclass(frozen=True)
 class NvmeCache:
@@ -600,8 +610,16 @@ class NvmeCache:
         (), "serials of drives that may be wiped even though they carry data"
     )
     cachefilesd: bool = setting(False, "run cachefilesd for NFS FS-Cache on the array")
+    device_timeout_s: int = setting(
+        30, "how long boot waits for the cache's device (x-systemd.device-timeout; nofail)",
+        min=1, max=600,
+    )  # fmt: skip
 
     def validate(self, builder: Builder, path: str) -> None:
+        if len(set(self.devices)) != len(self.devices):
+            builder.problem(
+                f"{path}.devices", list(self.devices), "a device is listed twice", "unique paths"
+            )
         if self.enabled and not self.devices and self.match_model is None:
             builder.problem(
                 f"{path}.devices", [], "no way to choose drives", "devices, or match_model"

@@ -39,6 +39,9 @@ IMAGE_REPOSITORY = "gpunode-lab/debian12"
 LOGIN_USER = "debian"
 DEFAULT_PROFILES = ("hgx-h100", "a100", "pcie-a10g")
 BOOT_TIMEOUT_S = 120
+# Scratch disks (opt-in): sparse files on the lab host, attached to host loop devices and
+# handed to a node as /dev/nvme<N>n1, so storage roles get real block devices to work on.
+SCRATCH_DISK_MIB = 1024
 
 # Packages of a minimal Debian cloud-like node; python3 serves testinfra-free probes later.
 NODE_PACKAGES = (
@@ -196,8 +199,18 @@ class Lab:
         return [LabNode(**raw) for raw in json.loads(self.nodes_path.read_text())]
 
     # --- up ------------------------------------------------------------------------------------
-    def up(self, count: int, profiles: Iterable[str] = DEFAULT_PROFILES) -> list[LabNode]:
-        """Bring the lab to ``count`` running nodes; existing healthy nodes are kept."""
+    def up(
+        self,
+        count: int,
+        profiles: Iterable[str] = DEFAULT_PROFILES,
+        scratch_disks: int = 0,
+        scratch_disk_mib: int = SCRATCH_DISK_MIB,
+    ) -> list[LabNode]:
+        """Bring the lab to ``count`` running nodes; existing healthy nodes are kept.
+
+        ``scratch_disks`` > 0 also gives every node that many scratch disks
+        (:meth:`attach_scratch_disks`); without it nodes get none, as before.
+        """
         profile_cycle = list(profiles)
         unknown = [p for p in profile_cycle if p not in hwsim.PROFILES]
         if unknown or not profile_cycle:
@@ -233,6 +246,8 @@ class Lab:
             node.memory_mib = self._memory_mib(node.container)
         self._write_state(wanted)
         self.serve_repository()
+        for node in wanted if scratch_disks else []:
+            self.attach_scratch_disks(node, scratch_disks, scratch_disk_mib)
         return wanted
 
     def serve_repository(self) -> None:
@@ -418,6 +433,106 @@ class Lab:
             time.sleep(0.5)
         raise LabError(f"{node.name} did not finish booting in {BOOT_TIMEOUT_S} s")
 
+    # --- scratch disks -----------------------------------------------------------------------
+    @property
+    def scratch_dir(self) -> Path:
+        return self.state_dir / "scratch"
+
+    def attach_scratch_disks(
+        self, node: LabNode, count: int, size_mib: int = SCRATCH_DISK_MIB
+    ) -> list[str]:
+        """Give a running node ``count`` real block devices: /dev/nvme0n1, /dev/nvme1n1, ...
+
+        Each is a sparse file under ``scratch_dir`` on a host loop device. Docker only lets a
+        container open the devices it was created with, so the device is hot-plugged: allowed
+        in the node's devices cgroup (cgroup v1) and its node made with mknod in the
+        container's /dev. The simulated ``nvme list`` drive at the same path (if the profile
+        has one) reports the disk's real size. Idempotent; a disk keeps its data until
+        ``down``. Needs root on the lab host (losetup) and the cgroup v1 devices controller;
+        a container restart drops the devices (``up`` with ``scratch_disks`` adds them back).
+        """
+        if os.geteuid() != 0:
+            raise LabError("scratch disks need root on the lab host (losetup, device cgroup)")
+        if not 1 <= count <= 16 or size_mib < 300:
+            raise LabError("scratch disks: 1 to 16 per node, each at least 300 MiB (XFS)")
+        container = self.client.containers.get(node.container)
+        cgroups = self._device_cgroups(container)
+        self.scratch_dir.mkdir(parents=True, exist_ok=True)
+        paths = []
+        for index in range(count):
+            image = self.scratch_dir / f"{node.name}-{index}.img"
+            if not image.exists():
+                with image.open("wb") as sparse:
+                    sparse.truncate(size_mib * 2**20)
+            loop = self._loop_device(image)
+            device = os.stat(loop).st_rdev
+            major, minor = os.major(device), os.minor(device)
+            for cgroup in cgroups:
+                # A transient unit's cgroup may be gone by now; it needs nothing then.
+                with contextlib.suppress(FileNotFoundError):
+                    (cgroup / "devices.allow").write_text(f"b {major}:{minor} rwm\n")
+            path = f"/dev/nvme{index}n1"
+            script = (
+                f'if [ "$(stat -c %t:%T {path} 2>/dev/null)" != "{major:x}:{minor:x}" ]; then '
+                f"rm -f {path} && mknod -m 660 {path} b {major} {minor} && chgrp disk {path}; fi"
+                f"; gpunode-lab-hw show nvme.{index} >/dev/null 2>&1 || exit 0"
+                f"; gpunode-lab-hw set nvme.{index}.physical_size {image.stat().st_size}"
+                f" && gpunode-lab-hw set nvme.{index}.used_bytes 0"
+            )
+            result = container.exec_run(["sh", "-c", script])
+            if result.exit_code != 0:
+                raise LabError(f"{node.name}: {path}: {result.output.decode().strip()}")
+            paths.append(path)
+        return paths
+
+    def _loop_device(self, image: Path) -> str:
+        """The host loop device backed by ``image``, attaching one if there is none."""
+        attached = self._attached_loops(image)
+        if attached:
+            return attached[0]
+        result = subprocess.run(
+            ["losetup", "--find", "--show", str(image)], capture_output=True, text=True
+        )
+        if result.returncode != 0:
+            raise LabError(f"losetup {image}: {result.stderr.strip()}")
+        return result.stdout.strip()
+
+    @staticmethod
+    def _device_cgroups(container: Any) -> list[Path]:
+        """The node's devices cgroup and every cgroup below it, parents first.
+
+        systemd in the node made child cgroups (init.scope, system.slice/...); each copied
+        its parent's device list when it was made, so an allowance goes to all of them.
+        """
+        pid = container.attrs["State"]["Pid"]
+        for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+            _, controllers, path = line.split(":", 2)
+            parts = path.strip("/").split("/")
+            if "devices" in controllers.split(",") and container.id in parts:
+                root = Path("/sys/fs/cgroup/devices", *parts[: parts.index(container.id) + 1])
+                if (root / "devices.allow").exists():
+                    return [Path(top) for top, _, _ in os.walk(root)]
+        raise LabError(
+            "scratch disks need the cgroup v1 devices controller on the lab host (with cgroup "
+            "v2, Docker fixes a container's device list when it creates the container)"
+        )
+
+    def _detach_scratch_disks(self) -> None:
+        if not self.scratch_dir.exists():
+            return
+        for image in sorted(self.scratch_dir.glob("*.img")):
+            for loop in self._attached_loops(image):
+                subprocess.run(["losetup", "--detach", loop], check=False)
+
+    @staticmethod
+    def _attached_loops(image: Path) -> list[str]:
+        return subprocess.run(
+            ["losetup", "--noheadings", "--output", "NAME", "--associated", str(image)],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.split()
+
     def _memory_mib(self, container: str) -> float:
         """Resident memory of the node's processes (page cache is the host's to reclaim)."""
         memory = self.client.containers.get(container).stats(stream=False).get("memory_stats", {})
@@ -446,5 +561,7 @@ class Lab:
         if not keep_image:
             for image in self.client.images.list(name=IMAGE_REPOSITORY):
                 self.client.images.remove(image.id, force=True)
+        # After the containers: their mounts of the scratch disks are gone with them.
+        self._detach_scratch_disks()
         if self.state_dir.exists():
             shutil.rmtree(self.state_dir)

@@ -1,0 +1,24 @@
+"""Converge the fabric and storage of a GPU node: NCCL settings, InfiniBand/RDMA, NVMe cache.
+
+    pyinfra inventories/prod.py deploys/fabric.py
+
+Every refusal (an interface or HCA that NCCL is told to use but the node lacks, a cache drive
+that holds data or is missing) happens while pyinfra prepares, before any host changes.
+"""
+
+import sys
+from pathlib import Path
+
+# Roles and facts live at the project root; pyinfra only adds the working directory.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from gpunode.inventory import desired_state
+from roles.infiniband import infiniband
+from roles.nccl import nccl
+from roles.nvme_cache import nvme_cache
+
+desired = desired_state()
+
+nccl(desired=desired)
+infiniband(desired=desired)
+nvme_cache(desired=desired)
