@@ -113,6 +113,19 @@ class LabNode:
     memory_mib: float = 0.0
 
 
+def _tar(files: dict[str, tuple[bytes, int]]) -> bytes:
+    """Absolute node path -> (content, mode), as a tar stream for put_archive."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        for path, (content, mode) in sorted(files.items()):
+            info = tarfile.TarInfo(path.lstrip("/"))
+            info.size, info.mode, info.mtime = len(content), mode, int(time.time())
+            if path.startswith(f"/home/{LOGIN_USER}/"):
+                info.uid = info.gid = 1000  # the login user of the image
+            tar.addfile(info, io.BytesIO(content))
+    return buffer.getvalue()
+
+
 class LabError(RuntimeError):
     """The lab could not be brought up or down; the message says what to do."""
 
@@ -238,6 +251,8 @@ class Lab:
             if node.name in existing:
                 kept = existing[node.name]
                 node.profile, node.host_key, node.boot_s = kept.profile, kept.host_key, kept.boot_s
+                # A kept node gets this checkout's simulator programs (never its state).
+                self._refresh_simulator(node)
         for extra in set(existing) - {node.name for node in wanted}:
             self._remove_container(existing[extra].container)
         with ThreadPoolExecutor(max_workers=min(16, max(1, len(to_start)))) as pool:
@@ -403,20 +418,22 @@ class Lab:
             raise LabError(f"{node.name}: no SSH host key after boot")
         node.host_key = " ".join(host_key.output.decode().split()[:2])
 
+    def _refresh_simulator(self, node: LabNode) -> None:
+        from gpunode.lab.hwsim import hwstate
+
+        programs = {
+            path: entry
+            for path, entry in hwsim.node_files(node.profile, node.name).items()
+            if path != hwstate.DEFAULT_STATE_PATH
+        }
+        self.client.containers.get(node.container).put_archive("/", _tar(programs))
+
     def _node_archive(self, node: LabNode) -> bytes:
         """Simulated hardware plus the lab login key, as one tar stream."""
         files = dict(hwsim.node_files(node.profile, node.name))
         public_key = self.key_path.with_suffix(".pub").read_bytes()
         files[f"/home/{LOGIN_USER}/.ssh/authorized_keys"] = (public_key, 0o600)
-        buffer = io.BytesIO()
-        with tarfile.open(fileobj=buffer, mode="w") as tar:
-            for path, (content, mode) in sorted(files.items()):
-                info = tarfile.TarInfo(path.lstrip("/"))
-                info.size, info.mode, info.mtime = len(content), mode, int(time.time())
-                if path.startswith(f"/home/{LOGIN_USER}/"):
-                    info.uid = info.gid = 1000
-                tar.addfile(info, io.BytesIO(content))
-        return buffer.getvalue()
+        return _tar(files)
 
     def _wait_booted(self, container: Any, node: LabNode) -> None:
         deadline = time.monotonic() + BOOT_TIMEOUT_S
@@ -534,13 +551,19 @@ class Lab:
         ).stdout.split()
 
     def _memory_mib(self, container: str) -> float:
-        """Resident memory of the node's processes (page cache is the host's to reclaim)."""
-        memory = self.client.containers.get(container).stats(stream=False).get("memory_stats", {})
+        """Resident memory of the node's processes (page cache is the host's to reclaim).
+
+        Read from the container's memory cgroup (v1, where systemd-in-docker runs here):
+        Docker's own stats come back empty for some of these containers.
+        """
+        found = self.client.containers.get(container)
+        stat_path = Path(f"/sys/fs/cgroup/memory/docker/{found.id}/memory.stat")
+        if stat_path.exists():
+            fields = dict(line.split() for line in stat_path.read_text().splitlines())
+            return round(int(fields.get("total_rss", 0)) / 2**20, 1)
+        memory = found.stats(stream=False).get("memory_stats", {})
         stats = memory.get("stats", {})
-        if "total_rss" in stats:  # cgroup v1
-            used = stats["total_rss"]
-        else:  # cgroup v2: anon is the resident, non-file-backed part
-            used = stats.get("anon", memory.get("usage", 0) - stats.get("inactive_file", 0))
+        used = stats.get("anon", memory.get("usage", 0) - stats.get("inactive_file", 0))
         return round(used / 2**20, 1)
 
     def _write_state(self, nodes: list[LabNode]) -> None:
