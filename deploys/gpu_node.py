@@ -21,9 +21,12 @@ from roles.fabric_manager import fabric_manager
 from roles.firewall import firewall
 from roles.gpu_metrics import gpu_metrics
 from roles.gpu_settings import gpu_settings
+from roles.infiniband import infiniband
 from roles.kernel import kernel_hardening
+from roles.nccl import nccl
 from roles.nvidia_driver import nvidia_driver
 from roles.nvidia_repos import nvidia_repositories
+from roles.nvme_cache import nvme_cache
 from roles.sshd import sshd
 from roles.tls import tls_certificate
 from roles.unattended_upgrades import unattended_upgrades
@@ -43,5 +46,8 @@ fabric_manager(desired=desired)
 cuda_toolkits(desired=desired)
 container_toolkit(desired=desired)
 dcgm(desired=desired)
+nccl(desired=desired)
+infiniband(desired=desired)
+nvme_cache(desired=desired)
 gpu_settings(desired=desired)
 gpu_metrics(desired=desired)

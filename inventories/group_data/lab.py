@@ -60,3 +60,7 @@ fabric_manager = {"version": "570.195.03-1"}
 cuda = {"versions": ["12.4", "12.8"], "default": "12.8"}
 container_runtime = {"engines": ["docker"], "toolkit_version": "1.17.8-1"}
 dcgm = {"enabled": True}
+
+# The fabric: simulated HCAs (ibstat) and the lab bridge as the NCCL socket interface.
+infiniband = {"enabled": True}
+nccl = {"env": {"NCCL_SOCKET_IFNAME": "eth0", "NCCL_IB_HCA": "mlx5", "NCCL_DEBUG": "WARN"}}
