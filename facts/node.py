@@ -7,6 +7,7 @@ from typing import ClassVar
 from pyinfra.api import FactBase
 
 from facts.batch import FactBatch
+from facts.container_runtime import ContainerRuntimeConfig
 from facts.firewall import FirewallState
 from facts.hardware import GpuReport, InfinibandPorts, NvmeDevices
 from facts.nvidia_packages import NvidiaPackages
@@ -15,7 +16,7 @@ from facts.tls import NodeCertificate
 
 
 class NodeState(FactBatch):
-    """GPU, InfiniBand, NVMe, sshd, firewall, TLS and NVIDIA package state (see each fact)."""
+    """GPU, InfiniBand, NVMe, sshd, firewall, TLS, NVIDIA packages, container runtimes."""
 
     FACTS: ClassVar[dict[str, type[FactBase]]] = {
         "gpu": GpuReport,
@@ -25,4 +26,5 @@ class NodeState(FactBatch):
         "firewall": FirewallState,
         "tls": NodeCertificate,
         "packages": NvidiaPackages,
+        "container_runtime": ContainerRuntimeConfig,
     }

@@ -286,6 +286,37 @@ def package_rules(desired: DesiredState, facts: dict[str, Any]) -> Iterator[tupl
             yield f"packages.hold:{name}", WARN, "held", "not held", RUN_DEPLOY
 
 
+def container_runtime_rules(desired: DesiredState, facts: dict[str, Any]) -> Iterator[tuple]:
+    """Every declared engine runs GPU containers: nvidia runtime configured, CDI spec current."""
+    runtime = desired.container_runtime
+    if not runtime.engines:
+        return
+    section: Section = facts.get("container_runtime") or {}
+    if section.get("state") == "unreadable":
+        yield from _unreadable("container_runtime", section)
+        return
+    for engine in runtime.engines:
+        config = section.get(engine) or {}
+        if config.get("error"):
+            yield f"runtime.{engine}", CRIT, "a readable config", str(config["error"]), RUN_DEPLOY
+        elif not config.get("nvidia_runtime"):
+            yield f"runtime.{engine}", WARN, "nvidia runtime configured", "missing", RUN_DEPLOY
+        elif runtime.set_as_default and config.get("default_runtime") != "nvidia":
+            found = str(config.get("default_runtime"))
+            yield f"runtime.{engine}.default", WARN, "nvidia", found, RUN_DEPLOY
+    if runtime.cdi:
+        spec = section.get("cdi_spec") or {}
+        gpus = (facts.get("gpu") or {}).get("gpus") or []
+        uuids = sorted(gpu.get("uuid") for gpu in gpus if gpu.get("uuid"))
+        # A GPU missing from the box is a hardware finding; a spec still listing it is not news.
+        expected_count = desired.expected_hardware.gpu_count
+        complete = expected_count is None or len(uuids) == expected_count
+        if not spec.get("present"):
+            yield "runtime.cdi", WARN, "CDI spec /etc/cdi/nvidia.yaml", "missing", RUN_DEPLOY
+        elif complete and uuids and sorted(spec.get("uuids") or []) != uuids:
+            yield "runtime.cdi", WARN, "CDI spec lists every GPU", "stale", RUN_DEPLOY
+
+
 RULES: tuple[Rule, ...] = (
     gpu_rules,
     infiniband_rules,
@@ -294,6 +325,7 @@ RULES: tuple[Rule, ...] = (
     firewall_rules,
     tls_rules,
     package_rules,
+    container_runtime_rules,
 )
 
 

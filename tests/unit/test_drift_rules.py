@@ -30,6 +30,7 @@ DATA = {
     "nvidia_driver": {"source": "nvidia", "branch": "570", "version": "570.195.03-1"},
     "firewall": {"enabled": True},
     "tls": {"enabled": True},
+    "container_runtime": {"engines": ["docker"]},
 }
 
 
@@ -104,6 +105,10 @@ def healthy_facts() -> dict[str, Any]:
             "unit_enabled": True,
         },
         "tls": {"state": "present", "key": "matches", "days_to_expiry": 200},
+        "container_runtime": {
+            "docker": {"present": True, "error": None, "nvidia_runtime": True},
+            "cdi_spec": {"present": True, "uuids": ["GPU-0", "GPU-1"]},
+        },
         "packages": {
             "packages": {name: "570.195.03-1" for name in DRIVER_PACKAGES},
             "held": sorted(DRIVER_PACKAGES),
@@ -206,6 +211,10 @@ FAULTS = [
                  {f"packages.hold:{name}": Severity.WARNING
                   for name in ("nvidia-open", "nvidia-kernel-open-dkms", "nvidia-driver-cuda")},
                  id="packages-unheld"),
+    pytest.param(set_path("container_runtime.docker.nvidia_runtime", False),
+                 {"runtime.docker": Severity.WARNING}, id="docker-lost-nvidia-runtime"),
+    pytest.param(set_path("container_runtime.cdi_spec.uuids", ["GPU-0", "GPU-7"]),
+                 {"runtime.cdi": Severity.WARNING}, id="cdi-spec-stale"),
     pytest.param(set_path("tls.key", "mismatch"),
                  {"tls.key": Severity.CRITICAL}, id="certificate-key-mismatch"),
 ]  # fmt: skip
