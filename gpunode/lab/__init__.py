@@ -275,6 +275,15 @@ class Lab:
 
         if self._repo_server_running():
             return
+        with (
+            contextlib.suppress(OSError),
+            socket.create_connection((self.gateway, aptrepo.DEFAULT_PORT), timeout=1),
+        ):
+            raise LabError(
+                f"{self.gateway}:{aptrepo.DEFAULT_PORT} is already served by another process "
+                "(a lab of another checkout with the same name?); run `gpunode lab down` there "
+                "or choose GPUNODE_LAB_NAME / GPUNODE_LAB_SUBNET"
+            )
         aptrepo.build_repository(self.repo_dir)
         log = (self.state_dir / "aptrepo-server.log").open("ab")
         process = subprocess.Popen(

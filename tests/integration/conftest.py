@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from gpunode.lab import LOGIN_USER, Lab, LabNode
+from gpunode.model import DesiredState
 
 ROOT = Path(__file__).resolve().parents[2]
 LAB_NODES = int(os.environ.get("GPUNODE_TEST_LAB_NODES", "2"))
@@ -81,6 +82,15 @@ def ssh(
         text=True,
         timeout=120,
     )  # fmt: skip
+
+
+def lab_desired_state(inventory: str = "inventories/lab.py") -> DesiredState:
+    """The desired state the lab inventory declares (all lab hosts share it but hardware)."""
+    from gpunode.cli import load_inventory
+    from gpunode.inventory import fleet_of
+
+    hosts = fleet_of(load_inventory(str(ROOT / inventory)), inventory).hosts
+    return next(iter(hosts.values()))
 
 
 def write_inventory(

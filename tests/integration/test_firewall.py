@@ -10,9 +10,10 @@ from typing import Any
 
 import pytest
 
-from gpunode.lab import LOGIN_USER, Lab, LabNode
+from gpunode.lab import Lab, LabNode
 
 from .conftest import run_pyinfra, ssh
+from .conftest import write_inventory as write_lab_inventory
 
 pytestmark = pytest.mark.lab
 
@@ -49,19 +50,9 @@ def changes(run: Any) -> set[tuple[str, str]]:
 
 def write_inventory(path: Path, lab: Lab, nodes: list[LabNode], firewall: dict[str, Any]) -> str:
     """An inventory of ``nodes`` with the lab's connection data and ``firewall`` data."""
-    connection = {
-        "ssh_user": LOGIN_USER,
-        "ssh_key": str(lab.key_path),
-        "ssh_known_hosts_file": str(lab.known_hosts_path),
-        "ssh_strict_host_key_checking": "yes",
-        "_sudo": True,
-    }
-    hosts = [
-        (node.name, {**connection, "ssh_hostname": node.address, "firewall": firewall})
-        for node in nodes
-    ]
-    path.write_text(f"lab_nodes = {hosts!r}\n")
-    return str(path)
+    return write_lab_inventory(
+        path, lab, nodes, {node.name: {"firewall": firewall} for node in nodes}
+    )
 
 
 @pytest.fixture(scope="module")

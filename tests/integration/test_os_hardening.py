@@ -17,11 +17,11 @@ from pathlib import Path
 import pytest
 
 from gpunode.lab import LOGIN_USER, Lab, LabNode
-from gpunode.model import DesiredState, UnattendedUpgrades
+from gpunode.model import UnattendedUpgrades
 from roles.kernel import SYSCTL_PATH, parse_sysctl_conf, sysctl_values
 from roles.unattended_upgrades import CONFIG_PATH, blacklist_pattern
 
-from .conftest import PyinfraRun, run_pyinfra, ssh
+from .conftest import PyinfraRun, lab_desired_state, run_pyinfra, ssh
 
 pytestmark = pytest.mark.lab
 
@@ -29,7 +29,8 @@ DEPLOY = "deploys/os_hardening.py"
 LIVE_OPERATION = "Kernel and login hardening | Sysctls in the running kernel"
 NETNS_PROC = "/run/gpunode-test-netns-proc"
 # The lab inventory declares nothing in the kernel section: the defaults apply.
-WANTED = sysctl_values(DesiredState())
+# What the lab inventory asks of every node (its container engines turn forwarding on).
+WANTED = sysctl_values(lab_desired_state())
 PROBE_USER = "keyonly-probe"
 PACKAGE = "unattended-upgrades"
 

@@ -578,7 +578,10 @@ def lab_root(tmp_path: Path) -> Iterator[Path]:
 
 
 def run_command(command: str, root: Path) -> list[str]:
-    environment = {**os.environ, "PATH": f"{root / 'bin'}:{os.environ['PATH']}"}
+    # As on a node: the system python3, not this virtualenv's (which has pynvml installed).
+    system_path = [p for p in os.environ["PATH"].split(":") if not p.startswith(sys.prefix)]
+    environment = {**os.environ, "PATH": ":".join([str(root / "bin"), *system_path])}
+    environment.pop("VIRTUAL_ENV", None)
     done = subprocess.run(
         ["sh", "-c", command],
         capture_output=True,
