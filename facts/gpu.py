@@ -1,9 +1,13 @@
-"""GPU facts from ``nvidia-smi -q -x``.
+"""GPU facts from ``nvidia-smi -q -x``, plus the MIG listings and compute processes.
 
 The XML report is used rather than ``--query-gpu``: an older driver rejects a whole
 ``--query-gpu`` call that names a field it does not know, while XML elements that a driver
 generation renamed (``power_readings`` -> ``gpu_power_readings``, ``clocks_throttle_reasons``
 -> ``clocks_event_reasons``) are simply looked up under both names.
+
+The XML names no MIG profile (its ``mig_devices`` carry instance ids only), so the same command
+(one SSH round trip) also prints ``nvidia-smi mig -lgi``, ``-lci``, ``-lgip``, ``-lgipp`` and the
+compute processes, each after a section marker; the tables are read by their rows only.
 """
 
 from __future__ import annotations
@@ -16,7 +20,40 @@ from pyinfra.api import FactBase
 
 EXIT_MARKER = "gpunode:nvidia-smi-exit="
 ABSENT_MARKER = "gpunode:nvidia-smi-absent"
+SECTION_MARKER = "gpunode:nvidia-smi-section="
 COMMAND = "nvidia-smi -q -x"
+# Printed after the XML when it was read; nvidia-smi's answers, their exit codes do not matter.
+SECTIONS = {
+    "gpu_instances": "nvidia-smi mig -lgi",
+    "compute_instances": "nvidia-smi mig -lci",
+    "mig_profiles": "nvidia-smi mig -lgip",
+    "mig_placements": "nvidia-smi mig -lgipp",
+    "compute_apps": "nvidia-smi --query-compute-apps=gpu_uuid,pid --format=csv,noheader",
+}
+# What the mig listings print instead of a table when there is nothing to list.
+NOTHING_LISTED = (
+    "No MIG-enabled devices found.",
+    "No GPU instances found.",
+    "No compute instances found.",
+)
+GPU_INSTANCE_ROW = re.compile(
+    r"\|\s*(?P<gpu>\d+)\s+MIG (?P<profile>\S+)\s+(?P<profile_id>\d+)\s+(?P<id>\d+)"
+    r"\s+(?P<start>\d+):(?P<size>\d+)\s*\|"
+)
+COMPUTE_INSTANCE_ROW = re.compile(
+    r"\|\s*(?P<gpu>\d+)\s+(?P<gpu_instance>\d+)\s+MIG (?P<profile>\S+)\s+(?P<profile_id>\d+)"
+    r"\s+(?P<id>\d+)\s+(?P<start>\d+):(?P<size>\d+)\s*\|"
+)
+PROFILE_ROW = re.compile(
+    r"\|\s*(?P<gpu>\d+)\s+MIG (?P<name>\S+)\s+(?P<id>\d+)\s+(?P<free>\d+)/(?P<total>\d+)"
+    r"\s+(?P<memory>[0-9.]+)\s+\S+\s+(?P<sm>\d+)\s+\d+\s+\d+\s*\|"
+)
+PROFILE_ENGINES_ROW = re.compile(r"\|\s+\d+\s+\d+\s+\d+\s*\|")  # second line: CE JPEG OFA
+PLACEMENTS_LINE = re.compile(
+    r"GPU\s+(?P<gpu>\d+) Profile ID\s+(?P<id>\d+) Placements?\s*:\s*"
+    r"\{(?P<starts>[0-9,]+)\}:(?P<size>\d+)"
+)
+COMPUTE_APP_LINE = re.compile(r"(?P<uuid>GPU-[0-9A-Fa-f-]+),\s*(?P<pid>\d+)")
 
 # nvidia-smi exit codes worth naming (nvidia-smi(1), RETURN VALUE).
 EXIT_REASONS = {
@@ -71,10 +108,38 @@ def parse_gpu(gpu: ElementTree.Element, ordinal: int) -> dict[str, Any]:
         "power_max_w": _number(
             _text(gpu, "gpu_power_readings/max_power_limit", "power_readings/max_power_limit")
         ),
-        "application_clocks_mhz": {
-            "memory": _number(_text(gpu, "applications_clocks/mem_clock")),
-            "graphics": _number(_text(gpu, "applications_clocks/graphics_clock")),
-        },
+        **_application_clocks(gpu),
+        # Filled from the MIG sections of the fact's command (GpuDevices), empty without them.
+        "mig_profiles": {},
+        "gpu_instances": [],
+        "compute_pids": [],
+    }
+
+
+def _application_clocks(gpu: ElementTree.Element) -> dict[str, Any]:
+    """Application clocks, or None with the driver's words when it will not report them.
+
+    Driver 590 prints "Requested functionality has been deprecated" on Hopper; older drivers
+    print "N/A" where the GPU has no application clocks.
+    """
+    memory_text = _text(gpu, "applications_clocks/mem_clock")
+    graphics_text = _text(gpu, "applications_clocks/graphics_clock")
+    memory, graphics = _number(memory_text), _number(graphics_text)
+    supported: dict[int, list[int]] = {}
+    for entry in gpu.findall("supported_clocks/supported_mem_clock"):
+        memory_clock = _number(_text(entry, "value"))
+        if memory_clock is None:
+            continue
+        graphics_clocks = (_number(e.text) for e in entry.findall("supported_graphics_clock"))
+        supported[int(memory_clock)] = sorted(int(g) for g in graphics_clocks if g is not None)
+    if memory is None or graphics is None:
+        clocks, note = None, memory_text or graphics_text or "N/A"
+    else:
+        clocks, note = {"memory": int(memory), "graphics": int(graphics)}, ""
+    return {
+        "application_clocks_mhz": clocks,
+        "application_clocks_note": note,
+        "supported_clocks_mhz": supported,
     }
 
 
@@ -112,6 +177,136 @@ def _unreadable(reason: str) -> dict[str, Any]:
     return {"state": "unreadable", "reason": reason, "gpus": []}
 
 
+def parse_fact_output(lines: list[str]) -> dict[str, Any]:
+    """The XML report, with the MIG listings and compute processes merged into its GPUs.
+
+    ``listing_problems`` names each section that could not be read (missing, or a line that is
+    neither a table row, a border nor a known "nothing found" message), so a caller never
+    mistakes an unreadable listing for an empty one.
+    """
+    starts = [n for n, line in enumerate(lines) if line.startswith(SECTION_MARKER)]
+    head = lines[: starts[0]] if starts else lines
+    report = parse_nvidia_smi_xml(head)
+    if report["state"] != "ok":
+        return report
+    sections: dict[str, list[str]] = {}
+    for start, end in zip(starts, [*starts[1:], len(lines)], strict=True):
+        sections[lines[start][len(SECTION_MARKER) :].strip()] = lines[start + 1 : end]
+    problems: dict[str, str] = {}
+    by_index = {gpu["index"]: gpu for gpu in report["gpus"]}
+    for name in SECTIONS:
+        if name not in sections:
+            problems[name] = f"{SECTIONS[name]} was not run"
+            continue
+        problem = SECTION_PARSERS[name](sections[name], by_index)
+        if problem:
+            problems[name] = f"{SECTIONS[name]}: {problem}"
+    report["listing_problems"] = problems
+    return report
+
+
+def _table_rows(lines: list[str], *patterns: re.Pattern[str]) -> tuple[list[re.Match[str]], str]:
+    """Rows of an nvidia-smi box table matching the first pattern; the first odd line, if any."""
+    rows = []
+    for line in (line.strip() for line in lines):
+        if not line or line in NOTHING_LISTED or line.startswith("+"):
+            continue
+        if line.startswith("|") and not re.match(r"\|\s*\d", line):
+            continue  # a title or header row
+        matches = [pattern.fullmatch(line) for pattern in patterns]
+        if matches[0]:
+            rows.append(matches[0])
+        elif not any(matches):
+            return rows, f"unexpected line {line[:120]!r}"
+    return rows, ""
+
+
+def _parse_gpu_instances(lines: list[str], gpus: dict[int, dict[str, Any]]) -> str:
+    rows, problem = _table_rows(lines, GPU_INSTANCE_ROW)
+    for row in rows:
+        gpu = gpus.get(int(row["gpu"]))
+        if gpu is None:
+            return f"GPU {row['gpu']} is not in the XML report"
+        gpu["gpu_instances"].append(
+            {
+                "id": int(row["id"]),
+                "profile": row["profile"],
+                "profile_id": int(row["profile_id"]),
+                "start": int(row["start"]),
+                "size": int(row["size"]),
+                "compute_instances": [],
+            }
+        )
+    return problem
+
+
+def _parse_compute_instances(lines: list[str], gpus: dict[int, dict[str, Any]]) -> str:
+    rows, problem = _table_rows(lines, COMPUTE_INSTANCE_ROW)
+    for row in rows:
+        instances = gpus.get(int(row["gpu"]), {}).get("gpu_instances", [])
+        parent = next((i for i in instances if i["id"] == int(row["gpu_instance"])), None)
+        if parent is None:
+            return f"compute instance of unknown GPU instance {row['gpu']}/{row['gpu_instance']}"
+        parent["compute_instances"].append(
+            {"id": int(row["id"]), "profile": row["profile"], "profile_id": int(row["profile_id"])}
+        )
+    return problem
+
+
+def _parse_mig_profiles(lines: list[str], gpus: dict[int, dict[str, Any]]) -> str:
+    rows, problem = _table_rows(lines, PROFILE_ROW, PROFILE_ENGINES_ROW)
+    for row in rows:
+        gpu = gpus.get(int(row["gpu"]))
+        if gpu is None:
+            return f"GPU {row['gpu']} is not in the XML report"
+        gpu["mig_profiles"][row["name"]] = {
+            "id": int(row["id"]),
+            "free": int(row["free"]),
+            "total": int(row["total"]),
+            "memory_gib": float(row["memory"]),
+            "placements": None,  # from -lgipp
+            "size": None,
+        }
+    return problem
+
+
+def _parse_mig_placements(lines: list[str], gpus: dict[int, dict[str, Any]]) -> str:
+    for line in (line.strip() for line in lines):
+        if not line or line in NOTHING_LISTED:
+            continue
+        match = PLACEMENTS_LINE.fullmatch(line)
+        if match is None:
+            return f"unexpected line {line[:120]!r}"
+        profiles = gpus.get(int(match["gpu"]), {}).get("mig_profiles", {})
+        for profile in profiles.values():
+            if profile["id"] == int(match["id"]):
+                profile["placements"] = [int(start) for start in match["starts"].split(",")]
+                profile["size"] = int(match["size"])
+    return ""
+
+
+def _parse_compute_apps(lines: list[str], gpus: dict[int, dict[str, Any]]) -> str:
+    by_uuid = {gpu["uuid"]: gpu for gpu in gpus.values()}
+    for line in (line.strip() for line in lines):
+        if not line:
+            continue
+        match = COMPUTE_APP_LINE.fullmatch(line)
+        if match is None:
+            return f"unexpected line {line[:120]!r}"
+        if match["uuid"] in by_uuid:
+            by_uuid[match["uuid"]]["compute_pids"].append(int(match["pid"]))
+    return ""
+
+
+SECTION_PARSERS = {
+    "gpu_instances": _parse_gpu_instances,
+    "compute_instances": _parse_compute_instances,
+    "mig_profiles": _parse_mig_profiles,
+    "mig_placements": _parse_mig_placements,
+    "compute_apps": _parse_compute_apps,
+}
+
+
 class GpuDevices(FactBase):
     """
     Every GPU the NVIDIA driver reports, with the settings gpunode converges.
@@ -122,15 +317,27 @@ class GpuDevices(FactBase):
             "state": "ok",  # or "absent" (no nvidia-smi) / "unreadable" (reason says why)
             "reason": "",
             "driver_version": "550.127.08",
-            "gpus": [{"index": 0, "uuid": "GPU-...", "persistence_mode": "Enabled", ...}],
+            "gpus": [{"index": 0, "uuid": "GPU-...", "persistence_mode": "Enabled", ...,
+                      "application_clocks_mhz": {"memory": 1593, "graphics": 1275} or None,
+                      "supported_clocks_mhz": {1593: [210, 225, ...]},
+                      "mig_profiles": {"3g.40gb": {"id": 9, "total": 2, "placements": [0, 4],
+                                                   "size": 4, ...}},
+                      "gpu_instances": [{"id": 1, "profile": "3g.40gb", "start": 4, ...,
+                                         "compute_instances": [{"id": 0, ...}]}],
+                      "compute_pids": [4242]}],
+            "listing_problems": {},  # section -> why it could not be read
         }
     """
 
     def command(self) -> str:
+        sections = "".join(
+            f"; echo {SECTION_MARKER}{name}; {command} 2>&1" for name, command in SECTIONS.items()
+        )
         return (
             f"command -v nvidia-smi >/dev/null 2>&1 || {{ echo {ABSENT_MARKER}; exit 0; }}; "
-            f"{COMMAND} 2>&1; echo {EXIT_MARKER}$?"
+            f"{COMMAND} 2>&1; rc=$?; echo {EXIT_MARKER}$rc; "
+            f'[ "$rc" = 0 ] || exit 0{sections}; exit 0'
         )
 
     def process(self, output: list[str]) -> dict[str, Any]:
-        return parse_nvidia_smi_xml(list(output))
+        return parse_fact_output(list(output))

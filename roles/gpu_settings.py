@@ -1,11 +1,16 @@
 """GPU settings applied with nvidia-smi, idempotently from the GpuDevices fact.
 
 ECC and MIG changes only take effect after a GPU reset or reboot: once requested they show
-as *pending* and are reported as such, never requested again on every run.
+as *pending* and are reported as such, never requested again on every run. The MIG layout
+(GPU instances) is only laid out on a GPU whose MIG mode is current; it does not survive a
+reset or reboot, so the next run lays it out again. Application clocks that a driver no longer
+reports (deprecated by driver 590 on Hopper) are reported, never requested again and again.
 """
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Iterable
 from typing import Any
 
 from pyinfra import host
@@ -15,12 +20,17 @@ from facts.gpu import GpuDevices
 from gpunode.model import DesiredState
 
 
-def _gpus_or_noop() -> list[dict[str, Any]] | None:
-    report = host.get_fact(GpuDevices)
+def _report_or_noop() -> dict[str, Any] | None:
+    report: dict[str, Any] = host.get_fact(GpuDevices)
     if report["state"] != "ok":
         host.noop(f"GPU settings skipped: {report['reason']}")
         return None
-    return list(report["gpus"])
+    return report
+
+
+def _gpus_or_noop() -> list[dict[str, Any]] | None:
+    report = _report_or_noop()
+    return None if report is None else list(report["gpus"])
 
 
 def _indexes(gpus: list[dict[str, Any]]) -> str:
@@ -93,6 +103,206 @@ def power_limit(watts: int):
     yield f"nvidia-smi -i {_indexes(wrong)} -pl {watts}"
 
 
+def _describe_supported(supported: dict[int, list[int]]) -> str:
+    """'memory 1593 MHz with graphics 210 to 1410 MHz (81 clocks)', per memory clock."""
+    return "; ".join(
+        f"memory {memory} MHz with graphics {min(graphics)} to {max(graphics)} MHz "
+        f"({len(graphics)} clocks)"
+        for memory, graphics in sorted(supported.items(), reverse=True)
+        if graphics
+    )
+
+
+@operation()
+def application_clocks(memory_mhz: int, graphics_mhz: int):
+    """Every GPU that has application clocks runs them at ``memory_mhz``/``graphics_mhz``.
+
+    A GPU whose driver reports no application clocks (driver 590 on Hopper: "Requested
+    functionality has been deprecated") is reported and left alone. A pair that a GPU does not
+    list among its supported clocks is an error naming the GPU and what it supports.
+    """
+    gpus = _gpus_or_noop()
+    if gpus is None:
+        return
+    settable = [gpu for gpu in gpus if gpu["application_clocks_mhz"] is not None]
+    for gpu in settable:
+        supported = gpu["supported_clocks_mhz"]
+        if supported and graphics_mhz not in supported.get(memory_mhz, ()):
+            raise OperationError(
+                f"gpu_settings.application_clocks = memory {memory_mhz} MHz, graphics "
+                f"{graphics_mhz} MHz: GPU {gpu['index']} ({gpu['name']}) supports "
+                f"{_describe_supported(supported)}"
+            )
+    without: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for gpu in gpus:
+        if gpu["application_clocks_mhz"] is None:
+            without.setdefault((gpu["name"], gpu["application_clocks_note"]), []).append(gpu)
+    for (model, note), unsettable in without.items():
+        host.noop(f"application clocks left alone on GPUs {_indexes(unsettable)} ({model}): {note}")
+    wanted = {"memory": memory_mhz, "graphics": graphics_mhz}
+    wrong = [gpu for gpu in settable if gpu["application_clocks_mhz"] != wanted]
+    if wrong:
+        yield f"nvidia-smi -i {_indexes(wrong)} -ac {memory_mhz},{graphics_mhz}"
+    elif settable:
+        host.noop(
+            f"application clocks {memory_mhz},{graphics_mhz} MHz on all {len(settable)} GPUs "
+            "that have them"
+        )
+
+
+def _compute_slices(profile: str) -> int:
+    """'3g.40gb' -> 3."""
+    return int(profile.split("g.")[0])
+
+
+def _layout_of(gpu: dict[str, Any]) -> Counter[str] | None:
+    """The GPU's instances as a multiset of profiles; None if one lacks its default CI.
+
+    The default compute instance spans its whole GPU instance and has its profile's name.
+    """
+    layout: Counter[str] = Counter()
+    for instance in gpu["gpu_instances"]:
+        computes = instance["compute_instances"]
+        if len(computes) != 1 or computes[0]["profile"] != instance["profile"]:
+            return None
+        layout[instance["profile"]] += 1
+    return layout
+
+
+def _fits_placements(sizes_and_starts: list[tuple[int, list[int]]], taken: int = 0) -> bool:
+    """Whether every (size, starts) instance gets its own memory slices (bit mask ``taken``)."""
+    if not sizes_and_starts:
+        return True
+    (size, starts), rest = sizes_and_starts[0], sizes_and_starts[1:]
+    for start in starts:
+        slices = ((1 << size) - 1) << start
+        if not taken & slices and _fits_placements(rest, taken | slices):
+            return True
+    return False
+
+
+def _layout_problem(gpu: dict[str, Any], profiles: Iterable[str]) -> str:
+    """Why ``profiles`` cannot be laid out on the GPU, from its own -lgip/-lgipp; '' if it can."""
+    offered = gpu["mig_profiles"]
+    wanted = Counter(profiles)
+    unknown = sorted(name for name in wanted if name not in offered)
+    if unknown:
+        return f"no MIG profile {', '.join(unknown)} on this GPU"
+    for name, count in wanted.items():
+        if count > offered[name]["total"]:
+            return f"{count} x {name}, but at most {offered[name]['total']} fit"
+    capacity = max(_compute_slices(name) for name in offered)
+    used = sum(_compute_slices(name) * count for name, count in wanted.items())
+    if used > capacity:
+        return f"{used} compute slices, but the GPU has {capacity}"
+    placements = [
+        (offered[name]["size"], offered[name]["placements"]) for name in wanted.elements()
+    ]
+    if all(size and starts for size, starts in placements) and not _fits_placements(
+        sorted(placements, key=lambda placement: -placement[0])
+    ):
+        return "no placement gives every instance its own memory slices"
+    return ""
+
+
+def _creation_order(gpu: dict[str, Any], profiles: Iterable[str]) -> list[str]:
+    """Largest first: the driver places each instance as it comes, so small ones first can
+    leave no room for a large one ("Insufficient Resources")."""
+    offered = gpu["mig_profiles"]
+    return sorted(
+        profiles,
+        key=lambda name: (
+            -(offered[name]["size"] or 0),
+            -_compute_slices(name),
+            -offered[name]["memory_gib"],
+            name,
+        ),
+    )
+
+
+def _offers(gpu: dict[str, Any]) -> str:
+    offered = gpu["mig_profiles"]
+    capacity = max((_compute_slices(name) for name in offered), default=0)
+    each = ", ".join(f"{name} (up to {profile['total']})" for name, profile in offered.items())
+    return f"{each}; {capacity} compute slices in all"
+
+
+@operation()
+def mig_layout(profiles: tuple[str, ...]):
+    """Every GPU in MIG mode holds exactly ``profiles`` as GPU instances (a multiset of profile
+    names), each with its default compute instance.
+
+    A GPU whose MIG mode is only pending (or not yet requested) is reported and left alone
+    until a reset or reboot makes it current. Instances that differ are destroyed and laid out
+    again only while no compute process runs on that GPU; otherwise it is an error, since
+    destroying them kills the workloads. A layout the GPU cannot hold is an error naming the
+    GPU and what it offers.
+    """
+    report = _report_or_noop()
+    if report is None:
+        return
+    gpus = list(report["gpus"])
+    problems = report.get("listing_problems", {})
+    wanted = Counter(profiles)
+    shown = list(profiles)
+    in_mig = [gpu for gpu in gpus if gpu["mig_current"] == "Enabled"]
+    not_yet = [gpu for gpu in gpus if gpu["mig_current"] != "Enabled"]
+    pending = [gpu for gpu in not_yet if gpu["mig_pending"] == "Enabled"]
+    off = [gpu for gpu in not_yet if gpu["mig_pending"] == "Disabled"]
+    unsupported = [gpu for gpu in not_yet if gpu["mig_pending"] not in ("Enabled", "Disabled")]
+    if pending:
+        host.noop(
+            f"MIG layout {shown} waits for a GPU reset or reboot (MIG mode pending) on GPUs "
+            f"{_indexes(pending)}"
+        )
+    if off:
+        host.noop(f"MIG layout {shown} needs MIG mode, which is off on GPUs {_indexes(off)}")
+    if unsupported:
+        host.noop(f"MIG layout {shown} left out on GPUs without MIG: {_indexes(unsupported)}")
+    to_create: list[dict[str, Any]] = []
+    to_replace: list[dict[str, Any]] = []
+    for gpu in in_mig:
+        for section in ("gpu_instances", "compute_instances", "mig_profiles"):
+            if section in problems:
+                raise OperationError(
+                    f"GPU {gpu['index']}: cannot read its MIG instances: {problems[section]}"
+                )
+        if _layout_of(gpu) == wanted:
+            continue
+        problem = _layout_problem(gpu, profiles)
+        if problem:
+            raise OperationError(
+                f"gpu_settings.mig_layout {shown} does not fit GPU {gpu['index']} "
+                f"({gpu['name']}): {problem}; it offers {_offers(gpu)}"
+            )
+        if not gpu["gpu_instances"]:
+            to_create.append(gpu)
+            continue
+        if "compute_apps" in problems:
+            raise OperationError(
+                f"GPU {gpu['index']}: its MIG instances differ from {shown}, and whether "
+                f"workloads use them is unknown: {problems['compute_apps']}"
+            )
+        if gpu["compute_pids"]:
+            found = sorted(instance["profile"] for instance in gpu["gpu_instances"])
+            raise OperationError(
+                f"GPU {gpu['index']} ({gpu['name']}) has MIG instances {found}, not {shown}; "
+                "replacing them would kill the compute processes running on it (PIDs "
+                f"{', '.join(map(str, gpu['compute_pids']))}): stop them first"
+            )
+        to_replace.append(gpu)
+    changing = {gpu["index"] for gpu in to_create + to_replace}
+    laid_out = [gpu for gpu in in_mig if gpu["index"] not in changing]
+    if laid_out:
+        host.noop(f"MIG layout {shown} on GPUs {_indexes(laid_out)}")
+    for gpu in to_replace:
+        if any(instance["compute_instances"] for instance in gpu["gpu_instances"]):
+            yield f"nvidia-smi mig -i {gpu['index']} -dci"
+        yield f"nvidia-smi mig -i {gpu['index']} -dgi"
+    for gpu in sorted(to_create + to_replace, key=lambda gpu: gpu["index"]):
+        yield f"nvidia-smi mig -i {gpu['index']} -cgi {','.join(_creation_order(gpu, profiles))} -C"
+
+
 @deploy("GPU settings")
 def gpu_settings(desired: DesiredState) -> None:
     wanted = desired.gpu_settings
@@ -102,5 +312,13 @@ def gpu_settings(desired: DesiredState) -> None:
         pending_mode(name="GPU ECC mode", setting="ecc", enabled=wanted.ecc)
     if wanted.mig is not None:
         pending_mode(name="GPU MIG mode", setting="mig", enabled=wanted.mig)
+    if wanted.mig and wanted.mig_layout:
+        mig_layout(name="GPU MIG layout", profiles=wanted.mig_layout)
     if wanted.power_limit_w is not None:
         power_limit(name="GPU power limit", watts=wanted.power_limit_w)
+    if wanted.application_clocks is not None:
+        application_clocks(
+            name="GPU application clocks",
+            memory_mhz=wanted.application_clocks.memory_mhz,
+            graphics_mhz=wanted.application_clocks.graphics_mhz,
+        )

@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
 
-from facts.gpu import ABSENT_MARKER, EXIT_MARKER, GpuDevices, parse_nvidia_smi_xml
+from facts.gpu import (
+    ABSENT_MARKER,
+    EXIT_MARKER,
+    SECTION_MARKER,
+    SECTIONS,
+    GpuDevices,
+    parse_fact_output,
+    parse_nvidia_smi_xml,
+)
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "nvidia-smi-xml"
 
@@ -78,3 +87,180 @@ def test_fact_command_reports_exit_code_and_absence() -> None:
     command = GpuDevices().command()
     assert "nvidia-smi -q -x" in command
     assert EXIT_MARKER in command and ABSENT_MARKER in command
+
+
+# --- application clocks ---------------------------------------------------------------------
+
+DEPRECATED = "Requested functionality has been deprecated"
+
+
+def test_application_clocks_and_supported_clocks_of_the_a100_capture() -> None:
+    (gpu,) = parse_nvidia_smi_xml(lines_of("a100-sxm4-v12.xml"))["gpus"]
+    assert gpu["application_clocks_mhz"] == {"memory": 1593, "graphics": 1275}
+    assert gpu["application_clocks_note"] == ""
+    assert list(gpu["supported_clocks_mhz"]) == [1593]
+    graphics = gpu["supported_clocks_mhz"][1593]
+    assert (graphics[0], graphics[-1], len(graphics)) == (210, 1410, 81)
+
+
+def test_deprecated_application_clocks_read_as_none_with_the_drivers_words() -> None:
+    """Driver 590 on Hopper prints the deprecation text where the clocks were (-q capture)."""
+    text = (FIXTURES / "a100-sxm4-v12.xml").read_text()
+    start, end = text.index("<applications_clocks>"), text.index("</applications_clocks>")
+    clocks = text[start:end]
+    reworded = re.sub(r">\d+ MHz<", f">{DEPRECATED}<", clocks)
+    lines = [*(text[:start] + reworded + text[end:]).splitlines(), f"{EXIT_MARKER}0"]
+    (gpu,) = parse_nvidia_smi_xml(lines)["gpus"]
+    assert gpu["application_clocks_mhz"] is None
+    assert gpu["application_clocks_note"] == DEPRECATED
+
+
+# --- MIG listings (layouts of published nvidia-smi outputs, H100 80GB HBM3) -----------------
+
+LGI = """\
++-------------------------------------------------------+
+| GPU instances:                                        |
+| GPU   Name             Profile  Instance   Placement  |
+|                          ID       ID       Start:Size |
+|=======================================================|
+|   0  MIG 3g.40gb          9        1          4:4     |
++-------------------------------------------------------+
+|   0  MIG 1g.10gb         19        7          0:1     |
++-------------------------------------------------------+
+"""
+LCI = """\
++--------------------------------------------------------------------+
+| Compute instances:                                                 |
+| GPU     GPU       Name             Profile   Instance   Placement  |
+|       Instance                       ID        ID       Start:Size |
+|         ID                                                         |
+|====================================================================|
+|   0      1       MIG 3g.40gb          2         0          0:3     |
++--------------------------------------------------------------------+
+"""
+LGIP = """\
++-----------------------------------------------------------------------------+
+| GPU instance profiles:                                                      |
+| GPU   Name             ID    Instances   Memory     P2P    SM    DEC   ENC  |
+|                              Free/Total   GiB              CE    JPEG  OFA  |
+|=============================================================================|
+|   0  MIG 1g.10gb       19     2/7        9.75       No     16     1     0   |
+|                                                             1     1     0   |
++-----------------------------------------------------------------------------+
+|   0  MIG 1g.10gb+me    20     0/1        9.75       No     16     1     0   |
+|                                                             1     1     1   |
++-----------------------------------------------------------------------------+
+|   0  MIG 3g.40gb        9     0/2        39.50      No     60     3     0   |
+|                                                             3     3     0   |
++-----------------------------------------------------------------------------+
+|   0  MIG 7g.80gb        0     0/1        79.25      No     132    7     0   |
+|                                                             8     7     1   |
++-----------------------------------------------------------------------------+
+"""
+LGIPP = """\
+GPU  0 Profile ID 19 Placements: {0,1,2,3,4,5,6}:1
+GPU  0 Profile ID 20 Placements: {0,1,2,3,4,5,6}:1
+GPU  0 Profile ID  9 Placements: {0,4}:4
+GPU  0 Profile ID  0 Placement : {0}:8
+"""
+
+
+def fact_output(**sections: str) -> list[str]:
+    """The fact command's output: the A100 capture, then each section after its marker."""
+    lines = lines_of("a100-sxm4-v12.xml")
+    for name, text in sections.items():
+        lines += [f"{SECTION_MARKER}{name}", *text.splitlines()]
+    return lines
+
+
+def all_sections(**overrides: str) -> dict[str, str]:
+    uuid = parse_nvidia_smi_xml(lines_of("a100-sxm4-v12.xml"))["gpus"][0]["uuid"]
+    sections = {
+        "gpu_instances": LGI,
+        "compute_instances": LCI,
+        "mig_profiles": LGIP,
+        "mig_placements": LGIPP,
+        "compute_apps": f"{uuid}, 4242\nGPU-00000000-0000-0000-0000-000000000000, 7\n",
+    }
+    return sections | overrides
+
+
+def test_mig_sections_give_each_gpu_its_instances_profiles_and_processes() -> None:
+    report = parse_fact_output(fact_output(**all_sections()))
+    assert report["listing_problems"] == {}
+    (gpu,) = report["gpus"]
+    assert gpu["gpu_instances"] == [
+        {
+            "id": 1,
+            "profile": "3g.40gb",
+            "profile_id": 9,
+            "start": 4,
+            "size": 4,
+            "compute_instances": [{"id": 0, "profile": "3g.40gb", "profile_id": 2}],
+        },
+        {
+            "id": 7,
+            "profile": "1g.10gb",
+            "profile_id": 19,
+            "start": 0,
+            "size": 1,
+            "compute_instances": [],
+        },
+    ]
+    assert list(gpu["mig_profiles"]) == ["1g.10gb", "1g.10gb+me", "3g.40gb", "7g.80gb"]
+    assert gpu["mig_profiles"]["1g.10gb"] == {
+        "id": 19,
+        "free": 2,
+        "total": 7,
+        "memory_gib": 9.75,
+        "placements": [0, 1, 2, 3, 4, 5, 6],
+        "size": 1,
+    }
+    assert gpu["mig_profiles"]["7g.80gb"]["placements"] == [0]
+    assert gpu["mig_profiles"]["7g.80gb"]["size"] == 8
+    # A process on a GPU not in the report (another UUID) is not attributed to this one.
+    assert gpu["compute_pids"] == [4242]
+
+
+@pytest.mark.parametrize(
+    "nothing", ["No MIG-enabled devices found.", "No GPU instances found."], ids=["off", "none"]
+)
+def test_nothing_listed_is_no_instances_not_a_problem(nothing: str) -> None:
+    sections = all_sections(
+        gpu_instances=nothing,
+        compute_instances="No compute instances found.",
+        mig_profiles=nothing,
+        mig_placements=nothing,
+        compute_apps="",
+    )
+    report = parse_fact_output(fact_output(**sections))
+    assert report["listing_problems"] == {}
+    (gpu,) = report["gpus"]
+    assert (gpu["gpu_instances"], gpu["mig_profiles"], gpu["compute_pids"]) == ([], {}, [])
+
+
+def test_an_unreadable_listing_is_named_never_taken_for_an_empty_one() -> None:
+    failed = "Failed to display GPU instances: Insufficient Permissions"
+    sections = all_sections(gpu_instances=failed, compute_apps="No devices were found")
+    del sections["mig_placements"]
+    problems = parse_fact_output(fact_output(**sections))["listing_problems"]
+    assert problems == {
+        "gpu_instances": f"nvidia-smi mig -lgi: unexpected line {failed!r}",
+        # Its rows name GPU instances that the unreadable -lgi did not list.
+        "compute_instances": "nvidia-smi mig -lci: compute instance of unknown GPU instance 0/1",
+        "mig_placements": "nvidia-smi mig -lgipp was not run",
+        "compute_apps": (
+            "nvidia-smi --query-compute-apps=gpu_uuid,pid --format=csv,noheader: "
+            "unexpected line 'No devices were found'"
+        ),
+    }
+
+
+def test_no_mig_listing_is_run_when_the_xml_report_failed() -> None:
+    command = GpuDevices().command()
+    xml_part, _, listings = command.partition('[ "$rc" = 0 ] || exit 0')
+    assert "nvidia-smi -q -x" in xml_part and "mig -lgi" not in xml_part
+    for section, listing in SECTIONS.items():
+        assert f"echo {SECTION_MARKER}{section}; {listing} 2>&1" in listings
+    report = parse_fact_output(["NVIDIA-SMI has failed", f"{EXIT_MARKER}9"])
+    assert report["state"] == "unreadable"

@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from facts.gpu import GpuDevices
 from gpunode.lab.hwsim import (
     COMMANDS,
     DIVERTED_PATHS,
@@ -304,22 +305,19 @@ def test_mig_instances_show_while_mig_is_on_and_go_at_reboot(
 ) -> None:
     node = lab_node("a100")
     node.set("gpus.1.mig_mode", {"current": "Enabled", "pending": "Enabled"})
-    instance = {
-        "gpu_instance_id": 7,
-        "compute_instance_id": 0,
-        "multiprocessors": 14,
-        "memory_mib": 9856,
-    }
-    node.set("gpus.1.mig_devices", [instance, {**instance, "gpu_instance_id": 8}])
+    node.ok("nvidia-smi", "mig", "-i", "1", "-cgi", "1g.10gb,1g.10gb", "-C")
     (gpu,) = xml_gpus(node.ok("nvidia-smi", "-q", "-x", "-i", "1"))
     devices = gpu.findall("mig_devices/mig_device")
-    assert [device.findtext("gpu_instance_id") for device in devices] == ["7", "8"]
-    assert devices[1].findtext("fb_memory_usage/total") == "9856 MiB"
+    assert [device.findtext("gpu_instance_id") for device in devices] == ["11", "13"]
+    assert [device.findtext("index") for device in devices] == ["0", "1"]
+    assert devices[1].findtext("fb_memory_usage/total") == "9728 MiB"
+    assert devices[1].findtext("device_attributes/shared/multiprocessor_count") == "14"
     assert gpu.findtext("utilization/gpu_util") == "N/A"
     node.ok("gpunode-lab-hw", "reboot")
     (gpu,) = xml_gpus(node.ok("nvidia-smi", "-q", "-x", "-i", "1"))
     assert gpu.findtext("mig_mode/current_mig") == "Enabled"
     assert (gpu.findtext("mig_devices") or "").strip() == "None"
+    assert node.run("nvidia-smi", "mig", "-lgi").stdout == "No GPU instances found.\n"
 
 
 def test_power_limit_out_of_range_fails_and_changes_nothing(
@@ -445,6 +443,274 @@ def test_summary_table_matches_the_capture(lab_node: Callable[..., LabNode]) -> 
     table = node.ok("nvidia-smi").splitlines()
     assert table[1:] == lines[start + 1 : start + len(table)]
     assert re.fullmatch(r"\w{3} \w{3} [ \d]\d \d\d:\d\d:\d\d \d{4} {7}", table[0])
+
+
+# --- mig, compute processes ------------------------------------------------------------------
+
+# The layouts of published real outputs of an H100 80GB HBM3: -lgip, -lgipp, then seven 1g.10gb
+# created with -C, listed with -lgi and -lci.
+H100_LGIP = """\
++-----------------------------------------------------------------------------+
+| GPU instance profiles:                                                      |
+| GPU   Name             ID    Instances   Memory     P2P    SM    DEC   ENC  |
+|                              Free/Total   GiB              CE    JPEG  OFA  |
+|=============================================================================|
+|   0  MIG 1g.10gb       19     7/7        9.75       No     16     1     0   |
+|                                                             1     1     0   |
++-----------------------------------------------------------------------------+
+|   0  MIG 1g.10gb+me    20     1/1        9.75       No     16     1     0   |
+|                                                             1     1     1   |
++-----------------------------------------------------------------------------+
+|   0  MIG 1g.20gb       15     4/4        19.62      No     26     1     0   |
+|                                                             1     1     0   |
++-----------------------------------------------------------------------------+
+|   0  MIG 2g.20gb       14     3/3        19.62      No     32     2     0   |
+|                                                             2     2     0   |
++-----------------------------------------------------------------------------+
+|   0  MIG 3g.40gb        9     2/2        39.50      No     60     3     0   |
+|                                                             3     3     0   |
++-----------------------------------------------------------------------------+
+|   0  MIG 4g.40gb        5     1/1        39.50      No     64     4     0   |
+|                                                             4     4     0   |
++-----------------------------------------------------------------------------+
+|   0  MIG 7g.80gb        0     1/1        79.25      No     132    7     0   |
+|                                                             8     7     1   |
++-----------------------------------------------------------------------------+
+"""
+H100_LGIPP = """\
+GPU  0 Profile ID 19 Placements: {0,1,2,3,4,5,6}:1
+GPU  0 Profile ID 20 Placements: {0,1,2,3,4,5,6}:1
+GPU  0 Profile ID 15 Placements: {0,2,4,6}:2
+GPU  0 Profile ID 14 Placements: {0,2,4}:2
+GPU  0 Profile ID  9 Placements: {0,4}:4
+GPU  0 Profile ID  5 Placement : {0}:4
+GPU  0 Profile ID  0 Placement : {0}:8
+"""
+H100_SEVEN_IDS = (13, 11, 12, 7, 8, 9, 10)
+
+
+def h100_lgi_row(gi: int) -> str:
+    return f"|   0  MIG 1g.10gb         19       {gi:>2}          {gi - 7}:1     |"
+
+
+def h100_lci_row(gi: int) -> str:
+    return f"|   0     {gi:>2}       MIG 1g.10gb          0         0          0:1     |"
+
+
+def mig_on(node: LabNode, *gpus: int) -> None:
+    for index in gpus:
+        node.set(f"gpus.{index}.mig_mode", {"current": "Enabled", "pending": "Enabled"})
+
+
+def test_mig_listings_need_mig_mode_current_not_pending(lab_node: Callable[..., LabNode]) -> None:
+    node = lab_node("a100")
+    node.ok("nvidia-smi", "-i", "0", "-mig", "1")
+    before = node.state_file.read_bytes()
+    for action in (["-lgi"], ["-lgip"], ["-lci"], ["-cgi", "3g.40gb", "-C"], ["-dgi"]):
+        result = node.run("nvidia-smi", "mig", "-i", "0", *action)
+        assert (result.returncode, result.stdout) == (6, "No MIG-enabled devices found.\n")
+    assert node.state_file.read_bytes() == before
+    node.ok("gpunode-lab-hw", "reboot")
+    result = node.run("nvidia-smi", "mig", "-lgi")
+    assert (result.returncode, result.stdout) == (6, "No GPU instances found.\n")
+    assert node.run("nvidia-smi", "mig", "-lci").stdout == "No compute instances found.\n"
+
+
+def test_h100_profiles_and_placements_have_the_published_layout(
+    lab_node: Callable[..., LabNode],
+) -> None:
+    node = lab_node("hgx-h100")
+    mig_on(node, 0, 3)
+    assert node.ok("nvidia-smi", "mig", "-i", "0", "-lgip") == H100_LGIP
+    assert node.ok("nvidia-smi", "mig", "-lgipp", "-i", "0") == H100_LGIPP
+    # Every GPU in MIG mode, in index order, when -i is not given.
+    placements = node.ok("nvidia-smi", "mig", "-lgipp").splitlines()
+    assert placements == H100_LGIPP.splitlines() + [
+        line.replace("GPU  0", "GPU  3") for line in H100_LGIPP.splitlines()
+    ]
+
+
+def test_seven_instances_get_the_published_ids_and_listings(
+    lab_node: Callable[..., LabNode],
+) -> None:
+    node = lab_node("hgx-h100")
+    mig_on(node, 0)
+    created = node.ok("nvidia-smi", "mig", "-i", "0", "-cgi", ",".join(["19"] * 7), "-C")
+    expected = []
+    for gi in H100_SEVEN_IDS:
+        expected += [
+            f"Successfully created GPU instance ID {gi:>2} on GPU  0 using profile MIG 1g.10gb "
+            "(ID 19)",
+            f"Successfully created compute instance ID  0 on GPU  0 GPU instance ID {gi:>2} "
+            "using profile MIG 1g.10gb (ID  0)",
+        ]
+    assert created.splitlines() == expected
+    rule = "+" + "-" * 55 + "+"
+    lgi = node.ok("nvidia-smi", "mig", "-i", "0", "-lgi").splitlines()
+    assert lgi[:5] == [
+        rule,
+        "| GPU instances:                                        |",
+        "| GPU   Name             Profile  Instance   Placement  |",
+        "|                          ID       ID       Start:Size |",
+        "|" + "=" * 55 + "|",
+    ]
+    assert lgi[5:] == [line for gi in range(7, 14) for line in (h100_lgi_row(gi), rule)]
+    rule = "+" + "-" * 68 + "+"
+    lci = node.ok("nvidia-smi", "mig", "-i", "0", "-lci").splitlines()
+    assert lci[1:6] == [
+        "| Compute instances:                                                 |",
+        "| GPU     GPU       Name             Profile   Instance   Placement  |",
+        "|       Instance                       ID        ID       Start:Size |",
+        "|         ID                                                         |",
+        "|" + "=" * 68 + "|",
+    ]
+    assert lci[6:] == [line for gi in range(7, 14) for line in (h100_lci_row(gi), rule)]
+    assert "|   0  MIG 1g.10gb       19     0/7        9.75 " in node.ok(
+        "nvidia-smi", "mig", "-lgip"
+    )
+
+
+def test_two_halves_of_an_a100_take_the_published_places(lab_node: Callable[..., LabNode]) -> None:
+    node = lab_node("a100")
+    mig_on(node, 2)
+    node.ok("nvidia-smi", "mig", "-i", "2", "-cgi", "3g.40gb,MIG 3g.40gb", "-C")
+    rows = [line for line in node.ok("nvidia-smi", "mig", "-lgi").splitlines() if "MIG" in line]
+    assert rows == [
+        "|   2  MIG 3g.40gb          9        1          4:4     |",
+        "|   2  MIG 3g.40gb          9        2          0:4     |",
+    ]
+    profiles = node.ok("nvidia-smi", "mig", "-lgip", "-i", "2")
+    assert "|   2  MIG 3g.40gb        9     0/2        39.25      No     42     2     0   |" in (
+        profiles.splitlines()
+    )
+    assert "|   2  MIG 1g.10gb       19     0/7        9.50 " in profiles
+    (gpu,) = xml_gpus(node.ok("nvidia-smi", "-q", "-x", "-i", "2"))
+    devices = gpu.findall("mig_devices/mig_device")
+    assert [
+        (d.findtext("gpu_instance_id"), d.findtext("compute_instance_id")) for d in devices
+    ] == [
+        ("1", "0"),
+        ("2", "0"),
+    ]
+    assert {d.findtext("fb_memory_usage/total") for d in devices} == {"40192 MiB"}
+
+
+def test_small_instances_first_can_leave_no_room_and_what_was_made_stays(
+    lab_node: Callable[..., LabNode],
+) -> None:
+    node = lab_node("a100")
+    mig_on(node, 0)
+    result = node.run("nvidia-smi", "mig", "-i", "0", "-cgi", "19,19,14,9")
+    assert result.returncode == 255
+    assert result.stdout.splitlines()[-2:] == [
+        "Unable to create a GPU instance on GPU  0 using profile 9: Insufficient Resources",
+        "Failed to create GPU instances: Insufficient Resources",
+    ]
+    instances = node.state()["gpus"][0]["gpu_instances"]
+    assert [(i["id"], i["profile_id"]) for i in instances] == [(13, 19), (11, 19), (3, 14)]
+    assert all(i["compute_instances"] == [] for i in instances)  # no -C
+
+
+def test_unknown_profile_is_an_invalid_argument_and_changes_nothing(
+    lab_node: Callable[..., LabNode],
+) -> None:
+    node = lab_node("a100")
+    mig_on(node, 0)
+    before = node.state_file.read_bytes()
+    result = node.run("nvidia-smi", "mig", "-i", "0", "-cgi", "3g.20gb", "-C")
+    assert (result.returncode, result.stdout) == (
+        2,
+        "Unable to create a GPU instance on GPU  0 using profile 3g.20gb: Invalid Argument\n"
+        "Failed to create GPU instances: Invalid Argument\n",
+    )
+    assert node.state_file.read_bytes() == before
+
+
+def test_instances_are_destroyed_compute_first_and_not_while_in_use(
+    lab_node: Callable[..., LabNode],
+) -> None:
+    node = lab_node("a100")
+    mig_on(node, 0, 1)
+    node.ok("nvidia-smi", "mig", "-i", "0", "-cgi", "3g.40gb,3g.40gb", "-C")
+    node.ok("nvidia-smi", "mig", "-i", "1", "-cgi", "7g.80gb", "-C")
+    result = node.run("nvidia-smi", "mig", "-i", "0", "-dgi")
+    assert result.returncode == 255
+    assert result.stdout == (
+        "Unable to destroy GPU instance ID  1 from GPU  0: In use by another client\n"
+        "Unable to destroy GPU instance ID  2 from GPU  0: In use by another client\n"
+        "Failed to destroy GPU instances: In use by another client\n"
+    )
+    node.set("gpus.0.compute_processes", [{"pid": 4242, "name": "train", "used_memory_mib": 9}])
+    assert node.run("nvidia-smi", "mig", "-i", "0", "-dci").stdout.endswith(
+        "Failed to destroy compute instances: In use by another client\n"
+    )
+    node.set("gpus.0.compute_processes", [])
+    assert node.ok("nvidia-smi", "mig", "-i", "0", "-dci") == (
+        "Successfully destroyed compute instance ID  0 from GPU  0 GPU instance ID  1\n"
+        "Successfully destroyed compute instance ID  0 from GPU  0 GPU instance ID  2\n"
+    )
+    assert node.ok("nvidia-smi", "mig", "-i", "0", "-dgi", "-gi", "2") == (
+        "Successfully destroyed GPU instance ID  2 from GPU  0\n"
+    )
+    gpus = node.state()["gpus"]
+    assert [i["id"] for i in gpus[0]["gpu_instances"]] == [1]
+    assert [i["id"] for i in gpus[1]["gpu_instances"]] == [0], "-i 0 touched GPU 1"
+
+
+def test_compute_processes_are_listed_per_gpu(lab_node: Callable[..., LabNode]) -> None:
+    node = lab_node("a100")
+    query = ("--query-compute-apps=gpu_uuid,pid", "--format=csv,noheader")
+    assert node.ok("nvidia-smi", *query) == ""
+    assert node.ok("nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv") == (
+        "pid, used_gpu_memory [MiB]\n"
+    )
+    node.set(
+        "gpus.3.compute_processes", [{"pid": 11345, "name": "./gpu_burn", "used_memory_mib": 15690}]
+    )
+    uuid = node.state()["gpus"][3]["uuid"]
+    assert node.ok("nvidia-smi", *query) == f"{uuid}, 11345\n"
+    assert (
+        node.ok(
+            "nvidia-smi",
+            "--query-compute-apps=process_name,used_gpu_memory",
+            "--format=csv,noheader",
+        )
+        == "./gpu_burn, 15690 MiB\n"
+    )
+    node.ok("gpunode-lab-hw", "reboot")
+    assert node.ok("nvidia-smi", *query) == ""
+
+
+def test_the_gpu_fact_reads_the_doubles_mig_listings(lab_node: Callable[..., LabNode]) -> None:
+    node = lab_node("a100")
+    mig_on(node, 0, 5)
+    node.ok("nvidia-smi", "mig", "-i", "5", "-cgi", "4g.40gb,2g.20gb", "-C")
+    node.ok("nvidia-smi", "mig", "-i", "5", "-cgi", "1g.10gb")  # no compute instance
+    node.set("gpus.5.compute_processes", [{"pid": 77, "name": "x", "used_memory_mib": 1}])
+    env = {
+        "PATH": f"{node.path('/usr/bin')}:/usr/bin:/bin",
+        STATE_ENV: str(node.state_file),
+        SHARE_ENV: str(node.path(DEFAULT_SHARE_DIR)),
+    }
+    output = subprocess.run(
+        ["sh", "-c", GpuDevices().command()], capture_output=True, text=True, env=env, check=True
+    ).stdout
+    report = GpuDevices().process(output.splitlines())
+    assert report["listing_problems"] == {}
+    gpus = report["gpus"]
+    layout = [
+        (i["profile"], i["start"], i["size"], [c["profile"] for c in i["compute_instances"]])
+        for i in gpus[5]["gpu_instances"]
+    ]
+    assert layout == [
+        ("4g.40gb", 0, 4, ["4g.40gb"]),
+        ("2g.20gb", 4, 2, ["2g.20gb"]),
+        ("1g.10gb", 6, 1, []),
+    ]
+    assert gpus[5]["compute_pids"] == [77]
+    assert gpus[0]["gpu_instances"] == [] and gpus[0]["mig_profiles"]["7g.80gb"]["size"] == 8
+    assert gpus[1]["mig_profiles"] == {}  # MIG off: nothing listed for it
+    assert gpus[5]["mig_profiles"]["1g.10gb"]["free"] == 0
 
 
 # --- ibstat, nvme ---------------------------------------------------------------------------

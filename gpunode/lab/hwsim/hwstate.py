@@ -76,10 +76,14 @@ def _write_atomically(path: Path, text: str) -> None:
 
 
 def reset_gpu(gpu: State) -> None:
-    """What a GPU reset does: pending ECC/MIG modes take effect, volatile state is lost."""
+    """What a GPU reset does: pending ECC/MIG modes take effect, volatile state is lost.
+
+    MIG GPU and compute instances are volatile too: the driver keeps no MIG layout across a
+    reset or reboot, so whoever wants one creates it again.
+    """
     for mode in ("ecc_mode", "mig_mode"):
         gpu[mode]["current"] = gpu[mode]["pending"]
-    gpu["mig_devices"] = []
+    gpu["gpu_instances"] = []
     for counter in gpu["ecc_errors"]["volatile"]:
         gpu["ecc_errors"]["volatile"][counter] = 0
 
@@ -92,9 +96,10 @@ INSTALLED_DRIVER_VERSION_FILE = "installed-driver-version"
 def reboot(state: State) -> None:
     """What a reboot does to every GPU: a reset, plus the settings the driver does not keep.
 
-    Persistence mode, power limit and application clocks are not persistent across a reboot
-    (nvidia-smi(1)); a deploy has to apply them again at every boot. Where a stand-in driver
-    package recorded its version, the reboot loads that driver (``driver_version``).
+    Persistence mode, power limit, application clocks (nvidia-smi(1)) and MIG instances are
+    not persistent across a reboot; a deploy has to apply them again at every boot. Where a
+    stand-in driver package recorded its version, the reboot loads that driver
+    (``driver_version``).
     """
     installed = state_path().parent / INSTALLED_DRIVER_VERSION_FILE
     with contextlib.suppress(OSError):
@@ -103,6 +108,7 @@ def reboot(state: State) -> None:
             state["driver_version"] = version
     for gpu in state["gpus"]:
         reset_gpu(gpu)
+        gpu["compute_processes"] = []  # a reboot ends every process
         gpu["persistence_mode"] = "Disabled"
         gpu["power"]["limit"] = gpu["power"]["default_limit"]
         if gpu["applications_clocks"] is not None:

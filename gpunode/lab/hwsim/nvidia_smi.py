@@ -11,7 +11,17 @@ Output follows real captures (``tests/fixtures``, shipped to the node's share di
 - ``--query-gpu``: valid names and aliases from the H100 capture's ``--help-query-gpu``, headers
   and units from its ``--query-gpu`` CSV; a valid field the double does not model reads [N/A];
 - ``nvlink -s``: ``nvlink/good_nvlink_status.txt`` and ``bad_nvlink_status.txt``;
-- no arguments: the summary table of the H100 capture; ``-L`` and ``--version`` likewise.
+- no arguments: the summary table of the H100 capture; ``-L`` and ``--version`` likewise;
+- ``--query-compute-apps``: names and header from the H100 capture (``--help-query-compute-apps``
+  and its per-process CSV), one row per process in the state (none unless a test adds some);
+- ``mig -lgip``, ``-lgipp``, ``-lgi``, ``-lci`` (tables laid out as published real outputs of
+  A100 80GB and H100 80GB), ``-cgi`` (profile names or ids, comma-separated, ``-C`` for the
+  default compute instance), ``-dci`` and ``-dgi`` (all, or those ``-gi``/``-ci`` name); every
+  one takes ``-i``. A new instance takes the free placement that blocks the fewest other
+  placements, lowest start on a tie, which reproduces the instance ids of published outputs
+  (seven 1g.10gb on an H100: ids 13, 11, 12, 7, 8, 9, 10; two 3g.40gb on an A100: 1, 2) and,
+  as on the real GPU, makes creation order matter: small instances first can leave no room for
+  a large one. The summary table and ``-L`` do not list MIG devices.
 
 Settings: ``-pm``, ``-e`` and ``-mig`` (pending until ``-r`` or a reboot), ``-pl`` (checked
 against the GPU's range), ``-ac``, ``-r``; all take ``-i`` (index, UUID, PCI bus id or serial,
@@ -19,8 +29,13 @@ comma-separated). Indexes count present GPUs in state order, so a GPU that fell 
 (``present: false``) shifts the ones after it, as on a real node after re-enumeration. Exit
 codes are those of nvidia-smi(1) RETURN VALUE. Messages are published real ones; the
 "already set", "Not Supported" and reset messages follow their pattern but no real sample of
-them was at hand. An option the double does not simulate (``-q`` as text, ``-d``, ``-f``...)
-fails with a message on stderr rather than pretending.
+them was at hand. Nor was one of ``mig`` changes aimed at a GPU without MIG mode, which get
+what the listings print then ("No MIG-enabled devices found."), of ``-lci`` or ``-dci`` with
+no compute instance ("No compute instances found.", after -lgi's "No GPU instances found."),
+nor of the exit codes of ``mig`` failures: 6 for "not found", 2 for an unknown profile, 255
+(other error) for "Insufficient Resources" and "In use by another client". An option the double
+does not simulate (``-q`` as text, ``-d``, ``-f``...) fails with a message on stderr rather than
+pretending.
 """
 
 from __future__ import annotations
@@ -40,10 +55,13 @@ from .hwstate import State
 QUERY_CAPTURE = "linux-x86_64__nvidia-h100-80gb-hbm3__590.48.01.txt"
 HELP_QUERY_SECTION = "capabilities :: help-query-gpu"
 QUERY_CSV_SECTION = "idle :: query-gpu (csv, what the exporter parses)"
+HELP_QUERY_APPS_SECTION = "capabilities :: help-query-compute-apps"
+QUERY_APPS_CSV_SECTION = "idle :: query-compute-apps (per-process)"
 
 EXIT_INVALID_ARGUMENT = 2
 EXIT_NOT_FOUND = 6
 EXIT_DRIVER_NOT_LOADED = 9
+EXIT_OTHER_ERROR = 255
 
 DRIVER_NOT_LOADED = (
     "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. "
@@ -69,6 +87,7 @@ VALUE_OPTIONS = {
     "-ac": "applications_clocks",
     "--applications-clocks": "applications_clocks",
     "--query-gpu": "query_gpu",
+    "--query-compute-apps": "query_compute_apps",
     "--format": "format",
 }
 FLAG_OPTIONS = {
@@ -131,6 +150,8 @@ def main(argv: Sequence[str]) -> int:
 def run(argv: list[str], state: State) -> str:
     if argv[:1] == ["nvlink"]:
         return nvlink_status(argv[1:], state)
+    if argv[:1] == ["mig"]:
+        return mig(argv[1:], state)
     options = parse_options(argv)
     modifications = [name for name in MODIFICATIONS if name in options]
     if len(modifications) > 1:
@@ -148,6 +169,8 @@ def run(argv: list[str], state: State) -> str:
         )
     if "query_gpu" in options:
         return query_gpu(state, options)
+    if "query_compute_apps" in options:
+        return query_compute_apps(state, options)
     if options.get("query") and options.get("xml"):
         return render_xml(state, select(state, options.get("id")))
     if not options:
@@ -394,6 +417,373 @@ def nvlink_status(argv: list[str], state: State) -> str:
     return "".join(f"{line}\n" for line in lines)
 
 
+# --- mig ------------------------------------------------------------------------------------
+
+MIG_VALUE_OPTIONS = {
+    "-i": "id",
+    "--id": "id",
+    "-cgi": "create_gpu_instances",
+    "--create-gpu-instance": "create_gpu_instances",
+    "-gi": "gpu_instance_ids",
+    "--gpu-instance-id": "gpu_instance_ids",
+    "-ci": "compute_instance_ids",
+    "--compute-instance-id": "compute_instance_ids",
+}
+MIG_FLAG_OPTIONS = {
+    "-lgi": "list_gpu_instances",
+    "--list-gpu-instances": "list_gpu_instances",
+    "-lgip": "list_gpu_instance_profiles",
+    "--list-gpu-instance-profiles": "list_gpu_instance_profiles",
+    "-lgipp": "list_gpu_instance_placements",
+    "--list-gpu-instance-possible-placements": "list_gpu_instance_placements",
+    "-lci": "list_compute_instances",
+    "--list-compute-instances": "list_compute_instances",
+    "-C": "default_compute_instance",
+    "--default-compute-instance": "default_compute_instance",
+    "-dci": "destroy_compute_instances",
+    "--destroy-compute-instance": "destroy_compute_instances",
+    "-dgi": "destroy_gpu_instances",
+    "--destroy-gpu-instance": "destroy_gpu_instances",
+}
+MIG_LISTINGS = (
+    "list_gpu_instances",
+    "list_gpu_instance_profiles",
+    "list_gpu_instance_placements",
+    "list_compute_instances",
+)
+MIG_CHANGES = ("create_gpu_instances", "destroy_compute_instances", "destroy_gpu_instances")
+NO_MIG_DEVICES = "No MIG-enabled devices found.\n"
+NO_GPU_INSTANCES = "No GPU instances found.\n"
+NO_COMPUTE_INSTANCES = "No compute instances found.\n"
+IN_USE = "In use by another client"
+INSUFFICIENT_RESOURCES = "Insufficient Resources"
+INVALID_ARGUMENT = "Invalid Argument"
+LGI_RULE = "+" + "-" * 55 + "+"
+LCI_RULE = "+" + "-" * 68 + "+"
+LGIP_RULE = "+" + "-" * 77 + "+"
+
+
+def mig(argv: list[str], state: State) -> str:
+    options = _mig_options(argv)
+    actions = [name for name in (*MIG_LISTINGS, *MIG_CHANGES) if name in options]
+    if len(actions) != 1:
+        raise Failure(INVALID_ARGUMENTS, EXIT_INVALID_ARGUMENT)
+    action = actions[0]
+    if action in MIG_LISTINGS:
+        targets = _mig_targets(state, options.get("id"))
+        listing = {
+            "list_gpu_instances": list_gpu_instances,
+            "list_gpu_instance_profiles": list_gpu_instance_profiles,
+            "list_gpu_instance_placements": list_gpu_instance_placements,
+            "list_compute_instances": list_compute_instances,
+        }[action]
+        return listing(targets)
+    change = {
+        "create_gpu_instances": create_gpu_instances,
+        "destroy_compute_instances": destroy_compute_instances,
+        "destroy_gpu_instances": destroy_gpu_instances,
+    }[action]
+    failed: Failure | None = None
+    with hwstate.mutate() as locked:
+        try:
+            output = change(_mig_targets(locked, options.get("id")), options)
+        except Failure as failure:
+            # What was done before the failure stays done, as on the real GPU.
+            failed = failure
+    if failed is not None:
+        raise failed
+    return output
+
+
+def _mig_options(argv: list[str]) -> Options:
+    options: Options = {}
+    tokens = iter(argv)
+    for token in tokens:
+        name, equals, value = token.partition("=")
+        if name in MIG_VALUE_OPTIONS:
+            if not equals:
+                value = next(tokens, "")
+            if not value:
+                raise Failure(INVALID_ARGUMENTS, EXIT_INVALID_ARGUMENT)
+            options[MIG_VALUE_OPTIONS[name]] = value
+        elif token in MIG_FLAG_OPTIONS:
+            options[MIG_FLAG_OPTIONS[token]] = True
+        else:
+            raise Unsimulated(f"mig {token}")
+    return options
+
+
+def _mig_targets(state: State, ids: str | None) -> list[Target]:
+    """The selected GPUs that are in MIG mode now (a pending mode does not count)."""
+    targets = [
+        (index, gpu) for index, gpu in select(state, ids) if gpu["mig_mode"]["current"] == "Enabled"
+    ]
+    if not targets:
+        raise Failure(NO_MIG_DEVICES, EXIT_NOT_FOUND)
+    return targets
+
+
+def _id_filter(text: str | None) -> set[int] | None:
+    if text is None:
+        return None
+    try:
+        return {int(part) for part in text.split(",")}
+    except ValueError:
+        raise Failure(INVALID_ARGUMENTS, EXIT_INVALID_ARGUMENT) from None
+
+
+def _profile_by_id(gpu: State, profile_id: int) -> State:
+    return next(profile for profile in gpu["mig_profiles"] if profile["id"] == profile_id)
+
+
+def _occupied_slices(gpu: State) -> set[int]:
+    return {
+        position
+        for instance in gpu["gpu_instances"]
+        for position in range(instance["start"], instance["start"] + instance["size"])
+    }
+
+
+def _free_placements(gpu: State, profile: State, occupied: set[int]) -> list[int]:
+    return [
+        start
+        for start in profile["placements"]
+        if occupied.isdisjoint(range(start, start + profile["size"]))
+    ]
+
+
+def _free_count(gpu: State, profile: State) -> int:
+    """How many more instances of ``profile`` fit now (Free of Free/Total)."""
+    occupied = _occupied_slices(gpu)
+    existing = sum(1 for i in gpu["gpu_instances"] if i["profile_id"] == profile["id"])
+    fitting = 0
+    for start in _free_placements(gpu, profile, occupied):
+        slices = set(range(start, start + profile["size"]))
+        if occupied.isdisjoint(slices):
+            occupied |= slices
+            fitting += 1
+    return min(fitting, profile["instances"] - existing)
+
+
+def _gpu_instance_id(start: int, size: int) -> int:
+    """GPU instance ids name the place in the 8-slice tree (ids of published outputs)."""
+    return {8: 0, 4: 1 if start == 4 else 2, 2: 3 + start // 2, 1: 7 + start}[size]
+
+
+def _choose_placement(gpu: State, profile: State) -> int | None:
+    """The free placement that blocks the fewest free placements of every profile."""
+    occupied = _occupied_slices(gpu)
+    candidates = _free_placements(gpu, profile, occupied)
+
+    def blocked(start: int) -> int:
+        taken = set(range(start, start + profile["size"]))
+        return sum(
+            not taken.isdisjoint(range(other, other + each["size"]))
+            for each in gpu["mig_profiles"]
+            for other in _free_placements(gpu, each, occupied)
+        )
+
+    return min(candidates, key=lambda start: (blocked(start), start), default=None)
+
+
+def _resolve_profile(gpu: State, requested: str) -> State | None:
+    wanted = requested.strip().removeprefix("MIG ").strip()
+    for profile in gpu["mig_profiles"]:
+        if wanted in (profile["name"], str(profile["id"])):
+            return profile
+    return None
+
+
+def create_gpu_instances(targets: list[Target], options: Options) -> str:
+    lines: list[str] = []
+    requested = str(options["create_gpu_instances"]).split(",")
+    for index, gpu in targets:
+        for item in requested:
+            profile = _resolve_profile(gpu, item)
+            if profile is None:
+                reason, code = INVALID_ARGUMENT, EXIT_INVALID_ARGUMENT
+            else:
+                start = _choose_placement(gpu, profile)
+                existing = sum(1 for i in gpu["gpu_instances"] if i["profile_id"] == profile["id"])
+                if start is not None and existing < profile["instances"]:
+                    lines += _create(index, gpu, profile, start, options)
+                    continue
+                reason, code = INSUFFICIENT_RESOURCES, EXIT_OTHER_ERROR
+            lines += [
+                f"Unable to create a GPU instance on GPU {index:>2} using profile {item}: {reason}",
+                f"Failed to create GPU instances: {reason}",
+            ]
+            raise Failure("".join(f"{line}\n" for line in lines), code)
+    return "".join(f"{line}\n" for line in lines)
+
+
+def _create(index: int, gpu: State, profile: State, start: int, options: Options) -> list[str]:
+    instance_id = _gpu_instance_id(start, profile["size"])
+    instance: State = {
+        "id": instance_id,
+        "profile_id": profile["id"],
+        "start": start,
+        "size": profile["size"],
+        "compute_instances": [],
+    }
+    gpu["gpu_instances"].append(instance)
+    name = f"MIG {profile['name']}"
+    lines = [
+        f"Successfully created GPU instance ID {instance_id:>2} on GPU {index:>2} "
+        f"using profile {name} (ID {profile['id']:>2})"
+    ]
+    if options.get("default_compute_instance"):
+        instance["compute_instances"].append(
+            {"id": 0, "profile_id": profile["ci_profile_id"], "start": 0,
+             "size": profile["compute_slices"]}
+        )  # fmt: skip
+        lines.append(
+            f"Successfully created compute instance ID  0 on GPU {index:>2} GPU instance ID "
+            f"{instance_id:>2} using profile {name} (ID {profile['ci_profile_id']:>2})"
+        )
+    return lines
+
+
+def _selected_instances(gpu: State, options: Options) -> list[State]:
+    wanted = _id_filter(options.get("gpu_instance_ids"))
+    return sorted(
+        (i for i in gpu["gpu_instances"] if wanted is None or i["id"] in wanted),
+        key=lambda instance: instance["id"],
+    )
+
+
+def destroy_compute_instances(targets: list[Target], options: Options) -> str:
+    wanted = _id_filter(options.get("compute_instance_ids"))
+    lines: list[str] = []
+    for index, gpu in targets:
+        for instance in _selected_instances(gpu, options):
+            for compute in sorted(instance["compute_instances"], key=lambda c: c["id"]):
+                if wanted is not None and compute["id"] not in wanted:
+                    continue
+                if gpu["compute_processes"]:
+                    lines += [
+                        f"Unable to destroy compute instance ID {compute['id']:>2} from GPU "
+                        f"{index:>2} GPU instance ID {instance['id']:>2}: {IN_USE}",
+                        f"Failed to destroy compute instances: {IN_USE}",
+                    ]
+                    raise Failure("".join(f"{line}\n" for line in lines), EXIT_OTHER_ERROR)
+                instance["compute_instances"].remove(compute)
+                lines.append(
+                    f"Successfully destroyed compute instance ID {compute['id']:>2} from GPU "
+                    f"{index:>2} GPU instance ID {instance['id']:>2}"
+                )
+    if not lines:
+        raise Failure(NO_COMPUTE_INSTANCES, EXIT_NOT_FOUND)
+    return "".join(f"{line}\n" for line in lines)
+
+
+def destroy_gpu_instances(targets: list[Target], options: Options) -> str:
+    lines: list[str] = []
+    failed = False
+    for index, gpu in targets:
+        for instance in _selected_instances(gpu, options):
+            if instance["compute_instances"]:
+                failed = True
+                lines.append(
+                    f"Unable to destroy GPU instance ID {instance['id']:>2} from GPU {index:>2}: "
+                    f"{IN_USE}"
+                )
+                continue
+            gpu["gpu_instances"].remove(instance)
+            lines.append(
+                f"Successfully destroyed GPU instance ID {instance['id']:>2} from GPU {index:>2}"
+            )
+    if not lines:
+        raise Failure(NO_GPU_INSTANCES, EXIT_NOT_FOUND)
+    if failed:
+        lines.append(f"Failed to destroy GPU instances: {IN_USE}")
+        raise Failure("".join(f"{line}\n" for line in lines), EXIT_OTHER_ERROR)
+    return "".join(f"{line}\n" for line in lines)
+
+
+def list_gpu_instance_profiles(targets: list[Target]) -> str:
+    lines = [
+        LGIP_RULE,
+        f"| {'GPU instance profiles:':<76}|",
+        "| GPU   Name             ID    Instances   Memory     P2P    SM    DEC   ENC  |",
+        "|                              Free/Total   GiB              CE    JPEG  OFA  |",
+        "|" + "=" * 77 + "|",
+    ]
+    for index, gpu in targets:
+        for profile in gpu["mig_profiles"]:
+            instances = f"{_free_count(gpu, profile)}/{profile['instances']}"
+            memory = f"{profile['memory_mib'] / 1024:.2f}"
+            lines += [
+                f"|{index:>4}  {'MIG ' + profile['name']:<16}{profile['id']:>4}{instances:>8}"
+                f"{'':8}{memory:<11}No{'':5}{profile['sm']:<3}{profile['dec']:>5}"
+                f"{profile['enc']:>6}   |",
+                f"|{'':60}{profile['ce']:>2}{profile['jpeg']:>6}{profile['ofa']:>6}   |",
+                LGIP_RULE,
+            ]
+    return "".join(f"{line}\n" for line in lines)
+
+
+def list_gpu_instance_placements(targets: list[Target]) -> str:
+    lines = []
+    for index, gpu in targets:
+        for profile in gpu["mig_profiles"]:
+            starts = ",".join(str(start) for start in profile["placements"])
+            label = "Placements:" if len(profile["placements"]) > 1 else "Placement :"
+            lines.append(
+                f"GPU {index:>2} Profile ID {profile['id']:>2} {label} "
+                f"{{{starts}}}:{profile['size']}"
+            )
+    return "".join(f"{line}\n" for line in lines)
+
+
+def list_gpu_instances(targets: list[Target]) -> str:
+    rows = []
+    for index, gpu in targets:
+        for instance in sorted(gpu["gpu_instances"], key=lambda i: i["id"]):
+            profile = _profile_by_id(gpu, instance["profile_id"])
+            placement = f"{instance['start']}:{instance['size']}"
+            rows += [
+                f"|{index:>4}  {'MIG ' + profile['name']:<16}{profile['id']:>6}"
+                f"{instance['id']:>9}{placement:>13}     |",
+                LGI_RULE,
+            ]
+    if not rows:
+        raise Failure(NO_GPU_INSTANCES, EXIT_NOT_FOUND)
+    header = [
+        LGI_RULE,
+        f"| {'GPU instances:':<54}|",
+        "| GPU   Name             Profile  Instance   Placement  |",
+        "|                          ID       ID       Start:Size |",
+        "|" + "=" * 55 + "|",
+    ]
+    return "".join(f"{line}\n" for line in header + rows)
+
+
+def list_compute_instances(targets: list[Target]) -> str:
+    rows = []
+    for index, gpu in targets:
+        for instance in sorted(gpu["gpu_instances"], key=lambda i: i["id"]):
+            profile = _profile_by_id(gpu, instance["profile_id"])
+            for compute in sorted(instance["compute_instances"], key=lambda c: c["id"]):
+                placement = f"{compute['start']}:{compute['size']}"
+                rows += [
+                    f"|{index:>4}{instance['id']:>7}       {'MIG ' + profile['name']:<16}"
+                    f"{compute['profile_id']:>6}{compute['id']:>10}{placement:>13}     |",
+                    LCI_RULE,
+                ]
+    if not rows:
+        raise Failure(NO_COMPUTE_INSTANCES, EXIT_NOT_FOUND)
+    header = [
+        LCI_RULE,
+        f"| {'Compute instances:':<67}|",
+        "| GPU     GPU       Name             Profile   Instance   Placement  |",
+        "|       Instance                       ID        ID       Start:Size |",
+        "|         ID                                                         |",
+        "|" + "=" * 68 + "|",
+    ]
+    return "".join(f"{line}\n" for line in header + rows)
+
+
 # --- summary table ----------------------------------------------------------------------------
 
 
@@ -473,15 +863,18 @@ class QueryCatalogue:
     headers: dict[str, str]  # canonical field name -> header, with its unit where it has one
 
 
-def load_query_catalogue() -> QueryCatalogue:
+def load_query_catalogue(
+    help_section: str = HELP_QUERY_SECTION, csv_section: str = QUERY_CSV_SECTION
+) -> QueryCatalogue:
+    """Field names of a ``--query-*`` switch from its ``--help-query-*`` capture section."""
     text = (hwstate.share_dir() / QUERY_CAPTURE).read_text(encoding="utf-8")
     sections = capture_sections(text)
     canonical = {}
-    for line in sections[HELP_QUERY_SECTION].splitlines():
+    for line in sections[help_section].splitlines():
         if re.fullmatch(r'"[^"]+"( or "[^"]+")*', line):
             names = re.findall(r'"([^"]+)"', line)
             canonical.update(dict.fromkeys(names, names[0]))
-    header_line = sections[QUERY_CSV_SECTION].splitlines()[0]
+    header_line = sections[csv_section].splitlines()[0]
     headers = {header.split(" [")[0]: header for header in header_line.split(", ")}
     return QueryCatalogue(canonical, headers)
 
@@ -658,33 +1051,73 @@ def _utilization(gpu: State) -> str:
     return NOT_AVAILABLE if gpu["mig_mode"]["current"] == "Enabled" else "0"
 
 
-def query_gpu(state: State, options: Options) -> str:
+def _csv_formats(options: Options) -> list[str]:
     formats = str(options.get("format", "")).split(",")
     if "csv" not in formats or not set(formats) <= {"csv", "noheader", "nounits"}:
         raise Failure(INVALID_ARGUMENTS, EXIT_INVALID_ARGUMENT)
-    catalogue = load_query_catalogue()
+    return formats
+
+
+def _requested_fields(catalogue: QueryCatalogue, requested: str) -> list[str]:
+    """Canonical names of the requested fields; one unknown name fails the whole call."""
     names = []
-    for requested in str(options["query_gpu"]).split(","):
-        if requested not in catalogue.canonical:
+    for name in requested.split(","):
+        if name not in catalogue.canonical:
             raise Failure(
-                f'Field "{requested}" is not a valid field to query.\n\n', EXIT_INVALID_ARGUMENT
+                f'Field "{name}" is not a valid field to query.\n\n', EXIT_INVALID_ARGUMENT
             )
-        names.append(catalogue.canonical[requested])
+        names.append(catalogue.canonical[name])
+    return names
+
+
+def _csv(
+    catalogue: QueryCatalogue, names: list[str], rows: list[list[str]], formats: list[str]
+) -> str:
     headers = [catalogue.headers.get(name, name) for name in names]
     units = [re.findall(r" \[(.+)\]$", header) for header in headers]
-    fields = _query_fields()
     lines = [] if "noheader" in formats else [", ".join(headers)]
-    targets = select(state, options.get("id"))
-    for index, gpu in targets:
-        row = QueryRow(state, gpu, index, len(visible_gpus(state)))
+    for row in rows:
         values = []
-        for name, unit in zip(names, units, strict=True):
-            value = fields[name](row) if name in fields else NOT_AVAILABLE
+        for value, unit in zip(row, units, strict=True):
             if unit and "nounits" not in formats and not value.startswith("["):
                 value = f"{value} {unit[0]}"
             values.append(value)
         lines.append(", ".join(values))
     return "".join(f"{line}\n" for line in lines)
+
+
+def query_gpu(state: State, options: Options) -> str:
+    formats = _csv_formats(options)
+    catalogue = load_query_catalogue()
+    names = _requested_fields(catalogue, str(options["query_gpu"]))
+    fields = _query_fields()
+    rows = []
+    for index, gpu in select(state, options.get("id")):
+        row = QueryRow(state, gpu, index, len(visible_gpus(state)))
+        rows.append([fields[name](row) if name in fields else NOT_AVAILABLE for name in names])
+    return _csv(catalogue, names, rows, formats)
+
+
+def query_compute_apps(state: State, options: Options) -> str:
+    """One row per compute process of the selected GPUs (under MIG: of their MIG devices)."""
+    formats = _csv_formats(options)
+    catalogue = load_query_catalogue(HELP_QUERY_APPS_SECTION, QUERY_APPS_CSV_SECTION)
+    names = _requested_fields(catalogue, str(options["query_compute_apps"]))
+    rows = []
+    for _, gpu in select(state, options.get("id")):
+        for process in gpu["compute_processes"]:
+            values = {
+                "timestamp": _timestamp(time.time()),
+                "gpu_name": gpu["name"],
+                "gpu_bus_id": gpu["pci_bus_id"],
+                "gpu_serial": gpu["serial"],
+                "gpu_uuid": gpu["uuid"],
+                "pid": str(process["pid"]),
+                "process_name": process["name"],
+                "used_gpu_memory": str(process["used_memory_mib"]),
+            }
+            rows.append([values.get(name, NOT_AVAILABLE) for name in names])
+    return _csv(catalogue, names, rows, formats)
 
 
 # --- -q -x ------------------------------------------------------------------------------------
@@ -857,25 +1290,42 @@ def _insert_after(gpu: ElementTree.Element, tag: str, *new: ElementTree.Element)
 
 
 def _mig_devices(template: ElementTree.Element, gpu: State) -> ElementTree.Element:
-    """``None`` unless MIG is on and instances exist, then one entry per instance.
+    """``None`` unless MIG is on and compute instances exist, then one entry per MIG device.
 
-    The entry is shaped like the first one of the template (only the A100 capture has one).
+    A MIG device is a compute instance, listed by GPU instance id then compute instance id; the
+    entry is shaped like the first one of the template (only the A100 capture has one).
     """
     element = ElementTree.Element("mig_devices")
-    devices = gpu["mig_devices"] if gpu["mig_mode"]["current"] == "Enabled" else []
+    instances = gpu["gpu_instances"] if gpu["mig_mode"]["current"] == "Enabled" else []
+    devices = [
+        (instance, compute)
+        for instance in sorted(instances, key=lambda i: i["id"])
+        for compute in sorted(instance["compute_instances"], key=lambda c: c["id"])
+    ]
     pattern = template.find("mig_devices/mig_device")
     if not devices or pattern is None:
         element.text = "\n" + " " * 12 + "None\n" + " " * 8
         return element
-    for index, device in enumerate(devices):
+    for index, (instance, compute) in enumerate(devices):
+        profile = _profile_by_id(gpu, instance["profile_id"])
+        share = compute["size"] / profile["compute_slices"]
         entry = copy.deepcopy(pattern)
         _set(entry, "index", str(index))
-        _set(entry, "gpu_instance_id", str(device["gpu_instance_id"]))
-        _set(entry, "compute_instance_id", str(device["compute_instance_id"]))
-        _set(entry, "device_attributes/shared/multiprocessor_count", str(device["multiprocessors"]))
-        _set(entry, "fb_memory_usage/total", f"{device['memory_mib']} MiB")
+        _set(entry, "gpu_instance_id", str(instance["id"]))
+        _set(entry, "compute_instance_id", str(compute["id"]))
+        shared = "device_attributes/shared"
+        _set(entry, f"{shared}/multiprocessor_count", str(int(profile["sm"] * share)))
+        for tag, key in (
+            ("copy_engine_count", "ce"),
+            ("encoder_count", "enc"),
+            ("decoder_count", "dec"),
+            ("ofa_count", "ofa"),
+            ("jpg_count", "jpeg"),
+        ):
+            _set(entry, f"{shared}/{tag}", str(profile[key]))
+        _set(entry, "fb_memory_usage/total", f"{profile['memory_mib']} MiB")
         _set(entry, "fb_memory_usage/used", "0 MiB")
-        _set(entry, "fb_memory_usage/free", f"{device['memory_mib']} MiB")
+        _set(entry, "fb_memory_usage/free", f"{profile['memory_mib']} MiB")
         element.append(entry)
     return element
 

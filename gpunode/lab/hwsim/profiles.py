@@ -40,6 +40,90 @@ class SupportedClocks:
 
 
 @dataclass(frozen=True)
+class MigProfile:
+    """One GPU instance profile as ``nvidia-smi mig -lgip`` and ``-lgipp`` list it.
+
+    ``placements`` are the start slices a new instance may take, each ``size`` memory slices
+    wide (8 on A100/H100); ``compute_slices`` is the N of "Ng". Engines: ``sm`` multiprocessors,
+    ``ce`` copy engines, ``dec``/``enc``/``jpeg``/``ofa`` media engines.
+    """
+
+    name: str
+    profile_id: int
+    instances: int
+    memory_mib: int
+    sm: int
+    dec: int
+    enc: int
+    ce: int
+    jpeg: int
+    ofa: int
+    placements: tuple[int, ...]
+    size: int
+
+    @property
+    def compute_slices(self) -> int:
+        return int(self.name.split("g.")[0])
+
+
+# Compute instance profile id of the default (whole GPU instance) compute instance, by the
+# number of compute slices (NVML_COMPUTE_INSTANCE_PROFILE_{1,2,3,4,7}_SLICE).
+DEFAULT_CI_PROFILE_IDS = {1: 0, 2: 1, 3: 2, 4: 3, 7: 4}
+ONE_SLICE = tuple(range(7))
+TWO_SLICES = (0, 2, 4, 6)
+
+
+def _mig_profiles(
+    rows: tuple[tuple[str, int, int, int, int, int, int, int, int, int], ...],
+) -> tuple[MigProfile, ...]:
+    """(name, id, instances, MiB, SM, DEC, ENC, CE, JPEG, OFA) rows; placements by slice size.
+
+    The placements are those ``nvidia-smi mig -lgipp`` prints for the H100 80GB (captured) and
+    the A100 80GB, which share the 8-slice memory layout.
+    """
+    placements = {
+        "1g.10gb": (ONE_SLICE, 1),
+        "1g.10gb+me": (ONE_SLICE, 1),
+        "1g.20gb": (TWO_SLICES, 2),
+        "2g.20gb": ((0, 2, 4), 2),
+        "3g.40gb": ((0, 4), 4),
+        "4g.40gb": ((0,), 4),
+        "7g.80gb": ((0,), 8),
+    }
+    return tuple(
+        MigProfile(name, pid, count, mib, sm, dec, enc, ce, jpeg, ofa, *placements[name])
+        for name, pid, count, mib, sm, dec, enc, ce, jpeg, ofa in rows
+    )
+
+
+# ``nvidia-smi mig -lgip`` of an H100 80GB HBM3 (driver 535 era; memory 9.75 GiB = 9984 MiB).
+H100_80GB_MIG_PROFILES = _mig_profiles(
+    (
+        ("1g.10gb", 19, 7, 9984, 16, 1, 0, 1, 1, 0),
+        ("1g.10gb+me", 20, 1, 9984, 16, 1, 0, 1, 1, 1),
+        ("1g.20gb", 15, 4, 20096, 26, 1, 0, 1, 1, 0),
+        ("2g.20gb", 14, 3, 20096, 32, 2, 0, 2, 2, 0),
+        ("3g.40gb", 9, 2, 40448, 60, 3, 0, 3, 3, 0),
+        ("4g.40gb", 5, 1, 40448, 64, 4, 0, 4, 4, 0),
+        ("7g.80gb", 0, 1, 81152, 132, 7, 0, 8, 7, 1),
+    )
+)
+# ``nvidia-smi mig -lgip`` of an A100 80GB (driver 515), plus the 1g.20gb profile drivers from
+# R525 on offer, with the engines of the 1g.20gb MIG devices in the A100 XML capture.
+A100_80GB_MIG_PROFILES = _mig_profiles(
+    (
+        ("1g.10gb", 19, 7, 9728, 14, 0, 0, 1, 0, 0),
+        ("1g.10gb+me", 20, 1, 9728, 14, 1, 0, 1, 1, 1),
+        ("1g.20gb", 15, 4, 19968, 14, 1, 0, 1, 0, 0),
+        ("2g.20gb", 14, 3, 19968, 28, 1, 0, 2, 0, 0),
+        ("3g.40gb", 9, 2, 40192, 42, 2, 0, 3, 0, 0),
+        ("4g.40gb", 5, 1, 40192, 56, 2, 0, 4, 0, 0),
+        ("7g.80gb", 0, 1, 80896, 98, 5, 0, 7, 1, 1),
+    )
+)
+
+
+@dataclass(frozen=True)
 class GpuModel:
     name: str
     architecture: str
@@ -69,7 +153,7 @@ class GpuModel:
     pcie_gen: tuple[int, int]  # current, max
     pcie_width: tuple[int, int]  # current, max
     fan_speed_percent: int | None
-    mig_capable: bool
+    mig_profiles: tuple[MigProfile, ...]  # empty: MIG not supported
     remapped_rows_histogram_max: int
     nvlink_count: int
     nvlink_speed: str | None
@@ -135,7 +219,7 @@ H100_SXM = GpuModel(
     pcie_gen=(5, 5),
     pcie_width=(16, 16),
     fan_speed_percent=None,
-    mig_capable=True,
+    mig_profiles=H100_80GB_MIG_PROFILES,
     remapped_rows_histogram_max=2560,
     nvlink_count=18,
     nvlink_speed="26.562 GB/s",
@@ -171,7 +255,7 @@ A100_SXM4_80GB = GpuModel(
     pcie_gen=(4, 4),
     pcie_width=(16, 16),
     fan_speed_percent=None,
-    mig_capable=True,
+    mig_profiles=A100_80GB_MIG_PROFILES,
     remapped_rows_histogram_max=640,  # not in the capture (MIG was on): plausible bank count
     nvlink_count=12,
     nvlink_speed="25 GB/s",
@@ -212,7 +296,7 @@ A10G = GpuModel(
     pcie_gen=(1, 4),
     pcie_width=(8, 16),
     fan_speed_percent=0,
-    mig_capable=False,
+    mig_profiles=(),
     remapped_rows_histogram_max=192,
     nvlink_count=0,
     nvlink_speed=None,
@@ -317,8 +401,11 @@ def initial_state(profile: str, hostname: str) -> dict[str, Any]:
     - ``gpus``: one dict per GPU slot: ``present`` (false: fell off the bus), identity (``name``,
       ``uuid``, ``serial``, ``pci_bus_id``, ``minor_number``, ``module_id``, ``vbios_version``...),
       ``persistence_mode``, ``ecc_mode`` and ``mig_mode`` (``current``/``pending``:
-      Enabled, Disabled or N/A), ``mig_devices`` (``gpu_instance_id``, ``compute_instance_id``,
-      ``multiprocessors``, ``memory_mib``), ``ecc_errors`` (``volatile``/``aggregate`` counts),
+      Enabled, Disabled or N/A), ``mig_profiles`` (the GPU instance profiles, see
+      ``MigProfile``; empty without MIG), ``gpu_instances`` (``id``, ``profile_id``, ``start``,
+      ``size`` and ``compute_instances``: ``id``, ``profile_id``, ``start``, ``size``; gone at a
+      reset or reboot), ``compute_processes`` (``pid``, ``name``, ``used_memory_mib``: what
+      ``--query-compute-apps`` lists), ``ecc_errors`` (``volatile``/``aggregate`` counts),
       ``remapped_rows``, ``temperature``, ``power`` (``draw``, ``limit``, ``default_limit``,
       ``min_limit``, ``max_limit``, watts), ``clocks``, ``max_clocks``,
       ``applications_clocks`` and ``default_applications_clocks`` (null: deprecated),
@@ -365,7 +452,7 @@ def _gpu(
     serial = model.serial_prefix + str(int(digest[32:], 16) % 10**serial_digits).zfill(
         serial_digits
     )
-    mig_mode = "Disabled" if model.mig_capable else "N/A"
+    mig_mode = "Disabled" if model.mig_profiles else "N/A"
     app_clocks = model.default_applications_clocks_mhz
     return {
         "present": True,
@@ -386,7 +473,27 @@ def _gpu(
         "persistence_mode": "Disabled",
         "ecc_mode": {"current": "Enabled", "pending": "Enabled"},
         "mig_mode": {"current": mig_mode, "pending": mig_mode},
-        "mig_devices": [],
+        "mig_profiles": [
+            {
+                "name": profile.name,
+                "id": profile.profile_id,
+                "instances": profile.instances,
+                "memory_mib": profile.memory_mib,
+                "sm": profile.sm,
+                "dec": profile.dec,
+                "enc": profile.enc,
+                "ce": profile.ce,
+                "jpeg": profile.jpeg,
+                "ofa": profile.ofa,
+                "placements": list(profile.placements),
+                "size": profile.size,
+                "compute_slices": profile.compute_slices,
+                "ci_profile_id": DEFAULT_CI_PROFILE_IDS[profile.compute_slices],
+            }
+            for profile in model.mig_profiles
+        ],
+        "gpu_instances": [],
+        "compute_processes": [],
         "ecc_errors": {
             "volatile": dict.fromkeys(ECC_COUNTERS, 0),
             "aggregate": dict.fromkeys(ECC_COUNTERS, 0),
