@@ -9,6 +9,7 @@ container gets every key skipped with its reason, and both that nothing else is 
 
 from __future__ import annotations
 
+import functools
 import re
 import shlex
 from collections.abc import Iterator
@@ -28,9 +29,18 @@ pytestmark = pytest.mark.lab
 DEPLOY = "deploys/os_hardening.py"
 LIVE_OPERATION = "Kernel and login hardening | Sysctls in the running kernel"
 NETNS_PROC = "/run/gpunode-test-netns-proc"
+
+
 # The lab inventory declares nothing in the kernel section: the defaults apply.
-# What the lab inventory asks of every node (its container engines turn forwarding on).
-WANTED = sysctl_values(lab_desired_state())
+@functools.cache
+def wanted_sysctls() -> dict[str, str]:
+    """What the lab inventory asks of every node (its container engines turn forwarding on).
+
+    Read when first needed: the lab inventory lists nodes only once the lab is up.
+    """
+    return sysctl_values(lab_desired_state())
+
+
 PROBE_USER = "keyonly-probe"
 PACKAGE = "unattended-upgrades"
 
@@ -86,20 +96,20 @@ def test_persistent_file_holds_every_value(
 ) -> None:
     for node in lab_nodes:
         written = parse_sysctl_conf(run_ok(lab, node, f"cat {SYSCTL_PATH}"))
-        assert written == WANTED
+        assert written == wanted_sysctls()
 
 
 def test_settable_keys_are_live_and_the_rest_reported_with_reasons(
     lab: Lab, writable_node: LabNode, lab_nodes: list[LabNode], first_run: PyinfraRun
 ) -> None:
-    net_keys = [key for key in WANTED if key.startswith("net.")]
-    live = live_values(lab, writable_node, list(WANTED))
-    assert {key: live[key] for key in net_keys} == {key: WANTED[key] for key in net_keys}
+    net_keys = [key for key in wanted_sysctls() if key.startswith("net.")]
+    live = live_values(lab, writable_node, list(wanted_sysctls()))
+    assert {key: live[key] for key in net_keys} == {key: wanted_sysctls()[key] for key in net_keys}
 
     for node in lab_nodes:
-        live = live_values(lab, node, list(WANTED))
+        live = live_values(lab, node, list(wanted_sysctls()))
         notes = skip_notes(first_run.output, node)
-        off_target = {key for key in WANTED if live[key] != WANTED[key]}
+        off_target = {key for key in wanted_sysctls() if live[key] != wanted_sysctls()[key]}
         # Exactly the keys that are not (and could not be made) right are reported.
         assert set(notes) == off_target, notes
         for key in off_target:
@@ -113,7 +123,7 @@ def test_settable_keys_are_live_and_the_rest_reported_with_reasons(
             else:
                 assert notes[key] == (
                     "read-only in this docker container (not namespaced; set it on the host) "
-                    f"(is {live[key]}, wanted {WANTED[key]})"
+                    f"(is {live[key]}, wanted {wanted_sysctls()[key]})"
                 )
     # The stock node cannot set even its own network keys; Docker's defaults differ from
     # ours, so some of them are always reported.
