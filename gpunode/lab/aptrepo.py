@@ -544,6 +544,7 @@ def serve(
     default_log = directory.with_name(f"{directory.name}-requests.log")
     log = Path(log_path) if log_path is not None else default_log
     log.parent.mkdir(parents=True, exist_ok=True)
+    log.touch()  # readers may measure the log before the first request
     return RepoServer(directory, bind_address, port, log)
 
 
