@@ -217,6 +217,11 @@ def test_converge_repairs_what_it_can_and_the_rest_stays_reported(
     assert left == {(converged[0].name, "gpu.count"), (converged[1].name, f"ib.port:{port}")}
     sudo(lab, converged[0], "gpunode-lab-hw set gpus.7.present true")
     sudo(lab, converged[1], f"gpunode-lab-hw set ib_ports.{port_index}.state '\"Active\"'")
+    # With the GPU back, the CDI spec written without it is stale: a converge refreshes it.
+    _, out, _ = drift("--json")
+    left = {(f["host"], f["id"]) for f in json.loads(out)["findings"]}
+    assert left == {(converged[0].name, "runtime.cdi")}
+    assert run_pyinfra("deploys/gpu_node.py").returncode == 0
     code, out, _ = drift("--json")
     assert json.loads(out)["findings"] == []
     assert code == 0
