@@ -227,22 +227,43 @@ def test_converge_repairs_what_it_can_and_the_rest_stays_reported(
     assert code == 0
 
 
-def test_whole_drift_fact_set_costs_one_ssh_command_per_host(
-    converged: list[LabNode], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    from pyinfra.connectors.ssh import SSHConnector
+COUNT_SSH_COMMANDS = """
+from gevent import monkey
 
-    from gpunode.cli import load_inventory
-    from gpunode.drift import run_drift
+monkey.patch_all()  # first, as gpunode drift does: pyinfra's parallel SSH needs it
+import json
+import sys
 
-    commands: dict[str, int] = {}
-    original = SSHConnector.run_shell_command
+from pyinfra.connectors.ssh import SSHConnector
 
-    def counting(self: SSHConnector, *args: Any, **kwargs: Any) -> Any:
-        commands[self.host.name] = commands.get(self.host.name, 0) + 1
-        return original(self, *args, **kwargs)
+from gpunode.cli import load_inventory
+from gpunode.drift import run_drift
 
-    monkeypatch.setattr(SSHConnector, "run_shell_command", counting)
-    result = run_drift(load_inventory("inventories/lab.py"), "inventories/lab.py")
-    assert sorted(result.checked_hosts) == sorted(node.name for node in converged)
-    assert commands == {node.name: 1 for node in converged}
+commands = {}
+original = SSHConnector.run_shell_command
+
+
+def counting(self, *args, **kwargs):
+    commands[self.host.name] = commands.get(self.host.name, 0) + 1
+    return original(self, *args, **kwargs)
+
+
+SSHConnector.run_shell_command = counting
+result = run_drift(load_inventory(sys.argv[1]), sys.argv[1])
+print(json.dumps({"checked": result.checked_hosts, "commands": commands}))
+"""
+
+
+def test_whole_drift_fact_set_costs_one_ssh_command_per_host(converged: list[LabNode]) -> None:
+    # A process of its own: gevent must patch before anything else is imported.
+    done = subprocess.run(
+        [sys.executable, "-c", COUNT_SSH_COMMANDS, "inventories/lab.py"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
+    counted = json.loads(done.stdout.splitlines()[-1])
+    assert sorted(counted["checked"]) == sorted(node.name for node in converged)
+    assert counted["commands"] == {node.name: 1 for node in converged}
