@@ -578,3 +578,92 @@ class UnitState(FactBase[dict[str, Any]]):
     @staticmethod
     def default() -> dict[str, Any]:
         return {"installed": False, "active": False, "enabled": False, "unit_file_state": None}
+
+
+# --- what the drift check reads of the fabric and the cache ---------------------------------
+
+
+def parse_mounts(lines: list[str]) -> dict[str, dict[str, Any]]:
+    """/proc/self/mounts -> {target: {source, fstype, options}}; the last of stacked mounts
+    on a target is the one visible, so it wins."""
+    mounts: dict[str, dict[str, Any]] = {}
+    for line in lines:
+        fields = line.split()
+        if len(fields) < 4:
+            continue
+        source, target, fstype, options = (unescape_octal(field) for field in fields[:4])
+        mounts[target] = {"source": source, "fstype": fstype, "options": options.split(",")}
+    return mounts
+
+
+class Mounts(FactBase[dict[str, dict[str, Any]]]):
+    """
+    Every mounted filesystem, by mount point, as the kernel lists it.
+
+    .. code:: python
+
+        {"/raid": {"source": "/dev/md127", "fstype": "xfs", "options": ["rw", "noatime"]}}
+    """
+
+    def command(self) -> str:
+        return "cat /proc/self/mounts"
+
+    def process(self, output: list[str]) -> dict[str, dict[str, Any]]:  # type: ignore[override]
+        return parse_mounts(list(output))
+
+    @staticmethod
+    def default() -> dict[str, dict[str, Any]]:
+        return {}
+
+
+NCCL_FILES = {"conf": "/etc/nccl.conf", "profile": "/etc/profile.d/gpunode-nccl.sh"}
+
+
+def parse_nccl_settings(lines: list[str]) -> dict[str, dict[str, str] | None]:
+    """The NCCL_* settings of /etc/nccl.conf (``NAME=value``) and of the login environment
+    (``export NAME=value``, shell-quoted); None for a file that does not exist."""
+    files: dict[str, dict[str, str] | None] = dict.fromkeys(NCCL_FILES)
+    current: dict[str, str] | None = None
+    kind = ""
+    for line in lines:
+        if line.startswith(MARKER):
+            kind, _, state = line[len(MARKER) :].partition("=")
+            current = files[kind] = {} if state == "present" and kind in NCCL_FILES else None
+            continue
+        text = line.strip()
+        if current is None or not text or text.startswith("#"):
+            continue
+        if kind == "profile":
+            text = text.removeprefix("export ").strip()
+        name, equals, value = text.partition("=")
+        if equals and name.strip().startswith("NCCL_"):
+            current[name.strip()] = _shell_word(value) if kind == "profile" else value.strip()
+    return files
+
+
+def _shell_word(text: str) -> str:
+    try:
+        return " ".join(shlex.split(text))
+    except ValueError:  # unbalanced quotes: report the text as it is
+        return text
+
+
+class NcclSettings(FactBase[dict[str, dict[str, str] | None]]):
+    """
+    The NCCL settings the node's processes get: /etc/nccl.conf and the login environment.
+
+    .. code:: python
+
+        {"conf": {"NCCL_DEBUG": "WARN"}, "profile": None}  # None: no such file
+    """
+
+    def command(self) -> str:
+        return "; ".join(
+            # echo after cat: a file without a final newline must not swallow the next marker.
+            f'if [ -f {path} ]; then echo "{MARKER}{kind}=present"; cat {path}; echo; '
+            f'else echo "{MARKER}{kind}=absent"; fi'
+            for kind, path in NCCL_FILES.items()
+        )
+
+    def process(self, output: list[str]) -> dict[str, dict[str, str] | None]:  # type: ignore[override]
+        return parse_nccl_settings(list(output))

@@ -8,6 +8,7 @@ from pyinfra.api import FactBase
 
 from facts.batch import FactBatch
 from facts.container_runtime import ContainerRuntimeConfig
+from facts.fabric import Mounts, NcclSettings
 from facts.firewall import FirewallState
 from facts.hardware import GpuReport, InfinibandPorts, NvmeDevices
 from facts.nvidia_packages import NvidiaPackages
@@ -16,7 +17,8 @@ from facts.tls import NodeCertificate
 
 
 class NodeState(FactBatch):
-    """GPU, InfiniBand, NVMe, sshd, firewall, TLS, NVIDIA packages, container runtimes."""
+    """GPU, InfiniBand, NVMe, sshd, firewall, TLS, NVIDIA packages, container runtimes, NCCL
+    settings and mounts."""
 
     FACTS: ClassVar[dict[str, type[FactBase]]] = {
         "gpu": GpuReport,
@@ -27,4 +29,6 @@ class NodeState(FactBatch):
         "tls": NodeCertificate,
         "packages": NvidiaPackages,
         "container_runtime": ContainerRuntimeConfig,
+        "nccl": NcclSettings,
+        "mounts": Mounts,
     }

@@ -16,7 +16,7 @@ import os
 from collections.abc import Sequence
 
 from gpunode.inventory import InvalidInventory, fleet_of
-from gpunode.lab import DEFAULT_PROFILES, Lab, LabError
+from gpunode.lab import DEFAULT_PROFILES, SCRATCH_DISK_MIB, Lab, LabError
 from gpunode.model import DesiredState
 from gpunode.schema import defaults_table
 
@@ -86,13 +86,21 @@ def cmd_drift(args: argparse.Namespace) -> int:
 
 def cmd_lab_up(args: argparse.Namespace) -> int:
     lab = Lab()
-    nodes = lab.up(args.nodes, args.profiles.split(","))
+    nodes = lab.up(
+        args.nodes,
+        args.profiles.split(","),
+        scratch_disks=args.scratch_disks,
+        scratch_disk_mib=args.scratch_disk_mib,
+    )
     print(f"{'node':<8} {'address':<14} {'profile':<10} {'boot s':>7} {'RAM MiB':>8}")
     for node in nodes:
         print(
             f"{node.name:<8} {node.address:<14} {node.profile:<10} "
             f"{node.boot_s:>7.2f} {node.memory_mib:>8.1f}"
         )
+    if args.scratch_disks:
+        disks = ", ".join(f"/dev/nvme{index}n1" for index in range(args.scratch_disks))
+        print(f"scratch disks on every node: {disks} ({args.scratch_disk_mib} MiB each)")
     print(f"ssh -i {lab.key_path} -o UserKnownHostsFile={lab.known_hosts_path} debian@ADDRESS")
     return 0
 
@@ -148,6 +156,16 @@ def build_parser() -> argparse.ArgumentParser:
         "--profiles",
         default=",".join(DEFAULT_PROFILES),
         help="hardware profiles, assigned to nodes in turn",
+    )
+    up.add_argument(
+        "--scratch-disks",
+        type=int,
+        default=0,
+        metavar="N",
+        help="give every node N loop-device disks as /dev/nvme0n1.. (for the NVMe cache)",
+    )
+    up.add_argument(
+        "--scratch-disk-mib", type=int, default=SCRATCH_DISK_MIB, help="size of each scratch disk"
     )
     up.set_defaults(func=cmd_lab_up)
     down = lab_commands.add_parser("down", help="remove everything the lab made")

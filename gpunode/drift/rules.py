@@ -317,6 +317,64 @@ def container_runtime_rules(desired: DesiredState, facts: dict[str, Any]) -> Ite
             yield "runtime.cdi", WARN, "CDI spec lists every GPU", "stale", RUN_DEPLOY
 
 
+def nccl_rules(desired: DesiredState, facts: dict[str, Any]) -> Iterator[tuple]:
+    """/etc/nccl.conf and the login environment carry exactly the declared NCCL settings."""
+    from facts.fabric import NCCL_FILES
+
+    wanted = desired.nccl.env
+    if not wanted:
+        return
+    section: Section = facts.get("nccl") or {}
+    if section.get("state") == "unreadable":
+        yield from _unreadable("nccl", section)
+        return
+    for kind, path in NCCL_FILES.items():
+        found: dict[str, str] | None = section.get(kind)
+        if found is None:
+            yield f"nccl.{kind}", WARN, f"{path} with {len(wanted)} settings", "missing", RUN_DEPLOY
+            continue
+        for name in sorted(set(wanted) | set(found)):
+            if wanted.get(name) != found.get(name):
+                yield (
+                    f"nccl.{kind}:{name}", WARN, _setting(name, wanted.get(name)),
+                    _setting(name, found.get(name)), RUN_DEPLOY,
+                )  # fmt: skip
+
+
+def _setting(name: str, value: str | None) -> str:
+    return f"{name} unset" if value is None else f"{name}={value}"
+
+
+def nvme_cache_rules(desired: DesiredState, facts: dict[str, Any]) -> Iterator[tuple]:
+    """The NVMe cache is mounted where declared, writable, with its filesystem and noatime.
+
+    Not mounted is critical: jobs would write their scratch data to the root disk.
+    """
+    cache = desired.nvme_cache
+    if not cache.enabled:
+        return
+    mounts: Section = facts.get("mounts") or {}
+    if mounts.get("state") == "unreadable":
+        yield from _unreadable("mounts", mounts)
+        return
+    wanted = f"{cache.filesystem} mounted at {cache.mount_point}"
+    mount = mounts.get(cache.mount_point)
+    if mount is None:
+        fix = f"{RUN_DEPLOY}; if a drive is gone, {HARDWARE_TICKET}"
+        yield "nvme_cache.mount", CRIT, wanted, "not mounted", fix
+        return
+    if mount.get("fstype") != cache.filesystem:
+        found = f"{mount.get('fstype')} from {mount.get('source')}"
+        yield "nvme_cache.filesystem", WARN, wanted, found, RUN_DEPLOY
+    options = mount.get("options") or []
+    if "ro" in options:
+        # The kernel remounts a filesystem read-only after I/O errors.
+        found = f"read-only ({mount.get('source')})"
+        yield "nvme_cache.read_only", CRIT, "mounted read-write", found, HARDWARE_TICKET
+    if "noatime" not in options:
+        yield "nvme_cache.options", WARN, "noatime", ",".join(options), RUN_DEPLOY
+
+
 RULES: tuple[Rule, ...] = (
     gpu_rules,
     infiniband_rules,
@@ -326,6 +384,8 @@ RULES: tuple[Rule, ...] = (
     tls_rules,
     package_rules,
     container_runtime_rules,
+    nccl_rules,
+    nvme_cache_rules,
 )
 
 

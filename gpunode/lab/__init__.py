@@ -102,6 +102,14 @@ echo lab > "$1/etc/hostname"
 """
 
 
+def _check_scratch_disks(count: int, size_mib: int) -> None:
+    if not 1 <= count <= 16 or size_mib < 300:
+        raise LabError(
+            f"scratch disks: {count} of {size_mib} MiB asked; 1 to 16 per node, each at least "
+            "300 MiB (the smallest XFS)"
+        )
+
+
 @dataclass
 class LabNode:
     name: str
@@ -232,6 +240,8 @@ class Lab:
             )
         if not 1 <= count <= 200:
             raise LabError(f"--nodes {count}: choose between 1 and 200")
+        if scratch_disks:
+            _check_scratch_disks(scratch_disks, scratch_disk_mib)
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self._ensure_key()
         image = self._ensure_image()
@@ -479,8 +489,7 @@ class Lab:
         """
         if os.geteuid() != 0:
             raise LabError("scratch disks need root on the lab host (losetup, device cgroup)")
-        if not 1 <= count <= 16 or size_mib < 300:
-            raise LabError("scratch disks: 1 to 16 per node, each at least 300 MiB (XFS)")
+        _check_scratch_disks(count, size_mib)
         container = self.client.containers.get(node.container)
         cgroups = self._device_cgroups(container)
         self.scratch_dir.mkdir(parents=True, exist_ok=True)

@@ -19,6 +19,7 @@ import json
 import re
 import shlex
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +29,7 @@ from gpunode.lab import Lab, LabNode
 from gpunode.probe.parsers import SECTION_COMMANDS, parse_section
 from roles.nvme_cache import FILESYSTEM_LABEL
 
-from .conftest import PyinfraRun, run_pyinfra, ssh, write_inventory
+from .conftest import ROOT, PyinfraRun, run_pyinfra, ssh, write_inventory
 
 pytestmark = pytest.mark.lab
 
@@ -210,6 +211,46 @@ def test_dry_run_of_the_converged_nodes_predicts_no_change(
     second_run: PyinfraRun, base_inventory: str
 ) -> None:
     assert predicted(run_pyinfra(DEPLOY, "--dry", inventory=base_inventory)) == set()
+
+
+FABRIC_FINDINGS = ("nccl.", "nvme_cache.", "mounts.")
+
+
+def fabric_drift(inventory_path: str) -> tuple[int, dict[tuple[str, str], str]]:
+    """`gpunode drift --json` exit code and its NCCL and cache findings: (host, id) -> severity."""
+    result = subprocess.run(
+        [str(Path(sys.executable).with_name("gpunode")), "drift", inventory_path, "--json"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    report = json.loads(result.stdout)
+    assert report["unreachable"] == {}, report["unreachable"]
+    found = {
+        (finding["host"], finding["id"]): finding["severity"]
+        for finding in report["findings"]
+        if finding["id"].startswith(FABRIC_FINDINGS)
+    }
+    return result.returncode, found
+
+
+def test_drift_check_sees_nccl_settings_and_the_cache_mount(
+    lab: Lab, fabric_nodes: list[LabNode], second_run: PyinfraRun, base_inventory: str
+) -> None:
+    assert fabric_drift(base_inventory)[1] == {}
+    lab_1, lab_2 = fabric_nodes
+    sudo(lab, lab_1, "sed -i s/^NCCL_DEBUG=WARN/NCCL_DEBUG=INFO/ /etc/nccl.conf")
+    sudo(lab, lab_1, "echo 'export NCCL_P2P_DISABLE=1' >> /etc/profile.d/gpunode-nccl.sh")
+    sudo(lab, lab_2, "umount /scratch")
+    code, found = fabric_drift(base_inventory)
+    assert found == {
+        ("lab-1", "nccl.conf:NCCL_DEBUG"): "warning",
+        ("lab-1", "nccl.profile:NCCL_P2P_DISABLE"): "warning",
+        ("lab-2", "nvme_cache.mount"): "critical",
+    }
+    assert code == 1
+    repair = run_pyinfra(DEPLOY, inventory=base_inventory)
+    assert repair.returncode == 0, repair.output
+    assert fabric_drift(base_inventory)[1] == {}
+    assert sudo(lab, lab_2, "findmnt -n -o FSTYPE /scratch").strip() == "ext4"
 
 
 def test_nccl_settings_in_file_and_login_environment(

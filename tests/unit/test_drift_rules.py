@@ -31,7 +31,10 @@ DATA = {
     "firewall": {"enabled": True},
     "tls": {"enabled": True},
     "container_runtime": {"engines": ["docker"]},
+    "nccl": {"env": {"NCCL_SOCKET_IFNAME": "^docker,lo", "NCCL_DEBUG": "WARN"}},
+    "nvme_cache": {"enabled": True, "devices": ["/dev/nvme0n1", "/dev/nvme1n1"]},
 }
+NCCL_ENV = {"NCCL_SOCKET_IFNAME": "^docker,lo", "NCCL_DEBUG": "WARN"}
 
 
 def desired(data: dict[str, Any] | None = None) -> DesiredState:
@@ -112,6 +115,11 @@ def healthy_facts() -> dict[str, Any]:
         "packages": {
             "packages": {name: "570.195.03-1" for name in DRIVER_PACKAGES},
             "held": sorted(DRIVER_PACKAGES),
+        },
+        "nccl": {"conf": dict(NCCL_ENV), "profile": dict(NCCL_ENV)},
+        "mounts": {
+            "/": {"source": "/dev/sda2", "fstype": "ext4", "options": ["rw", "relatime"]},
+            "/raid": {"source": "/dev/md127", "fstype": "xfs", "options": ["rw", "noatime"]},
         },
     }
 
@@ -217,6 +225,23 @@ FAULTS = [
                  {"runtime.cdi": Severity.WARNING}, id="cdi-spec-stale"),
     pytest.param(set_path("tls.key", "mismatch"),
                  {"tls.key": Severity.CRITICAL}, id="certificate-key-mismatch"),
+    pytest.param(set_path("nccl.conf.NCCL_DEBUG", "INFO"),
+                 {"nccl.conf:NCCL_DEBUG": Severity.WARNING}, id="nccl-conf-edited"),
+    pytest.param(set_path("nccl.profile.NCCL_IB_HCA", "mlx5_0"),
+                 {"nccl.profile:NCCL_IB_HCA": Severity.WARNING}, id="nccl-setting-added"),
+    pytest.param(set_path("nccl.conf", None),
+                 {"nccl.conf": Severity.WARNING}, id="nccl-conf-deleted"),
+    pytest.param(set_path("nccl.profile", {"NCCL_DEBUG": "WARN"}),
+                 {"nccl.profile:NCCL_SOCKET_IFNAME": Severity.WARNING},
+                 id="nccl-setting-removed"),
+    pytest.param(set_path("mounts", {"/": {"source": "/dev/sda2", "fstype": "ext4"}}),
+                 {"nvme_cache.mount": Severity.CRITICAL}, id="cache-not-mounted"),
+    pytest.param(set_path("mounts./raid.options", ["ro", "noatime"]),
+                 {"nvme_cache.read_only": Severity.CRITICAL}, id="cache-read-only"),
+    pytest.param(set_path("mounts./raid.options", ["rw", "relatime"]),
+                 {"nvme_cache.options": Severity.WARNING}, id="cache-without-noatime"),
+    pytest.param(set_path("mounts./raid.fstype", "ext4"),
+                 {"nvme_cache.filesystem": Severity.WARNING}, id="cache-other-filesystem"),
 ]  # fmt: skip
 
 
@@ -233,9 +258,13 @@ def test_unreadable_sections_are_findings_not_silence() -> None:
     facts = healthy_facts()
     facts["infiniband"] = {"state": "unreadable", "reason": "ibstat: truncated"}
     facts["gpu"] = {"state": "unreadable", "reason": "nvidia-smi -q -x: not XML"}
+    facts["nccl"] = {"state": "unreadable", "reason": "nccl: no output"}
+    facts["mounts"] = {"state": "unreadable", "reason": "mounts: no output"}
     assert findings(facts) == {
         "gpu.unreadable": Severity.WARNING,
         "ib.unreadable": Severity.WARNING,
+        "nccl.unreadable": Severity.WARNING,
+        "mounts.unreadable": Severity.WARNING,
     }
 
 

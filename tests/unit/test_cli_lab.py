@@ -1,0 +1,38 @@
+"""`gpunode lab up` refuses bad sizes before it touches Docker or writes state."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gpunode.cli import build_parser, main
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--nodes", "0"], "--nodes 0: choose between 1 and 200"),
+        (["--scratch-disks", "17"], "scratch disks: 17 of 1024 MiB asked; 1 to 16 per node"),
+        (["--scratch-disks", "2", "--scratch-disk-mib", "100"], "2 of 100 MiB asked"),
+        (["--profiles", "hgx-h100,dgx-x"], "unknown hardware profile(s) ['dgx-x']"),
+    ],
+)
+def test_bad_lab_sizes_are_refused_before_anything_is_made(
+    args: list[str],
+    message: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    state_dir = tmp_path / "lab"
+    monkeypatch.setenv("GPUNODE_LAB_DIR", str(state_dir))
+    monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/docker.sock")  # any use would fail
+    assert main(["lab", "up", *args]) == 2
+    assert message in capsys.readouterr().err
+    assert not state_dir.exists()
+
+
+def test_scratch_disks_default_to_none() -> None:
+    args = build_parser().parse_args(["lab", "up"])
+    assert (args.scratch_disks, args.nodes) == (0, 2)
