@@ -12,12 +12,16 @@ from pathlib import Path
 # Roles and facts live at the project root; pyinfra only adds the working directory.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from gpunode import factcache
 from gpunode.inventory import desired_state
 from roles.infiniband import infiniband
 from roles.nccl import nccl
 from roles.nvme_cache import nvme_cache
+from roles.run_lock import node_run_lock
 
+factcache.install()
 desired = desired_state()
+node_run_lock()
 
 nccl(desired=desired)
 infiniband(desired=desired)

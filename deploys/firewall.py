@@ -12,9 +12,13 @@ from pathlib import Path
 # Roles and facts live at the project root; pyinfra only adds the working directory.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from gpunode import factcache
 from gpunode.inventory import desired_state
 from roles.firewall import firewall
+from roles.run_lock import node_run_lock
 
+factcache.install()
 desired = desired_state()
+node_run_lock()
 
 firewall(desired=desired)

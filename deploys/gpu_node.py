@@ -11,6 +11,7 @@ from pathlib import Path
 # Roles and facts live at the project root; pyinfra only adds the working directory.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from gpunode import factcache
 from gpunode.inventory import desired_state
 from roles.admin_users import admin_users
 from roles.base import base_system
@@ -27,11 +28,14 @@ from roles.nccl import nccl
 from roles.nvidia_driver import nvidia_driver
 from roles.nvidia_repos import nvidia_repositories
 from roles.nvme_cache import nvme_cache
+from roles.run_lock import node_run_lock
 from roles.sshd import sshd
 from roles.tls import tls_certificate
 from roles.unattended_upgrades import unattended_upgrades
 
+factcache.install()
 desired = desired_state()
+node_run_lock()
 
 base_system(desired=desired)
 admin_users(desired=desired)

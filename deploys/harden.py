@@ -12,15 +12,19 @@ from pathlib import Path
 # Roles and facts live at the project root; pyinfra only adds the working directory.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from gpunode import factcache
 from gpunode.inventory import desired_state
 from roles.admin_users import admin_users
 from roles.firewall import firewall
 from roles.kernel import kernel_hardening
+from roles.run_lock import node_run_lock
 from roles.sshd import sshd
 from roles.tls import tls_certificate
 from roles.unattended_upgrades import unattended_upgrades
 
+factcache.install()
 desired = desired_state()
+node_run_lock()
 
 admin_users(desired=desired)
 firewall(desired=desired)

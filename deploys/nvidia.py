@@ -12,12 +12,16 @@ from pathlib import Path
 # Roles and facts live at the project root; pyinfra only adds the working directory.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from gpunode import factcache
 from gpunode.inventory import desired_state
 from roles.fabric_manager import fabric_manager
 from roles.nvidia_driver import nvidia_driver
 from roles.nvidia_repos import nvidia_repositories
+from roles.run_lock import node_run_lock
 
+factcache.install()
 desired = desired_state()
+node_run_lock()
 
 nvidia_repositories(desired=desired)
 nvidia_driver(desired=desired)

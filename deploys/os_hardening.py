@@ -11,11 +11,15 @@ from pathlib import Path
 # Roles and facts live at the project root; pyinfra only adds the working directory.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from gpunode import factcache
 from gpunode.inventory import desired_state
 from roles.kernel import kernel_hardening
+from roles.run_lock import node_run_lock
 from roles.unattended_upgrades import unattended_upgrades
 
+factcache.install()
 desired = desired_state()
+node_run_lock()
 
 kernel_hardening(desired=desired)
 unattended_upgrades(desired=desired)

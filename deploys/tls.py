@@ -13,9 +13,13 @@ from pathlib import Path
 # Roles and facts live at the project root; pyinfra only adds the working directory.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from gpunode import factcache
 from gpunode.inventory import desired_state
+from roles.run_lock import node_run_lock
 from roles.tls import tls_certificate
 
+factcache.install()
 desired = desired_state()
+node_run_lock()
 
 tls_certificate(desired=desired)

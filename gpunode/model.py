@@ -393,8 +393,19 @@ class Repositories:
         accepts="a path to a .gpg keyring file",
     )
     proxy: str | None = setting(None, "apt HTTP proxy", pattern=URL)
+    direct_hosts: tuple[str, ...] = setting(
+        (),
+        "hosts apt reaches without the proxy (an internal mirror, say)",
+        pattern=r"[A-Za-z0-9.-]+",
+        accepts="host names or addresses",
+    )
 
     def validate(self, builder: Builder, path: str) -> None:
+        if self.direct_hosts and not self.proxy:
+            builder.problem(
+                f"{path}.direct_hosts", list(self.direct_hosts), "no proxy to bypass",
+                "set apt.proxy, or leave direct_hosts empty",
+            )  # fmt: skip
         if "main" not in self.debian_components:
             builder.problem(
                 f"{path}.debian_components",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import socket
 import time
 from typing import Any
 
@@ -65,3 +66,35 @@ def _login_once(host: Any, port: int | None, timeout: float) -> str | None:
         return f"new SSH login to {address} failed: {type(error).__name__}: {error}"
     finally:
         client.close()
+
+
+# A node that stops answering (powered off, kernel hung, network cut) sends no reset: without
+# this, a read on its connection waits for TCP's own give-up, about 15 minutes.
+KEEPALIVE_S = 10
+DEAD_AFTER_S = 45
+
+
+def detect_dead_peer(
+    host: Any, keepalive_s: int = KEEPALIVE_S, dead_after_s: int = DEAD_AFTER_S
+) -> bool:
+    """Make ``host``'s open SSH connection fail once the node has not acknowledged anything
+    for ``dead_after_s`` seconds: SSH keepalives every ``keepalive_s`` seconds give TCP
+    something to acknowledge, and TCP_USER_TIMEOUT aborts when it is not. Returns whether
+    the connection could be set up so (False: not an SSH connection, nothing to do)."""
+    client = getattr(getattr(host, "connector", None), "client", None)
+    transport = client.get_transport() if client is not None else None
+    if transport is None:
+        return False
+    transport.set_keepalive(keepalive_s)
+    sock = transport.sock
+    if not hasattr(sock, "setsockopt"):
+        return False
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for option, value in (
+        ("TCP_KEEPIDLE", keepalive_s),
+        ("TCP_KEEPINTVL", keepalive_s),
+        ("TCP_USER_TIMEOUT", dead_after_s * 1000),
+    ):
+        if hasattr(socket, option):  # Linux; elsewhere the SSH keepalive alone remains
+            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, option), value)
+    return True

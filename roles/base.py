@@ -2,18 +2,32 @@
 
 from __future__ import annotations
 
+import hashlib
+from datetime import UTC, datetime, timedelta
 from io import StringIO
 
 from pyinfra import host
-from pyinfra.api import deploy
-from pyinfra.facts.files import FindInFile
+from pyinfra.api import deploy, operation
+from pyinfra.facts.files import File, FindInFile, Sha1File
+from pyinfra.facts.server import Date
 from pyinfra.operations import apt, files, server
 
+from facts.apt import DpkgInterrupted, MirrorReachability
 from gpunode.model import DesiredState, Repositories
+from roles.refusal import refusal
 
 SOURCES_PATH = "/etc/apt/sources.list.d/debian.sources"
 LEGACY_SOURCES_PATH = "/etc/apt/sources.list"
 PROXY_PATH = "/etc/apt/apt.conf.d/80gpunode-proxy"
+LOCK_TIMEOUT_PATH = "/etc/apt/apt.conf.d/80gpunode-lock-timeout"
+# apt waits this long for another apt or dpkg (unattended-upgrades, a run that was cut off
+# and whose apt still finishes on the node) instead of failing at once.
+LOCK_TIMEOUT = 'DPkg::Lock::Timeout "300";\n'
+# Finishes what dpkg was doing; local configuration files are kept, never replaced.
+DPKG_RECOVER = "DEBIAN_FRONTEND=noninteractive dpkg --configure -a --force-confdef --force-confold"
+# Written by apt's periodic job and by pyinfra's apt.update.
+UPDATE_STAMP_PATH = "/var/lib/apt/periodic/update-success-stamp"
+LISTS_MAX_AGE_S = 86400
 
 
 def render_debian_sources(repos: Repositories) -> str:
@@ -29,12 +43,99 @@ def render_debian_sources(repos: Repositories) -> str:
     )
 
 
+def render_proxy(proxy: str, direct_hosts: tuple[str, ...] = ()) -> str:
+    lines = [f'Acquire::http::Proxy "{proxy}";']
+    lines += [f'Acquire::http::Proxy::{name} "DIRECT";' for name in direct_hosts]
+    return "\n".join(lines) + "\n"
+
+
+def sha1(text: str) -> str:
+    return hashlib.sha1(text.encode()).hexdigest()
+
+
+def lists_due(max_age_s: int = LISTS_MAX_AGE_S) -> bool:
+    """Whether apt's package lists are older than ``max_age_s`` (as pyinfra's apt.update
+    judges it, so that this agrees with the update it guards)."""
+    stamp = host.get_fact(File, path=UPDATE_STAMP_PATH)
+    updated: datetime | None = stamp.get("mtime") if stamp else None
+    if updated is None:
+        return True
+    now = datetime.fromtimestamp(host.get_fact(Date).timestamp(), UTC).replace(tzinfo=None)
+    return updated <= now - timedelta(seconds=max_age_s)
+
+
+def mirror_problems(found: dict[str, str | None], urls: list[str], node: str) -> list[str]:
+    return [
+        f"{node}: package mirror {url} is unreachable from the node: "
+        f"{found.get(url, 'no answer') if url in found else 'not checked (no answer)'}"
+        for url in urls
+        if url not in found or found[url] is not None
+    ]
+
+
+@operation()
+def package_mirrors_reachable(
+    urls: list[str], proxy: str | None = None, direct_hosts: list[str] | None = None
+):
+    """Every mirror the coming apt update reads answers from the node, through ``proxy``
+    (but for ``direct_hosts``); otherwise the host fails here, before its sources, lists or
+    packages are touched."""
+    found = host.get_fact(
+        MirrorReachability, urls=urls, proxy=proxy, direct_hosts=direct_hosts or []
+    )
+    problems = mirror_problems(found, urls, host.name)
+    if problems:
+        yield refusal(
+            "\n".join(problems)
+            + "\nNothing was changed: package sources, lists and packages are as they were."
+        )
+    else:
+        host.noop(f"{len(urls)} package mirror(s) answer")
+
+
+def debian_release_files(repos: Repositories) -> list[str]:
+    return [
+        f"{repos.debian_mirror.rstrip('/')}/dists/bookworm/InRelease",
+        f"{repos.debian_security_mirror.rstrip('/')}/dists/bookworm-security/InRelease",
+    ]
+
+
 @deploy("Base system")
 def base_system(desired: DesiredState) -> None:
     repos = desired.apt
+    sources_text = render_debian_sources(repos)
+    proxy_text = render_proxy(repos.proxy, repos.direct_hosts) if repos.proxy else None
+    proxy_changes = (
+        host.get_fact(Sha1File, path=PROXY_PATH) != sha1(proxy_text)
+        if proxy_text
+        else bool(host.get_fact(File, path=PROXY_PATH))
+    )
+    if (
+        host.get_fact(Sha1File, path=SOURCES_PATH) != sha1(sources_text)
+        or proxy_changes
+        or lists_due()
+    ):
+        package_mirrors_reachable(
+            name="Package mirrors answer",
+            urls=debian_release_files(repos),
+            proxy=repos.proxy,
+            direct_hosts=list(repos.direct_hosts),
+        )
+    unfinished = host.get_fact(DpkgInterrupted)
+    if unfinished:
+        server.shell(
+            name=f"Finish the interrupted package change ({unfinished[0]})",
+            commands=[f"{DPKG_RECOVER} && DEBIAN_FRONTEND=noninteractive apt-get -y -f install"],
+        )
+    files.put(
+        name="apt waits for a busy package database",
+        src=StringIO(LOCK_TIMEOUT),
+        dest=LOCK_TIMEOUT_PATH,
+        mode="644",
+    )
     sources = files.put(
         name="Debian package sources from data",
-        src=StringIO(render_debian_sources(repos)),
+        src=StringIO(sources_text),
         dest=SOURCES_PATH,
         mode="644",
     )
@@ -46,10 +147,10 @@ def base_system(desired: DesiredState) -> None:
             name="Move the installer's sources.list aside",
             commands=[f"mv {LEGACY_SOURCES_PATH} {LEGACY_SOURCES_PATH}.disabled-by-gpunode"],
         )
-    if repos.proxy:
+    if proxy_text:
         proxy = files.put(
             name="apt proxy",
-            src=StringIO(f'Acquire::http::Proxy "{repos.proxy}";\n'),
+            src=StringIO(proxy_text),
             dest=PROXY_PATH,
             mode="644",
         )

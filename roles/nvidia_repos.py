@@ -12,9 +12,11 @@ from pathlib import Path
 
 from pyinfra import host
 from pyinfra.api import DeployError, deploy
+from pyinfra.facts.files import Sha1File
 from pyinfra.operations import apt, files
 
 from gpunode.model import DesiredState
+from roles.base import package_mirrors_reachable, sha1
 
 KEYRING_DIR = "/usr/share/keyrings"
 SOURCES_DIR = "/etc/apt/sources.list.d"
@@ -84,6 +86,19 @@ def _local_keyring(repo: NvidiaRepository) -> Path:
 @deploy("NVIDIA repositories")
 def nvidia_repositories(desired: DesiredState) -> None:
     changed = []
+    new_sources = [
+        repo
+        for repo in nvidia_repositories_for(desired)
+        if repo.needed
+        and host.get_fact(Sha1File, path=repo.sources_path) != sha1(repo.render_sources())
+    ]
+    if new_sources:
+        package_mirrors_reachable(
+            name="NVIDIA repositories answer",
+            urls=[f"{repo.url.rstrip('/')}/InRelease" for repo in new_sources],
+            proxy=desired.apt.proxy,
+            direct_hosts=list(desired.apt.direct_hosts),
+        )
     for repo in nvidia_repositories_for(desired):
         if repo.needed:
             keyring = _local_keyring(repo)

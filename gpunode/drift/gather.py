@@ -14,6 +14,8 @@ from pyinfra.api import Config, State
 from pyinfra.api.facts import get_fact
 from pyinfra.context import ctx_host, ctx_state
 
+from gpunode.reach import detect_dead_peer
+
 
 def make_state(inventory: Any, parallel: int = 64, connect_timeout: int = 10) -> State:
     config = Config(PARALLEL=parallel, CONNECT_TIMEOUT=connect_timeout)
@@ -36,6 +38,7 @@ def gather_fact(
         with ctx_state.use(state), ctx_host.use(host):
             try:
                 host.connect(show_errors=False, raise_exceptions=True)
+                detect_dead_peer(host)  # a node that stops answering fails, never hangs
                 values[host.name] = get_fact(
                     state, host, fact, kwargs=fact_kwargs, apply_failed_hosts=False
                 )

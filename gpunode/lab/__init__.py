@@ -42,6 +42,10 @@ BOOT_TIMEOUT_S = 120
 # Scratch disks (opt-in): sparse files on the lab host, attached to host loop devices and
 # handed to a node as /dev/nvme<N>n1, so storage roles get real block devices to work on.
 SCRATCH_DISK_MIB = 1024
+# The lab's package cache (apt-cacher-ng, as real clusters run it): one per lab, on the
+# bridge gateway. Not 3142, which a system-wide apt-cacher-ng service may hold.
+PACKAGE_CACHE_PORT = 3143
+APT_CACHER_NG = "/usr/sbin/apt-cacher-ng"
 
 # Packages of a minimal Debian cloud-like node; python3 serves testinfra-free probes later.
 NODE_PACKAGES = (
@@ -271,6 +275,7 @@ class Lab:
             node.memory_mib = self._memory_mib(node.container)
         self._write_state(wanted)
         self.serve_repository()
+        self.serve_package_cache()
         for node in wanted if scratch_disks else []:
             self.attach_scratch_disks(node, scratch_disks, scratch_disk_mib)
         return wanted
@@ -326,6 +331,80 @@ class Lab:
         except ProcessLookupError:
             return False
         return "gpunode.lab.aptrepo" in Path(f"/proc/{pid}/cmdline").read_text(errors="replace")
+
+    # --- package cache -----------------------------------------------------------------------
+    @property
+    def package_cache_url(self) -> str:
+        return f"http://{self.gateway}:{PACKAGE_CACHE_PORT}"
+
+    @property
+    def package_cache_dir(self) -> Path:
+        """Outside the state directory, so that ``down(keep_image=True)`` keeps it."""
+        root = Path(os.environ.get("GPUNODE_LAB_CACHE", "/var/cache/gpunode-lab"))
+        return root / self.name
+
+    @property
+    def _package_cache_pid_path(self) -> Path:
+        return self.state_dir / "apt-cache.pid"
+
+    def serve_package_cache(self) -> None:
+        """Run the lab's apt-cacher-ng on the bridge gateway (detached): many nodes fetch a
+        package from Debian's mirror once. It caches by URL and remaps nothing."""
+        if self._process_running(self._package_cache_pid_path, "apt-cacher-ng"):
+            return
+        if not Path(APT_CACHER_NG).exists():
+            raise LabError(
+                f"{APT_CACHER_NG} is missing: install the Debian package apt-cacher-ng "
+                "(./dev setup does)"
+            )
+        with (
+            contextlib.suppress(OSError),
+            socket.create_connection((self.gateway, PACKAGE_CACHE_PORT), timeout=1),
+        ):
+            raise LabError(
+                f"{self.gateway}:{PACKAGE_CACHE_PORT} is already served by another process "
+                "(a lab of another checkout with the same name?); run `gpunode lab down` there "
+                "or choose GPUNODE_LAB_NAME / GPUNODE_LAB_SUBNET"
+            )
+        config_dir = self.state_dir / "apt-cache"
+        (self.package_cache_dir / "cache").mkdir(parents=True, exist_ok=True)
+        config_dir.mkdir(parents=True, exist_ok=True)
+        (config_dir / "acng.conf").write_text(
+            f"CacheDir: {self.package_cache_dir / 'cache'}\n"
+            f"LogDir: {config_dir}\n"
+            "SupportDir: /usr/lib/apt-cacher-ng\n"
+            f"Port: {PACKAGE_CACHE_PORT}\n"
+            f"BindAddress: {self.gateway}\n"
+            f"PidFile: {self._package_cache_pid_path}\n"
+            f"SocketPath: {config_dir / 'socket'}\n"
+            "ExThreshold: 4\n"
+        )
+        subprocess.run(
+            [APT_CACHER_NG, "-c", str(config_dir), "ForeGround=0"],
+            check=True, stdin=subprocess.DEVNULL, capture_output=True,
+        )  # fmt: skip
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            with (
+                contextlib.suppress(OSError),
+                socket.create_connection((self.gateway, PACKAGE_CACHE_PORT), timeout=1),
+            ):
+                return
+            time.sleep(0.2)
+        raise LabError(f"apt-cacher-ng did not listen on {self.package_cache_url} in 30 s")
+
+    @staticmethod
+    def _process_running(pid_path: Path, name: str) -> bool:
+        try:
+            pid = int(pid_path.read_text())
+            os.kill(pid, 0)
+            return name in Path(f"/proc/{pid}/cmdline").read_text(errors="replace")
+        except (OSError, ValueError):
+            return False
+
+    def _stop_package_cache(self) -> None:
+        if self._process_running(self._package_cache_pid_path, "apt-cacher-ng"):
+            os.kill(int(self._package_cache_pid_path.read_text()), signal.SIGTERM)
 
     def _stop_repository(self) -> None:
         if self._repo_server_running():
@@ -436,6 +515,13 @@ class Lab:
         if host_key.exit_code != 0:
             raise LabError(f"{node.name}: no SSH host key after boot")
         node.host_key = " ".join(host_key.output.decode().split()[:2])
+
+    def power_cycle(self, node: LabNode) -> None:
+        """Restart ``node`` at once, as a power cut and power-on would: its processes are
+        killed, nothing is shut down cleanly; returns once it has booted again."""
+        container = self.client.containers.get(node.container)
+        container.restart(timeout=0)
+        self._wait_booted(container, node)
 
     def _refresh_simulator(self, node: LabNode) -> None:
         from gpunode.lab.hwsim import hwstate
@@ -592,8 +678,10 @@ class Lab:
 
     # --- down ----------------------------------------------------------------------------------
     def down(self, keep_image: bool = False) -> None:
-        """Remove every container, network and state file the lab made (and its image)."""
+        """Remove every container, network and state file the lab made (and its image and
+        package cache, unless ``keep_image``)."""
         self._stop_repository()
+        self._stop_package_cache()
         mine = {"label": f"{LABEL}={self.name}"}
         for container in self.client.containers.list(all=True, filters=mine):
             container.remove(force=True)
@@ -602,6 +690,7 @@ class Lab:
         if not keep_image:
             for image in self.client.images.list(name=IMAGE_REPOSITORY):
                 self.client.images.remove(image.id, force=True)
+            shutil.rmtree(self.package_cache_dir, ignore_errors=True)
         # After the containers: their mounts of the scratch disks are gone with them.
         self._detach_scratch_disks()
         if self.state_dir.exists():

@@ -27,8 +27,12 @@ tls = {"enabled": True}
 
 # NVIDIA's hosts are unreachable from the lab, as at an air-gapped site: the lab serves
 # signed stand-in repositories on its bridge (gpunode lab up) and every URL points there.
+# Debian's packages come through the lab's apt-cacher-ng (fetched once for all nodes); the
+# stand-in repositories on the gateway are reached directly.
 _repo = _lab.repo_base_url
 apt = {
+    "proxy": _lab.package_cache_url,
+    "direct_hosts": [_lab.gateway],
     "cuda_repo_url": f"{_repo}/cuda/debian12/x86_64",
     "container_toolkit_repo_url": f"{_repo}/libnvidia-container/stable/deb/amd64",
     "cuda_keyring": str(_lab.repo_dir / "keyrings" / "cuda-archive-keyring.gpg"),

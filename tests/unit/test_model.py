@@ -29,6 +29,17 @@ def problems_of(data: dict) -> list[str]:
 # (data, the one message expected, as an exact substring of the rendered line)
 BAD_INPUTS = [
     pytest.param(
+        {"apt": {"direct_hosts": ["mirror.internal"]}},
+        "apt.direct_hosts = ['mirror.internal']: no proxy to bypass; accepted: set apt.proxy, "
+        "or leave direct_hosts empty",
+        id="direct-hosts-without-proxy",
+    ),
+    pytest.param(
+        {"apt": {"proxy": "http://cache:3142", "direct_hosts": ["bad host"]}},
+        "apt.direct_hosts[0] = 'bad host'",
+        id="direct-host-with-blank",
+    ),
+    pytest.param(
         {"nvidia_drvier": {"source": "nvidia"}},
         "host node-1: nvidia_drvier = {'source': 'nvidia'}: unknown key; accepted: gpunode keys",
         id="unknown-top-level-key",

@@ -1,0 +1,76 @@
+"""One gpunode run at a time per node (see facts/run_lock.py for how the lock lives)."""
+
+from __future__ import annotations
+
+import datetime
+import getpass
+import os
+import re
+import socket
+import sys
+from pathlib import Path
+from typing import Any
+
+from pyinfra import host
+from pyinfra.api import operation
+
+from facts.run_lock import WAIT_S, NodeRunLock
+from gpunode.reach import detect_dead_peer
+from roles.refusal import refusal
+
+
+def run_owner() -> str:
+    """Who this run is, for the message a second run shows: user, control host, pid, start,
+    and the deploy files (never the rest of the command line, which may carry data)."""
+    started = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    deploys = " ".join(arg for arg in sys.argv[1:] if arg.endswith(".py"))
+    user, control = getpass.getuser(), socket.gethostname()
+    return f"{user}@{control} pid {os.getpid()} since {started} ({deploys})"
+
+
+RUN_OWNER = run_owner()
+_OWNER = re.compile(r"^\S+@(?P<control>\S+) pid (?P<pid>\d+) ")
+_held: dict[str, dict[str, Any]] = {}
+
+
+def dead_here(holder: str) -> bool:
+    """Whether ``holder`` is a run of this control host whose process is gone."""
+    match = _OWNER.match(holder)
+    if not match or match["control"] != socket.gethostname():
+        return False
+    try:
+        cmdline = Path(f"/proc/{match['pid']}/cmdline").read_bytes()
+    except OSError:
+        return True
+    return b"pyinfra" not in cmdline and b".py" not in cmdline  # the pid was reused
+
+
+def lock_refused(holder: str, node: str) -> str:
+    return (
+        f"{node}: another gpunode run holds this node: {holder} (waited {WAIT_S} s). "
+        "Nothing was changed on it by this run; run again once that one has finished "
+        "(its lock ends with its SSH connection)."
+    )
+
+
+def node_run_lock() -> None:
+    """Take this node's run lock before anything else is read or changed on it, and hold it
+    until the run ends. A node another live run holds fails at its first operation, with
+    that run named; nothing is changed on it. Also makes a node that stops answering fail
+    its host within a minute instead of hanging the run."""
+    if host.name not in _held:
+        detect_dead_peer(host)
+        lock = host.get_fact(NodeRunLock, owner=RUN_OWNER)
+        if not lock["held"] and dead_here(lock["holder"]):
+            lock = host.get_fact(NodeRunLock, owner=RUN_OWNER, stale=lock["holder"])
+        _held[host.name] = lock
+    run_lock_held(name="Run lock held", lock=_held[host.name])
+
+
+@operation()
+def run_lock_held(lock: dict[str, Any]):
+    """The run lock read when the deploy was loaded is this run's."""
+    if lock.get("error"):
+        yield refusal(f"{host.name}: no run lock: {lock['error']}")
+    elif not lock["held"]:
+        yield refusal(lock_refused(lock["holder"], host.name))

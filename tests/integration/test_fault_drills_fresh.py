@@ -1,0 +1,176 @@
+"""Fault drills that need a node of their own, in a one-node lab beside the shared one.
+
+- A deploy killed at a random point of a node's first converge (SIGKILL to pyinfra, the way
+  a lost terminal or an OOM-killed control host ends it), then run again: it converges,
+  a third run changes nothing, the drift check is clean and the verify suite passes.
+  The kill point comes from a seed, printed on failure; GPUNODE_DRILL_SEED replays one.
+- A reboot in the middle of a driver change (the node restarted the moment dpkg works on an
+  NVIDIA package): that run fails for this node, and the next run finishes the change.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpunode.lab import Lab, LabNode
+
+from .conftest import PYINFRA, ROOT, PyinfraRun
+
+pytestmark = pytest.mark.lab
+
+DEPLOY = "deploys/gpu_node.py"
+GPUNODE = str(Path(sys.executable).with_name("gpunode"))
+
+
+class DrillLab:
+    def __init__(self, lab: Lab, env: dict[str, str]) -> None:
+        self.lab, self.env = lab, env
+        (self.node,) = lab.nodes()
+
+    def pyinfra(self, *args: str, inventory: str = "inventories/lab.py") -> PyinfraRun:
+        result = subprocess.run(
+            [PYINFRA, "-y", "--json", inventory, *args],
+            cwd=ROOT, env=self.env, capture_output=True, text=True, timeout=1200,
+        )  # fmt: skip
+        try:
+            results = json.loads(result.stdout)
+        except json.JSONDecodeError:
+            results = None
+        return PyinfraRun(result.returncode, result.stdout + result.stderr, results)
+
+    def drift(self) -> dict[str, Any]:
+        result = subprocess.run(
+            [GPUNODE, "drift", "inventories/lab.py", "--json"],
+            cwd=ROOT, env=self.env, capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        return json.loads(result.stdout)
+
+    def verify(self) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/verify",
+             "--inventory", "inventories/lab.py"],
+            cwd=ROOT, env=self.env, capture_output=True, text=True, timeout=600,
+        )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def drill(lab: Lab, tmp_path_factory: pytest.TempPathFactory) -> Iterator[DrillLab]:
+    state = tmp_path_factory.mktemp("drill")
+    subnet = int(lab.network_prefix.rsplit(".", 1)[1]) + 101
+    fresh = Lab(state_dir=state / "lab", name=f"{lab.name}-drill", subnet_index=subnet)
+    env = {
+        **os.environ,
+        "GPUNODE_LAB_DIR": str(state / "lab"),
+        "GPUNODE_LAB_NAME": fresh.name,
+        "GPUNODE_LAB_SUBNET": str(subnet),
+        "GPUNODE_FACT_PLAN_DIR": str(state / "plans"),
+    }
+    fresh.up(1, profiles=["hgx-h100"])
+    try:
+        yield DrillLab(fresh, env)
+    finally:
+        fresh.down(keep_image=True)
+
+
+def assert_converged(drill: DrillLab, context: str) -> None:
+    again = drill.pyinfra(DEPLOY)
+    assert again.returncode == 0, f"{context}\n{again.output}"
+    assert again.changed_operations() == {}, context
+    report = drill.drift()
+    assert report["findings"] == [], f"{context}\n{report['findings']}"
+    assert report["unreachable"] == {}, context
+    verify = drill.verify()
+    assert verify.returncode == 0, f"{context}\n{verify.stdout[-3000:]}"
+
+
+def test_a_deploy_killed_at_a_random_point_converges_when_run_again(drill: DrillLab) -> None:
+    seed = int(os.environ.get("GPUNODE_DRILL_SEED") or time.time_ns() % 1_000_000)
+    kill_after = random.Random(seed).uniform(3.0, 40.0)  # a first converge takes longer
+    context = f"drill seed {seed} (GPUNODE_DRILL_SEED replays it): killed at {kill_after:.1f} s"
+    run = subprocess.Popen(
+        [PYINFRA, "-y", "inventories/lab.py", DEPLOY],
+        cwd=ROOT, env=drill.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        run.wait(timeout=kill_after)
+    except subprocess.TimeoutExpired:
+        os.killpg(run.pid, signal.SIGKILL)
+    output, _ = run.communicate()
+    assert run.returncode == -signal.SIGKILL, f"{context}: it finished first\n{output}"
+    resumed = drill.pyinfra(DEPLOY)
+    assert resumed.returncode == 0, f"{context}\n{output[-3000:]}\n{resumed.output}"
+    assert_converged(drill, context)
+
+
+def dpkg_on_nvidia_packages(lab: Lab, node: LabNode) -> int | None:
+    """The host pid of a dpkg process of the node working on an NVIDIA package, if any."""
+    container_pid = lab.client.containers.get(node.container).attrs["State"]["Pid"]
+    namespace = os.readlink(f"/proc/{container_pid}/ns/pid")
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().split(b"\0")
+            if not cmdline[0].endswith(b"dpkg") or os.readlink(entry / "ns" / "pid") != namespace:
+                continue
+        except OSError:
+            continue
+        if any(b"nvidia" in arg or b"--configure" in arg for arg in cmdline[1:]):
+            return int(entry.name)
+    return None
+
+
+def test_a_reboot_in_the_middle_of_a_driver_change_is_finished_by_the_next_run(
+    drill: DrillLab, tmp_path: Path
+) -> None:
+    # The node converged at 570.195.03-1 (the test above); the data now pins 570.124.06-1.
+    inventory = tmp_path / "lab.py"
+    (tmp_path / "group_data").symlink_to(ROOT / "inventories" / "group_data")
+    lab_driver = {
+        "source": "nvidia", "branch": "570", "version": "570.124.06-1", "flavour": "open",
+        "reboot": "if-needed",
+    }  # fmt: skip
+    node = drill.node
+    data = {
+        "ssh_hostname": node.address,
+        "nvidia_driver": lab_driver,
+        "fabric_manager": {"version": "570.124.06-1"},
+    }
+    inventory.write_text(f"h100_nodes = {[(node.name, data)]!r}\n")
+    run = subprocess.Popen(
+        [PYINFRA, "-y", str(inventory), DEPLOY],
+        cwd=ROOT, env=drill.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    rebooted_during: int | None = None
+    deadline = time.monotonic() + 300
+    while run.poll() is None and time.monotonic() < deadline:
+        rebooted_during = dpkg_on_nvidia_packages(drill.lab, node)
+        if rebooted_during:
+            drill.lab.power_cycle(node)
+            break
+        time.sleep(0.01)
+    output, _ = run.communicate(timeout=300)
+    assert rebooted_during, f"dpkg never worked on an NVIDIA package\n{output}"
+    assert run.returncode != 0, output  # the reboot cut that run short
+    finish = drill.pyinfra(DEPLOY, inventory=str(inventory))
+    assert finish.returncode == 0, f"{output[-3000:]}\n{finish.output}"
+    again = drill.pyinfra(DEPLOY, inventory=str(inventory))
+    assert again.returncode == 0 and again.changed_operations() == {}, again.output
+    installed = subprocess.run(
+        ["docker", "exec", node.container, "dpkg-query", "-W", "-f=${Version} ${Status}\\n",
+         "nvidia-open"],
+        capture_output=True, text=True, check=True,
+    ).stdout.strip()  # fmt: skip
+    assert installed == "570.124.06-1 hold ok installed"
