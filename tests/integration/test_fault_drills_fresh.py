@@ -164,8 +164,16 @@ def test_a_reboot_in_the_middle_of_a_driver_change_is_finished_by_the_next_run(
     output, _ = run.communicate(timeout=300)
     assert rebooted_during, f"dpkg never worked on an NVIDIA package\n{output}"
     assert run.returncode != 0, output  # the reboot cut that run short
+    audit = subprocess.run(
+        ["docker", "exec", node.container, "sh", "-c",
+         "ls /var/lib/dpkg/updates; dpkg --audit"],
+        capture_output=True, text=True,
+    ).stdout.strip()  # fmt: skip
     finish = drill.pyinfra(DEPLOY, inventory=str(inventory))
     assert finish.returncode == 0, f"{output[-3000:]}\n{finish.output}"
+    recovered = [name for name in finish.changed_operations() if "interrupted package" in name]
+    # Where the reboot left dpkg's work unfinished, the run finished it first.
+    assert bool(recovered) == bool(audit), (audit, finish.changed_operations())
     again = drill.pyinfra(DEPLOY, inventory=str(inventory))
     assert again.returncode == 0 and again.changed_operations() == {}, again.output
     installed = subprocess.run(
