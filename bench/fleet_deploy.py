@@ -48,6 +48,17 @@ def run_deploy(deploy: str, env: dict[str, str], counts: Path) -> tuple[float, d
     return wall, json.loads(counts.read_text()), result.returncode
 
 
+def package_cache_traffic(lab: object) -> tuple[int, int]:
+    """Bytes apt-cacher-ng fetched from upstream and served to nodes (its transfer log)."""
+    log = Path(getattr(lab, "state_dir")) / "apt-cache" / "apt-cacher.log"
+    totals = {"I": 0, "O": 0}
+    for line in log.read_text().splitlines() if log.exists() else []:
+        fields = line.split("|")
+        if len(fields) >= 3 and fields[1] in totals and fields[2].isdigit():
+            totals[fields[1]] += int(fields[2])
+    return totals["I"], totals["O"]
+
+
 def spread(values: list[int]) -> str:
     return f"{min(values)}" if min(values) == max(values) else f"{min(values)}-{max(values)}"
 
@@ -78,6 +89,9 @@ def main() -> None:
             uploads = [host.get("uploads", 0) for host in per_host.values()]
             print(f"{deploy:<20} {kind:<9} {size:>5} {wall:>7.1f} {code:>3} "
                   f"{spread(commands):>18} {spread(uploads or [0]):>13}", flush=True)  # fmt: skip
+        fetched, served = package_cache_traffic(lab)
+        print(f"{'':<20} {'apt cache':<9} {size:>5} fetched from mirrors {fetched / 2**20:.1f} "
+              f"MiB, served to nodes {served / 2**20:.1f} MiB", flush=True)  # fmt: skip
     sizes = sorted({size for _, _, size in walls})
     if len(sizes) > 1:
         small, large = sizes[0], sizes[-1]

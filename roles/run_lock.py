@@ -13,8 +13,10 @@ from typing import Any
 
 from pyinfra import host
 from pyinfra.api import operation
+from pyinfra.context import ctx_state
 
 from facts.run_lock import WAIT_S, NodeRunLock
+from gpunode import summary
 from gpunode.reach import detect_dead_peer
 from roles.refusal import refusal
 
@@ -57,8 +59,10 @@ def node_run_lock() -> None:
     """Take this node's run lock before anything else is read or changed on it, and hold it
     until the run ends. A node another live run holds fails at its first operation, with
     that run named; nothing is changed on it. Also makes a node that stops answering fail
-    its host within a minute instead of hanging the run."""
+    its host within a minute instead of hanging the run, and names every failed node in one
+    line at the end of the run."""
     if host.name not in _held:
+        summary.install(ctx_state.get())
         detect_dead_peer(host)
         lock = host.get_fact(NodeRunLock, owner=RUN_OWNER)
         if not lock["held"] and dead_here(lock["holder"]):

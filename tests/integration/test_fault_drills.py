@@ -93,6 +93,7 @@ def test_a_node_held_by_another_run_is_refused_untouched_and_the_others_converge
     assert run.returncode == 1, run.output
     assert f"lab-1: another gpunode run holds this node: {other_run} (waited 10 s)" in run.output
     assert "Nothing was changed on it by this run" in run.output
+    assert "gpunode: 1 of 2 host(s) failed: lab-1 (at Run lock held)" in run.output
     assert waited >= 10
     assert run.changed_operations() == {}  # lab-2 converged already; lab-1 was not touched
     assert sudo(lab, lab_1, "test -e /etc/nccl.conf && echo present || echo absent").strip() == (
@@ -172,6 +173,8 @@ def test_a_node_that_stops_answering_mid_run_fails_alone_and_is_named(
     named = error_lines(run, "lab-2")
     assert "Error" in named or "error" in named, run.output
     assert not error_lines(run, "lab-1").count("Error"), run.output
+    assert "gpunode: 1 of 2 host(s) failed: lab-2 (" in run.output, run.output
+    assert "Re-run them with --limit lab-2" in run.output
     # The next run gets in (the stale lock of the cut connection is broken) and is clean.
     rerun = run_pyinfra(DEPLOY)
     assert rerun.returncode == 0, rerun.output
