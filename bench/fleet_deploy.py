@@ -19,6 +19,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH_LAB = {
@@ -48,9 +49,9 @@ def run_deploy(deploy: str, env: dict[str, str], counts: Path) -> tuple[float, d
     return wall, json.loads(counts.read_text()), result.returncode
 
 
-def package_cache_traffic(lab: object) -> tuple[int, int]:
+def package_cache_traffic(lab: Any) -> tuple[int, int]:
     """Bytes apt-cacher-ng fetched from upstream and served to nodes (its transfer log)."""
-    log = Path(getattr(lab, "state_dir")) / "apt-cache" / "apt-cacher.log"
+    log = Path(lab.state_dir) / "apt-cache" / "apt-cacher.log"
     totals = {"I": 0, "O": 0}
     for line in log.read_text().splitlines() if log.exists() else []:
         fields = line.split("|")
