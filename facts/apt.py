@@ -40,8 +40,10 @@ class MirrorReachability(FactBase[dict[str, str | None]]):
     def command(
         self, urls: list[str], proxy: str | None = None, direct_hosts: list[str] | None = None
     ) -> str:
+        # Retries as apt's own default (3): a proxy's passing hiccup is not an unreachable
+        # mirror (apt-cacher-ng answers an error while many nodes refresh the same file).
         options = (
-            "-o Acquire::Retries=0 -o Acquire::http::Timeout=10 -o Acquire::https::Timeout=10 "
+            "-o Acquire::Retries=3 -o Acquire::http::Timeout=10 -o Acquire::https::Timeout=10 "
             "-o APT::Sandbox::User=root "
             f"-o Acquire::http::Proxy={shlex.quote(proxy or 'DIRECT')}"
         ) + "".join(
