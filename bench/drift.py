@@ -17,6 +17,7 @@ from gevent import monkey
 monkey.patch_all()
 
 import argparse  # noqa: E402
+import json  # noqa: E402
 import os  # noqa: E402
 import statistics  # noqa: E402
 import subprocess  # noqa: E402
@@ -42,11 +43,8 @@ from gpunode.drift import run_drift  # noqa: E402
 GPUNODE = str(Path(sys.executable).with_name("gpunode"))
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--sizes", default="1,16,64")
-    parser.add_argument("--repeat", type=int, default=3)
-    args = parser.parse_args()
+def measure(repeat: int) -> dict[str, Any]:
+    """Time the drift check of the lab as it is now, ``repeat`` times, in this process."""
     commands: dict[str, int] = {}
     original = SSHConnector.run_shell_command
 
@@ -56,26 +54,50 @@ def main() -> None:
 
     SSHConnector.run_shell_command = counting  # type: ignore[method-assign]
     inventory_path = str(ROOT / "inventories" / "lab.py")
+    walls = []
+    for _ in range(repeat):
+        commands.clear()
+        inventory = load_inventory(inventory_path)
+        started = time.monotonic()
+        result = run_drift(inventory, inventory_path, None)
+        walls.append(time.monotonic() - started)
+    return {
+        "walls": walls,
+        "per_host": sorted(set(commands.values())),
+        "checked": len(result.checked_hosts),
+        "unreachable": len(result.unreachable),
+        "findings": len(result.findings),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--sizes", default="1,16,64")
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--measure", action="store_true", help="(internal) one size, as JSON")
+    args = parser.parse_args()
+    if args.measure:
+        print(json.dumps(measure(args.repeat)))
+        return
     best: dict[int, float] = {}
     print(f"{'nodes':>5} {'best s':>7} {'median s':>9} {'SSH commands/host':>18} "
-          f"{'checked':>8} {'findings':>9}")  # fmt: skip
+          f"{'checked':>8} {'unreachable':>12} {'findings':>9}")  # fmt: skip
     for size in [int(value) for value in args.sizes.split(",")]:
         subprocess.run(
             [GPUNODE, "lab", "up", "--nodes", str(size)],
             cwd=ROOT, check=True, capture_output=True,
         )  # fmt: skip
-        walls = []
-        for _ in range(args.repeat):
-            commands.clear()
-            inventory = load_inventory(inventory_path)
-            started = time.monotonic()
-            result = run_drift(inventory, inventory_path, None)
-            walls.append(time.monotonic() - started)
+        # A process per size: pyinfra remembers a known_hosts file once it has read it.
+        run = subprocess.run(
+            [sys.executable, __file__, "--measure", "--repeat", str(args.repeat)],
+            cwd=ROOT, check=True, capture_output=True, text=True,
+        )  # fmt: skip
+        measured = json.loads(run.stdout)
+        walls = measured["walls"]
         best[size] = min(walls)
-        per_host = sorted(set(commands.values()))
         print(f"{size:>5} {min(walls):>7.2f} {statistics.median(walls):>9.2f} "
-              f"{per_host!s:>18} {len(result.checked_hosts):>8} {len(result.findings):>9}",
-              flush=True)  # fmt: skip
+              f"{measured['per_host']!s:>18} {measured['checked']:>8} "
+              f"{measured['unreachable']:>12} {measured['findings']:>9}", flush=True)  # fmt: skip
     smallest = min(best)
     for size, wall in sorted(best.items()):
         print(f"{size} nodes / {smallest} node: {wall / best[smallest]:.2f}x")

@@ -106,6 +106,26 @@ echo lab > "$1/etc/hostname"
 """
 
 
+# Each node's systemd (and journald, logind...) holds inotify instances of the host's user;
+# Debian's default of 128 boots about thirty nodes, after which systemd cannot start.
+INOTIFY_INSTANCES_PER_NODE = 8
+INOTIFY_INSTANCES_PATH = Path("/proc/sys/fs/inotify/max_user_instances")
+
+
+def _ensure_inotify_instances(count: int) -> None:
+    wanted = 128 + INOTIFY_INSTANCES_PER_NODE * count
+    current = int(INOTIFY_INSTANCES_PATH.read_text())
+    if current >= wanted:
+        return
+    try:
+        INOTIFY_INSTANCES_PATH.write_text(f"{wanted}\n")
+    except OSError as error:
+        raise LabError(
+            f"{count} nodes need fs.inotify.max_user_instances >= {wanted} on the lab host "
+            f"(it is {current}, and could not be raised: {error})"
+        ) from error
+
+
 def _check_scratch_disks(count: int, size_mib: int) -> None:
     if not 1 <= count <= 16 or size_mib < 300:
         raise LabError(
@@ -247,6 +267,7 @@ class Lab:
         if scratch_disks:
             _check_scratch_disks(scratch_disks, scratch_disk_mib)
         self.state_dir.mkdir(parents=True, exist_ok=True)
+        _ensure_inotify_instances(count)
         self._ensure_key()
         image = self._ensure_image()
         network = self._ensure_network()
@@ -543,6 +564,13 @@ class Lab:
     def _wait_booted(self, container: Any, node: LabNode) -> None:
         deadline = time.monotonic() + BOOT_TIMEOUT_S
         while time.monotonic() < deadline:
+            container.reload()
+            if container.status != "running":
+                logs = container.logs(tail=5).decode(errors="replace").strip()
+                raise LabError(
+                    f"{node.name}: its systemd exited ({container.status}) while booting"
+                    + (f": {logs}" if logs else "")
+                )
             result = container.exec_run(["systemctl", "is-system-running", "--wait"])
             state = result.output.decode().strip()
             if state in ("running", "degraded"):
