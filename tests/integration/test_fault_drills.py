@@ -143,23 +143,27 @@ def test_the_lock_of_a_run_this_control_host_knows_is_dead_is_broken(
 
 
 def set_link(lab: Lab, node: LabNode, state: str) -> None:
-    """eth0 of the node up or down, from the lab host (the node cannot bring it back)."""
+    """eth0 of the node up or down, from the lab host (the node cannot bring it back); up
+    also restores the default route, which the kernel dropped with the link."""
     pid = lab.client.containers.get(node.container).attrs["State"]["Pid"]
-    subprocess.run(
-        ["nsenter", f"--net=/proc/{pid}/ns/net", "ip", "link", "set", "eth0", state], check=True
-    )
+    netns = ["nsenter", f"--net=/proc/{pid}/ns/net", "ip"]
+    subprocess.run([*netns, "link", "set", "eth0", state], check=True)
+    if state == "up":
+        subprocess.run([*netns, "route", "replace", "default", "via", lab.gateway], check=True)
 
 
 def test_a_node_that_stops_answering_mid_run_fails_alone_and_is_named(
     lab: Lab, converged: list[LabNode]
 ) -> None:
     _, lab_2 = converged
-    # The node's network goes the moment the run reads its GPUs: mid-command, no reset sent.
+    # The node's network goes the moment the run first reads its GPUs: mid-command, no reset
+    # sent. Once only: the wrapper removes itself, since the node's side of the cut-off run
+    # goes on reading GPUs (through /usr/bin/nvidia-smi) after the control side gave up.
     sudo(
         lab, lab_2,
-        "cp -p /usr/bin/nvidia-smi /usr/local/sbin/nvidia-smi.drill && "
-        "printf '#!/bin/sh\\nip link set eth0 down\\nexec /usr/local/sbin/nvidia-smi.drill "
-        "\"$@\"\\n' > /usr/local/bin/nvidia-smi && chmod 755 /usr/local/bin/nvidia-smi",
+        "printf '#!/bin/sh\\nrm -f /usr/local/bin/nvidia-smi\\nip link set eth0 down\\n"
+        "exec /usr/bin/nvidia-smi \"$@\"\\n' > /usr/local/bin/nvidia-smi && "
+        "chmod 755 /usr/local/bin/nvidia-smi",
     )  # fmt: skip
     try:
         started = time.monotonic()
@@ -167,7 +171,7 @@ def test_a_node_that_stops_answering_mid_run_fails_alone_and_is_named(
         elapsed = time.monotonic() - started
     finally:
         set_link(lab, lab_2, "up")
-        sudo(lab, lab_2, "rm -f /usr/local/bin/nvidia-smi /usr/local/sbin/nvidia-smi.drill")
+        sudo(lab, lab_2, "rm -f /usr/local/bin/nvidia-smi")
     assert run.returncode == 1, run.output
     assert elapsed < DEAD_AFTER_S + KEEPALIVE_S + 60, run.output
     named = error_lines(run, "lab-2")
