@@ -231,7 +231,11 @@ def prefetch(state: Any, host: Any) -> None:
         stats["prefetch_commands"] += 1
         try:
             ok, output = host.run_shell_command(
-                StringCommand(script), print_output=False, print_input=False, **connectors[group]
+                StringCommand(script),
+                # As pyinfra prints a fact's command and output (-vv, -vvv), so the batch's.
+                print_output=state.print_fact_output,
+                print_input=state.print_fact_input,
+                **connectors[group],
             )
         except Exception:  # the facts are read one by one instead
             continue

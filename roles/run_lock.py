@@ -31,20 +31,41 @@ def run_owner() -> str:
 
 
 RUN_OWNER = run_owner()
-_OWNER = re.compile(r"^\S+@(?P<control>\S+) pid (?P<pid>\d+) ")
+_OWNER = re.compile(r"^\S+@(?P<control>\S+) pid (?P<pid>\d+) since (?P<since>\S+)")
 _held: dict[str, dict[str, Any]] = {}
 
 
 def dead_here(holder: str) -> bool:
-    """Whether ``holder`` is a run of this control host whose process is gone."""
+    """Whether ``holder`` is a run of this control host whose process is gone: no process
+    has its pid, or the one that has it started after that run did (the pid was reused)."""
     match = _OWNER.match(holder)
     if not match or match["control"] != socket.gethostname():
         return False
     try:
-        cmdline = Path(f"/proc/{match['pid']}/cmdline").read_bytes()
-    except OSError:
+        since = datetime.datetime.strptime(match["since"], "%Y-%m-%dT%H:%M:%SZ")
+    except ValueError:
+        return False
+    started = process_start(int(match["pid"]))
+    if started is None:
         return True
-    return b"pyinfra" not in cmdline and b".py" not in cmdline  # the pid was reused
+    # RUN_OWNER is written after the process starts, to the second: allow that second.
+    return started > since.replace(tzinfo=datetime.UTC).timestamp() + 1
+
+
+def process_start(pid: int) -> float | None:
+    """When process ``pid`` of this machine started (epoch seconds), None if there is none."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        boot = next(
+            int(line.split()[1])
+            for line in Path("/proc/stat").read_text().splitlines()
+            if line.startswith("btime ")
+        )
+    except (OSError, StopIteration, ValueError):
+        return None
+    # Fields after the command name, which may hold blanks: state is field 3, starttime 22.
+    ticks = int(stat.rsplit(")", 1)[1].split()[19])
+    return boot + ticks / os.sysconf("SC_CLK_TCK")
 
 
 def lock_refused(holder: str, node: str) -> str:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import datetime
 import os
 import socket
 import subprocess
+import time
 
 from facts.run_lock import NodeRunLock
-from roles.run_lock import RUN_OWNER, dead_here, lock_refused
+from roles.run_lock import RUN_OWNER, dead_here, lock_refused, process_start
 
 
 def test_this_runs_owner_names_user_control_host_pid_and_deploys() -> None:
@@ -18,12 +20,21 @@ def test_only_a_dead_run_of_this_control_host_may_lose_its_lock() -> None:
     gone = subprocess.Popen(["true"])
     gone.wait()
     here = socket.gethostname()
-    assert dead_here(f"root@{here} pid {gone.pid} since 2026-11-30T12:00:00Z (deploys/x.py)")
-    # Alive (this very test runs under pytest, whose command line names .py files).
-    assert not dead_here(f"root@{here} pid {os.getpid()} since 2026-11-30T12:00:00Z (x.py)")
+    now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    assert dead_here(f"root@{here} pid {gone.pid} since {now} (deploys/x.py)")
+    # Alive: this process started before "now".
+    assert not dead_here(f"root@{here} pid {os.getpid()} since {now} (x.py)")
+    # The pid now belongs to a process that started after that run: the pid was reused.
+    assert dead_here(f"root@{here} pid {os.getpid()} since 2000-01-01T00:00:00Z (x.py)")
     # Another control host's run: only that host can tell whether it is gone.
-    assert not dead_here(f"root@elsewhere pid {gone.pid} since 2026-11-30T12:00:00Z (x.py)")
+    assert not dead_here(f"root@elsewhere pid {gone.pid} since {now} (x.py)")
     assert not dead_here("not recorded")
+
+
+def test_process_start_of_this_process_is_in_the_past() -> None:
+    started = process_start(os.getpid())
+    assert started is not None
+    assert 0 < time.time() - started < 3600
 
 
 def test_a_refusal_names_the_node_the_holder_and_that_nothing_changed() -> None:
