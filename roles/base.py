@@ -13,6 +13,7 @@ from pyinfra.facts.server import Date
 from pyinfra.operations import apt, files, server
 
 from facts.apt import DpkgInterrupted, MirrorReachability
+from facts.container_runtime import AptPackagePolicy, is_indexed
 from gpunode.model import DesiredState, Repositories
 from roles.refusal import refusal
 
@@ -156,9 +157,13 @@ def base_system(desired: DesiredState) -> None:
         )
     else:
         proxy = files.file(name="No apt proxy", path=PROXY_PATH, present=False)
+    # Also when apt has no lists for the declared mirror: a run cut off between writing the
+    # sources and the update leaves them "unchanged" for the next run.
+    policy = host.get_fact(AptPackagePolicy, packages=[])
+    unindexed = not is_indexed(policy, repos.debian_mirror)
     apt.update(
         name="Refresh package lists after a source change",
-        _if=lambda: sources.did_change() or proxy.did_change() or bool(legacy_entries),
+        _if=lambda: sources.did_change() or proxy.did_change() or bool(legacy_entries) or unindexed,
     )
     apt.update(name="Package lists at most a day old", cache_time=86400)
     apt.packages(name="Base packages", packages=list(desired.base_packages))

@@ -45,6 +45,7 @@ from facts.container_runtime import (
     NVIDIA_RUNTIME,
     ContainerRuntimeConfig,
 )
+from facts.freshness import UnitOlderThanFile
 from facts.gpu import GpuDevices
 from gpunode.model import DesiredState
 from roles.cuda import held_packages, require_offered
@@ -112,6 +113,11 @@ def engine_restarted(engine: str):
     yield f"systemctl restart {engine}.service"
 
 
+def restart_needed(configured: Any, outdated: bool) -> Callable[[], bool]:
+    """At execution: the configuration was changed now, or earlier without the restart."""
+    return lambda: bool(configured.did_change()) or outdated
+
+
 def cdi_spec_stale_reason(
     spec: dict[str, Any], gpus: dict[str, Any], toolkit_changing: bool
 ) -> str | None:
@@ -169,10 +175,14 @@ def container_toolkit(desired: DesiredState) -> None:
             set_as_default=runtime.set_as_default,
             cdi=runtime.cdi,
         )
+        # Or still running an older configuration: a run cut off before the restart.
+        outdated = host.get_fact(
+            UnitOlderThanFile, unit=f"{engine}.service", path=ENGINE_CONFIGS[engine]
+        )
         engine_restarted(
             name=f"{engine}: restarted after a configuration change",
             engine=engine,
-            _if=configured.did_change,
+            _if=restart_needed(configured, outdated),
         )
     if runtime.cdi:
         cdi_spec(name=f"CDI spec {CDI_SPEC}", toolkit_changing=toolkit.will_change)

@@ -41,6 +41,7 @@ from facts.container_runtime import (
     package_state,
     versions_from,
 )
+from facts.freshness import FileNewerThan
 from gpunode.model import Cuda, DesiredState, version_tuple
 
 RECORD_PATH = "/var/lib/gpunode/cuda-toolkits"
@@ -410,8 +411,15 @@ def cuda_toolkits(desired: DesiredState) -> None:
         files.file(name="No CUDA on PATH", path=PROFILE_PATH, present=False)
         library_path = files.file(name="No CUDA linker path", path=LDCONFIG_PATH, present=False)
 
+    # Or a linker cache older than the path file: a run cut off before ldconfig.
+    cache_stale = host.get_fact(FileNewerThan, path=LDCONFIG_PATH, reference="/etc/ld.so.cache")
+
     def linker_paths_changed() -> bool:
-        return library_path.did_change() or bool(default_changed and default_changed.did_change())
+        return (
+            library_path.did_change()
+            or bool(default_changed and default_changed.did_change())
+            or cache_stale
+        )
 
     server.shell(
         name="Linker cache after a CUDA library path change",

@@ -11,10 +11,12 @@ from io import StringIO
 from pathlib import Path
 
 import pynvml
+from pyinfra import host
 from pyinfra.api import deploy
 from pyinfra.operations import files, systemd
 
 import gpunode.probe.gpu_probe as gpu_probe
+from facts.freshness import UnitsNeedDaemonReload
 from gpunode.model import DesiredState
 
 INSTALL_DIR = "/usr/local/lib/gpunode-probe"
@@ -70,9 +72,11 @@ def gpu_metrics(desired: DesiredState) -> None:
     timer_op = files.put(
         name=f"{UNIT}.timer", src=StringIO(timer_text), dest=f"{unit_dir}/{UNIT}.timer"
     )
+    # Or units systemd has not reloaded yet: a run cut off before the reload.
+    unloaded = host.get_fact(UnitsNeedDaemonReload, units=[f"{UNIT}.service", f"{UNIT}.timer"])
     systemd.daemon_reload(
         name="Reload systemd after a unit change",
-        _if=lambda: service_op.did_change() or timer_op.did_change(),
+        _if=lambda: service_op.did_change() or timer_op.did_change() or unloaded,
     )
     systemd.service(
         name=f"{UNIT}.timer enabled and running",

@@ -15,6 +15,7 @@ from pyinfra.api import DeployError, deploy
 from pyinfra.facts.files import Sha1File
 from pyinfra.operations import apt, files
 
+from facts.container_runtime import AptPackagePolicy, is_indexed
 from gpunode.model import DesiredState
 from roles.base import package_mirrors_reachable, sha1
 
@@ -129,7 +130,15 @@ def nvidia_repositories(desired: DesiredState) -> None:
             changed.append(
                 files.file(name=f"No {repo.name} keyring", path=repo.keyring_path, present=False)
             )
+    # Also when apt has no lists for a declared repository: a run cut off between writing
+    # the source and the update (killed, rebooted) leaves the source "unchanged" next time.
+    policy = host.get_fact(AptPackagePolicy, packages=[])
+    unindexed = [
+        repo.url
+        for repo in nvidia_repositories_for(desired)
+        if repo.needed and not is_indexed(policy, repo.url)
+    ]
     apt.update(
         name="Refresh package lists after a repository change",
-        _if=lambda: any(op.did_change() for op in changed),
+        _if=lambda: any(op.did_change() for op in changed) or bool(unindexed),
     )
