@@ -311,15 +311,7 @@ class Lab:
 
         if self._repo_server_running():
             return
-        with (
-            contextlib.suppress(OSError),
-            socket.create_connection((self.gateway, aptrepo.DEFAULT_PORT), timeout=1),
-        ):
-            raise LabError(
-                f"{self.gateway}:{aptrepo.DEFAULT_PORT} is already served by another process "
-                "(a lab of another checkout with the same name?); run `gpunode lab down` there "
-                "or choose GPUNODE_LAB_NAME / GPUNODE_LAB_SUBNET"
-            )
+        self._refuse_if_served(aptrepo.DEFAULT_PORT)
         aptrepo.build_repository(self.repo_dir)
         log = (self.state_dir / "aptrepo-server.log").open("ab")
         process = subprocess.Popen(
@@ -331,27 +323,43 @@ class Lab:
             cwd=REPO_ROOT,
         )
         self.repo_pid_path.write_text(f"{process.pid}\n")
+
+        def exited() -> str | None:
+            return f"exited; see {log.name}" if process.poll() is not None else None
+
+        self._wait_listening(aptrepo.DEFAULT_PORT, "the lab apt repository server", exited)
+
+    def _repo_server_running(self) -> bool:
+        return self._process_running(self.repo_pid_path, "gpunode.lab.aptrepo")
+
+    def _refuse_if_served(self, port: int) -> None:
+        """A lab service's port on the gateway must be free before the lab starts its own."""
+        with (
+            contextlib.suppress(OSError),
+            socket.create_connection((self.gateway, port), timeout=1),
+        ):
+            raise LabError(
+                f"{self.gateway}:{port} is already served by another process "
+                "(a lab of another checkout with the same name?); run `gpunode lab down` there "
+                "or choose GPUNODE_LAB_NAME / GPUNODE_LAB_SUBNET"
+            )
+
+    def _wait_listening(
+        self, port: int, what: str, failed: Callable[[], str | None] = lambda: None
+    ) -> None:
+        """Return once ``what`` listens on the gateway's ``port`` (30 s at most)."""
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
-            if process.poll() is not None:
-                raise LabError(f"the lab apt repository server exited; see {log.name}")
+            reason = failed()
+            if reason:
+                raise LabError(f"{what} {reason}")
             with (
                 contextlib.suppress(OSError),
-                socket.create_connection((self.gateway, aptrepo.DEFAULT_PORT), timeout=1),
+                socket.create_connection((self.gateway, port), timeout=1),
             ):
                 return
             time.sleep(0.2)
-        raise LabError("the lab apt repository server did not start listening in 30 s")
-
-    def _repo_server_running(self) -> bool:
-        if not self.repo_pid_path.exists():
-            return False
-        pid = int(self.repo_pid_path.read_text())
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        return "gpunode.lab.aptrepo" in Path(f"/proc/{pid}/cmdline").read_text(errors="replace")
+        raise LabError(f"{what} did not listen on {self.gateway}:{port} in 30 s")
 
     # --- package cache -----------------------------------------------------------------------
     @property
@@ -378,15 +386,7 @@ class Lab:
                 f"{APT_CACHER_NG} is missing: install the Debian package apt-cacher-ng "
                 "(./dev setup does)"
             )
-        with (
-            contextlib.suppress(OSError),
-            socket.create_connection((self.gateway, PACKAGE_CACHE_PORT), timeout=1),
-        ):
-            raise LabError(
-                f"{self.gateway}:{PACKAGE_CACHE_PORT} is already served by another process "
-                "(a lab of another checkout with the same name?); run `gpunode lab down` there "
-                "or choose GPUNODE_LAB_NAME / GPUNODE_LAB_SUBNET"
-            )
+        self._refuse_if_served(PACKAGE_CACHE_PORT)
         config_dir = self.state_dir / "apt-cache"
         (self.package_cache_dir / "cache").mkdir(parents=True, exist_ok=True)
         config_dir.mkdir(parents=True, exist_ok=True)
@@ -404,15 +404,7 @@ class Lab:
             [APT_CACHER_NG, "-c", str(config_dir), "ForeGround=0"],
             check=True, stdin=subprocess.DEVNULL, capture_output=True,
         )  # fmt: skip
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            with (
-                contextlib.suppress(OSError),
-                socket.create_connection((self.gateway, PACKAGE_CACHE_PORT), timeout=1),
-            ):
-                return
-            time.sleep(0.2)
-        raise LabError(f"apt-cacher-ng did not listen on {self.package_cache_url} in 30 s")
+        self._wait_listening(PACKAGE_CACHE_PORT, "apt-cacher-ng")
 
     @staticmethod
     def _process_running(pid_path: Path, name: str) -> bool:

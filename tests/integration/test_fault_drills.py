@@ -63,6 +63,22 @@ def hold_lock(lab: Lab, node: LabNode, owner: str, seconds: int) -> subprocess.P
     return holder
 
 
+def run_while_held(
+    lab: Lab, node: LabNode, holder: str, seconds: int, before: str | None = None
+) -> tuple[PyinfraRun, float]:
+    """The deploy run (and its wall time) while another "run" holds ``node``'s lock for
+    ``seconds``; ``before`` runs on the node once the lock is held."""
+    session = hold_lock(lab, node, holder, seconds)
+    try:
+        if before:
+            sudo(lab, node, before)
+        started = time.monotonic()
+        run = run_pyinfra(DEPLOY)
+        return run, time.monotonic() - started
+    finally:
+        session.kill()
+
+
 def error_lines(run: PyinfraRun, node: str) -> str:
     return "\n".join(line for line in run.output.splitlines() if f"[{node}]" in line)
 
@@ -82,14 +98,8 @@ def test_a_node_held_by_another_run_is_refused_untouched_and_the_others_converge
 ) -> None:
     lab_1, _ = converged
     other_run = "ops@other-control pid 4242 since 2026-11-30T12:00:00Z (deploys/gpu_node.py)"
-    holder = hold_lock(lab, lab_1, other_run, seconds=120)
-    try:
-        sudo(lab, lab_1, "rm /etc/nccl.conf")  # drift this run would repair, were it let in
-        started = time.monotonic()
-        run = run_pyinfra(DEPLOY)
-        waited = time.monotonic() - started
-    finally:
-        holder.kill()
+    # rm: drift this run would repair, were it let in.
+    run, waited = run_while_held(lab, lab_1, other_run, 120, before="rm /etc/nccl.conf")
     assert run.returncode == 1, run.output
     assert f"lab-1: another gpunode run holds this node: {other_run} (waited 10 s)" in run.output
     assert "Nothing was changed on it by this run" in run.output
@@ -107,13 +117,8 @@ def test_a_node_held_by_another_run_is_refused_untouched_and_the_others_converge
 
 def test_a_run_waits_for_one_that_is_about_to_finish(lab: Lab, converged: list[LabNode]) -> None:
     lab_1, _ = converged
-    holder = hold_lock(lab, lab_1, "ops@other-control pid 4242 since 2026-11-30T12:00:00Z", 4)
-    try:
-        started = time.monotonic()
-        run = run_pyinfra(DEPLOY)
-        elapsed = time.monotonic() - started
-    finally:
-        holder.kill()
+    holder = "ops@other-control pid 4242 since 2026-11-30T12:00:00Z"
+    run, elapsed = run_while_held(lab, lab_1, holder, seconds=4)
     assert run.returncode == 0, run.output
     assert elapsed >= 3  # it waited for the lock rather than refusing or interleaving
     assert run.changed_operations() == {}
@@ -127,13 +132,7 @@ def test_the_lock_of_a_run_this_control_host_knows_is_dead_is_broken(
     gone.wait()
     # The connection of a killed run that the node has not noticed yet (network cut, say).
     dead_run = f"root@{socket.gethostname()} pid {gone.pid} since 2026-11-30T12:00:00Z (x.py)"
-    holder = hold_lock(lab, lab_1, dead_run, seconds=120)
-    try:
-        started = time.monotonic()
-        run = run_pyinfra(DEPLOY)
-        elapsed = time.monotonic() - started
-    finally:
-        holder.kill()
+    run, elapsed = run_while_held(lab, lab_1, dead_run, seconds=120)
     assert run.returncode == 0, run.output
     assert elapsed < 10 + 8  # it did not wait out the full lock timeout and then refuse
     assert run.changed_operations() == {}
