@@ -22,19 +22,22 @@ from roles.container_toolkit import DEFAULT_CHECK_IMAGE, container_toolkit, gpu_
 from roles.cuda import cuda_toolkits
 from roles.dcgm import dcgm
 from roles.nvidia_repos import nvidia_repositories
+from roles.refusal import refusals_fail_this_node
 from roles.run_lock import node_run_lock
 
 factcache.install()
 desired = desired_state()
 node_run_lock()
 
-nvidia_repositories(desired=desired)
-cuda_toolkits(desired=desired)
-container_toolkit(desired=desired)
-dcgm(desired=desired)
+# A node refused by a role fails alone, before anything changes on it.
+with refusals_fail_this_node():
+    nvidia_repositories(desired=desired)
+    cuda_toolkits(desired=desired)
+    container_toolkit(desired=desired)
+    dcgm(desired=desired)
 
-check_image = os.environ.get("GPUNODE_GPU_CONTAINER_CHECK", "")
-if check_image:
-    gpu_container_check(
-        desired=desired, image=DEFAULT_CHECK_IMAGE if check_image == "1" else check_image
-    )
+    check_image = os.environ.get("GPUNODE_GPU_CONTAINER_CHECK", "")
+    if check_image:
+        gpu_container_check(
+            desired=desired, image=DEFAULT_CHECK_IMAGE if check_image == "1" else check_image
+        )

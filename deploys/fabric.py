@@ -3,7 +3,8 @@
     pyinfra inventories/prod.py deploys/fabric.py
 
 Every refusal (an interface or HCA that NCCL is told to use but the node lacks, a cache drive
-that holds data or is missing) happens while pyinfra prepares, before any host changes.
+that holds data or is missing) happens while pyinfra prepares: that node fails with nothing
+changed on it, and the other nodes are converged.
 """
 
 import sys
@@ -17,12 +18,15 @@ from gpunode.inventory import desired_state
 from roles.infiniband import infiniband
 from roles.nccl import nccl
 from roles.nvme_cache import nvme_cache
+from roles.refusal import refusals_fail_this_node
 from roles.run_lock import node_run_lock
 
 factcache.install()
 desired = desired_state()
 node_run_lock()
 
-nccl(desired=desired)
-infiniband(desired=desired)
-nvme_cache(desired=desired)
+# A node refused by a role fails alone, before anything changes on it.
+with refusals_fail_this_node():
+    nccl(desired=desired)
+    infiniband(desired=desired)
+    nvme_cache(desired=desired)

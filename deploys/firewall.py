@@ -15,10 +15,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from gpunode import factcache
 from gpunode.inventory import desired_state
 from roles.firewall import firewall
+from roles.refusal import refusals_fail_this_node
 from roles.run_lock import node_run_lock
 
 factcache.install()
 desired = desired_state()
 node_run_lock()
 
-firewall(desired=desired)
+# A node refused by a role fails alone, before anything changes on it.
+with refusals_fail_this_node():
+    firewall(desired=desired)

@@ -2,7 +2,9 @@
 
     pyinfra inventories/prod.py deploys/gpu_node.py
 
-The whole inventory is validated before anything runs; one bad host stops every host.
+The whole inventory is validated before anything runs; one bad host stops every host. A node
+whose own state a role refuses (a login that would be cut, a drive that holds data) fails
+alone, with nothing changed on it; the others are converged.
 """
 
 import sys
@@ -28,6 +30,7 @@ from roles.nccl import nccl
 from roles.nvidia_driver import nvidia_driver
 from roles.nvidia_repos import nvidia_repositories
 from roles.nvme_cache import nvme_cache
+from roles.refusal import refusals_fail_this_node
 from roles.run_lock import node_run_lock
 from roles.sshd import sshd
 from roles.tls import tls_certificate
@@ -37,21 +40,23 @@ factcache.install()
 desired = desired_state()
 node_run_lock()
 
-base_system(desired=desired)
-admin_users(desired=desired)
-firewall(desired=desired)
-sshd(desired=desired)
-tls_certificate(desired=desired)
-kernel_hardening(desired=desired)
-unattended_upgrades(desired=desired)
-nvidia_repositories(desired=desired)
-nvidia_driver(desired=desired)
-fabric_manager(desired=desired)
-cuda_toolkits(desired=desired)
-container_toolkit(desired=desired)
-dcgm(desired=desired)
-nccl(desired=desired)
-infiniband(desired=desired)
-nvme_cache(desired=desired)
-gpu_settings(desired=desired)
-gpu_metrics(desired=desired)
+# A node refused by a role fails alone, before anything changes on it.
+with refusals_fail_this_node():
+    base_system(desired=desired)
+    admin_users(desired=desired)
+    firewall(desired=desired)
+    sshd(desired=desired)
+    tls_certificate(desired=desired)
+    kernel_hardening(desired=desired)
+    unattended_upgrades(desired=desired)
+    nvidia_repositories(desired=desired)
+    nvidia_driver(desired=desired)
+    fabric_manager(desired=desired)
+    cuda_toolkits(desired=desired)
+    container_toolkit(desired=desired)
+    dcgm(desired=desired)
+    nccl(desired=desired)
+    infiniband(desired=desired)
+    nvme_cache(desired=desired)
+    gpu_settings(desired=desired)
+    gpu_metrics(desired=desired)

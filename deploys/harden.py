@@ -17,6 +17,7 @@ from gpunode.inventory import desired_state
 from roles.admin_users import admin_users
 from roles.firewall import firewall
 from roles.kernel import kernel_hardening
+from roles.refusal import refusals_fail_this_node
 from roles.run_lock import node_run_lock
 from roles.sshd import sshd
 from roles.tls import tls_certificate
@@ -26,9 +27,11 @@ factcache.install()
 desired = desired_state()
 node_run_lock()
 
-admin_users(desired=desired)
-firewall(desired=desired)
-sshd(desired=desired)
-tls_certificate(desired=desired)
-kernel_hardening(desired=desired)
-unattended_upgrades(desired=desired)
+# A node refused by a role fails alone, before anything changes on it.
+with refusals_fail_this_node():
+    admin_users(desired=desired)
+    firewall(desired=desired)
+    sshd(desired=desired)
+    tls_certificate(desired=desired)
+    kernel_hardening(desired=desired)
+    unattended_upgrades(desired=desired)

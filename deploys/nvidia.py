@@ -17,12 +17,15 @@ from gpunode.inventory import desired_state
 from roles.fabric_manager import fabric_manager
 from roles.nvidia_driver import nvidia_driver
 from roles.nvidia_repos import nvidia_repositories
+from roles.refusal import refusals_fail_this_node
 from roles.run_lock import node_run_lock
 
 factcache.install()
 desired = desired_state()
 node_run_lock()
 
-nvidia_repositories(desired=desired)
-nvidia_driver(desired=desired)
-fabric_manager(desired=desired)
+# A node refused by a role fails alone, before anything changes on it.
+with refusals_fail_this_node():
+    nvidia_repositories(desired=desired)
+    nvidia_driver(desired=desired)
+    fabric_manager(desired=desired)

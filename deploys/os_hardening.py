@@ -14,6 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from gpunode import factcache
 from gpunode.inventory import desired_state
 from roles.kernel import kernel_hardening
+from roles.refusal import refusals_fail_this_node
 from roles.run_lock import node_run_lock
 from roles.unattended_upgrades import unattended_upgrades
 
@@ -21,5 +22,7 @@ factcache.install()
 desired = desired_state()
 node_run_lock()
 
-kernel_hardening(desired=desired)
-unattended_upgrades(desired=desired)
+# A node refused by a role fails alone, before anything changes on it.
+with refusals_fail_this_node():
+    kernel_hardening(desired=desired)
+    unattended_upgrades(desired=desired)

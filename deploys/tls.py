@@ -15,6 +15,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gpunode import factcache
 from gpunode.inventory import desired_state
+from roles.refusal import refusals_fail_this_node
 from roles.run_lock import node_run_lock
 from roles.tls import tls_certificate
 
@@ -22,4 +23,6 @@ factcache.install()
 desired = desired_state()
 node_run_lock()
 
-tls_certificate(desired=desired)
+# A node refused by a role fails alone, before anything changes on it.
+with refusals_fail_this_node():
+    tls_certificate(desired=desired)

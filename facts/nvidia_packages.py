@@ -120,16 +120,22 @@ def reboot_required(loaded: dict[str, Any] | None, installed: dict[str, Any] | N
 def parse_nvidia_packages(lines: list[str]) -> dict[str, Any]:
     sections = _sections(lines)
     packages: dict[str, str] = {}
+    held: list[str] = []
     for line in sections.get("installed", []):
         parts = line.split(SEPARATOR)
-        if len(parts) == 3 and is_installed(parts[0]):
+        if len(parts) != 3:
+            continue
+        if is_installed(parts[0]):
             packages[parts[1]] = parts[2]
+        # dpkg's selection "h" is what `apt-mark hold` sets and `apt-mark showhold` lists.
+        if parts[0].startswith("h"):
+            held.append(parts[1])
     kernel = (sections.get("kernel") or [""])[0].strip()
     loaded = _loaded(sections.get("loaded", []))
     installed = _installed_module(sections.get("installed-module", []))
     return {
         "packages": packages,
-        "held": sorted(name.strip() for name in sections.get("held", [])),
+        "held": sorted(held),
         "loaded_module": loaded,
         "installed_module": installed,
         "reboot_required": reboot_required(loaded, installed),
@@ -148,7 +154,7 @@ class NvidiaPackages(FactBase):
 
         {
             "packages": {"nvidia-open": "550.127.08-1", "libcuda1": "550.127.08-1"},
-            "held": ["libcuda1", "nvidia-open"],  # apt-mark showhold (NVIDIA/CUDA names only)
+            "held": ["libcuda1", "nvidia-open"],  # dpkg selection "hold" (NVIDIA/CUDA names)
             "loaded_module": {"version": "550.127.08", "flavour": "open", "source": "proc"},
             "installed_module": {"version": "550.144.03", "flavour": "open",
                                  "source": "modinfo"},
@@ -172,8 +178,6 @@ class NvidiaPackages(FactBase):
                 f"echo '{SECTION}installed'",
                 f"dpkg-query -W -f='${{db:Status-Abbrev}}{sep}${{Package}}{sep}${{Version}}\\n' "
                 f"2>/dev/null | awk -F'{sep}' '$2 ~ /{REPORTED_PACKAGES}/' || true",
-                f"echo '{SECTION}held'",
-                f"apt-mark showhold 2>/dev/null | grep -E '{REPORTED_PACKAGES}' || true",
                 f"echo '{SECTION}loaded'",
                 f"if [ -r {PROC_VERSION_PATH} ]; then "
                 f'echo "proc{sep}$(head -n 1 {PROC_VERSION_PATH})"; '
@@ -190,11 +194,14 @@ class NvidiaPackages(FactBase):
                 "uname -r",
                 f"echo '{SECTION}headers'",
                 "headers=linux-headers-$(uname -r)",
-                f'echo "status{sep}$(dpkg-query -W -f=\'${{db:Status-Abbrev}}\' "$headers" '
-                '2>/dev/null)"',
+                "status=$(dpkg-query -W -f='${db:Status-Abbrev}' \"$headers\" 2>/dev/null)",
+                f'echo "status{sep}$status"',
+                # apt's candidate matters only while neither headers nor a build tree is there;
+                # reading it loads apt's whole cache, which a nightly check on every node spares.
+                f'if [ -d "/lib/modules/$(uname -r)/build" ]; then echo "build_dir{sep}yes"; '
+                'else case "$status" in ?i*) ;; *) '
                 f'echo "candidate{sep}$(apt-cache policy "$headers" 2>/dev/null '
-                "| sed -n 's/^ *Candidate: *//p')\"",
-                f'if [ -d "/lib/modules/$(uname -r)/build" ]; then echo "build_dir{sep}yes"; fi',
+                "| sed -n 's/^ *Candidate: *//p')\";; esac; fi",
                 f"echo '{SECTION}lab'",
                 f"command -v {LAB_TOOL} || true",
                 f"echo '{SECTION}lists'",

@@ -17,6 +17,11 @@ _failed_at: dict[str, str] = {}
 _states: list[Any] = []
 
 
+def record_failure(host_name: str, where: str) -> None:
+    """Note why a host failed where no pyinfra callback sees it (a refusal while preparing)."""
+    _failed_at.setdefault(host_name, where)
+
+
 class FailureRecorder(BaseStateCallback):
     @staticmethod
     def operation_host_error(

@@ -30,7 +30,7 @@ from io import StringIO
 from typing import Any
 
 from pyinfra import host
-from pyinfra.api import DeployError, FactBase, OperationError, deploy, operation
+from pyinfra.api import FactBase, OperationError, deploy, operation
 from pyinfra.facts.apt import noninteractive_apt
 from pyinfra.operations import files, server
 
@@ -43,6 +43,7 @@ from facts.container_runtime import (
 )
 from facts.freshness import FileNewerThan
 from gpunode.model import Cuda, DesiredState, version_tuple
+from roles.refusal import NodeRefused
 
 RECORD_PATH = "/var/lib/gpunode/cuda-toolkits"
 PROFILE_PATH = "/etc/profile.d/gpunode-cuda.sh"
@@ -218,7 +219,7 @@ def require_offered(
         offered = versions_from(state, repository_url)
         if wanted(state["installed"]) or any(wanted(candidate) for candidate in offered):
             continue
-        raise DeployError(
+        raise NodeRefused(
             f"{host.name}: {not_offered(package, repository_url, version, version_suffix)} "
             f"(it offers: {', '.join(offered) or 'nothing'}); check the repository or mirror, "
             "then apt update. Nothing was changed."
@@ -229,7 +230,7 @@ def nccl_version_suffix(desired: DesiredState) -> str:
     """libnccl2 builds are per CUDA release: ``+cudaX.Y`` of the default release."""
     release = default_release(desired.cuda)
     if release is None:
-        raise DeployError(
+        raise NodeRefused(
             f"{host.name}: nccl.install_libnccl needs a CUDA release to match (libnccl2 is "
             "built per CUDA release, e.g. 2.26.2-1+cuda12.8); declare cuda.versions"
         )

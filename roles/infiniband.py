@@ -29,7 +29,7 @@ from io import StringIO
 from typing import Any
 
 from pyinfra import host
-from pyinfra.api import DeployError, OperationError, deploy, operation
+from pyinfra.api import OperationError, deploy, operation
 from pyinfra.facts.deb import DebPackages
 from pyinfra.facts.files import File, FindFiles, FindInFile
 from pyinfra.operations import apt, files
@@ -44,6 +44,7 @@ from facts.fabric import (
 )
 from facts.hardware import InfinibandPorts
 from gpunode.model import DesiredState, IpoibInterface
+from roles.refusal import NodeRefused
 
 RDMA_PACKAGES = ["rdma-core", "infiniband-diags", "ibverbs-utils"]
 MODULES_LOAD_PATH = "/etc/modules-load.d/gpunode-rdma.conf"
@@ -322,7 +323,7 @@ def infiniband(desired: DesiredState) -> None:
     status = host.get_fact(KernelModuleStatus, modules=modules)
     modprobes, _, impossible = module_decisions(modules, status)
     if impossible:
-        raise DeployError(f"{missing_modules_message(impossible)}. Nothing was changed.")
+        raise NodeRefused(f"{missing_modules_message(impossible)}. Nothing was changed.")
 
     install_packages("RDMA user space (rdma-core, infiniband-diags, ibverbs-utils)", RDMA_PACKAGES)
     _put("RDMA kernel modules at boot", MODULES_LOAD_PATH, render_modules_load(modules))

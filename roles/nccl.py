@@ -20,13 +20,14 @@ from io import StringIO
 from typing import Any
 
 from pyinfra import host
-from pyinfra.api import DeployError, OperationError, deploy, operation
+from pyinfra.api import OperationError, deploy, operation
 from pyinfra.facts.files import FindInFile
 from pyinfra.operations import files
 
 from facts.fabric import NetworkInterfaces, RdmaDevices
 from facts.hardware import InfinibandPorts
 from gpunode.model import DesiredState
+from roles.refusal import NodeRefused
 
 NCCL_CONF_PATH = "/etc/nccl.conf"
 NCCL_PROFILE_PATH = "/etc/profile.d/gpunode-nccl.sh"
@@ -211,7 +212,7 @@ def nccl(desired: DesiredState) -> None:
     interfaces, hcas = _node_names(env)
     problems = nccl_problems(env, interfaces, hcas, declared, host.name)
     if problems:
-        raise DeployError("\n".join([*problems, "Nothing was changed."]))
+        raise NodeRefused("\n".join([*problems, "Nothing was changed."]))
     if "NCCL_SOCKET_IFNAME" in env or "NCCL_IB_HCA" in env:
         nccl_names_checked(name="NCCL interfaces and HCAs exist", env=env, declared=declared)
     files.put(

@@ -42,13 +42,14 @@ from io import StringIO
 from typing import Any, Literal
 
 from pyinfra import host
-from pyinfra.api import DeployError, OperationError, deploy, operation
+from pyinfra.api import OperationError, deploy, operation
 from pyinfra.facts.server import Which
 from pyinfra.facts.systemd import SystemdEnabled, SystemdStatus
 from pyinfra.operations import files, server
 
 from facts.nvidia_packages import AptPackageVersions, NvidiaPackages
 from gpunode.model import DesiredState, NvidiaDriver, upstream_version, version_tuple
+from roles.refusal import NodeRefused
 
 PREFERENCES_PATH = "/etc/apt/preferences.d/gpunode-nvidia-driver"
 NOUVEAU_PATH = "/etc/modprobe.d/gpunode-nouveau.conf"
@@ -165,7 +166,7 @@ def resolve_version(
 ) -> str | None:
     """The exact version to pin: data's; for the debian source without one, the installed
     module's, else the newest Debian offers (in ``branch``). None: the nvidia source's branch
-    pin decides. Raises DeployError when the debian source has nothing to offer."""
+    pin decides. Raises NodeRefused when the debian source has nothing to offer."""
     if wanted.version or wanted.source == "nvidia":
         return wanted.version
     module = module_package(wanted)
@@ -179,7 +180,7 @@ def resolve_version(
     ]
     if not offered:
         branch = f" in branch {wanted.branch}" if wanted.branch else ""
-        raise DeployError(
+        raise NodeRefused(
             f"{host.name}: apt offers no {module}{branch}; enable Debian's non-free component "
             "(apt.debian_components) and refresh the package lists, or set nvidia_driver.version"
         )
@@ -538,12 +539,12 @@ def nvidia_driver(desired: DesiredState) -> None:
     if module_pending(early, facts["packages"]) and headers_need(early, facts, available) == (
         "missing"
     ):
-        raise DeployError(headers_error(facts))
+        raise NodeRefused(headers_error(facts))
     spec = driver_packages_for(wanted, resolve_version(wanted, facts["packages"], available))
     if module_pending(spec, facts["packages"]) and headers_need(spec, facts, available) == (
         "missing"
     ):
-        raise DeployError(headers_error(facts))
+        raise NodeRefused(headers_error(facts))
     install_pending = bool(plan_driver(spec, facts, available, wanted.persistence_daemon)[0])
 
     kernel_headers(name="Kernel headers for the NVIDIA kernel module", spec=spec)

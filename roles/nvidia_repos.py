@@ -11,13 +11,14 @@ from io import StringIO
 from pathlib import Path
 
 from pyinfra import host
-from pyinfra.api import DeployError, deploy
+from pyinfra.api import deploy
 from pyinfra.facts.files import Sha1File
 from pyinfra.operations import apt, files
 
 from facts.container_runtime import AptPackagePolicy, is_indexed
 from gpunode.model import DesiredState
 from roles.base import package_mirrors_reachable, sha1
+from roles.refusal import NodeRefused
 
 KEYRING_DIR = "/usr/share/keyrings"
 SOURCES_DIR = "/etc/apt/sources.list.d"
@@ -74,13 +75,13 @@ def nvidia_repositories_for(desired: DesiredState) -> list[NvidiaRepository]:
 def _local_keyring(repo: NvidiaRepository) -> Path:
     """The control-side keyring file, or a clear refusal before anything changes."""
     if repo.keyring is None:
-        raise DeployError(
+        raise NodeRefused(
             f"{host.name}: {repo.keyring_key} is not set, but the {repo.name} repository is "
             "needed; give the path of its binary keyring (gpg --dearmor of the published key)"
         )
     path = Path(repo.keyring).expanduser()
     if not path.is_file():
-        raise DeployError(f"{host.name}: {repo.keyring_key} = {repo.keyring!r}: no such file")
+        raise NodeRefused(f"{host.name}: {repo.keyring_key} = {repo.keyring!r}: no such file")
     return path
 
 

@@ -30,7 +30,7 @@ from io import StringIO
 from typing import Any
 
 from pyinfra import host
-from pyinfra.api import DeployError, OperationError, deploy, operation
+from pyinfra.api import OperationError, deploy, operation
 from pyinfra.facts.files import File
 from pyinfra.operations import files, systemd
 
@@ -46,6 +46,7 @@ from facts.fabric import (
 from facts.hardware import NvmeDevices
 from gpunode.model import DesiredState, NvmeCache
 from roles.infiniband import install_packages
+from roles.refusal import NodeRefused
 
 ARRAY_NAME = "gpunode-cache"
 ARRAY_PATH = f"/dev/md/{ARRAY_NAME}"
@@ -421,8 +422,8 @@ def _existing_array_plan(
     )
 
 
-def refused_at_prepare(error: CacheRefused) -> DeployError:
-    return DeployError(f"{error}\nNothing was changed.")
+def refused_at_prepare(error: CacheRefused) -> NodeRefused:
+    return NodeRefused(f"{error}\nNothing was changed.")
 
 
 # --- commands ----------------------------------------------------------------------------

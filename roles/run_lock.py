@@ -18,6 +18,7 @@ from pyinfra.context import ctx_state
 from facts.run_lock import WAIT_S, NodeRunLock
 from gpunode import summary
 from gpunode.reach import detect_dead_peer
+from roles import refusal as refusals
 from roles.refusal import refusal
 
 
@@ -81,9 +82,10 @@ def node_run_lock() -> None:
     until the run ends. A node another live run holds fails at its first operation, with
     that run named; nothing is changed on it. Also makes a node that stops answering fail
     its host within a minute instead of hanging the run, and names every failed node in one
-    line at the end of the run."""
+    line at the end of the run. From here on, a node whose operation raises fails alone."""
     if host.name not in _held:
         summary.install(ctx_state.get())
+        refusals.install()
         detect_dead_peer(host)
         lock = host.get_fact(NodeRunLock, owner=RUN_OWNER)
         if not lock["held"] and dead_here(lock["holder"]):

@@ -18,11 +18,12 @@ import hashlib
 from typing import Any
 
 from pyinfra import host
-from pyinfra.api import DeployError, FunctionCommand, OperationError, deploy, operation
+from pyinfra.api import FunctionCommand, OperationError, deploy, operation
 
 from facts.sshd import MIN_MODULUS_FIELD, MODULI, RSA_HOST_KEY, SSHD_CONFIG, SshdState
 from gpunode.model import DesiredState, Sshd
 from gpunode.reach import fresh_login
+from roles.refusal import NodeRefused
 
 KEX_ALGORITHMS = (
     "sntrup761x25519-sha512",
@@ -226,7 +227,7 @@ def sshd(desired: DesiredState) -> None:
         password=bool(host.data.get("ssh_password")),
     )
     if risks:
-        raise DeployError(
+        raise NodeRefused(
             f"{host.name}: sshd hardening refused, nothing changed: " + "; ".join(risks)
         )
     hardened_sshd(

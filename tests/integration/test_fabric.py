@@ -3,7 +3,8 @@
 Each node gets three scratch disks (``Lab.attach_scratch_disks``: host loop devices handed to
 the node as /dev/nvme0n1..2, the paths its simulated ``nvme list`` reports). The module starts
 from blank disks and no gpunode fabric files, converges, reruns with zero changes, then proves
-each refusal changes nothing: an interface or HCA the node lacks, a disk that holds data (a
+the same run converges the other node while each refusal fails its node alone with nothing
+changed on it: an interface or HCA the node lacks, a disk that holds data (a
 filesystem, a partition table), a missing disk, several disks where the kernel has no md
 driver (the lab's kernel has none, so RAID0 itself is covered by the unit tests only). It ends
 with the nodes converged to the base data again.
@@ -400,12 +401,23 @@ def test_cachefilesd_keeps_its_cache_on_the_nvme_cache(
 def refused(
     lab: Lab, nodes: list[LabNode], tmp_path: Path, **changes: dict[str, dict[str, Any]]
 ) -> str:
-    """Run with changed data; assert it failed and that no node changed at all."""
+    """Run with changed data for some nodes: those fail with nothing changed on them, and the
+    same run converges the others, drifted first (their /etc/nccl.conf removed)."""
+    refused_names = sorted(name.replace("_", "-") for name in changes)
+    others = [node for node in nodes if node.name not in refused_names]
     before = {node.name: fingerprint(lab, node) for node in nodes}
+    for node in others:
+        sudo(lab, node, "rm /etc/nccl.conf")
+        assert fingerprint(lab, node) != before[node.name]
     run = run_pyinfra(DEPLOY, inventory=inventory(tmp_path, lab, nodes, **changes))
-    assert run.returncode != 0, run.output
+    assert run.returncode == 1, run.output
     assert {node.name: fingerprint(lab, node) for node in nodes} == before
     assert "Nothing was changed." in run.output
+    assert (
+        f"gpunode: {len(refused_names)} of {len(nodes)} host(s) failed: "
+        + "; ".join(f"{name} (refused before any change)" for name in refused_names)
+        + f". Re-run them with --limit {','.join(refused_names)}"
+    ) in run.output
     return run.output
 
 

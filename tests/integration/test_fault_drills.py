@@ -7,6 +7,8 @@
   host fails within a minute, named in the output; the other finishes; exit code 1.
 - A package mirror the node cannot reach: a clear error naming the mirror and the reason,
   before the node's sources, lists or packages are touched.
+- A node whose own state stops one of its operations mid-run (a docker configuration that is
+  not JSON): that node fails at that operation, named; the other runs to the end.
 
 The drills that need a fresh node (a deploy killed at a random point, a reboot in the middle
 of a driver change) run on a lab of their own in test_fault_drills_fresh.py.
@@ -231,6 +233,43 @@ def test_mirror_check_only_when_apt_is_about_to_fetch(converged: list[LabNode]) 
     assert run.results is not None
     names = [op["name"] for op in run.results["results"]["operations"]]
     assert "Base system | Package mirrors answer" not in names  # lists fresh, sources as data
+
+
+# --- a node whose own state stops an operation mid-run ----------------------------------------
+
+
+def test_a_node_whose_operation_refuses_mid_run_fails_alone_and_the_others_converge(
+    lab: Lab, converged: list[LabNode]
+) -> None:
+    lab_1, lab_2 = converged
+    daemon_json = sudo(lab, lab_1, "cat /etc/docker/daemon.json")
+    # Kept with its time stamp: a newer one would (rightly) have docker restarted.
+    sudo(lab, lab_1, "cp -p /etc/docker/daemon.json /root/daemon.json.drill")
+    # lab-1: a docker configuration gpunode cannot read, found only when its operation runs;
+    # both nodes: drift that operations after it repair.
+    sudo(lab, lab_1, "printf '{ not json' > /etc/docker/daemon.json; rm /etc/nccl.conf")
+    sudo(lab, lab_2, "rm /etc/nccl.conf")
+    try:
+        run = run_pyinfra(DEPLOY)
+        assert run.returncode == 1, run.output
+        assert "/etc/docker/daemon.json: " in error_lines(run, "lab-1"), run.output
+        assert "fix it by hand" in error_lines(run, "lab-1")
+        assert (
+            "gpunode: 1 of 2 host(s) failed: lab-1 (at NVIDIA Container Toolkit | docker: nvidia "
+            "runtime in /etc/docker/daemon.json). Re-run them with --limit lab-1"
+        ) in run.output
+        # lab-2 went on to the end; lab-1 stopped at the refusing operation.
+        assert run.changed_operations() == {"NCCL | NCCL settings in /etc/nccl.conf": ["lab-2"]}
+        assert sudo(lab, lab_1, "cat /etc/docker/daemon.json") == "{ not json"
+        assert sudo(lab, lab_1, "test -e /etc/nccl.conf && echo present || echo absent") == (
+            "absent\n"
+        )
+    finally:
+        sudo(lab, lab_1, "mv /root/daemon.json.drill /etc/docker/daemon.json")
+    assert sudo(lab, lab_1, "cat /etc/docker/daemon.json") == daemon_json
+    repair = run_pyinfra(DEPLOY)
+    assert repair.returncode == 0, repair.output
+    assert repair.changed_operations() == {"NCCL | NCCL settings in /etc/nccl.conf": ["lab-1"]}
 
 
 def test_drills_leave_no_holder_behind(lab: Lab, converged: list[LabNode]) -> None:

@@ -120,8 +120,7 @@ def test_packages_fact_reads_holds_modules_kernel_and_headers() -> None:
             "hi |nvidia-open|550.127.08-1",
             "ii |libcuda1|550.127.08-1",
             "rc |nvidia-kernel-dkms|550.127.08-1",
-            "@@held",
-            "nvidia-open",
+            "hn |nvidia-kernel-open-dkms|",
             "@@loaded",
             "proc|NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  550.127.08  Release",
             "@@installed-module",
@@ -137,7 +136,8 @@ def test_packages_fact_reads_holds_modules_kernel_and_headers() -> None:
         ]
     )
     assert facts["packages"] == {"nvidia-open": "550.127.08-1", "libcuda1": "550.127.08-1"}
-    assert facts["held"] == ["nvidia-open"]
+    # Held: what dpkg's selections say, installed or not (as `apt-mark showhold` lists them).
+    assert facts["held"] == ["nvidia-kernel-open-dkms", "nvidia-open"]
     assert facts["loaded_module"] == {"version": "550.127.08", "flavour": "open", "source": "proc"}
     assert facts["installed_module"] == {
         "version": "550.144.03",
