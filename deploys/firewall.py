@@ -12,16 +12,8 @@ from pathlib import Path
 # Roles and facts live at the project root; pyinfra only adds the working directory.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gpunode import factcache
-from gpunode.inventory import desired_state
+from roles.converge import converging
 from roles.firewall import firewall
-from roles.refusal import refusals_fail_this_node
-from roles.run_lock import node_run_lock
 
-factcache.install()
-desired = desired_state()
-node_run_lock()
-
-# A node refused by a role fails alone, before anything changes on it.
-with refusals_fail_this_node():
+with converging() as desired:
     firewall(desired=desired)

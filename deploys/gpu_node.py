@@ -13,42 +13,24 @@ from pathlib import Path
 # Roles and facts live at the project root; pyinfra only adds the working directory.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gpunode import factcache
-from gpunode.inventory import desired_state
-from roles.admin_users import admin_users
 from roles.base import base_system
 from roles.container_toolkit import container_toolkit
+from roles.converge import converging
 from roles.cuda import cuda_toolkits
 from roles.dcgm import dcgm
 from roles.fabric_manager import fabric_manager
-from roles.firewall import firewall
 from roles.gpu_metrics import gpu_metrics
 from roles.gpu_settings import gpu_settings
+from roles.hardening import node_hardening
 from roles.infiniband import infiniband
-from roles.kernel import kernel_hardening
 from roles.nccl import nccl
 from roles.nvidia_driver import nvidia_driver
 from roles.nvidia_repos import nvidia_repositories
 from roles.nvme_cache import nvme_cache
-from roles.refusal import refusals_fail_this_node
-from roles.run_lock import node_run_lock
-from roles.sshd import sshd
-from roles.tls import tls_certificate
-from roles.unattended_upgrades import unattended_upgrades
 
-factcache.install()
-desired = desired_state()
-node_run_lock()
-
-# A node refused by a role fails alone, before anything changes on it.
-with refusals_fail_this_node():
+with converging() as desired:
     base_system(desired=desired)
-    admin_users(desired=desired)
-    firewall(desired=desired)
-    sshd(desired=desired)
-    tls_certificate(desired=desired)
-    kernel_hardening(desired=desired)
-    unattended_upgrades(desired=desired)
+    node_hardening(desired)
     nvidia_repositories(desired=desired)
     nvidia_driver(desired=desired)
     fabric_manager(desired=desired)

@@ -13,16 +13,8 @@ from pathlib import Path
 # Roles and facts live at the project root; pyinfra only adds the working directory.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gpunode import factcache
-from gpunode.inventory import desired_state
-from roles.refusal import refusals_fail_this_node
-from roles.run_lock import node_run_lock
+from roles.converge import converging
 from roles.tls import tls_certificate
 
-factcache.install()
-desired = desired_state()
-node_run_lock()
-
-# A node refused by a role fails alone, before anything changes on it.
-with refusals_fail_this_node():
+with converging() as desired:
     tls_certificate(desired=desired)

@@ -12,7 +12,18 @@ import shlex
 from pyinfra.api import FactBase
 
 
-class FileNewerThan(FactBase[bool]):
+class _YesOrNo(FactBase[bool]):
+    """A fact whose command ends by printing yes or no; no output reads as no."""
+
+    def process(self, output: list[str]) -> bool:  # type: ignore[override]
+        return output[-1].strip() == "yes"
+
+    @staticmethod
+    def default() -> bool:
+        return False
+
+
+class FileNewerThan(_YesOrNo):
     """Whether ``path`` was modified after ``reference`` (False if either is missing).
 
     .. code:: python
@@ -23,15 +34,8 @@ class FileNewerThan(FactBase[bool]):
     def command(self, path: str, reference: str) -> str:
         return f"[ {shlex.quote(path)} -nt {shlex.quote(reference)} ] && echo yes || echo no"
 
-    def process(self, output: list[str]) -> bool:  # type: ignore[override]
-        return output[-1].strip() == "yes"
 
-    @staticmethod
-    def default() -> bool:
-        return False
-
-
-class UnitOlderThanFile(FactBase[bool]):
+class UnitOlderThanFile(_YesOrNo):
     """Whether systemd ``unit`` is running since before ``path`` last changed: it runs with
     an older version of that file (False when the unit or the file is not there).
 
@@ -50,13 +54,6 @@ class UnitOlderThanFile(FactBase[bool]):
             f'[ "$(stat -c %Y {quoted_path})" -gt "$(date -d "$started" +%s)" ] '
             "&& echo yes || echo no"
         )
-
-    def process(self, output: list[str]) -> bool:  # type: ignore[override]
-        return output[-1].strip() == "yes"
-
-    @staticmethod
-    def default() -> bool:
-        return False
 
 
 class UnitsNeedDaemonReload(FactBase[bool]):

@@ -11,8 +11,8 @@ summary, and the others must finish. Three means, one outcome:
 - ``NodeRefused``: raised by a role while pyinfra prepares; inside
   ``refusals_fail_this_node`` the node leaves the active hosts before any of its operations
   has run.
-- ``install()``: an OperationError raised by one host's operation while pyinfra executes fails
-  that host at that operation, as a failed command would.
+- ``install_per_node_failures()``: an OperationError raised by one host's operation while
+  pyinfra executes fails that host at that operation, as a failed command would.
 
 Validation of the inventory is not a node's refusal: it still stops every host before any is
 touched.
@@ -94,7 +94,7 @@ def _failing_only_this_host(run_host_op: Callable[..., bool]) -> Callable[..., b
     return run
 
 
-def install() -> None:
+def install_per_node_failures() -> None:
     """An operation that raises OperationError while executing fails its host only (idempotent)."""
     current = pyinfra_operations._run_host_op
     if not getattr(current, "gpunode_wrapped", False):

@@ -18,8 +18,7 @@ from pyinfra.context import ctx_state
 from facts.run_lock import WAIT_S, NodeRunLock
 from gpunode import summary
 from gpunode.reach import detect_dead_peer
-from roles import refusal as refusals
-from roles.refusal import refusal
+from roles.refusal import install_per_node_failures, refusal
 
 
 def run_owner() -> str:
@@ -85,7 +84,7 @@ def node_run_lock() -> None:
     line at the end of the run. From here on, a node whose operation raises fails alone."""
     if host.name not in _held:
         summary.install(ctx_state.get())
-        refusals.install()
+        install_per_node_failures()
         detect_dead_peer(host)
         lock = host.get_fact(NodeRunLock, owner=RUN_OWNER)
         if not lock["held"] and dead_here(lock["holder"]):

@@ -147,9 +147,9 @@ def test_install_wraps_pyinfra_once() -> None:
 
     original = operations._run_host_op
     try:
-        refusal.install()
+        refusal.install_per_node_failures()
         wrapped = operations._run_host_op
-        refusal.install()
+        refusal.install_per_node_failures()
         assert operations._run_host_op is wrapped
         assert wrapped is not original
         assert getattr(wrapped, "__wrapped__", None) in (

@@ -1,0 +1,27 @@
+"""How every deploy starts and ends on a node, in one place."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from gpunode import factcache
+from gpunode.inventory import desired_state
+from gpunode.model import DesiredState
+from roles.refusal import refusals_fail_this_node
+from roles.run_lock import node_run_lock
+
+
+@contextmanager
+def converging() -> Iterator[DesiredState]:
+    """This node's validated desired state, for the roles of a deploy.
+
+    Facts are cached for the run, the whole inventory is validated (one bad host stops every
+    host), the node's run lock is taken before any role reads or changes it, and a node a role
+    refuses fails alone, before anything changes on it.
+    """
+    factcache.install()
+    desired = desired_state()
+    node_run_lock()
+    with refusals_fail_this_node():
+        yield desired
