@@ -12,6 +12,12 @@ from typing import Any, ClassVar
 from pyinfra.api import FactBase
 
 MARKER = "gpunode:batch:"
+# What one node's batch may print: the drift check reads every node in one process, and a
+# node is not trusted to bound its own output. The longest real lines are one-line payloads
+# (the GPU probe's JSON, about 100 kB for 8 GPUs; config files sent base64-encoded, such as a
+# CDI spec); a section holding a longer line, or output past the total, is unreadable.
+MAX_LINE_CHARS = 4 << 20
+MAX_OUTPUT_CHARS = 32 << 20
 
 
 def unreadable(name: str, reason: str) -> dict[str, Any]:
@@ -37,17 +43,30 @@ class FactBatch(FactBase):
 
     def process(self, output: list[str]) -> dict[str, Any]:
         sections: dict[str, list[str]] = {}
+        refused: dict[str, str] = {}  # section -> why its output is not read
         current: list[str] | None = None
+        name = ""
         complete = False
+        size = 0
         for line in output:
+            size += len(line) + 1
             if line.startswith(MARKER):
                 name = line[len(MARKER) :].strip()
                 complete = complete or name == "end"
                 current = sections.setdefault(name, []) if name in self.FACTS else None
-            elif current is not None:
+            elif current is None or name in refused:
+                continue
+            elif size > MAX_OUTPUT_CHARS:
+                refused[name] = f"the node's output passed {MAX_OUTPUT_CHARS} characters here"
+            elif len(line) > MAX_LINE_CHARS:
+                refused[name] = f"a line of {len(line)} characters (over {MAX_LINE_CHARS})"
+            else:
                 current.append(line)
         values: dict[str, Any] = {}
         for name, fact in self.FACTS.items():
+            if name in refused:
+                values[name] = unreadable(name, f"not read: {refused[name]}")
+                continue
             if name not in sections:
                 values[name] = unreadable(name, "no output (the batch was cut short)")
                 continue

@@ -18,6 +18,11 @@ from typing import Any
 
 from pyinfra.api import FactBase
 
+# Far above an 8-GPU node's XML report (about 300 kB) and its MIG listings; a longer output
+# is garbage or hostile and is not parsed. Table lines longer than any nvidia-smi prints are
+# not handed to the row patterns.
+MAX_OUTPUT_CHARS = 8 << 20
+MAX_LINE_CHARS = 4096
 EXIT_MARKER = "gpunode:nvidia-smi-exit="
 ABSENT_MARKER = "gpunode:nvidia-smi-absent"
 SECTION_MARKER = "gpunode:nvidia-smi-section="
@@ -184,6 +189,9 @@ def parse_fact_output(lines: list[str]) -> dict[str, Any]:
     neither a table row, a border nor a known "nothing found" message), so a caller never
     mistakes an unreadable listing for an empty one.
     """
+    size = sum(len(line) + 1 for line in lines)
+    if size > MAX_OUTPUT_CHARS:
+        return _unreadable(f"{COMMAND} output is {size} characters (over {MAX_OUTPUT_CHARS})")
     starts = [n for n, line in enumerate(lines) if line.startswith(SECTION_MARKER)]
     head = lines[: starts[0]] if starts else lines
     report = parse_nvidia_smi_xml(head)
@@ -197,6 +205,13 @@ def parse_fact_output(lines: list[str]) -> dict[str, Any]:
     for name in SECTIONS:
         if name not in sections:
             problems[name] = f"{SECTIONS[name]} was not run"
+            continue
+        too_long = next((line for line in sections[name] if len(line) > MAX_LINE_CHARS), None)
+        if too_long is not None:
+            problems[name] = (
+                f"{SECTIONS[name]}: a line of {len(too_long)} characters "
+                f"(over {MAX_LINE_CHARS}): not read"
+            )
             continue
         problem = SECTION_PARSERS[name](sections[name], by_index)
         if problem:

@@ -27,7 +27,9 @@ class GpuReport(FactBase[dict[str, Any]]):
 
     The probe's source (and NVIDIA's ``pynvml`` unless ``ship_pynvml=False``) travels inside
     the command and runs with the node's ``python3``: nothing has to be installed. XID events
-    are read from the kernel log since ``xid_since`` (ISO 8601; default: 24 hours ago).
+    are read from the kernel log since ``xid_since`` (ISO 8601; default: 24 hours ago). A
+    report whose fields do not have the types the control side reads
+    (``parsers.GPU_REPORT_SHAPE``) is unreadable, naming the first field that does not.
 
     .. code:: python
 
@@ -71,6 +73,9 @@ class InfinibandPorts(FactBase[dict[str, Any]]):
                        "physical_state": "LinkUp", "rate": 400, "link_layer": "InfiniBand",
                        ...}],
         }
+
+    A field that cannot be read (a rate that is no number, a line longer than any ibstat
+    prints) is None, with the reason in that port's (or CA's) ``"unreadable": {field: why}``.
     """
 
     def command(self) -> str:

@@ -1,17 +1,66 @@
-"""The SSH server as it really is: effective settings (``sshd -T``), host keys, moduli, units."""
+"""The SSH server as it really is: effective settings (``sshd -T``), host keys, moduli, units,
+and who can log in through it.
+
+Besides the global view (root from 127.0.0.1), the effective settings are evaluated with
+``sshd -T -C`` for every account that could log in (root, members of gpunode's groups, every
+account holding authorized keys) connecting from the control host's address as the node sees
+it: a ``Match User`` or ``Match Address`` block that loosens authentication for one of them is
+visible there and nowhere else.
+"""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from pyinfra.api import FactBase
 
+from facts.accounts import ACCOUNTS_COMMAND, KEY_FILES, MANAGED_GROUPS, parse_accounts
+
 SECTION = "gpunode:section="
+USER_MARK = "gpunode:user="
 SSHD_CONFIG = "/etc/ssh/sshd_config"
 RSA_HOST_KEY = "/etc/ssh/ssh_host_rsa_key"
 MODULI = "/etc/ssh/moduli"
 # /etc/ssh/moduli's fifth column is the modulus size minus one: 3071 means 3072 bits.
 MIN_MODULUS_FIELD = 3071
+# Any address that is not local: the stand-in when the login's own address cannot be found.
+NON_LOCAL_ADDRESS = "192.0.2.1"  # TEST-NET-1
+MAX_EVALUATED_USERS = 64
+MAX_EFFECTIVE_LINES = 400
+
+_ADDRESS = re.compile(r"[0-9A-Fa-f:.]{2,45}")
+_PORT = re.compile(r"[0-9]{1,5}")
+
+# The control host's address and the sshd port as this login sees them: SSH_CONNECTION of the
+# nearest ancestor process that has one (sudo does not pass it on), else a non-local stand-in.
+CONNECTION_COMMAND = (
+    "addr=; lport=; p=$$; i=0; "
+    'while [ -z "$addr" ] && [ "$i" -lt 12 ] && [ "${p:-0}" -gt 1 ]; do '
+    "c=$(tr '\\0' '\\n' < /proc/$p/environ 2>/dev/null | sed -n 's/^SSH_CONNECTION=//p'); "
+    'if [ -n "$c" ]; then set -- $c; addr=$1; lport=$4; fi; '
+    "p=$(awk '/^PPid:/ {print $2}' /proc/$p/status 2>/dev/null); i=$((i + 1)); done; "
+    f"case \"$addr\" in ''|*[!0-9A-Fa-f:.]*) addr={NON_LOCAL_ADDRESS} ;; esac; "
+    "case \"$lport\" in ''|*[!0-9]*) "
+    "lport=$(/usr/sbin/sshd -T 2>/dev/null | awk '$1 == \"port\" {print $2; exit}') ;; esac; "
+    'echo "connection ${addr} ${lport:-22}"'
+)
+
+# root, the members of gpunode's groups and every local account holding authorized keys.
+_KEY_TESTS = " || ".join(f'[ -s "$h/{path}" ]' for path in KEY_FILES)
+CANDIDATES_COMMAND = (
+    f"users=$({{ echo root; getent group {' '.join(MANAGED_GROUPS)} | cut -d: -f4 | tr , '\\n'; "
+    f"cut -d: -f1,6 /etc/passwd | while IFS=: read -r n h; do if {_KEY_TESTS}; then "
+    'echo "$n"; fi; done; } | '
+    f"grep -xE '[a-z_][a-z0-9_-]{{0,31}}' | sort -u | head -n {MAX_EVALUATED_USERS})"
+)
+
+PER_USER_COMMAND = (
+    f"{CONNECTION_COMMAND}; {CANDIDATES_COMMAND}; "
+    f'for u in $users; do echo "{USER_MARK}$u"; '
+    '/usr/sbin/sshd -T -C "user=$u,host=$addr,addr=$addr,lport=$lport" 2>&1 '
+    f"| head -n {MAX_EFFECTIVE_LINES}; done"
+)
 
 
 def parse_sections(lines: list[str]) -> dict[str, list[str]]:
@@ -35,6 +84,32 @@ def parse_effective(lines: list[str]) -> dict[str, list[str]]:
     return settings
 
 
+def parse_per_user(lines: list[str]) -> dict[str, Any]:
+    """The per-user section -> {"address", "port", "users": {name: effective settings}}."""
+    address, port = None, None
+    users: dict[str, list[str]] = {}
+    current: list[str] | None = None
+    for line in lines:
+        if line.startswith(USER_MARK):
+            name = line[len(USER_MARK) :].strip()
+            valid = re.fullmatch(r"[a-z_][a-z0-9_-]{0,31}", name) and len(users) < 64
+            current = users.setdefault(name, []) if valid else None
+        elif line.startswith("connection ") and not users:
+            _, found_address, found_port = [*line.split(), "", ""][:3]
+            address = found_address if _ADDRESS.fullmatch(found_address) else None
+            port = int(found_port) if _PORT.fullmatch(found_port) else None
+        elif current is not None and len(current) < MAX_EFFECTIVE_LINES:
+            current.append(line)
+    effective = {}
+    for name, user_lines in users.items():
+        # sshd -T prints settings as lower-case keywords; anything else is its error message.
+        if user_lines and all(re.match(r"[a-z0-9]+ ", line) for line in user_lines):
+            effective[name] = parse_effective(user_lines)
+        else:
+            effective[name] = {"error": [" ".join(user_lines)[:300] or "no output"]}
+    return {"address": address, "port": port, "users": effective}
+
+
 class SshdState(FactBase):
     """
     The SSH server in one round trip.
@@ -48,6 +123,12 @@ class SshdState(FactBase):
             "rsa_host_key_bits": 4096,  # None without an RSA host key
             "weak_moduli": 0,           # moduli lines below 3072 bits
             "socket_enabled": False,    # ssh.socket (socket activation ignores Port)
+            "per_user": {               # sshd -T -C user=<name>,addr=<control host>
+                "address": "10.0.0.1", "port": 22,
+                "users": {"gpuadmin": {"passwordauthentication": ["no"], ...}},
+                # a user whose evaluation failed: {"error": ["message"]}
+            },
+            "accounts": {...},          # facts.accounts.LoginAccounts
         }
     """
 
@@ -65,6 +146,10 @@ class SshdState(FactBase):
                 f"awk '$5 < {MIN_MODULUS_FIELD}' {MODULI} 2>/dev/null | grep -vc '^#' || true",
                 f"echo {SECTION}socket",
                 "systemctl is-enabled ssh.socket 2>/dev/null || true",
+                f"echo {SECTION}per_user",
+                f"( {PER_USER_COMMAND} )",
+                f"echo {SECTION}accounts",
+                f"( {ACCOUNTS_COMMAND} )",
             ]
         )
 
@@ -82,4 +167,6 @@ class SshdState(FactBase):
             "weak_moduli": int(weak) if weak.isdigit() else 0,
             "socket_enabled": "".join(sections.get("socket", [])).strip()
             in ("enabled", "enabled-runtime", "static"),
+            "per_user": parse_per_user(sections.get("per_user", [])),
+            "accounts": parse_accounts(sections.get("accounts", [])),
         }

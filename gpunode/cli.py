@@ -74,14 +74,22 @@ def cmd_drift(args: argparse.Namespace) -> int:
         return 2
     if args.baseline:
         apply_baseline(result, args.baseline)
-    if args.junit:
-        write_atomically(args.junit, render_junit(result))
-    if args.prometheus:
-        write_atomically(args.prometheus, render_prometheus(result))
-    if args.write_baseline:
-        write_atomically(args.write_baseline, render_json(result))
+    reports = [
+        (args.junit, render_junit),
+        (args.prometheus, render_prometheus),
+        (args.write_baseline, render_json),
+    ]
+    unwritten = 0
+    for path, render in reports:
+        if not path:
+            continue
+        try:
+            write_atomically(path, render(result))
+        except OSError as error:  # one report that cannot be written must not cost the others
+            print(f"gpunode drift: cannot write {path}: {error}", file=sys.stderr)
+            unwritten += 1
     print(render_json(result) if args.json else render_table(result), end="")
-    return result.exit_code
+    return max(result.exit_code, 2) if unwritten else result.exit_code
 
 
 def cmd_lab_up(args: argparse.Namespace) -> int:

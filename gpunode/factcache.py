@@ -11,9 +11,19 @@ clears that host's values before and after it runs: every operation command (she
 download, Python callback). A no-op run therefore reads each fact once; a run that changes
 things re-reads after each change, as pyinfra does without it.
 
-On top, ``prefetch`` reads many facts in ONE command per host (see ``FactBatch``): at the
-start of a deploy, the facts this host was asked last time (remembered per host under
-``.gpunode/facts/``) are read together and seed the cache.
+On top, ``prefetch`` reads many facts in ONE command per host (see ``batch_script``): at
+the start of a deploy, the facts this host was asked last time (remembered per host under
+``~/.cache/gpunode/facts/``) are read together and seed the cache.
+
+A plan file is read back as a list of commands to run on the node, with sudo, so it is
+trusted no further than it is checked: the directory is 0700 and each file 0600, and a plan
+that is not owned by this user or is writable by anyone else is ignored. Each fact it names
+must be on an allow-list (gpunode's own facts, and the few pyinfra facts the deploys read,
+each with the arguments it may take and what each may hold: never a fact that runs a
+command it is given, such as pyinfra's ``server.Command``). Of the connector arguments a
+plan keeps only who runs the fact (``_sudo``, ``_sudo_user``, ``_use_sudo_login``); a fact
+read with any other (an ``_env``, which may hold proxy credentials, a password, a working
+directory, another shell) is never planned and is read on its own, as pyinfra does.
 
 Only the prepare and execute stages are cached; facts read anywhere else (the drift check,
 tests) go straight to pyinfra.
@@ -25,15 +35,18 @@ import atexit
 import copy
 import hashlib
 import importlib
+import inspect
 import json
 import os
 import re
 import secrets
+import stat
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from pyinfra.api import FactBase
 from pyinfra.api import command as pyinfra_command
 from pyinfra.api import facts as pyinfra_facts
 from pyinfra.api.arguments import CONNECTOR_ARGUMENT_KEYS
@@ -44,8 +57,6 @@ CACHED_STAGES = (StateStage.Prepare, StateStage.Execute)
 # Connector arguments that change what a fact command sees (who runs it, where, how).
 _KEY_ARGUMENTS = tuple(sorted(CONNECTOR_ARGUMENT_KEYS))
 
-# Never written to a plan file: a plan names facts, not credentials.
-_SECRET_ARGUMENTS = ("_sudo_password", "_su_password", "_stdin")
 _MISSING_COMMAND = pyinfra_facts._MISSING_COMMAND_MARKER
 
 _values: dict[str, dict[str, Any]] = {}
@@ -103,16 +114,224 @@ def _cached_get_fact(
 
 # --- the plan: which facts a deploy asked of a host last time ---------------------------------
 
+Check = Callable[[Any], bool]  # whether a planned value may be used
+PLAN_DIR_MODE = 0o700
+PLAN_FILE_MODE = 0o600
+MAX_PLAN_BYTES = 4 * 1024 * 1024
+MAX_TEXT = 4096
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+# What a value of gpunode's own facts may hold: some of them put values into their command
+# unquoted (package names from gpunode's tables), so a plan may only hold plain words.
+_WORD = re.compile(r"[A-Za-z0-9_.,:/@+=*-]*")
+_COMMAND_NAME = re.compile(r"[A-Za-z0-9_.+-]{1,64}")
+_ACCOUNT = re.compile(r"[a-z_][a-z0-9_-]{0,31}")
+_GPUNODE_FACT = re.compile(r"(facts|roles)(\.[a-z_][a-z0-9_]*)+:[A-Z][A-Za-z0-9]*")
+
+
+def _is_text(value: Any) -> bool:
+    """Text a pyinfra fact shell-quotes itself: any, but no control characters."""
+    return isinstance(value, str) and len(value) <= MAX_TEXT and not _CONTROL.search(value)
+
+
+def _is_word(value: Any) -> bool:
+    return isinstance(value, str) and len(value) <= MAX_TEXT and bool(_WORD.fullmatch(value))
+
+
+def _is_scalar_word(value: Any) -> bool:
+    if value is None or isinstance(value, bool | int):
+        return True
+    return _is_word(value)
+
+
+def _is_words(value: Any) -> bool:
+    """A word (or number, flag, None) or a flat list of them."""
+    return _is_scalar_word(value) or _list_of(_is_scalar_word)(value)
+
+
+def _is_bool(value: Any) -> bool:
+    return isinstance(value, bool)
+
+
+def _is_false(value: Any) -> bool:
+    return value is False
+
+
+def _is_true(value: Any) -> bool:
+    return value is True
+
+
+def _is_none(value: Any) -> bool:
+    return value is None
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= 1 << 40
+
+
+def _optional(check: Check) -> Check:
+    return lambda value: value is None or check(value)
+
+
+def _list_of(check: Check) -> Check:
+    return lambda value: isinstance(value, list) and len(value) <= 1024 and all(map(check, value))
+
+
+_PATH_ONLY: dict[str, Check] = {"path": _is_text}
+_SYSTEMD: dict[str, Check] = {
+    "services": lambda value: value is None or _is_text(value) or _list_of(_is_text)(value),
+    "user_mode": _is_false,
+    "machine": _is_none,
+    "user_name": _is_none,
+}
+# The pyinfra facts gpunode's deploys (and the pyinfra operations they use) read, with what
+# each argument may hold. Values that pyinfra shell-quotes may be any text; those it puts
+# into the command as they are (FindInFile's interpolated pattern, FindFiles' extra find
+# arguments and sizes, systemctl's --machine) are held to values that add no shell syntax.
+PYINFRA_FACTS: dict[str, dict[str, Check]] = {
+    "pyinfra.facts.files:File": _PATH_ONLY,
+    "pyinfra.facts.files:Directory": _PATH_ONLY,
+    "pyinfra.facts.files:Link": _PATH_ONLY,
+    "pyinfra.facts.files:Sha1File": _PATH_ONLY,
+    "pyinfra.facts.files:FindInFile": {
+        "path": _is_text,
+        "pattern": _is_text,
+        "interpolate_variables": _is_false,
+        "extended_regex": _is_bool,
+    },
+    "pyinfra.facts.files:FindFiles": {
+        "path": _is_text,
+        "fname": _optional(_is_text),
+        "iname": _optional(_is_text),
+        "regex": _optional(_is_text),
+        "path_match": _optional(_is_text),
+        "size": _optional(_is_count),
+        "min_size": _optional(_is_count),
+        "max_size": _optional(_is_count),
+        "maxdepth": _optional(_is_count),
+        "args": _is_none,
+        "quote_path": _is_true,
+    },
+    "pyinfra.facts.server:Which": {"command": lambda value: bool(_is_command_name(value))},
+    "pyinfra.facts.server:Users": {},
+    "pyinfra.facts.server:Groups": {},
+    "pyinfra.facts.server:Os": {},
+    "pyinfra.facts.server:TmpDir": {},
+    "pyinfra.facts.systemd:SystemdStatus": _SYSTEMD,
+    "pyinfra.facts.systemd:SystemdEnabled": _SYSTEMD,
+    "pyinfra.facts.deb:DebPackages": {},
+}
+
+
+def _is_command_name(value: Any) -> bool:
+    return isinstance(value, str) and bool(_COMMAND_NAME.fullmatch(value))
+
+
+# Connector arguments a plan keeps, with what each may hold: who runs the fact.
+PLAN_CONNECTOR_ARGUMENTS: dict[str, Check] = {
+    "_sudo": _optional(_is_bool),
+    "_sudo_user": lambda value: (
+        value is None or bool(isinstance(value, str) and _ACCOUNT.fullmatch(value))
+    ),
+    "_use_sudo_login": _optional(_is_bool),
+}
+# The other connector arguments may only hold values that change nothing about what a fact
+# reads: pyinfra's defaults (no environment, sh, exit code 0), or a retry count or timeout.
+_INERT_CONNECTOR_VALUES: dict[str, Any] = {
+    "_env": {},
+    "_shell_executable": "sh",
+    "_success_exit_codes": [0],
+}
+_TIMING_ARGUMENTS = ("_retries", "_retry_delay", "_timeout")
+
+
+def _is_inert(name: str, value: Any) -> bool:
+    if value is None:
+        return True  # not given at all
+    if name in _INERT_CONNECTOR_VALUES:
+        return bool(value == _INERT_CONNECTOR_VALUES[name])
+    if name in _TIMING_ARGUMENTS:
+        return _is_count(value)
+    return value is False
+
+
+def _fact_name(cls: type) -> str:
+    return f"{cls.__module__}:{cls.__qualname__}"
+
+
+def _argument_checks(name: str, cls: type) -> dict[str, Check] | None:
+    """The arguments ``cls`` may be planned with and what each may hold; None when it may
+    not be planned at all."""
+    if name in PYINFRA_FACTS:
+        return PYINFRA_FACTS[name]
+    if not _GPUNODE_FACT.fullmatch(name):
+        return None
+    try:
+        parameters = inspect.signature(cls().command).parameters
+    except (TypeError, ValueError):
+        return None
+    checks: dict[str, Check] = {}
+    for parameter in parameters.values():
+        if parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
+            return None  # a fact taking anything at all is never planned
+        checks[parameter.name] = _is_words
+    return checks
+
+
+def plan_connector(global_kwargs: dict[str, Any]) -> dict[str, Any] | None:
+    """The connector arguments to plan a fact read with, or None when the read must not be
+    planned (it used an environment, a password, another shell...)."""
+    connector = {key: global_kwargs.get(key) for key in _KEY_ARGUMENTS}
+    for key, value in connector.items():
+        check = PLAN_CONNECTOR_ARGUMENTS.get(key)
+        if not (check(value) if check else _is_inert(key, value)):
+            return None
+    return connector
+
+
+def checked_record(record: Any) -> tuple[type, dict[str, Any], dict[str, Any]] | None:
+    """(fact class, its arguments, connector arguments) of a plan record that passes every
+    check, else None. No module is imported because a plan names it: gpunode's facts must
+    already be loaded by the deploy; pyinfra's are a fixed list."""
+    if not isinstance(record, dict) or set(record) != {"fact", "kwargs", "connector"}:
+        return None
+    name, kwargs, connector = record["fact"], record["kwargs"], record["connector"]
+    if not (isinstance(name, str) and isinstance(kwargs, dict) and isinstance(connector, dict)):
+        return None
+    cls = _fact_class(name)
+    if cls is None:
+        return None
+    checks = _argument_checks(name, cls)
+    if checks is None or not set(kwargs) <= set(checks):
+        return None
+    if not all(checks[key](value) for key, value in kwargs.items()):
+        return None
+    try:
+        inspect.signature(cls().command).bind(**kwargs)  # nothing required is missing
+    except (TypeError, ValueError):
+        return None
+    if not set(connector) <= set(_KEY_ARGUMENTS):
+        return None
+    planned = plan_connector(connector)  # an argument left out is one not given
+    if planned is None:
+        return None
+    return cls, kwargs, planned
+
+
+def plan_directory() -> Path:
+    return Path(
+        os.environ.get("GPUNODE_FACT_PLAN_DIR")
+        or os.path.join(
+            os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "gpunode", "facts"
+        )
+    )
+
 
 def plan_path(host_name: str) -> Path:
     """One plan per host and deploy (the deploy files named on the command line)."""
-    root = os.environ.get("GPUNODE_FACT_PLAN_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "gpunode", "facts"
-    )
     deploys = [arg for arg in sys.argv[1:] if arg.endswith(".py")]
     tag = hashlib.sha256(json.dumps(deploys).encode()).hexdigest()[:12]
     safe = re.sub(r"[^A-Za-z0-9_.-]", "_", host_name)
-    return Path(root) / f"{safe}-{tag}.json"
+    return plan_directory() / f"{safe}-{tag}.json"
 
 
 def _remember(
@@ -122,48 +341,97 @@ def _remember(
     fact_kwargs: dict[str, Any],
     global_kwargs: dict[str, Any],
 ) -> None:
-    connector = {key: global_kwargs.get(key) for key in _KEY_ARGUMENTS}
-    if any(connector.get(name) for name in _SECRET_ARGUMENTS):
+    connector = plan_connector(global_kwargs)
+    if connector is None:
         return
-    record = {
-        "fact": f"{cls.__module__}:{cls.__qualname__}",
-        "kwargs": fact_kwargs,
-        "connector": {k: v for k, v in connector.items() if k not in _SECRET_ARGUMENTS},
-    }
+    record = {"fact": _fact_name(cls), "kwargs": fact_kwargs, "connector": connector}
     try:
-        json.dumps(record)
+        record = json.loads(json.dumps(record))
     except (TypeError, ValueError):
         return  # arguments that do not survive JSON are simply read one by one
+    if checked_record(record) is None:
+        return  # what a plan would refuse to read back is never written
     _asked.setdefault(host_name, {})[key] = record
+
+
+def _private(st: os.stat_result) -> bool:
+    """Owned by this user and writable by nobody else."""
+    return st.st_uid == os.geteuid() and not st.st_mode & 0o022
+
+
+def _private_directory(directory: Path) -> bool:
+    """The plan directory, made 0700 when it is new; False when it is not ours."""
+    try:
+        directory.mkdir(mode=PLAN_DIR_MODE, parents=True, exist_ok=True)
+        st = directory.lstat()
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
+            return False
+        if stat.S_IMODE(st.st_mode) != PLAN_DIR_MODE:
+            directory.chmod(PLAN_DIR_MODE)
+    except OSError:
+        return False
+    return True
 
 
 def write_plans() -> None:
     for host_name, records in _asked.items():
         path = plan_path(host_name)
+        if not _private_directory(path.parent):
+            continue  # a plan only saves time; failing to write one must not fail the deploy
+        temporary = path.with_name(f".{path.name}.{secrets.token_hex(4)}")
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            temporary = path.with_suffix(".tmp")
-            temporary.write_text(json.dumps(list(records.values())))
+            descriptor = os.open(
+                temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, PLAN_FILE_MODE
+            )
+            with os.fdopen(descriptor, "w") as handle:
+                handle.write(json.dumps(list(records.values())))
+            os.chmod(temporary, PLAN_FILE_MODE)
             temporary.replace(path)
         except OSError:
-            pass  # a plan only saves time; failing to write one must not fail the deploy
+            temporary.unlink(missing_ok=True)
 
 
-def _load_plan(host_name: str) -> list[dict[str, Any]]:
+def _load_plan(host_name: str) -> list[tuple[type, dict[str, Any], dict[str, Any]]]:
+    """The checked records of this host's plan; nothing when the file is not private."""
+    path = plan_path(host_name)
     try:
-        records = json.loads(plan_path(host_name).read_text())
+        if not _private(path.parent.lstat()):
+            return []
+        descriptor = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return []
+    try:
+        st = os.fstat(descriptor)
+        if not stat.S_ISREG(st.st_mode) or not _private(st) or st.st_size > MAX_PLAN_BYTES:
+            return []
+        with os.fdopen(descriptor, "rb", closefd=False) as handle:
+            records = json.loads(handle.read(MAX_PLAN_BYTES))
     except (OSError, ValueError):
         return []
-    return records if isinstance(records, list) else []
+    finally:
+        os.close(descriptor)
+    if not isinstance(records, list):
+        return []
+    return [checked for checked in map(checked_record, records) if checked is not None]
 
 
 def _fact_class(name: str) -> type | None:
+    """The cacheable fact class ``name`` (module:Class) names, if it may be planned."""
     module_name, _, qualname = name.partition(":")
-    try:
-        cls = getattr(importlib.import_module(module_name), qualname)
-    except (ImportError, AttributeError, ValueError):
+    module: Any = None
+    if name in PYINFRA_FACTS:
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError:
+            return None
+    elif _GPUNODE_FACT.fullmatch(name):
+        module = sys.modules.get(module_name)  # never imported on a plan's word
+    if module is None:
         return None
-    return cls if isinstance(cls, type) and getattr(cls, "cacheable", True) else None
+    cls = getattr(module, qualname, None)
+    if not (isinstance(cls, type) and issubclass(cls, FactBase)) or _fact_name(cls) != name:
+        return None
+    return cls if getattr(cls, "cacheable", True) else None
 
 
 def _raw(command: Any) -> str:
@@ -212,15 +480,12 @@ def prefetch(state: Any, host: Any) -> None:
     pyinfra to read on its own, with its usual error handling."""
     groups: dict[str, list[tuple[str, type, dict[str, Any]]]] = {}
     connectors: dict[str, dict[str, Any]] = {}
-    for record in _load_plan(host.name):
-        cls = _fact_class(str(record.get("fact")))
-        if cls is None or not isinstance(record.get("kwargs"), dict):
-            continue
-        connector = {k: v for k, v in (record.get("connector") or {}).items() if v is not None}
+    for cls, kwargs, record_connector in _load_plan(host.name):
+        connector = {k: v for k, v in record_connector.items() if v is not None}
         group = json.dumps(connector, sort_keys=True)
         connectors[group] = connector
-        key = fact_key(cls, record["kwargs"], record.get("connector") or {})
-        groups.setdefault(group, []).append((key, cls, record["kwargs"]))
+        key = fact_key(cls, kwargs, record_connector)
+        groups.setdefault(group, []).append((key, cls, kwargs))
     for group, entries in groups.items():
         marker = f"gpunode-prefetch-{secrets.token_hex(8)}"
         instances = [cls() for _, cls, _ in entries]

@@ -8,7 +8,7 @@ from typing import Any
 
 from pyinfra.api.exceptions import PyinfraError
 
-from gpunode.model import DesiredState, build_desired_state
+from gpunode.model import DesiredState, build_desired_state, check_host_name
 
 
 class InvalidInventory(PyinfraError):
@@ -40,6 +40,7 @@ def validate_hosts(source: str, hosts: Iterable[tuple[str, dict[str, Any]]]) -> 
     lines: list[str] = []
     for name, data in hosts:
         state, problems = build_desired_state(data)
+        problems += check_host_name(name, state)
         states[name] = state
         lines.extend(problem.render(source, name) for problem in problems)
     if lines:

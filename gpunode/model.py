@@ -16,6 +16,7 @@ from __future__ import annotations
 import base64
 import binascii
 import ipaddress
+import posixpath
 import re
 import struct
 from collections.abc import Mapping
@@ -29,14 +30,38 @@ from gpunode.schema import Builder, Problem, setting, spec
 USER_NAME = r"[a-z_][a-z0-9_-]{0,31}"
 _DNS_LABEL = r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
 DNS_NAME = rf"(?=.{{1,253}}$)(\*\.)?{_DNS_LABEL}(\.{_DNS_LABEL})*"
+HOST_NAME = rf"(?=.{{1,253}}$){_DNS_LABEL}(\.{_DNS_LABEL})*"
 # Debian package version: [epoch:]upstream[-revision]; upstream must start with a digit.
 APT_VERSION = r"([0-9]+:)?[0-9][A-Za-z0-9.+~]*(-[A-Za-z0-9.+~]+)?"
 # Driver packages: the upstream part is the driver version itself, e.g. 550.127.08.
 DRIVER_APT_VERSION = r"([0-9]+:)?[0-9]{3}\.[0-9]+(\.[0-9]+)?(-[A-Za-z0-9.+~]+)?"
 DRIVER_BRANCH = r"[0-9]{3}"
 CUDA_RELEASE = r"[0-9]{2}\.[0-9]"
-URL = r"https?://[A-Za-z0-9.-]+(:[0-9]{1,5})?(/[^\s]*)?"
-ABSOLUTE_PATH = r"/[^\s\0]*"
+# A URL's path: what apt repository paths use. No quote, semicolon, brace, space, backslash,
+# '$' or '#': apt.conf has no escape for any of them, so a proxy URL is safe in it only
+# because it cannot hold them; '%' only as a percent-escape.
+_URL_PATH = r"(/([A-Za-z0-9._~+@:=,-]|%[0-9A-Fa-f]{2})*)*"
+URL_ACCEPTS = (
+    "an http:// or https:// URL: a DNS name or IP address, an optional port from 1 to 65535 "
+    "and a path of letters, digits and ._~+@:=,-/ (no user, query or fragment)"
+)
+# A path on the node: one strict character set, no '.'/'..' components, no '//', no
+# trailing '/', so that the text is already its normal form.
+_PATH_CHARACTERS = r"[A-Za-z0-9._+@-]"
+ABSOLUTE_PATH = rf"/|(/{_PATH_CHARACTERS}+)+"
+ABSOLUTE_PATH_ACCEPTS = (
+    "an absolute path of letters, digits and ._+@- with no '.' or '..' component, no '//' "
+    "and no trailing '/'"
+)
+# Linux interface names: at most 15 bytes (IFNAMSIZ - 1), no '/' or space.
+INTERFACE_NAME = r"[A-Za-z0-9_.-]{1,15}"
+# RFC 5280 ub-common-name: a certificate's commonName holds at most 64 characters.
+MAX_COMMON_NAME = 64
+# sysctl values: words of the characters sysctls take (numbers, names, paths, masks, CPU
+# lists) separated by single spaces; sysctl.d strips outer blanks, so none are allowed.
+SYSCTL_VALUE = r"[A-Za-z0-9._:/%@+,=-]+( [A-Za-z0-9._:/%@+,=-]+)*"
+# NCCL values: lists such as '^docker0,lo', '=eth0', 'mlx5_0:1,mlx5_1:1', paths with %h/%p.
+NCCL_VALUE = r"[A-Za-z0-9._:/%@+,=^-]+"
 
 SSH_KEY_TYPES = (
     "ssh-ed25519",
@@ -97,7 +122,17 @@ def version_tuple(version: str) -> tuple[int, ...]:
     return tuple(int(part) for part in re.findall(r"[0-9]+", version))
 
 
+# Python's ipaddress takes any text after '%' as an IPv6 zone id, newlines included: the
+# characters of an address are checked before it is parsed.
+_IP_CHARACTERS = re.compile(r"[0-9A-Fa-f.:]+")
+_NETWORK_CHARACTERS = re.compile(r"[0-9A-Fa-f.:]+/[0-9]{1,3}")
+
+
 def check_cidr(value: str) -> str | None:
+    if "%" in value:
+        return "an IPv6 zone id has no place in a network"
+    if not _NETWORK_CHARACTERS.fullmatch(value):
+        return "not a network in CIDR form"
     try:
         ipaddress.ip_network(value, strict=True)
     except ValueError as error:
@@ -106,6 +141,10 @@ def check_cidr(value: str) -> str | None:
 
 
 def check_ip_address(value: str) -> str | None:
+    if "%" in value:
+        return "an IPv6 zone id is not accepted here"
+    if not _IP_CHARACTERS.fullmatch(value):
+        return "not an IP address"
     try:
         ipaddress.ip_address(value)
     except ValueError:
@@ -113,9 +152,26 @@ def check_ip_address(value: str) -> str | None:
     return None
 
 
+def check_listen_address(value: str) -> str | None:
+    """An IP address, or a link-local IPv6 address with the zone id of an interface name."""
+    address, percent, zone = value.partition("%")
+    if percent and not re.fullmatch(INTERFACE_NAME, zone):
+        return "the zone id after '%' is not an interface name"
+    reason = check_ip_address(address)
+    if reason:
+        return reason
+    if percent and ipaddress.ip_address(address).version != 6:
+        return "a zone id is for IPv6 addresses only"
+    return None
+
+
 def check_interface_address(value: str) -> str | None:
+    if "%" in value:
+        return "an IPv6 zone id is not accepted here"
     if "/" not in value:
         return "prefix length missing"
+    if not _NETWORK_CHARACTERS.fullmatch(value):
+        return "not an address with prefix length"
     try:
         ipaddress.ip_interface(value)
     except ValueError:
@@ -123,16 +179,98 @@ def check_interface_address(value: str) -> str | None:
     return None
 
 
+_URL = re.compile(
+    r"(?P<scheme>https?)://(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+)"
+    rf"(:(?P<port>[0-9]{{1,5}}))?(?P<path>{_URL_PATH})"
+)
+
+
+def check_url(value: str) -> str | None:
+    """A plain http(s) URL whose every part is checked for its kind (apt reads it unquoted)."""
+    match = _URL.fullmatch(value)
+    if match is None:
+        return "malformed"
+    host = match["host"]
+    if host.startswith("["):
+        if check_ip_address(host[1:-1]) or ipaddress.ip_address(host[1:-1]).version != 6:
+            return f"{host} is not an IPv6 address"
+    elif not re.fullmatch(r"[0-9.]+", host):
+        if not re.fullmatch(DNS_NAME, host) or host.startswith("*"):
+            return f"{host!r} is not a DNS name"
+    elif check_ip_address(host):
+        return f"{host!r} is not an IPv4 address"
+    port = match["port"]
+    if port is not None and not 1 <= int(port) <= 65535:
+        return f"port {port} is not from 1 to 65535"
+    return None
+
+
+# Where a mount would hide or replace what the system runs on: the tree itself and
+# everything under it. /var is refused whole, /var/lib included: a cache mounted over
+# /var/lib/docker or /var/lib/dpkg hides what is there; point the service at the cache
+# instead.
+SYSTEM_TREES = (
+    "/bin", "/boot", "/dev", "/etc", "/home", "/lib", "/lib32", "/lib64", "/libx32",
+    "/proc", "/root", "/run", "/sbin", "/sys", "/tmp", "/usr", "/var",
+)  # fmt: skip
+# Top-level directories that are refused themselves, while a directory below them is a
+# normal dedicated place (/mnt/nvme, /srv/cache, /opt/cache).
+SYSTEM_DIRECTORIES = ("/", "/mnt", "/media", "/opt", "/srv")
+
+
+def check_absolute_path(value: str) -> str | None:
+    """A node path in its normal form, of one strict character set."""
+    if not value.startswith("/"):
+        return "not an absolute path"
+    if value != "/" and value.endswith("/"):
+        return "ends with '/'"
+    if "//" in value:
+        return "has an empty component ('//')"
+    components = value.split("/")[1:]
+    if any(component in (".", "..") for component in components):
+        return "has a '.' or '..' component"
+    if not re.fullmatch(ABSOLUTE_PATH, value):
+        return "has a character outside letters, digits and ._+@-"
+    return None
+
+
+def system_directory(path: str) -> str | None:
+    """The system directory ``path`` is or lies under (normalised first), else None."""
+    normal = posixpath.normpath("/" + path.lstrip("/"))
+    if normal in SYSTEM_DIRECTORIES:
+        return normal
+    for tree in SYSTEM_TREES:
+        if normal == tree or normal.startswith(tree + "/"):
+            return tree
+    return None
+
+
+# Uncompressed EC points (0x04 || X || Y) per curve: the key type names its curve.
+_EC_POINT_BYTES = {"nistp256": 65, "nistp384": 97, "nistp521": 133}
+ED25519_KEY_BYTES = 32
+
+
 def check_ssh_public_key(value: str) -> str | None:
-    """An OpenSSH public key line whose blob decodes and names its own type."""
+    """One OpenSSH public key line '<type> <base64> [comment]' and nothing else: no options
+    before the type (command=, from=), no second line, a blob that is exactly a key of its
+    type (sshd would take a key line with an empty or truncated blob for what it says)."""
     if "PRIVATE KEY" in value:
         return "this is a PRIVATE key; give the public key (.pub) only"
-    parts = value.strip().split()
-    if len(parts) < 2:
+    parts = value.split(" ", 2)
+    if len(parts) < 2 or not parts[0] or not parts[1]:
         return "not a public key line"
     key_type, blob_text = parts[0], parts[1]
     if key_type not in SSH_KEY_TYPES:
+        if any(part in SSH_KEY_TYPES for part in value.split()):
+            return "options before the key type are not allowed (authorized_keys options)"
         return f"unsupported key type {key_type!r}"
+    comment = parts[2] if len(parts) > 2 else ""
+    if comment != comment.strip() or (len(parts) > 2 and not comment):
+        return "blanks around the comment"
+    if len(comment) > 256:
+        return "comment longer than 256 characters"
+    if not re.fullmatch(r"[A-Za-z0-9+/]+={0,2}", blob_text):
+        return "key data is not valid base64"
     try:
         blob = base64.b64decode(blob_text, validate=True)
     except (binascii.Error, ValueError):
@@ -140,11 +278,34 @@ def check_ssh_public_key(value: str) -> str | None:
     fields = _ssh_strings(blob)
     if not fields or fields[0] != key_type.encode():
         return "key data does not match its key type"
+    return _check_key_fields(key_type, fields[1:])
+
+
+def _check_key_fields(key_type: str, fields: list[bytes]) -> str | None:
+    """The wire-format fields after the type: exactly those the type has, each well formed."""
+    if key_type in ("ssh-ed25519", "sk-ssh-ed25519@openssh.com"):
+        wanted = 1 if key_type == "ssh-ed25519" else 2  # sk keys add the application
+        if len(fields) != wanted or len(fields[0]) != ED25519_KEY_BYTES:
+            return f"key data is not a {ED25519_KEY_BYTES}-byte Ed25519 key"
+        if wanted == 2 and not fields[1]:
+            return "security key without its application"
+        return None
     if key_type == "ssh-rsa":
-        modulus = fields[2] if len(fields) > 2 else b""
-        bits = int.from_bytes(modulus, "big").bit_length()
+        if len(fields) != 2 or not fields[0] or not fields[1]:
+            return "key data is not an RSA exponent and modulus"
+        bits = int.from_bytes(fields[1], "big").bit_length()
         if bits < MIN_RSA_BITS:
             return f"RSA key of {bits} bits is too weak"
+        return None
+    # ecdsa-sha2-<curve> and sk-ecdsa-sha2-<curve>@openssh.com
+    curve = key_type.split("@")[0].rsplit("-", 1)[-1]
+    wanted = 3 if key_type.startswith("sk-") else 2
+    if len(fields) != wanted or fields[0] != curve.encode():
+        return f"key data does not name the curve {curve}"
+    if len(fields[1]) != _EC_POINT_BYTES[curve] or fields[1][:1] != b"\x04":
+        return f"key data is not a point on {curve}"
+    if wanted == 3 and not fields[2]:
+        return "security key without its application"
     return None
 
 
@@ -167,9 +328,34 @@ def _ssh_strings(blob: bytes) -> list[bytes]:
 # --- sections --------------------------------------------------------------------------------
 
 SSH_KEY_ACCEPTS = (
-    "an OpenSSH public key line '<type> <base64> [comment]' "
+    "one OpenSSH public key line '<type> <base64> [comment]', without options "
     f"(types: {', '.join(SSH_KEY_TYPES)}; RSA >= {MIN_RSA_BITS} bits)"
 )
+
+# Accounts a Debian system (or a package on a GPU node) owns: making one of them an admin
+# would hand a daemon's identity a login and sudo. The static list is base-passwd's
+# (Debian's master /etc/passwd, "Users and Groups in the Debian System",
+# https://red-bean.com/doc/base-passwd/users-and-groups.html); the rest are dynamic system
+# users of packages gpunode installs or Debian 12 images carry.
+SYSTEM_ACCOUNTS = frozenset(
+    {
+        "root", "daemon", "bin", "sys", "sync", "games", "man", "lp", "mail", "news", "uucp",
+        "proxy", "www-data", "backup", "list", "irc", "gnats", "_gnats", "nobody", "_apt",
+        "messagebus", "sshd", "polkitd", "nvidia-persistenced", "tss", "avahi", "statd",
+        "_rpc", "ntp", "_chrony", "dnsmasq", "uuidd", "tcpdump", "usbmux", "rtkit",
+        "colord", "pulse", "saned", "lightdm", "gdm", "Debian-exim", "postfix", "dcgm",
+        "nvidia-dcgm", "prometheus", "cachefilesd", "opensm", "docker", "containerd",
+        "operator", "halt", "shutdown", "adm", "staff", "users", "nogroup",
+    }
+)  # fmt: skip
+# Prefixes of whole families of system accounts (systemd-network, systemd-timesync, ...).
+SYSTEM_ACCOUNT_PREFIXES = ("systemd-", "_")
+
+
+def check_admin_name(value: str) -> str | None:
+    if value in SYSTEM_ACCOUNTS or value.startswith(SYSTEM_ACCOUNT_PREFIXES):
+        return "a system account, not a personal one"
+    return None
 
 
 @dataclass(frozen=True)
@@ -187,12 +373,21 @@ class AdminUser:
         accepts=SSH_KEY_ACCEPTS,
     )
     sudo: bool = setting(True, "member of the sudo group with passwordless sudo")
-    shell: str = setting("/bin/bash", "login shell", pattern=ABSOLUTE_PATH)
+    shell: str = setting(
+        "/bin/bash", "login shell", check=check_absolute_path, accepts=ABSOLUTE_PATH_ACCEPTS
+    )
 
     def validate(self, builder: Builder, path: str) -> None:
         if self.name == "root":
             builder.problem(
                 f"{path}.name", self.name, "root is not an admin user", "a personal account"
+            )
+        elif check_admin_name(self.name):
+            builder.problem(
+                f"{path}.name",
+                self.name,
+                "a system account, not a personal one",
+                "a personal account name (not one of Debian's or a package's system users)",
             )
 
 
@@ -202,8 +397,9 @@ class Sshd:
 
     port: int = setting(22, "listening port", min=1, max=65535)
     listen_addresses: tuple[str, ...] = setting(
-        (), "addresses to listen on; empty means all", check=check_ip_address,
-        accepts="IP addresses",
+        (), "addresses to listen on; empty means all", check=check_listen_address,
+        accepts="IP addresses; a link-local IPv6 address may name its interface "
+        "(fe80::1%eth0, interface names of letters, digits and _.-)",
     )  # fmt: skip
     permit_root_login: Literal["no", "prohibit-password"] = setting(
         "no", "root login: off, or key-only"
@@ -270,6 +466,15 @@ class Firewall:
         "where NAT or a bastion makes the node's view of the client address misleading",
     )
 
+    def validate(self, builder: Builder, path: str) -> None:
+        if self.enabled and not self.admin_networks:
+            builder.problem(
+                f"{path}.admin_networks",
+                [],
+                "empty while the firewall is enabled, so SSH would be dropped from everywhere",
+                "at least one network SSH is allowed from",
+            )
+
 
 @dataclass(frozen=True)
 class Tls:
@@ -319,7 +524,9 @@ class Kernel:
         default_factory=dict,
         metadata=spec(
             "extra sysctls, overriding gpunode's hardened values",
-            accepts="sysctl names (e.g. vm.max_map_count) to string values",
+            accepts="sysctl names (e.g. vm.max_map_count) to values: words of letters, "
+            "digits and ._:/%@+,=- separated by single spaces",
+            pattern=SYSCTL_VALUE,
         ),
     )
     blacklist_modules: tuple[str, ...] = setting(
@@ -359,9 +566,14 @@ class UnattendedUpgrades:
 class Repositories:
     """Where apt looks. Every URL can point at an air-gapped mirror."""
 
-    debian_mirror: str = setting("http://deb.debian.org/debian", "Debian archive", pattern=URL)
+    debian_mirror: str = setting(
+        "http://deb.debian.org/debian", "Debian archive", check=check_url, accepts=URL_ACCEPTS
+    )
     debian_security_mirror: str = setting(
-        "http://deb.debian.org/debian-security", "Debian security archive", pattern=URL
+        "http://deb.debian.org/debian-security",
+        "Debian security archive",
+        check=check_url,
+        accepts=URL_ACCEPTS,
     )
     debian_components: tuple[Literal["main", "contrib", "non-free", "non-free-firmware"], ...] = (
         setting(
@@ -372,12 +584,14 @@ class Repositories:
     cuda_repo_url: str = setting(
         "https://developer.download.nvidia.com/compute/cuda/repos/debian12/x86_64",
         "NVIDIA CUDA repository",
-        pattern=URL,
+        check=check_url,
+        accepts=URL_ACCEPTS,
     )
     container_toolkit_repo_url: str = setting(
         "https://nvidia.github.io/libnvidia-container/stable/deb/amd64",
         "libnvidia-container repository",
-        pattern=URL,
+        check=check_url,
+        accepts=URL_ACCEPTS,
     )
     cuda_keyring: str | None = setting(
         None,
@@ -392,12 +606,13 @@ class Repositories:
         pattern=r"[^\s]+\.gpg",
         accepts="a path to a .gpg keyring file",
     )
-    proxy: str | None = setting(None, "apt HTTP proxy", pattern=URL)
+    proxy: str | None = setting(None, "apt HTTP proxy", check=check_url, accepts=URL_ACCEPTS)
     direct_hosts: tuple[str, ...] = setting(
         (),
         "hosts apt reaches without the proxy (an internal mirror, say)",
-        pattern=r"[A-Za-z0-9.-]+",
-        accepts="host names or addresses",
+        # apt.conf scopes the name with '::', so an IPv6 address cannot be one.
+        pattern=HOST_NAME,
+        accepts="DNS host names or IPv4 addresses",
     )
 
     def validate(self, builder: Builder, path: str) -> None:
@@ -529,8 +744,10 @@ class Dcgm:
 
 @dataclass(frozen=True)
 class ApplicationClocks:
-    memory_mhz: int = setting(0, "memory clock", min=1, max=20000)
-    graphics_mhz: int = setting(0, "graphics clock", min=1, max=5000)
+    # Both required: nvidia-smi sets the pair together, and a half-declared (or empty)
+    # mapping would otherwise pass with clocks of 0.
+    memory_mhz: int = setting(0, "memory clock", min=1, max=20000, required=True)
+    graphics_mhz: int = setting(0, "graphics clock", min=1, max=5000, required=True)
 
 
 @dataclass(frozen=True)
@@ -563,7 +780,9 @@ class Nccl:
         default_factory=dict,
         metadata=spec(
             "NCCL_* variables for /etc/nccl.conf and the system environment",
-            accepts="known NCCL variables (NCCL_SOCKET_IFNAME, NCCL_IB_HCA, ...) to strings",
+            accepts="known NCCL variables (NCCL_SOCKET_IFNAME, NCCL_IB_HCA, ...) to values "
+            "of letters, digits and ._:/%@+,=^-",
+            pattern=NCCL_VALUE,
         ),
     )
     install_libnccl: bool = setting(False, "install libnccl2 matching the default CUDA")
@@ -611,15 +830,22 @@ class Infiniband:
 class NvmeCache:
     enabled: bool = setting(False, "build the local NVMe cache")
     devices: tuple[str, ...] = setting(
-        (), "explicit device paths", pattern=r"/dev/[A-Za-z0-9/_-]+", accepts="paths under /dev"
+        (), "explicit device paths", pattern=r"/dev(/[A-Za-z0-9_-]+)+", accepts="paths under /dev"
     )
-    match_model: str | None = setting(None, "select drives whose model contains this")
+    match_model: str | None = setting(
+        None, "select drives whose model contains this", pattern=r"[A-Za-z0-9 ._()+/-]{1,64}",
+        accepts="part of a drive model name: letters, digits, spaces and ._()+/-",
+    )  # fmt: skip
     min_size_gb: int | None = setting(None, "select drives at least this large", min=1)
     filesystem: Literal["xfs", "ext4"] = setting("xfs", "filesystem")
-    mount_point: str = setting("/raid", "mount point", pattern=ABSOLUTE_PATH)
+    mount_point: str = setting(
+        "/raid", "mount point", check=check_absolute_path,
+        accepts=ABSOLUTE_PATH_ACCEPTS + ", not a system directory",
+    )  # fmt: skip
     wipe_allowed_serials: tuple[str, ...] = setting(
-        (), "serials of drives that may be wiped even though they carry data"
-    )
+        (), "serials of drives that may be wiped even though they carry data",
+        pattern=r"[A-Za-z0-9_.:-]{1,64}", accepts="drive serial numbers",
+    )  # fmt: skip
     cachefilesd: bool = setting(False, "run cachefilesd for NFS FS-Cache on the array")
     device_timeout_s: int = setting(
         30, "how long boot waits for the cache's device (x-systemd.device-timeout; nofail)",
@@ -635,9 +861,17 @@ class NvmeCache:
             builder.problem(
                 f"{path}.devices", [], "no way to choose drives", "devices, or match_model"
             )
-        if self.mount_point in ("/", "/boot", "/usr", "/var", "/etc", "/home"):
+        system = system_directory(self.mount_point)
+        if system is not None:
             builder.problem(
-                f"{path}.mount_point", self.mount_point, "a system directory", "a dedicated path"
+                f"{path}.mount_point",
+                self.mount_point,
+                "a system directory" if system == self.mount_point else f"inside {system}",
+                "a dedicated path such as /raid or /mnt/nvme (not /, "
+                + ", ".join(SYSTEM_TREES)
+                + " or anything under them, nor "
+                + ", ".join(SYSTEM_DIRECTORIES[1:])
+                + " themselves)",
             )
 
 
@@ -650,7 +884,8 @@ class GpuMetrics:
     textfile_dir: str = setting(
         "/var/lib/prometheus/node-exporter",
         "node_exporter's textfile collector directory (Debian's default)",
-        pattern=ABSOLUTE_PATH,
+        check=check_absolute_path,
+        accepts=ABSOLUTE_PATH_ACCEPTS,
     )
 
 
@@ -780,6 +1015,28 @@ class DesiredState:
                 f"differs from nvidia_driver.version {driver.version!r}",
                 f"exactly the driver version ({upstream_version(driver.version)})",
             )
+
+
+def check_host_name(name: str, state: DesiredState) -> list[Problem]:
+    """Problems with the inventory's name for a host, where the desired state uses it.
+
+    With TLS on, the name is the certificate's commonName and a subjectAltName: a DNS name
+    or an IP address (no zone id), at most 64 characters (RFC 5280 ub-common-name), which is
+    checked here so that the run stops before any node is touched rather than at signing.
+    """
+    if not state.tls.enabled:
+        return []
+    accepted = (
+        f"a host name of at most {MAX_COMMON_NAME} characters that is a DNS name or an IP "
+        "address (it is the certificate's common name)"
+    )
+    if len(name) > MAX_COMMON_NAME:
+        reason = f"the host name is {len(name)} characters, longer than a common name may be"
+    elif not re.fullmatch(HOST_NAME, name) and check_ip_address(name) is not None:
+        reason = "the host name is neither a DNS name nor an IP address"
+    else:
+        return []
+    return [Problem("tls.enabled", True, f"{reason} ({name!r})", accepted)]
 
 
 TOP_LEVEL_KEYS = tuple(DesiredState.__dataclass_fields__)

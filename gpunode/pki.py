@@ -1,9 +1,18 @@
 """The internal CA on the control machine, and what it signs for nodes.
 
-The CA's private key is created here, stored encrypted (PEM, BestAvailableEncryption) with
-mode 0600 in a 0700 directory, and never leaves the control machine. Node keys are made on
-the nodes; only their certificate requests come here, are checked against what the inventory
-declares, and are signed.
+The CA's private key is created here, stored encrypted with mode 0600 in a 0700 directory,
+and never leaves the control machine. The encryption is OpenSSH's private key format:
+AES-256-CTR under a key derived from the passphrase with bcrypt-pbkdf, ``CA_KEY_KDF_ROUNDS``
+rounds (``ssh-keygen -p -a ROUNDS -f ca.key`` changes the passphrase). A passphrase shorter
+than ``MIN_PASSPHRASE_CHARS`` is refused. A key written by an older gpunode (PKCS#8 with
+PBKDF2, 2048 iterations) still loads, and is re-encrypted in the current format right away.
+
+The CA certificate is not put into the nodes' system trust store: it sits beside the node
+certificate (``/etc/gpunode/tls/ca.crt``) for the services that are configured with it, so
+a leaked CA key cannot make the nodes trust any other site.
+
+Node keys are made on the nodes; only their certificate requests come here, are checked
+against what the inventory declares, and are signed.
 
 Environment:
 
@@ -16,9 +25,11 @@ Environment:
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import datetime
 import ipaddress
+import logging
 import os
 import re
 import secrets
@@ -45,6 +56,14 @@ CA_KEY_NAME = "ca.key"
 CA_CERT_NAME = "ca.crt"
 LAB_PASSPHRASE_NAME = "passphrase"
 
+logger = logging.getLogger("pyinfra")
+
+# bcrypt-pbkdf rounds for the CA key: each guess at the passphrase costs this many bcrypt
+# runs (ssh-keygen's own default is 16).
+CA_KEY_KDF_ROUNDS = 100
+MIN_PASSPHRASE_CHARS = 16
+OPENSSH_KEY_HEADER = b"-----BEGIN OPENSSH PRIVATE KEY-----"
+
 CA_VALIDITY_DAYS = 3652
 CA_CURVE = ec.SECP384R1
 CA_SIGNATURE_HASH = hashes.SHA384
@@ -57,6 +76,7 @@ HOW_TO_SET_PASSPHRASE = (
     f"set {PASSPHRASE_VARIABLE} to the passphrase, or {PASSPHRASE_FILE_VARIABLE} to a file "
     "(mode 0600) holding it"
 )
+HOW_TO_CHANGE_PASSPHRASE = "ssh-keygen -p -a {rounds} -f {key_path}"
 
 
 class PkiError(PyinfraError):
@@ -122,23 +142,72 @@ def open_ca(
     """Load the CA in ``directory``, creating it first when absent and ``create`` is true.
 
     Returns None only when the CA is absent and ``create`` is false (a dry run). Raises
-    CaError, with nothing changed on disk, when the passphrase is missing or wrong, the
-    key's permissions are unsafe, or the directory holds half a CA.
+    CaError, with nothing changed on disk, when the passphrase is missing, short or wrong,
+    the key's permissions are unsafe, or the directory holds half a CA. A key encrypted the
+    old way is re-encrypted on load, unless ``create`` is false (a dry run changes nothing).
     """
     key_path, cert_path = directory / CA_KEY_NAME, directory / CA_CERT_NAME
     if key_path.exists() or cert_path.exists():
-        return _load_ca(directory, passphrase)
+        return _load_ca(directory, passphrase, reencrypt=create)
     if passphrase is None:
         raise CaError(
             f"no CA in {directory} yet, and no passphrase to protect a new one with: "
             f"{HOW_TO_SET_PASSPHRASE} (and {CA_DIR_VARIABLE} to choose another directory)"
+        )
+    if _too_short(passphrase):
+        raise CaError(
+            f"the passphrase for a new CA (from {_passphrase_source()}) is shorter than "
+            f"{MIN_PASSPHRASE_CHARS} characters; choose a longer one"
         )
     if not create:
         return None
     return _create_ca(directory, passphrase)
 
 
-def _load_ca(directory: Path, passphrase: bytes | None) -> CertificateAuthority:
+def _too_short(passphrase: bytes) -> bool:
+    return len(passphrase.decode("utf-8", errors="replace")) < MIN_PASSPHRASE_CHARS
+
+
+def encrypted_key_pem(private_key: ec.EllipticCurvePrivateKey, passphrase: bytes) -> bytes:
+    """The CA key as gpunode stores it (OpenSSH format, bcrypt-pbkdf, AES-256-CTR)."""
+    encryption = (
+        serialization.PrivateFormat.OpenSSH.encryption_builder()
+        .kdf_rounds(CA_KEY_KDF_ROUNDS)
+        .build(passphrase)
+    )
+    return private_key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH, encryption
+    )
+
+
+def openssh_key_encryption(key_pem: bytes) -> tuple[str, str, int] | None:
+    """(cipher, KDF, KDF rounds) of an OpenSSH-format private key; None for any other
+    format. Read from the key's unencrypted header, without the passphrase."""
+    if not key_pem.startswith(OPENSSH_KEY_HEADER):
+        return None
+    body = b"".join(key_pem.splitlines()[1:-1])
+    try:
+        blob = base64.b64decode(body, validate=True)
+    except ValueError:
+        return None
+    magic = b"openssh-key-v1\0"
+    if not blob.startswith(magic):
+        return None
+    fields: list[bytes] = []
+    offset = len(magic)
+    for _ in range(3):  # cipher name, KDF name, KDF options
+        length = int.from_bytes(blob[offset : offset + 4], "big")
+        fields.append(blob[offset + 4 : offset + 4 + length])
+        offset += 4 + length
+    cipher, kdf, options = fields
+    rounds = 0
+    if kdf == b"bcrypt" and len(options) >= 8:
+        salt_length = int.from_bytes(options[:4], "big")
+        rounds = int.from_bytes(options[4 + salt_length : 8 + salt_length], "big")
+    return cipher.decode(errors="replace"), kdf.decode(errors="replace"), rounds
+
+
+def _load_ca(directory: Path, passphrase: bytes | None, reencrypt: bool) -> CertificateAuthority:
     key_path, cert_path = directory / CA_KEY_NAME, directory / CA_CERT_NAME
     for present, missing in ((key_path, cert_path), (cert_path, key_path)):
         if present.exists() and not missing.exists():
@@ -155,8 +224,19 @@ def _load_ca(directory: Path, passphrase: bytes | None) -> CertificateAuthority:
             )
     if passphrase is None:
         raise CaError(f"the CA key {key_path} is encrypted: {HOW_TO_SET_PASSPHRASE}")
+    if _too_short(passphrase):
+        raise CaError(
+            f"the passphrase of the CA key {key_path} (from {_passphrase_source()}) is shorter "
+            f"than {MIN_PASSPHRASE_CHARS} characters; change it to a longer one with "
+            f"`{HOW_TO_CHANGE_PASSPHRASE.format(rounds=CA_KEY_KDF_ROUNDS, key_path=key_path)}` "
+            "and set the new one; nothing was changed"
+        )
+    key_pem = key_path.read_bytes()
     try:
-        private_key = serialization.load_pem_private_key(key_path.read_bytes(), passphrase)
+        if key_pem.startswith(OPENSSH_KEY_HEADER):
+            private_key: Any = serialization.load_ssh_private_key(key_pem, passphrase)
+        else:  # PKCS#8 PEM, as gpunode wrote it before it used the OpenSSH format
+            private_key = serialization.load_pem_private_key(key_pem, passphrase)
     except TypeError:
         raise CaError(f"the CA key {key_path} is not encrypted; refusing to use it") from None
     except ValueError:
@@ -172,6 +252,14 @@ def _load_ca(directory: Path, passphrase: bytes | None) -> CertificateAuthority:
         private_key.public_key()
     ) != _public_der(certificate.public_key()):
         raise CaError(f"{key_path} is not the key of {cert_path}")
+    encryption = openssh_key_encryption(key_pem)
+    weaker = encryption is None or encryption[1] != "bcrypt" or encryption[2] < CA_KEY_KDF_ROUNDS
+    if weaker and reencrypt:
+        _replace_private(key_path, encrypted_key_pem(private_key, passphrase))
+        logger.warning(
+            f"re-encrypted the CA key {key_path} with bcrypt-pbkdf ({CA_KEY_KDF_ROUNDS} rounds); "
+            "backups of the old file still have the old, weaker encryption"
+        )
     return CertificateAuthority(directory, certificate, private_key)
 
 
@@ -214,12 +302,7 @@ def _create_ca(directory: Path, passphrase: bytes) -> CertificateAuthority:
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(public_key), critical=False)
         .sign(private_key, CA_SIGNATURE_HASH())
     )
-    key_pem = private_key.private_bytes(
-        serialization.Encoding.PEM,
-        serialization.PrivateFormat.PKCS8,
-        serialization.BestAvailableEncryption(passphrase),
-    )
-    _write_new(directory / CA_KEY_NAME, key_pem, 0o600)
+    _write_new(directory / CA_KEY_NAME, encrypted_key_pem(private_key, passphrase), 0o600)
     _write_new(
         directory / CA_CERT_NAME, certificate.public_bytes(serialization.Encoding.PEM), 0o644
     )
@@ -248,6 +331,27 @@ def _write_new(path: Path, content: bytes, mode: int) -> None:
         os.link(temporary, path)  # fails if the path appeared meanwhile: never overwrite
     finally:
         temporary.unlink(missing_ok=True)
+
+
+def _replace_private(path: Path, content: bytes) -> None:
+    """Replace ``path`` with ``content`` atomically, 0600 from the first byte: a crash
+    leaves either the old file or the new one, never half of one."""
+    temporary = path.with_name(f".{path.name}.{secrets.token_hex(4)}")
+    descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        with os.fdopen(descriptor, "wb") as handle:
+            handle.write(content)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(temporary, 0o600)
+        os.replace(temporary, path)
+    finally:
+        temporary.unlink(missing_ok=True)
+    directory = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(directory)
+    finally:
+        os.close(directory)
 
 
 _opened: dict[Path, CertificateAuthority] = {}

@@ -9,9 +9,12 @@ from __future__ import annotations
 import dataclasses
 import re
 import types
+import unicodedata
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar, Union, get_args, get_origin, get_type_hints
+
+from gpunode.sanitize import clean_text
 
 T = TypeVar("T")
 
@@ -29,13 +32,48 @@ class Problem:
     accepted: str
 
     def render(self, inventory: str, host: str) -> str:
+        """One line for the operator's terminal: every part is inventory data, so no part
+        may carry a control character (an ESC sequence, a newline forging another line)."""
         shown = repr(self.value)
         if len(shown) > 72:
             shown = shown[:60] + "...(truncated)"
-        return (
+        return clean_text(
             f"{inventory}: host {host}: {self.key} = {shown}: {self.reason}; "
             f"accepted: {self.accepted}"
         )
+
+
+def unprintable_character(text: str) -> str | None:
+    """Why ``text`` may not reach a node or a terminal, or None if it may.
+
+    Refused anywhere in inventory data: C0 controls (newline, tab, ESC, NUL), DEL, C1
+    controls, the Unicode line and paragraph separators, lone surrogates, format characters
+    (bidirectional overrides that make text read differently from what it is), unassigned
+    code points and any space other than the plain space; in short everything Python does not
+    call printable, but the space.
+    """
+    for index, char in enumerate(text):
+        if char != " " and not char.isprintable():
+            category = unicodedata.category(char)
+            kind = {
+                "Cc": "control character",
+                "Cs": "lone surrogate",
+                "Zl": "line separator",
+                "Zp": "paragraph separator",
+                "Zs": "space other than ' '",
+                "Cf": "format character",
+            }.get(category, "non-printing character")
+            return f"contains a {kind} (U+{ord(char):04X}) at position {index}"
+    return None
+
+
+def one_line(text: str) -> str:
+    """``text``, which a renderer puts on one line of a node's file: validation guarantees
+    it has no control character, and a renderer asserts it rather than write a second line."""
+    refused = unprintable_character(text)
+    if refused:
+        raise ValueError(f"refusing to render {clean_text(repr(text))}: it {refused}")
+    return text
 
 
 def spec(
@@ -177,6 +215,10 @@ class Builder:
                 if not isinstance(key, key_type):
                     self.problem(f"{path}.{key}", key, "wrong key type", accepted)
                     continue
+                refused = unprintable_character(key) if isinstance(key, str) else None
+                if refused:
+                    self.problem(f"{path}.{key}", key, f"key {refused}", accepted)
+                    continue
                 converted = self.convert(value_type, item, f"{path}.{key}", meta)
                 if converted is not _INVALID:
                     out[key] = converted
@@ -199,6 +241,12 @@ class Builder:
             ok = isinstance(value, tp)
         if not ok:
             self.problem(path, value, "wrong type", accepted)
+            return _INVALID
+        # Before any pattern or check: no string that reaches a node or a terminal may carry
+        # a control character, whatever its field accepts otherwise.
+        refused = unprintable_character(value) if isinstance(value, str) else None
+        if refused:
+            self.problem(path, value, refused, accepted)
             return _INVALID
         low, high = meta.get("min"), meta.get("max")
         if (low is not None and value < low) or (high is not None and value > high):

@@ -15,6 +15,7 @@ from pyinfra.operations import apt, files, server
 from facts.apt import DpkgInterrupted, MirrorReachability
 from facts.container_runtime import AptPackagePolicy, is_indexed
 from gpunode.model import DesiredState, Repositories
+from gpunode.schema import one_line
 from roles.refusal import refusal
 
 SOURCES_PATH = "/etc/apt/sources.list.d/debian.sources"
@@ -37,16 +38,18 @@ def render_debian_sources(repos: Repositories) -> str:
     keyring = "/usr/share/keyrings/debian-archive-keyring.gpg"
     return (
         "# Managed by gpunode (apt.debian_mirror); local edits are replaced.\n"
-        f"Types: deb\nURIs: {repos.debian_mirror}\nSuites: bookworm bookworm-updates\n"
+        f"Types: deb\nURIs: {one_line(repos.debian_mirror)}\nSuites: bookworm bookworm-updates\n"
         f"Components: {components}\nSigned-By: {keyring}\n\n"
-        f"Types: deb\nURIs: {repos.debian_security_mirror}\nSuites: bookworm-security\n"
+        f"Types: deb\nURIs: {one_line(repos.debian_security_mirror)}\nSuites: bookworm-security\n"
         f"Components: {components}\nSigned-By: {keyring}\n"
     )
 
 
 def render_proxy(proxy: str, direct_hosts: tuple[str, ...] = ()) -> str:
-    lines = [f'Acquire::http::Proxy "{proxy}";']
-    lines += [f'Acquire::http::Proxy::{name} "DIRECT";' for name in direct_hosts]
+    # apt.conf has no escape: only validation (no quote, ';' or brace in a URL) keeps a
+    # value from ending its string; the line itself is asserted here.
+    lines = [one_line(f'Acquire::http::Proxy "{proxy}";')]
+    lines += [one_line(f'Acquire::http::Proxy::{name} "DIRECT";') for name in direct_hosts]
     return "\n".join(lines) + "\n"
 
 

@@ -305,11 +305,13 @@ def recorded_releases(releases: list[str]):
 
 
 def _remove_release_shell(release: str) -> str:
-    package = toolkit_package(release)
+    # The release comes from the node's record file: every use is quoted.
+    package = shlex.quote(toolkit_package(release))
     # The release's own component packages (cuda-nvcc-12-4, libcublas-12-4, ...).
     release_pattern = shlex.quote(f"-{dashed(release)}($|-)")
     refusal = shlex.quote(
-        f"gpunode: removing {package} would also remove other packages that depend on it; "
+        f"gpunode: removing {toolkit_package(release)} would also remove other packages that "
+        "depend on it; "
         "left installed:"
     )
     return (

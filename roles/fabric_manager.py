@@ -19,6 +19,8 @@ What results:
 from __future__ import annotations
 
 import re
+import shlex
+from collections.abc import Iterable
 from typing import Any
 
 from pyinfra import host
@@ -38,6 +40,11 @@ FABRIC_MANAGER_PACKAGE = re.compile(
 # The driver's apt version on the node (nvidia-driver comes with both flavours), for a first
 # install whose version data leaves open: the driver role installs it earlier in the run.
 INSTALLED_DRIVER_VERSION = "$(dpkg-query -W -f='${Version}' nvidia-driver)"
+
+
+def _words(names: Iterable[str]) -> str:
+    """Package names (read from the node, too) as shell words."""
+    return " ".join(shlex.quote(name) for name in names)
 
 
 def package_name(branch: str) -> str:
@@ -81,11 +88,14 @@ def plan_fabric_manager(
     if installed is not None and installed == version and name in held and not others:
         return [], []
     to_unhold = sorted(held & ({name} | set(others)))
-    commands = [f"apt-mark unhold {' '.join(to_unhold)}"] if to_unhold else []
-    wanted = version or INSTALLED_DRIVER_VERSION
-    removals = " ".join(f"{other}-" for other in others)
-    commands.append(f"{APT_INSTALL} {name}={wanted}" + (f" {removals}" if removals else ""))
-    commands.append(f"apt-mark hold {name}")
+    commands = [f"apt-mark unhold {_words(to_unhold)}"] if to_unhold else []
+    # The installed driver's version is read on the node when no version is pinned.
+    wanted = shlex.quote(version) if version else INSTALLED_DRIVER_VERSION
+    removals = _words(f"{other}-" for other in others)
+    commands.append(
+        f"{APT_INSTALL} {shlex.quote(name)}={wanted}" + (f" {removals}" if removals else "")
+    )
+    commands.append(f"apt-mark hold {shlex.quote(name)}")
     commands.append(f"systemctl enable {SERVICE}")
     notes = []
     if matches:
@@ -174,8 +184,8 @@ def fabric_manager_absent(remove: bool):
         return
     held = sorted(set(facts["held"]) & set(names))
     if held:
-        yield f"apt-mark unhold {' '.join(held)}"
-    yield f"DEBIAN_FRONTEND=noninteractive apt-get remove -y -q {' '.join(names)}"
+        yield f"apt-mark unhold {_words(held)}"
+    yield f"DEBIAN_FRONTEND=noninteractive apt-get remove -y -q {_words(names)}"
 
 
 @operation()

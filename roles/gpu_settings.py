@@ -9,6 +9,7 @@ reports (deprecated by driver 590 on Hopper) are reported, never requested again
 
 from __future__ import annotations
 
+import shlex
 from collections import Counter
 from collections.abc import Iterable
 from typing import Any
@@ -37,6 +38,11 @@ def _indexes(gpus: list[dict[str, Any]]) -> str:
     return ",".join(str(gpu["index"]) for gpu in gpus)
 
 
+def _index_argument(gpus: list[dict[str, Any]]) -> str:
+    """The GPUs' indexes (node output) as one shell word for ``nvidia-smi -i``."""
+    return shlex.quote(_indexes(gpus))
+
+
 def _mode(enabled: bool) -> str:
     return "Enabled" if enabled else "Disabled"
 
@@ -51,7 +57,7 @@ def persistence_mode(enabled: bool = True):
     if not wrong:
         host.noop(f"persistence mode {_mode(enabled)} on all {len(gpus)} GPUs")
         return
-    yield f"nvidia-smi -i {_indexes(wrong)} -pm {int(enabled)}"
+    yield f"nvidia-smi -i {_index_argument(wrong)} -pm {int(enabled)}"
 
 
 @operation()
@@ -78,7 +84,7 @@ def pending_mode(setting: str, enabled: bool):
             f"{_indexes(awaiting_reset)}"
         )
     if to_request:
-        yield f"nvidia-smi -i {_indexes(to_request)} {flag} {int(enabled)}"
+        yield f"nvidia-smi -i {_index_argument(to_request)} {flag} {int(enabled)}"
     elif not awaiting_reset:
         host.noop(f"{setting.upper()} {want} on all {len(supported)} GPUs that support it")
 
@@ -100,7 +106,7 @@ def power_limit(watts: int):
     if not wrong:
         host.noop(f"power limit {watts} W on all {len(gpus)} GPUs")
         return
-    yield f"nvidia-smi -i {_indexes(wrong)} -pl {watts}"
+    yield f"nvidia-smi -i {_index_argument(wrong)} -pl {watts}"
 
 
 def _describe_supported(supported: dict[int, list[int]]) -> str:
@@ -142,7 +148,7 @@ def application_clocks(memory_mhz: int, graphics_mhz: int):
     wanted = {"memory": memory_mhz, "graphics": graphics_mhz}
     wrong = [gpu for gpu in settable if gpu["application_clocks_mhz"] != wanted]
     if wrong:
-        yield f"nvidia-smi -i {_indexes(wrong)} -ac {memory_mhz},{graphics_mhz}"
+        yield f"nvidia-smi -i {_index_argument(wrong)} -ac {memory_mhz},{graphics_mhz}"
     elif settable:
         host.noop(
             f"application clocks {memory_mhz},{graphics_mhz} MHz on all {len(settable)} GPUs "
@@ -296,11 +302,14 @@ def mig_layout(profiles: tuple[str, ...]):
     if laid_out:
         host.noop(f"MIG layout {shown} on GPUs {_indexes(laid_out)}")
     for gpu in to_replace:
+        index = shlex.quote(str(gpu["index"]))
         if any(instance["compute_instances"] for instance in gpu["gpu_instances"]):
-            yield f"nvidia-smi mig -i {gpu['index']} -dci"
-        yield f"nvidia-smi mig -i {gpu['index']} -dgi"
+            yield f"nvidia-smi mig -i {index} -dci"
+        yield f"nvidia-smi mig -i {index} -dgi"
     for gpu in sorted(to_create + to_replace, key=lambda gpu: gpu["index"]):
-        yield f"nvidia-smi mig -i {gpu['index']} -cgi {','.join(_creation_order(gpu, profiles))} -C"
+        index = shlex.quote(str(gpu["index"]))
+        order = shlex.quote(",".join(_creation_order(gpu, profiles)))
+        yield f"nvidia-smi mig -i {index} -cgi {order} -C"
 
 
 @deploy("GPU settings")

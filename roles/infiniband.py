@@ -44,6 +44,7 @@ from facts.fabric import (
 )
 from facts.hardware import InfinibandPorts
 from gpunode.model import DesiredState, IpoibInterface
+from gpunode.schema import one_line
 from roles.refusal import NodeRefused
 
 RDMA_PACKAGES = ["rdma-core", "infiniband-diags", "ibverbs-utils"]
@@ -114,7 +115,7 @@ def module_decisions(
                 f"{MODULES_LOAD_PATH} loads it at boot on a real node"
             )
         elif state["available"]:
-            commands.append(f"modprobe {module}")
+            commands.append(f"modprobe {shlex.quote(module)}")
         elif module == PEERMEM_MODULE:
             notes.append(
                 f"kernel module {module} not loaded: the running kernel has no such module "
@@ -191,7 +192,7 @@ def render_ipoib(interface: IpoibInterface) -> str:
         "# Managed by gpunode (infiniband.ipoib); local edits are replaced.",
         f"auto {interface.name}",
         f"iface {interface.name} {family} static",
-        f"    address {interface.address}",
+        f"    address {one_line(interface.address)}",
         f"    mtu {interface.mtu}",
     ]
     if interface.mtu > DATAGRAM_MAX_MTU:
@@ -214,7 +215,7 @@ def ipoib_up(interface: IpoibInterface, ipoib_module_loading: bool = False):
     live = host.get_fact(NetworkInterfaces).get(interface.name)
     if live is None:
         if ipoib_module_loading:
-            yield f"ifup {interface.name}"
+            yield f"ifup {shlex.quote(interface.name)}"
             return
         host.noop(
             f"{interface.name} does not exist on this node (no IPoIB port: no HCA, or "
@@ -226,7 +227,7 @@ def ipoib_up(interface: IpoibInterface, ipoib_module_loading: bool = False):
         return
     # ifup does nothing for an interface ifupdown counts as up, and ifdown only removes the
     # address its (new) file names: both are reset before ifup applies the file.
-    name = interface.name
+    name = shlex.quote(interface.name)
     yield f"ifdown --force {name} 2>/dev/null; ip address flush dev {name}; ifup {name}"
 
 
@@ -257,8 +258,9 @@ def stale_ipoib_files_removed(keep: list[str]):
     if not stale:
         host.noop("no other gpunode IPoIB interface files")
     for path in stale:
-        name = path.rsplit("/", 1)[1].removeprefix(IPOIB_FILE_PREFIX)
-        yield f"ifdown --force {name} 2>/dev/null; rm -f {path}"
+        # Both come from the node's file names: quoted.
+        name = shlex.quote(path.rsplit("/", 1)[1].removeprefix(IPOIB_FILE_PREFIX))
+        yield f"ifdown --force {name} 2>/dev/null; rm -f {shlex.quote(path)}"
 
 
 # --- subnet manager ----------------------------------------------------------------------

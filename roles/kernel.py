@@ -30,6 +30,7 @@ from pyinfra.operations import apt, files
 
 from facts.kernel import FileModes, LoginDefs, PasswordStates, SysctlState
 from gpunode.model import DesiredState
+from gpunode.schema import one_line
 
 SYSCTL_PATH = "/etc/sysctl.d/90-gpunode-hardening.conf"
 BLACKLIST_PATH = "/etc/modprobe.d/gpunode-blacklist.conf"
@@ -200,7 +201,7 @@ def render_sysctl_conf(values: dict[str, str]) -> str:
     role reports such keys on every run instead."""
     lines = [
         "# Managed by gpunode (kernel section of the inventory); local edits are replaced.",
-        *(f"-{key} = {value}" for key, value in values.items()),
+        *(one_line(f"-{key} = {value}") for key, value in values.items()),
     ]
     return "\n".join(lines) + "\n"
 

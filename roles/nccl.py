@@ -27,6 +27,7 @@ from pyinfra.operations import files
 from facts.fabric import NetworkInterfaces, RdmaDevices
 from facts.hardware import InfinibandPorts
 from gpunode.model import DesiredState
+from gpunode.schema import one_line
 from roles.refusal import NodeRefused
 
 NCCL_CONF_PATH = "/etc/nccl.conf"
@@ -62,7 +63,7 @@ class NameList:
 
 def render_nccl_conf(env: dict[str, str]) -> str:
     lines = [f"{MANAGED_MARK}; local edits are replaced."]
-    lines += [f"{name}={env[name]}" for name in sorted(env)]
+    lines += [one_line(f"{name}={env[name]}") for name in sorted(env)]
     return "\n".join(lines) + "\n"
 
 

@@ -361,14 +361,14 @@ def plan_driver(
         )
     )
     if to_unhold:
-        commands.append(f"apt-mark unhold {' '.join(to_unhold)}")
+        commands.append(f"apt-mark unhold {' '.join(map(shlex.quote, to_unhold))}")
     suffix = f"={spec.version}" if spec.version else ""
     names = [f"{name}{suffix}" for name in spec.versioned] + list(spec.unversioned)
     module_change = module_pending(spec, packages)
     if module_change and headers_need(spec, facts, available) == "install":
         names.append(facts["headers"]["package"])
     names += [f"{name}-" for name in stale_packages(spec, packages)]
-    commands.append(f"{APT_INSTALL} {' '.join(names)}")
+    commands.append(f"{APT_INSTALL} {' '.join(map(shlex.quote, names))}")
     commands.append(hold_command(spec))
     # The package's own scripts may enable or start it; data decides.
     if persistence_daemon:

@@ -17,6 +17,7 @@ from pyinfra.operations import apt, files
 
 from facts.container_runtime import AptPackagePolicy, is_indexed
 from gpunode.model import DesiredState
+from gpunode.schema import one_line
 from roles.base import package_mirrors_reachable, sha1
 from roles.refusal import NodeRefused
 
@@ -44,7 +45,7 @@ class NvidiaRepository:
         # NVIDIA publishes flat repositories: the suite is "/" and there are no components.
         return (
             "# Managed by gpunode; the URL comes from inventory data (apt.*_url).\n"
-            f"Types: deb\nURIs: {self.url.rstrip('/')}/\nSuites: /\n"
+            f"Types: deb\nURIs: {one_line(self.url.rstrip('/'))}/\nSuites: /\n"
             f"Signed-By: {self.keyring_path}\n"
         )
 

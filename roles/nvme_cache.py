@@ -429,6 +429,18 @@ def refused_at_prepare(error: CacheRefused) -> NodeRefused:
 # --- commands ----------------------------------------------------------------------------
 
 
+UUID_VARIABLE = "$uuid"
+
+
+def quoted_with_uuid(text: str) -> str:
+    """``text`` as one shell word, literal but for "$uuid", which the shell expands.
+
+    The fstab and mdadm.conf lines carry data (the mount point) and node output (a UUID); no
+    character of them may be read by the shell, except the variable a predicted run fills.
+    """
+    return '"$uuid"'.join(shlex.quote(part) for part in text.split(UUID_VARIABLE))
+
+
 def mkfs_command(filesystem: str, device: str) -> str:
     quoted = shlex.quote(device)
     make = {
@@ -439,7 +451,8 @@ def mkfs_command(filesystem: str, device: str) -> str:
     # The drive was read before this run; refuse if anything was written to it since.
     return (
         f'if [ -n "$(wipefs --no-act --noheadings --output TYPE {quoted})" ]; then '
-        f'echo "{device} carries a signature now; not making a filesystem on it" >&2; exit 1; '
+        f"echo {shlex.quote(device + ' carries a signature now; not making a filesystem on it')}"
+        " >&2; exit 1; "
         f"fi; {make}"
     )
 
@@ -492,7 +505,8 @@ def fstab_command(cache: NvmeCache, line: str) -> str:
     return (
         f"tmp=$(mktemp {FSTAB_PATH}.gpunode.XXXXXX) && "
         f"awk -v mp={mount_point} '$1 ~ /^#/ || $2 != mp' {FSTAB_PATH} > \"$tmp\" && "
-        f'printf "%s\\n" "{line}" >> "$tmp" && chmod 644 "$tmp" && mv "$tmp" {FSTAB_PATH} && '
+        f'printf "%s\\n" {quoted_with_uuid(line)} >> "$tmp" && chmod 644 "$tmp" && '
+        f'mv "$tmp" {FSTAB_PATH} && '
         # systemd turns fstab into mount units: it must see the new entry.
         "if [ -d /run/systemd/system ]; then systemctl daemon-reload; fi"
     )
@@ -578,8 +592,9 @@ def mdadm_conf_command(line: str, uuid: str) -> str:
     return (
         f"mkdir -p /etc/mdadm && touch {MDADM_CONF_PATH} && "
         f"tmp=$(mktemp {MDADM_CONF_PATH}.gpunode.XXXXXX) && "
-        f"{{ grep -v -E '{pattern}' {MDADM_CONF_PATH} || true; }} > \"$tmp\" && "
-        f'printf "%s\\n" "{line}" >> "$tmp" && chmod 644 "$tmp" && mv "$tmp" {MDADM_CONF_PATH} && '
+        f'{{ grep -v -E {quoted_with_uuid(pattern)} {MDADM_CONF_PATH} || true; }} > "$tmp" && '
+        f'printf "%s\\n" {quoted_with_uuid(line)} >> "$tmp" && chmod 644 "$tmp" && '
+        f'mv "$tmp" {MDADM_CONF_PATH} && '
         # The initramfs keeps its own copy of mdadm.conf; Debian's mdadm warns when they differ.
         "if command -v update-initramfs >/dev/null 2>&1; then update-initramfs -u; fi"
     )

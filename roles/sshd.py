@@ -1,28 +1,39 @@
 """The SSH server, hardened so that its *effective* configuration holds, without lock-outs.
 
-sshd keeps the first value it reads for a keyword. gpunode's settings are therefore written
-at the top of /etc/ssh/sshd_config and the drop-in directory is included only after them:
-a drop-in such as 50-cloud-init.conf can add settings but never override these. The floor is
-dev-sec's ssh-baseline; the crypto lists are those of ssh-audit's "Hardened Debian 12
-(version 3)" policy, in its order.
+gpunode writes the whole of /etc/ssh/sshd_config and it includes nothing: the drop-in
+directory /etc/ssh/sshd_config.d is not read. A drop-in cannot be trusted to only "add
+settings": sshd keeps the first value it reads for a keyword, but a ``Match`` block in a
+drop-in (``Match all``, ``Match User``, ``Match Address``) overrides everything before it for
+the connections it matches. Files there (cloud-init's 50-cloud-init.conf, a planted one) are
+left in place and have no effect; a setting a site needs belongs in the inventory.
+
+Only members of gpunode's login group (``AllowGroups gpunode-login``) may log in: the declared
+admins and the deploy user (see roles/admin_users.py). Keys are read from
+``.ssh/authorized_keys`` only, the file gpunode manages (not the unmanaged authorized_keys2).
+The floor is dev-sec's ssh-baseline; the crypto lists are those of ssh-audit's "Hardened
+Debian 12 (version 3)" policy, in its order.
 
 Safety: a configuration that would leave the deploy user unable to log in is refused before
-anything changes; a new configuration is checked with ``sshd -t`` before it is used; after
-the reload a *new* SSH login is made from the control side, and if it fails the previous
+anything changes; before the new configuration is written the deploy user must be in the
+login group; a new configuration is checked with ``sshd -t`` before it is used; after the
+reload a *new* SSH login is made from the control side, and if it fails the previous
 configuration (and host key, and moduli) is restored and the run fails loudly.
 """
 
 from __future__ import annotations
 
 import hashlib
+import shlex
 from typing import Any
 
 from pyinfra import host
 from pyinfra.api import FunctionCommand, OperationError, deploy, operation
 
+from facts.accounts import LOGIN_GROUP
 from facts.sshd import MIN_MODULUS_FIELD, MODULI, RSA_HOST_KEY, SSHD_CONFIG, SshdState
 from gpunode.model import DesiredState, Sshd
 from gpunode.reach import fresh_login
+from roles.admin_users import deploy_user
 from roles.refusal import NodeRefused
 
 KEX_ALGORITHMS = (
@@ -67,10 +78,11 @@ def _yes_no(value: bool) -> str:
 
 
 def render_sshd_config(sshd: Sshd) -> str:
-    """The whole /etc/ssh/sshd_config: hardened settings first, drop-ins after."""
+    """The whole /etc/ssh/sshd_config; it includes no drop-ins (their Match blocks would win)."""
     lines = [
-        "# Managed by gpunode. Settings come before the Include below on purpose: sshd keeps",
-        "# the first value it reads, so drop-ins can add settings but not override these.",
+        "# Managed by gpunode. Nothing is included: a Match block in a drop-in would override",
+        "# these settings, so /etc/ssh/sshd_config.d is not read. Set what you need in the",
+        "# inventory.",
         f"Port {sshd.port}",
         "AddressFamily any",
         *(f"ListenAddress {address}" for address in sshd.listen_addresses),
@@ -81,7 +93,9 @@ def render_sshd_config(sshd: Sshd) -> str:
         f"Ciphers {','.join(CIPHERS)}",
         f"MACs {','.join(MACS)}",
         f"PermitRootLogin {sshd.permit_root_login}",
+        f"AllowGroups {LOGIN_GROUP}",
         "PubkeyAuthentication yes",
+        "AuthorizedKeysFile .ssh/authorized_keys",
         "AuthenticationMethods publickey",
         "PasswordAuthentication no",
         "PermitEmptyPasswords no",
@@ -117,8 +131,6 @@ def render_sshd_config(sshd: Sshd) -> str:
         "UseDNS no",
         "AcceptEnv LANG LC_*",
         "Subsystem sftp /usr/lib/openssh/sftp-server -f AUTHPRIV -l INFO",
-        "",
-        "Include /etc/ssh/sshd_config.d/*.conf",
     ]
     return "\n".join(lines) + "\n"
 
@@ -132,7 +144,7 @@ def expected_effective(sshd: Sshd) -> dict[str, str]:
     """What ``sshd -T`` must print for every single-valued setting gpunode writes."""
     expected = {}
     for line in render_sshd_config(sshd).splitlines():
-        if not line or line.startswith(("#", "Include")):
+        if not line or line.startswith("#"):
             continue
         keyword, _, value = line.partition(" ")
         key = keyword.lower()
@@ -182,10 +194,29 @@ def _confirm_or_restore(state: Any, host: Any, port: int) -> None:
     )
 
 
+def login_group_guard(login_user: str) -> str:
+    """A command that fails, changing nothing, unless ``login_user`` may log in under
+    ``AllowGroups``: it must already be in the login group when the new sshd starts."""
+    user = shlex.quote(login_user)
+    message = shlex.quote(
+        f"sshd hardening refused, nothing changed: the deploy user {login_user} is not in "
+        f"{LOGIN_GROUP}, and AllowGroups {LOGIN_GROUP} would lock it out"
+    )
+    return (
+        f"id -Gn -- {user} | tr ' ' '\\n' | grep -qx {LOGIN_GROUP} || "
+        f"{{ echo {message} >&2; exit 1; }}"
+    )
+
+
 @operation()
-def hardened_sshd(config: str, port: int = 22):
+def hardened_sshd(config: str, port: int = 22, login_user: str | None = None):
     """sshd runs ``config`` with a 4096-bit RSA host key, no moduli below 3072 bits and
-    ssh.service (not socket activation); every change is proven by a new SSH login."""
+    ssh.service (not socket activation); every change is proven by a new SSH login.
+
+    + config: the whole sshd_config
+    + port: the port the new login is made to
+    + login_user: the deploy user; it must be in the login group before anything changes
+    """
     current = host.get_fact(SshdState)
     changes: list[str] = []
     if current["socket_enabled"]:
@@ -206,6 +237,8 @@ def hardened_sshd(config: str, port: int = 22):
     if not changes:
         host.noop("sshd already hardened and effective")
         return
+    if login_user is not None:
+        yield login_group_guard(login_user)
     backup = (
         f"mkdir -p -m 0700 {BACKUP_DIR} && cp -p {SSHD_CONFIG} {MODULI} {BACKUP_DIR}/ && "
         f"{{ [ ! -e {RSA_HOST_KEY} ] || cp -p {RSA_HOST_KEY} {RSA_HOST_KEY}.pub {BACKUP_DIR}/; }}"
@@ -234,4 +267,5 @@ def sshd(desired: DesiredState) -> None:
         name="Hardened sshd (validated, confirmed by a new login)",
         config=render_sshd_config(desired.sshd),
         port=desired.sshd.port,
+        login_user=deploy_user(host.data),
     )

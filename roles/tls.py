@@ -2,15 +2,19 @@
 
 The key is made on the node (openssl, EC P-256, /etc/gpunode/tls/node.key, 0600 root). At
 execution time a control-side callback has the node make a CSR, checks it against the
-inventory's names, signs it with the CA and installs node.crt; ca.crt sits beside it and the
-CA joins the system trust store. Whether to (re-)issue is decided from the NodeCertificate
-fact before anything runs, so ``--dry`` shows exactly the certificates that will be issued.
+inventory's names, signs it with the CA and installs node.crt; ca.crt sits beside it. Whether
+to (re-)issue is decided from the NodeCertificate fact before anything runs, so ``--dry``
+shows exactly the certificates that will be issued.
+
+The CA is never put into the node's system trust store (and is taken out where an earlier
+gpunode put it): it carries no name constraints, so trusting it system-wide would let
+whoever holds its key impersonate any site to every program on the node. Services that
+should trust gpunode's certificates are pointed at /etc/gpunode/tls/ca.crt explicitly.
 """
 
 from __future__ import annotations
 
 import datetime
-import hashlib
 import logging
 import shlex
 import sys
@@ -20,9 +24,9 @@ from typing import Any
 
 from cryptography.hazmat.primitives import serialization
 from pyinfra import host
-from pyinfra.api import FileUploadCommand, FunctionCommand, StringCommand, deploy, operation
+from pyinfra.api import FunctionCommand, StringCommand, deploy, operation
 from pyinfra.api.arguments import CONNECTOR_ARGUMENT_KEYS
-from pyinfra.facts.files import File, Link, Sha1File
+from pyinfra.facts.files import File, Link
 from pyinfra.operations import apt, files
 
 from facts.tls import CA_PATH, CERT_PATH, KEY_PATH, TLS_DIR, NodeCertificate
@@ -39,9 +43,12 @@ from gpunode.pki import (
 
 logger = logging.getLogger("pyinfra")
 
+# Where gpunode once put the CA for the system trust store; it is removed from there.
 TRUST_PATH = "/usr/local/share/ca-certificates/gpunode-ca.crt"
 # update-ca-certificates links each certificate it took in under /etc/ssl/certs.
 TRUST_LINK = "/etc/ssl/certs/gpunode-ca.pem"
+# --fresh: without it, a removed certificate's links stay behind (dangling) in /etc/ssl/certs.
+UNTRUST_COMMAND = f"rm -f {TRUST_PATH} && update-ca-certificates --fresh >/dev/null"
 NODE_KEY_CURVE = "P-256"
 # What a dry run installs as ca.crt when the CA does not exist yet: never executed, it only
 # makes the plan show the CA certificate as a change.
@@ -192,19 +199,15 @@ def node_key_private():
 
 
 @operation()
-def trusted_ca(certificate_pem: str):
-    """The CA is in the system trust store: ``certificate_pem`` at TRUST_PATH, taken in by
-    update-ca-certificates (run only when the file changed or was never taken in)."""
-    wanted_sha1 = hashlib.sha1(certificate_pem.encode()).hexdigest()
-    current_sha1 = host.get_fact(Sha1File, path=TRUST_PATH)
-    taken_in = host.get_fact(Link, path=TRUST_LINK)
-    if current_sha1 == wanted_sha1 and taken_in:
-        host.noop(f"{TRUST_PATH} is up to date and trusted")
+def ca_not_system_trusted():
+    """The gpunode CA is not in the system trust store: no TRUST_PATH, no TRUST_LINK (an
+    earlier gpunode put them there); update-ca-certificates rebuilds the bundle without it."""
+    installed = host.get_fact(File, path=TRUST_PATH)
+    linked = host.get_fact(Link, path=TRUST_LINK)
+    if not installed and not linked:
+        host.noop("the gpunode CA is not in the system trust store")
         return
-    if current_sha1 != wanted_sha1:
-        yield FileUploadCommand(StringIO(certificate_pem), TRUST_PATH)
-        yield f"chown root:root {TRUST_PATH} && chmod 644 {TRUST_PATH}"
-    yield "update-ca-certificates"
+    yield UNTRUST_COMMAND
 
 
 @cache
@@ -249,4 +252,4 @@ def tls_certificate(desired: DesiredState) -> None:
     )
     node_certificate(name="Node certificate", wanted=wanted, authority=authority)
     node_key_private(name=f"Node key {KEY_PATH} private to root")
-    trusted_ca(name="CA in the system trust store", certificate_pem=ca_pem)
+    ca_not_system_trusted(name="CA kept out of the system trust store")

@@ -8,6 +8,7 @@ from typing import Any
 
 from gpunode.drift.findings import DriftResult
 from gpunode.inventory import fleet_of
+from gpunode.sanitize import MAX_REPORT_TEXT_CHARS, clean_text
 
 
 def select_hosts(inventory: Any, limit: str | None) -> list[Any]:
@@ -34,14 +35,23 @@ def run_drift(
     hosts = select_hosts(inventory, limit)
     state = make_state(inventory)
     values, unreachable = gather_fact(state, NodeState, hosts, progress=progress)
-    result = DriftResult(unreachable=unreachable)
+    # Why a host was not checked is often the node's own words (an SSH banner, an error):
+    # cleaned here, as findings clean theirs, before any report shows them.
+    result = DriftResult(
+        unreachable={report_text(name): report_text(reason) for name, reason in unreachable.items()}
+    )
     for name, facts in sorted(values.items()):
-        if not facts.get("complete"):
-            result.unreachable[name] = "stopped answering during the check (output cut short)"
+        if isinstance(facts, dict) and not facts.get("complete"):
+            reason = "stopped answering during the check (output cut short)"
+            result.unreachable[report_text(name)] = reason
             continue
-        result.checked_hosts.append(name)
+        result.checked_hosts.append(report_text(name))
         result.findings.extend(evaluate(name, fleet.for_host(name), facts))
     return result
+
+
+def report_text(text: str) -> str:
+    return clean_text(str(text), MAX_REPORT_TEXT_CHARS)
 
 
 def stderr_progress(total: int) -> Callable[[str], None]:
@@ -51,7 +61,7 @@ def stderr_progress(total: int) -> Callable[[str], None]:
         nonlocal done
         done += 1
         if sys.stderr.isatty():
-            sys.stderr.write(f"\r{done}/{total} hosts checked ({host})\033[K")
+            sys.stderr.write(f"\r{done}/{total} hosts checked ({report_text(host)})\033[K")
             if done == total:
                 sys.stderr.write("\n")
 

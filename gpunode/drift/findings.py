@@ -6,6 +6,8 @@ from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from gpunode.sanitize import MAX_REPORT_TEXT_CHARS, clean_text
+
 
 class Severity(StrEnum):
     CRITICAL = "critical"
@@ -36,6 +38,14 @@ class Finding:
     found: str
     fix: str
     status: str = field(default="new", compare=False)
+
+    def __post_init__(self) -> None:
+        # The one place text enters a report: node text (already cleaned with the facts),
+        # inventory names and rule wording alike leave here safe for every renderer.
+        for name in ("id", "host", "expected", "found", "fix", "status"):
+            value = getattr(self, name)
+            text = value if isinstance(value, str) else str(value)
+            object.__setattr__(self, name, clean_text(text, MAX_REPORT_TEXT_CHARS))
 
     def as_dict(self) -> dict[str, Any]:
         data = asdict(self)

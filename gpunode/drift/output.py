@@ -81,7 +81,8 @@ def render_junit(result: DriftResult) -> str:
 
 
 def _label(value: str) -> str:
-    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", " ")
+    """A label value as the exposition format escapes it: backslash, double quote, newline."""
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
 def render_prometheus(result: DriftResult) -> str:
@@ -102,7 +103,7 @@ def render_prometheus(result: DriftResult) -> str:
     for f in result.sorted_findings():
         lines.append(
             f'gpunode_drift_finding{{host="{_label(f.host)}",id="{_label(f.id)}",'
-            f'severity="{f.severity.value}",status="{f.status}"}} 1'
+            f'severity="{f.severity.value}",status="{_label(f.status)}"}} 1'
         )
     lines += [
         "# HELP gpunode_drift_host_checked 1 if the host was checked, 0 if unreachable.",
@@ -116,15 +117,28 @@ def render_prometheus(result: DriftResult) -> str:
 
 
 def write_atomically(path: str | Path, content: str) -> None:
-    """Write so a reader (node_exporter's textfile collector) never sees half a file."""
+    """Write so a reader (node_exporter's textfile collector, tomorrow's run reading its
+    baseline) never sees half a file, even after a crash or a power cut: the content is on
+    disk before the rename, and the rename is on disk before this returns."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     handle, temporary = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
     try:
-        with os.fdopen(handle, "w") as stream:
+        with os.fdopen(handle, "w", encoding="utf-8") as stream:
             stream.write(content)
+            stream.flush()
+            os.fsync(stream.fileno())
         os.chmod(temporary, 0o644)
         os.replace(temporary, target)
     except BaseException:
         os.unlink(temporary)
         raise
+    _fsync_directory(target.parent)
+
+
+def _fsync_directory(directory: Path) -> None:
+    descriptor = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)

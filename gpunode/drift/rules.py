@@ -13,7 +13,9 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from gpunode.drift.findings import HARDWARE_TICKET, RUN_DEPLOY, Finding, Severity
+from gpunode.drift.shape import checked_facts
 from gpunode.model import DesiredState
+from gpunode.sanitize import clean_tree
 
 Section = dict[str, Any]
 Rule = Callable[[DesiredState, dict[str, Any]], Iterator[tuple[str, Severity, str, str, str]]]
@@ -187,7 +189,8 @@ def infiniband_rules(desired: DesiredState, facts: dict[str, Any]) -> Iterator[t
                 "check the cable and switch port",
             )
         elif expected.ib_rate_gbps and (port.get("rate") or 0) < expected.ib_rate_gbps:
-            found = f"{port.get('rate')} Gb/s"
+            rate = port.get("rate")
+            found = "rate unreadable" if rate is None else f"{rate} Gb/s"
             yield f"ib.rate:{name}", WARN, f"{expected.ib_rate_gbps} Gb/s", found, HARDWARE_TICKET
 
 
@@ -375,6 +378,92 @@ def nvme_cache_rules(desired: DesiredState, facts: dict[str, Any]) -> Iterator[t
         yield "nvme_cache.options", WARN, "noatime", ",".join(options), RUN_DEPLOY
 
 
+def _may_log_in(name: str, account: dict[str, Any], effective: dict[str, Any]) -> bool:
+    """sshd's own access checks (AllowUsers, DenyUsers, AllowGroups, DenyGroups, root login,
+    public keys) for ``name``, from its effective settings."""
+    from fnmatch import fnmatchcase
+
+    def values(keyword: str) -> list[str]:
+        return [part for value in effective.get(keyword, []) for part in str(value).split()]
+
+    def matches(patterns: list[str], names: list[str]) -> bool:
+        return any(fnmatchcase(n, p.split("@", 1)[0]) for p in patterns for n in names)
+
+    groups = [str(group) for group in account.get("groups") or []]
+    if effective.get("pubkeyauthentication") == ["no"]:
+        return False
+    if name == "root" and effective.get("permitrootlogin") == ["no"]:
+        return False
+    if matches(values("denyusers"), [name]) or matches(values("denygroups"), groups):
+        return False
+    if values("allowusers") and not matches(values("allowusers"), [name]):
+        return False
+    return not values("allowgroups") or matches(values("allowgroups"), groups)
+
+
+def access_rules(desired: DesiredState, facts: dict[str, Any]) -> Iterator[tuple]:
+    """Who can log in. sshd's settings for every account that could log in, evaluated from
+    the control host's address, must be the hardened ones (a Match block shows only here);
+    no account the inventory does not declare may log in, except the deploy user this check
+    logs in as; every declared admin with keys can log in."""
+    from facts.accounts import expired
+    from roles.sshd import expected_effective
+
+    section: Section = facts.get("sshd") or {}
+    base = section.get("effective") or {}
+    per_user = (section.get("per_user") or {}).get("users")
+    accounts = section.get("accounts")
+    if not base or not isinstance(per_user, dict) or not isinstance(accounts, dict):
+        return  # sshd_rules reports an unreadable sshd
+    wanted = expected_effective(desired.sshd)
+    for user, effective in sorted(per_user.items()):
+        if "error" in effective:
+            found = ",".join(effective["error"])
+            yield f"sshd.user:{user}", WARN, "sshd -T evaluates", found, RUN_DEPLOY
+            continue
+        for keyword, value in wanted.items():
+            found_values = effective.get(keyword, ["(unset)"])
+            # What differs for everyone is already sshd.<keyword>; here only what one gets.
+            if found_values != [value] and found_values != base.get(keyword, ["(unset)"]):
+                found = ",".join(found_values)
+                yield f"sshd.user:{user}.{keyword}", WARN, value, found, RUN_DEPLOY
+    if accounts.get("state") != "ok":
+        yield from _unreadable("accounts", accounts)
+        return
+    today = accounts.get("today")
+    on_node: dict[str, Any] = accounts.get("accounts") or {}
+
+    def can_log_in(name: str, account: dict[str, Any]) -> bool:
+        effective = per_user.get(name) or base
+        return (
+            bool(account.get("keys"))
+            and bool(account.get("shell_usable"))
+            and not expired(account, today)
+            and "error" not in effective
+            and _may_log_in(name, account, effective)
+        )
+
+    declared = {user.name: user for user in desired.admin_users}
+    if desired.sshd.permit_root_login != "no":
+        declared_names = set(declared) | {"root"}
+    else:
+        declared_names = set(declared)
+    for name, account in sorted(on_node.items()):
+        if name in declared_names or name == accounts.get("session_user"):
+            continue
+        if can_log_in(name, account):
+            found = f"{name} can log in ({account.get('keys')} authorized keys)"
+            yield (
+                f"accounts.undeclared:{name}", WARN,
+                "no SSH login for accounts the inventory does not declare", found, RUN_DEPLOY,
+            )  # fmt: skip
+    for name, user in sorted(declared.items()):
+        account = on_node.get(name)
+        if user.ssh_keys and (account is None or not can_log_in(name, account)):
+            found = "no such account" if account is None else "cannot log in"
+            yield f"accounts.admin:{name}", WARN, f"{name} can log in", found, RUN_DEPLOY
+
+
 RULES: tuple[Rule, ...] = (
     gpu_rules,
     infiniband_rules,
@@ -386,13 +475,35 @@ RULES: tuple[Rule, ...] = (
     container_runtime_rules,
     nccl_rules,
     nvme_cache_rules,
+    access_rules,
 )
 
 
-def evaluate(host: str, desired: DesiredState, facts: dict[str, Any]) -> list[Finding]:
-    """Every rule over one host's facts."""
+REPORT_BUG = "report a gpunode bug with this host's facts; check the node by hand meanwhile"
+
+
+def evaluate(host: str, desired: DesiredState, facts: Any) -> list[Finding]:
+    """Every rule over one host's facts, never raising.
+
+    The facts come from the node: their text is cleaned once (``gpunode.sanitize``), then
+    each section that does not fit the shape its rules read becomes unreadable
+    (``gpunode.drift.shape``). A rule that still fails on this host's facts becomes a finding
+    for this host alone; the other rules, and the other hosts, are still evaluated.
+    """
+    if not isinstance(facts, dict):
+        found = f"not an object of sections: {type(facts).__name__}"
+        return [Finding("facts.unreadable", host, WARN, "facts readable", found, RUN_DEPLOY)]
+    facts = checked_facts(clean_tree(facts))
     findings = []
     for rule in RULES:
-        for finding_id, severity, expected, found, fix in rule(desired, facts):
-            findings.append(Finding(finding_id, host, severity, expected, found, fix))
+        try:
+            for finding_id, severity, expected, found, fix in rule(desired, facts):
+                findings.append(Finding(finding_id, host, severity, expected, found, fix))
+        except Exception as error:  # one rule's failure on one host is that host's finding
+            name = getattr(rule, "__name__", "rule")
+            found = f"{type(error).__name__}: {error}"
+            findings.append(
+                Finding(f"drift.rule_failed:{name}", host, WARN, f"{name} evaluates", found,
+                        REPORT_BUG)
+            )  # fmt: skip
     return findings

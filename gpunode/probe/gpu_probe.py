@@ -101,6 +101,10 @@ UNAVAILABLE = re.compile(
 
 Result = dict[str, Any]
 
+# Longer than any line nvidia-smi or the kernel log prints (printk's limit is 1024): a longer
+# one is garbage or hostile, and is not handed to a regex whole (see parsers.MAX_LINE_CHARS).
+MAX_LINE_CHARS = 4096
+
 
 # --- the result contract ----------------------------------------------------------------------
 
@@ -412,8 +416,34 @@ def parse_nvidia_smi_xml(text: str) -> Result:
 # --- nvidia-smi nvlink -s ---------------------------------------------------------------------
 
 ALL_LINKS_INACTIVE = "NVML: Unable to retrieve NVLink information as all links are inactive"
-_NVLINK_GPU = re.compile(r"GPU (\d+): (.*) \(UUID: ([^()\s]+)\)")
-_NVLINK_LINK = re.compile(r"\s*Link (\d+): (.*?)\s*")
+_NVLINK_UUID = re.compile(r"[^()\s]+")
+
+
+def _nvlink_gpu(line: str) -> tuple[int, str, str] | None:
+    """``GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-...)`` -> (index, name, UUID)."""
+    if not line.startswith("GPU "):
+        return None
+    number, colon, rest = line[4:].partition(": ")
+    name, marker, uuid = rest.rpartition(" (UUID: ")
+    if not (colon and marker and number.isdigit() and number.isascii() and uuid.endswith(")")):
+        return None
+    uuid = uuid[:-1]
+    return (int(number), name, uuid) if _NVLINK_UUID.fullmatch(uuid) else None
+
+
+def _nvlink_link(line: str) -> tuple[int, str] | None:
+    """``Link 3: 26.562 GB/s`` (indented) -> (3, '26.562 GB/s').
+
+    Read with str methods: a regex ending in a lazy group and optional blanks backtracks
+    quadratically on a long run of blanks.
+    """
+    body = line.strip()
+    if not body.startswith("Link "):
+        return None
+    number, colon, value = body[5:].partition(": ")
+    if not (colon and number.isdigit() and number.isascii()):
+        return None
+    return int(number), value
 
 
 def nvlink_summary(links: list[Result], source: str, all_inactive: bool = False) -> Result:
@@ -439,31 +469,29 @@ def parse_nvlink_status(text: str) -> Result:
     for line_number, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
-        if match := _NVLINK_GPU.fullmatch(line.strip()):
+        if len(line) > MAX_LINE_CHARS:
+            return unreadable(
+                NVLINK_COMMAND,
+                f"line {line_number} is {len(line)} characters long (over {MAX_LINE_CHARS})",
+            )
+        if gpu_line := _nvlink_gpu(line.strip()):
+            index, name, uuid = gpu_line
             gpus.append(
-                {
-                    "index": int(match.group(1)),
-                    "name": match.group(2),
-                    "uuid": match.group(3),
-                    "links": [],
-                    "all_inactive": False,
-                }
+                {"index": index, "name": name, "uuid": uuid, "links": [], "all_inactive": False}
             )
             continue
         if not gpus:
             return unreadable(NVLINK_COMMAND, f"line {line_number} comes before any GPU: {line!r}")
         if line.strip() == ALL_LINKS_INACTIVE:
             gpus[-1]["all_inactive"] = True
-        elif match := _NVLINK_LINK.fullmatch(line):
-            value = match.group(2)
+        elif link_line := _nvlink_link(line):
+            link, value = link_line
             speed = re.fullmatch(r"([0-9]+(?:\.[0-9]+)?) GB/s", value)
             if value == "<inactive>":
-                gpus[-1]["links"].append(
-                    {"link": int(match.group(1)), "active": False, "speed_gbps": None}
-                )
+                gpus[-1]["links"].append({"link": link, "active": False, "speed_gbps": None})
             elif speed:
                 gpus[-1]["links"].append(
-                    {"link": int(match.group(1)), "active": True, "speed_gbps": float(speed[1])}
+                    {"link": link, "active": True, "speed_gbps": float(speed[1])}
                 )
             else:
                 return unreadable(
@@ -515,7 +543,7 @@ def nvidia_smi_failure(command: str, exit_code: int | None, output: str) -> Resu
 
 _XID = re.compile(
     r"NVRM: Xid \((?:PCI:)?([0-9A-Fa-f]{1,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.[0-7])?)"
-    r"[^)]*\): (\d+)(?:, *(.*))?"
+    r"[^)]*\): (\d+)(?:,(.*))?"
 )
 _ISO_TIME = re.compile(r"(\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(?:\.\d+)?(?:Z|[+-]\d{2}:?\d{2})?)\s")
 _SYSLOG_TIME = re.compile(r"([A-Z][a-z]{2} [ 0-9]\d \d{2}:\d{2}:\d{2})\s")
@@ -543,7 +571,8 @@ def parse_xid_events(text: str) -> Result:
     itself succeeded is for the caller to check.
     """
     events = []
-    lines = [line for line in text.splitlines() if line.strip()]
+    # The time, device and XID come first: a line over the limit is read by its head.
+    lines = [line[:MAX_LINE_CHARS] for line in text.splitlines() if line.strip()]
     for line in lines:
         if "NVRM: Xid" not in line:
             continue
@@ -551,7 +580,7 @@ def parse_xid_events(text: str) -> Result:
         if not match:
             events.append({"time": _event_time(line), "pci": None, "xid": None, "message": line})
             continue
-        message = match.group(3) or ""
+        message = (match.group(3) or "").lstrip(" ")
         event: Result = {
             "time": _event_time(line),
             "pci": match.group(1).lower(),

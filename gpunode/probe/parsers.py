@@ -52,6 +52,7 @@ from gpunode.probe.gpu_probe import (
     parse_xid_events,
     unreadable,
 )
+from gpunode.sanitize import Bool, Int, ListOf, Maybe, Record, Str
 
 __all__ = [
     "SECTION_COMMANDS",
@@ -83,6 +84,14 @@ ABSENT_MARKER = "gpunode:absent="
 SECTION_MARKER = "gpunode:section="
 LOG_WINDOW = "-24h"  # journalctl's relative --since, on the node's own clock
 
+# Node output is read on the control side, in the gevent loop that serves every host: what
+# one node prints must cost time in proportion to its size, and the size is bounded.
+# No line of nvidia-smi's text, ibstat or the kernel log comes near this (printk's limit is
+# 1024); the probe's JSON is one line, so it and nvme's JSON are bounded by the total only.
+MAX_LINE_CHARS = gpu_probe.MAX_LINE_CHARS
+# Far above an 8-GPU node's largest section (nvidia-smi -q -x, about 300 kB).
+MAX_OUTPUT_CHARS = 8 << 20
+
 
 # --- nvidia-smi -q text (PAGE_RETIREMENT and full reports) ------------------------------------
 
@@ -92,8 +101,33 @@ class _Problem(Exception):
 
 
 _QUERY_GPU = re.compile(r"GPU ([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7])\s*")
-_QUERY_VALUE = re.compile(r"( *)(\S.*?)\s+: ?(.*?)\s*")
-_QUERY_HEADER = re.compile(r"( *)(\S.*?)\s*")
+
+
+def over_long_lines(text: str, limit: int = MAX_LINE_CHARS) -> str | None:
+    """Why ``text`` cannot be read line by line (its first line over ``limit``), or None."""
+    for number, line in enumerate(text.splitlines(), 1):
+        if len(line) > limit:
+            return f"line {number} is {len(line)} characters long (over {limit}): not read"
+    return None
+
+
+def _query_line(line: str) -> tuple[int, str, str | None] | None:
+    """One ``nvidia-smi -q`` line -> (indent, key, value or None for a section title).
+
+    A value line is ``key : value``: the key ends at the first colon with a blank before it.
+    Read with str methods, in one pass: a regex here backtracks quadratically on long blanks.
+    """
+    body = line.lstrip(" ")
+    if not body or body[0].isspace():
+        return None
+    indent = len(line) - len(body)
+    colon = body.find(":")
+    while colon > 0 and not body[colon - 1].isspace():
+        colon = body.find(":", colon + 1)
+    if colon <= 0:
+        return indent, body.rstrip(), None
+    value = body[colon + 1 :]
+    return indent, body[:colon].rstrip(), value.removeprefix(" ").rstrip()
 
 
 def parse_query_text(text: str) -> tuple[dict[str, Any], list[tuple[str, dict[str, Any]]]]:
@@ -105,26 +139,27 @@ def parse_query_text(text: str) -> tuple[dict[str, Any], list[tuple[str, dict[st
     gpus: list[tuple[str, dict[str, Any]]] = []
     stack: list[tuple[int, dict[str, Any]]] = [(-1, header)]
     for line in text.splitlines():
-        if not line.strip() or re.fullmatch(r"=+NVSMI LOG=+", line.strip()):
+        stripped = line.strip()
+        banner = stripped.startswith("=") and stripped.endswith("=")
+        if not stripped or (banner and stripped.strip("=") == "NVSMI LOG"):
             continue
         if match := _QUERY_GPU.fullmatch(line):
             sections: dict[str, Any] = {}
             gpus.append((match.group(1), sections))
             stack = [(-1, header), (0, sections)]
             continue
-        value_match = _QUERY_VALUE.fullmatch(line)
-        match = value_match or _QUERY_HEADER.fullmatch(line)
-        if match is None:  # pragma: no cover - the header pattern takes any non-blank line
+        parsed = _query_line(line)
+        if parsed is None:  # a line indented with other blanks than spaces
             continue
-        indent = len(match.group(1))
+        indent, key, value = parsed
         while stack[-1][0] >= indent:
             stack.pop()
         parent = stack[-1][1]
-        if value_match:
-            parent.setdefault(value_match.group(2), value_match.group(3))
+        if value is not None:
+            parent.setdefault(key, value)
         else:
             section: dict[str, Any] = {}
-            parent.setdefault(match.group(2), section)
+            parent.setdefault(key, section)
             stack.append((indent, section))
     return header, gpus
 
@@ -200,6 +235,8 @@ def parse_page_retirement(text: str) -> Result:
     """Retired pages (and remapped rows where shown) per GPU from ``nvidia-smi -q`` text."""
     if not text.strip():
         return unreadable(PAGE_RETIREMENT_COMMAND, "empty output")
+    if problem := over_long_lines(text):
+        return unreadable(PAGE_RETIREMENT_COMMAND, problem)
     header, gpus = parse_query_text(text)
     attached = gpu_probe.integer(_string(header.get("Attached GPUs")))
     if not gpus:
@@ -240,51 +277,82 @@ def parse_page_retirement(text: str) -> Result:
 
 _IBSTAT_CA = re.compile(r"CA '([^']+)'")
 _IBSTAT_PORT = re.compile(r"\tPort ([0-9]+):")
-_IBSTAT_FIELD = re.compile(r"(\t{1,2})([A-Za-z][A-Za-z ]*): ?(.*?)\s*")
+_IBSTAT_KEY = re.compile(r"[A-Za-z][A-Za-z ]*")
 IBSTAT_NUMBERS = ("number_of_ports", "base_lid", "lmc", "sm_lid")
 IBSTAT_PORT_REQUIRED = ("state", "physical_state", "rate", "link_layer")
 IBSTAT_CA_REQUIRED = ("ca_type", "firmware_version")
 
 
-def _ibstat_value(key: str, value: str) -> Any:
+def _ibstat_field(line: str) -> tuple[int, str, str] | None:
+    """A CA field (one tab, ``Key: value``) or a port field (two tabs) -> (tabs, key, value).
+
+    Read with str methods: a regex ending in a lazy group and optional blanks backtracks
+    quadratically on a long run of blanks.
+    """
+    body = line.lstrip("\t")
+    tabs = len(line) - len(body)
+    key, colon, value = body.partition(":")
+    if tabs not in (1, 2) or not colon or not _IBSTAT_KEY.fullmatch(key):
+        return None
+    return tabs, key.strip().lower().replace(" ", "_"), value.removeprefix(" ").rstrip()
+
+
+def _ibstat_value(key: str, value: str) -> tuple[Any, str | None]:
+    """(value, why it is unreadable or None)."""
     if key in IBSTAT_NUMBERS and re.fullmatch(r"[0-9]+", value):
-        return int(value)
-    if key == "rate" and re.fullmatch(r"[0-9]+(?:\.[0-9]+)?", value):  # Gb/s; SDR is 2.5
+        return int(value), None
+    if key == "rate":  # Gb/s; SDR is 2.5
+        if not re.fullmatch(r"[0-9]+(?:\.[0-9]+)?", value):
+            return None, f"{value[:40]!r} is not a rate in Gb/s"
         rate = float(value)
-        return int(rate) if rate.is_integer() else rate
-    return value
+        return (int(rate) if rate.is_integer() else rate), None
+    return value, None
 
 
 @never_raises(IBSTAT_COMMAND)
 def parse_ibstat(text: str) -> Result:
-    """``ibstat`` -> CAs (type, firmware, GUIDs) with their ports, and the ports flattened."""
+    """``ibstat`` -> CAs (type, firmware, GUIDs) with their ports, and the ports flattened.
+
+    A field whose value cannot be read (a line over ``MAX_LINE_CHARS``, a rate that is not a
+    number) is None, with the reason under the CA's or port's ``unreadable``; the rest stays.
+    """
     cas: list[Result] = []
     port: Result | None = None
     for line_number, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
-        if match := _IBSTAT_CA.fullmatch(line):
+        over_long = len(line) > MAX_LINE_CHARS
+        head = line[:MAX_LINE_CHARS]
+        if not over_long and (match := _IBSTAT_CA.fullmatch(line)):
             cas.append({"name": match.group(1), "ports": []})
             port = None
         elif not cas:
-            return unreadable(IBSTAT_COMMAND, f"line {line_number} comes before any CA: {line!r}")
-        elif match := _IBSTAT_PORT.fullmatch(line):
+            return unreadable(
+                IBSTAT_COMMAND, f"line {line_number} comes before any CA: {head[:120]!r}"
+            )
+        elif not over_long and (match := _IBSTAT_PORT.fullmatch(line)):
             port = {"port": int(match.group(1))}
             cas[-1]["ports"].append(port)
-        elif match := _IBSTAT_FIELD.fullmatch(line):
-            key = match.group(2).strip().lower().replace(" ", "_")
-            if len(match.group(1)) == 2:
-                if port is None:
-                    return unreadable(
-                        IBSTAT_COMMAND, f"line {line_number}: port field outside a port"
-                    )
-                port[key] = _ibstat_value(key, match.group(3))
-            elif port is not None:
+        elif field := _ibstat_field(head):
+            tabs, key, text_value = field
+            if tabs == 2 and port is None:
+                return unreadable(IBSTAT_COMMAND, f"line {line_number}: port field outside a port")
+            if tabs == 1 and port is not None:
                 return unreadable(IBSTAT_COMMAND, f"line {line_number}: CA field after its ports")
+            target = port if port is not None else cas[-1]
+            if over_long:
+                value: Any = None
+                problem: str | None = (
+                    f"line {line_number} is {len(line)} characters long "
+                    f"(over {MAX_LINE_CHARS}): not read"
+                )
             else:
-                cas[-1][key] = _ibstat_value(key, match.group(3))
+                value, problem = _ibstat_value(key, text_value)
+            target[key] = value
+            if problem:
+                target.setdefault("unreadable", {})[key] = problem
         else:
-            return unreadable(IBSTAT_COMMAND, f"line {line_number} not understood: {line!r}")
+            return unreadable(IBSTAT_COMMAND, f"line {line_number} not understood: {head[:120]!r}")
     if not cas:
         return unreadable(IBSTAT_COMMAND, "empty output" if not text.strip() else "no CA")
     for ca in cas:
@@ -377,7 +445,12 @@ def parse_ib_flaps(text: str, empty_ok: bool = False) -> Result:
     A flap is a "lost carrier" (systemd-networkd); "gained carrier" lines are counted as
     recoveries. ``empty_ok``: no line at all is a valid answer (the journal had none).
     """
-    lines = [line for line in text.splitlines() if line.strip() and not line.startswith("-- ")]
+    # A syslog line's time, host and tag come first: a line over the limit is read by its head.
+    lines = [
+        line[:MAX_LINE_CHARS]
+        for line in text.splitlines()
+        if line.strip() and not line.startswith("-- ")
+    ]
     if not lines and not empty_ok:
         return unreadable(IB_FLAPS_COMMAND, "empty output")
     flaps: dict[str, int] = {}
@@ -424,6 +497,72 @@ def parse_ib_flaps(text: str, empty_ok: bool = False) -> Result:
 REPORT_STATES = ("ok", "driver_not_loaded", "absent", "unreadable")
 REPORT_KEYS = ("state", "gpus", "kernel_module", "driver_versions", "fabric_manager", "xid_events")
 
+_COUNT = Maybe(Int)
+_FLAG = Maybe(Bool)
+_TEXT = Maybe(Str)
+_ECC_COUNTS = Maybe(Record({"corrected": _COUNT, "uncorrected": _COUNT}))
+GPU_SHAPE = Record(
+    {
+        "index": _COUNT,
+        "uuid": _TEXT,
+        "name": _TEXT,
+        "pci_bus_id": _TEXT,
+        "persistence_mode": _FLAG,
+        "ecc_mode": Maybe(Record({"current": _FLAG, "pending": _FLAG})),
+        "ecc_errors": Maybe(Record({"volatile": _ECC_COUNTS, "aggregate": _ECC_COUNTS})),
+        "remapped_rows": Maybe(
+            Record(
+                {
+                    "correctable": _COUNT,
+                    "uncorrectable": _COUNT,
+                    "pending": _FLAG,
+                    "failure": _FLAG,
+                }
+            )
+        ),
+        "retired_pages": Maybe(
+            Record({"single_bit": _COUNT, "double_bit": _COUNT, "pending": _FLAG})
+        ),
+        "nvlink": Maybe(Record({"state": _TEXT, "active": _COUNT, "total": _COUNT})),
+        "clock_event_reasons": Maybe(ListOf(Str)),
+        "pcie": Maybe(
+            Record(
+                {
+                    "gen_current": _COUNT,
+                    "gen_max": _COUNT,
+                    "width_current": _COUNT,
+                    "width_max": _COUNT,
+                }
+            )
+        ),
+    }
+)
+XID_EVENT_SHAPE = Record({"xid": _COUNT, "pci": _TEXT, "time": _TEXT, "message": _TEXT})
+# Every field of the report that the control side reads (the drift rules, the metrics), with
+# its type: a report that does not fit is unreadable, naming the first field that does not.
+GPU_REPORT_SHAPE = Record(
+    {
+        "schema": Str,
+        "state": Str,
+        "reason": _TEXT,
+        "driver_version": _TEXT,
+        "gpus": ListOf(GPU_SHAPE),
+        "driver_versions": Maybe(
+            Record(
+                {
+                    "mismatch": _FLAG,
+                    "kernel_module": _TEXT,
+                    "userspace": _TEXT,
+                    "installed_package": _TEXT,
+                }
+            )
+        ),
+        "fabric_manager": Maybe(Record({"state": _TEXT})),
+        "kernel_module": Maybe(Record({"state": _TEXT, "version": _TEXT})),
+        "xid_events": Maybe(Record({"state": _TEXT, "events": ListOf(XID_EVENT_SHAPE)})),
+    }
+)
+
 
 @never_raises(PROBE_COMMAND)
 def parse_gpu_report(text: str) -> Result:
@@ -449,6 +588,8 @@ def parse_gpu_report(text: str) -> Result:
     gpus = report.get("gpus")
     if not isinstance(gpus, list) or not all(isinstance(gpu, dict) for gpu in gpus):
         return unreadable(PROBE_COMMAND, "'gpus' is not a list of GPU objects")
+    if problem := GPU_REPORT_SHAPE.problem(report):
+        return unreadable(PROBE_COMMAND, f"malformed report: {problem}")
     return {**report, "command": PROBE_COMMAND}
 
 
@@ -617,6 +758,10 @@ def parse_section(name: str, lines: Iterable[str]) -> Result:
     if name not in SECTION_PARSERS:
         return unreadable(name, f"unknown section; known: {', '.join(SECTION_PARSERS)}")
     title = SECTION_TITLES[name]
+    lines = list(lines)
+    size = sum(len(line) + 1 for line in lines)
+    if size > MAX_OUTPUT_CHARS:
+        return unreadable(title, f"output is {size} characters (over {MAX_OUTPUT_CHARS}): not read")
     output = split_framed(lines)
     if output.absent is not None:
         return absent(title, f"{output.absent} is not installed")

@@ -2,20 +2,33 @@
 
 from __future__ import annotations
 
+import json
+import shlex
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from gpunode.lab import Lab, LabNode
 
-from .conftest import run_pyinfra, ssh, write_inventory
+from .conftest import ROOT, run_pyinfra, ssh, write_inventory
 
 pytestmark = pytest.mark.lab
 
 DEPLOY = "deploys/gpu_node.py"
 SSH_AUDIT = str(Path(sys.executable).with_name("ssh-audit"))
+GPUNODE = str(Path(sys.executable).with_name("gpunode"))
+# Planted drop-ins: one that loosens login for everyone, one for an admin from outside only.
+MATCH_ALL = "Match all\n    PasswordAuthentication yes\n    PermitRootLogin yes\n"
+MATCH_ADMIN_FROM_OUTSIDE = (
+    "Match User gpuadmin Address *,!127.0.0.1\n    KbdInteractiveAuthentication yes\n"
+)
+PLANTED = {
+    "/etc/ssh/sshd_config.d/00-planted.conf": MATCH_ALL,
+    "/etc/ssh/sshd_config.d/01-planted.conf": MATCH_ADMIN_FROM_OUTSIDE,
+}
 POLICY = "Hardened Debian 12 (version 3)"
 
 
@@ -23,6 +36,43 @@ def effective(lab: Lab, node: LabNode) -> dict[str, str]:
     result = ssh(lab, node, "sudo /usr/sbin/sshd -T")
     assert result.returncode == 0, result.stderr
     return dict(line.split(" ", 1) for line in result.stdout.splitlines() if " " in line)
+
+
+def effective_for(lab: Lab, node: LabNode, user: str, address: str = "192.0.2.1") -> dict[str, str]:
+    """``sshd -T`` as sshd would apply it to ``user`` logging in from ``address``."""
+    result = ssh(
+        lab, node, f"sudo /usr/sbin/sshd -T -C user={user},host={address},addr={address},lport=22"
+    )
+    assert result.returncode == 0, result.stderr
+    return dict(line.split(" ", 1) for line in result.stdout.splitlines() if " " in line)
+
+
+def sudo(lab: Lab, node: LabNode, command: str) -> str:
+    result = ssh(lab, node, f"sudo sh -c {shlex.quote(command)}")
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def wait_for_ssh(lab: Lab, node: LabNode) -> None:
+    for _ in range(40):
+        if ssh(lab, node, "true").returncode == 0:
+            return
+        time.sleep(0.25)
+    raise AssertionError(f"{node.name} does not accept SSH logins")
+
+
+def sshd_findings(node: LabNode) -> dict[str, str]:
+    """The drift check's sshd.* findings for ``node``: id -> found."""
+    result = subprocess.run(
+        [GPUNODE, "drift", "inventories/lab.py", "--json", "--limit", node.name],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    report = json.loads(result.stdout)
+    assert report["checked_hosts"] == [node.name], result.stderr
+    return {f["id"]: f["found"] for f in report["findings"] if f["id"].startswith("sshd.")}
 
 
 @pytest.fixture(scope="module")
@@ -114,3 +164,56 @@ def test_password_login_deploy_is_refused_before_any_change(
     state = ssh(lab, target, "nvidia-smi --query-gpu=persistence_mode --format=csv,noheader").stdout
     assert set(state.split()) == {"Disabled"}
     assert run_pyinfra(DEPLOY).returncode == 0
+
+
+def test_match_drop_ins_do_not_override_and_drift_sees_match_blocks_per_user(
+    lab: Lab, hardened: list[LabNode]
+) -> None:
+    target = hardened[0]
+    planted = " && ".join(
+        f"printf '%s' {shlex.quote(text)} > {path}" for path, text in PLANTED.items()
+    )
+    sudo(lab, target, f"{planted} && /usr/sbin/sshd -t && systemctl reload ssh")
+    wait_for_ssh(lab, target)
+    try:
+        # gpunode's sshd_config reads no drop-ins: neither Match block applies.
+        for user in ("gpuadmin", "root", "debian"):
+            settings = effective_for(lab, target, user)
+            assert settings["passwordauthentication"] == "no", user
+            assert settings["permitrootlogin"] == "no", user
+            assert settings["kbdinteractiveauthentication"] == "no", user
+            assert settings["allowgroups"] == "gpunode-login", user
+            assert settings["authorizedkeysfile"] == ".ssh/authorized_keys", user
+        assert sshd_findings(target) == {}
+
+        # Include them again by hand: the drift check sees what each account would get from
+        # outside, including the Match block that only applies to gpuadmin off-host.
+        sudo(
+            lab,
+            target,
+            "echo 'Include /etc/ssh/sshd_config.d/*.conf' >> /etc/ssh/sshd_config "
+            "&& systemctl reload ssh",
+        )
+        wait_for_ssh(lab, target)
+        assert effective_for(lab, target, "gpuadmin")["kbdinteractiveauthentication"] == "yes"
+        findings = sshd_findings(target)
+        assert findings["sshd.passwordauthentication"] == "yes"
+        assert findings["sshd.permitrootlogin"] == "yes"
+        assert findings["sshd.config"] == "edited"
+        assert findings["sshd.user:gpuadmin.kbdinteractiveauthentication"] == "yes"
+        assert "sshd.user:debian.kbdinteractiveauthentication" not in findings
+
+        # The deploy sees the change and puts its own configuration back.
+        run = run_pyinfra("deploys/harden.py")
+        assert run.returncode == 0, run.output
+        assert run.changed_operations() == {
+            "SSH server | Hardened sshd (validated, confirmed by a new login)": [target.name]
+        }
+        assert effective_for(lab, target, "gpuadmin")["kbdinteractiveauthentication"] == "no"
+        assert effective_for(lab, target, "root")["passwordauthentication"] == "no"
+        assert sshd_findings(target) == {}
+    finally:
+        sudo(lab, target, f"rm -f {' '.join(PLANTED)}")
+    run = run_pyinfra("deploys/harden.py")
+    assert run.returncode == 0, run.output
+    assert run.changed_operations() == {}

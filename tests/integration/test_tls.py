@@ -7,6 +7,7 @@ import datetime
 import json
 import os
 import secrets
+import shlex
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -15,12 +16,14 @@ from typing import Any
 
 import pytest
 from cryptography import x509
-from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
 
 from gpunode import pki
 from gpunode.lab import Lab, LabNode
 from gpunode.model import Tls
+from roles.tls import TRUST_LINK, TRUST_PATH
 
 from .conftest import ROOT, PyinfraRun, run_pyinfra, ssh
 
@@ -77,20 +80,42 @@ class Converged:
     run: PyinfraRun
     started: float
     nodes: list[LabNode]
+    planted_ca_pem: str
 
 
 @pytest.fixture(scope="module")
 def converged(lab: Lab, lab_nodes: list[LabNode], control: Control) -> Converged:
+    # As an earlier gpunode left them: a CA in the system trust store (here a stand-in).
+    planted_ca_pem = stand_in_ca_pem()
+    planted = shlex.quote(planted_ca_pem)
     for node in lab_nodes:
         wipe = (
-            "sudo rm -rf /etc/gpunode/tls /usr/local/share/ca-certificates/gpunode-ca.crt "
-            "&& sudo update-ca-certificates >/dev/null"
+            f"sudo rm -rf /etc/gpunode/tls && printf %s {planted} | sudo tee {TRUST_PATH} "
+            f">/dev/null && sudo update-ca-certificates >/dev/null && test -L {TRUST_LINK}"
         )
         assert ssh(lab, node, wipe).returncode == 0
     started = time.time()
     run = run_pyinfra("-vvv", *tls_data(), DEPLOY)
     assert run.returncode == 0, run.output
-    return Converged(run, started, lab_nodes)
+    return Converged(run, started, lab_nodes, planted_ca_pem)
+
+
+def stand_in_ca_pem() -> str:
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "gpunode stand-in CA")])
+    now = datetime.datetime.now(datetime.UTC)
+    certificate = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now)
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    return certificate.public_bytes(serialization.Encoding.PEM).decode()
 
 
 def node_certificate(lab: Lab, node: LabNode) -> x509.Certificate:
@@ -149,13 +174,22 @@ def test_converge_issues_a_certificate_on_each_node(
     ca_pem = (control.ca_dir / "ca.crt").read_text()
     for node in converged.nodes:
         verify = ssh(
-            lab,
-            node,
-            "openssl verify -CAfile /etc/gpunode/tls/ca.crt /etc/gpunode/tls/node.crt && "
-            # The system bundle, which curl, Python and Go trust, holds the CA too.
-            "openssl verify -CAfile /etc/ssl/certs/ca-certificates.crt /etc/gpunode/tls/node.crt",
+            lab, node, "openssl verify -CAfile /etc/gpunode/tls/ca.crt /etc/gpunode/tls/node.crt"
         )
         assert verify.returncode == 0, verify.stdout + verify.stderr
+        # The system bundle, which curl, Python and Go trust, does not hold the CA, and the
+        # one an earlier run put there is gone, links and all.
+        system = ssh(
+            lab,
+            node,
+            "openssl verify -CAfile /etc/ssl/certs/ca-certificates.crt /etc/gpunode/tls/node.crt",
+        )
+        assert system.returncode != 0, system.stdout
+        left = ssh(lab, node, f"test -e {TRUST_PATH} || test -L {TRUST_LINK}")
+        assert left.returncode == 1, left.stdout + left.stderr
+        bundle = ssh(lab, node, "cat /etc/ssl/certs/ca-certificates.crt").stdout
+        assert bundle.count("BEGIN CERTIFICATE") > 50  # Debian's own CAs are all still there
+        assert converged.planted_ca_pem.splitlines()[1] not in bundle
         assert ssh(lab, node, "cat /etc/gpunode/tls/ca.crt").stdout == ca_pem
         certificate = node_certificate(lab, node)
         assert names_of(certificate) == ([node.name, "gpu.lab.example"], ["192.0.2.10"])

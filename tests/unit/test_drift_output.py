@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import xml.etree.ElementTree as ElementTree
 from pathlib import Path
+
+import pytest
 
 from gpunode.drift.baseline import apply_baseline
 from gpunode.drift.findings import RUN_DEPLOY, DriftResult, Finding, Severity
@@ -102,3 +105,72 @@ def test_baseline_marks_known_and_new(tmp_path: Path) -> None:
     status = {f.id: f.status for f in today.findings}
     assert status == {"gpu.count": "known", "gpu.persistence:0": "new"}
     assert apply_baseline(sample(), tmp_path / "missing.json").findings[0].status == "new"
+
+
+BROKEN_BASELINES = [
+    pytest.param('{"findings": [{"host": "node-2", "id": "gpu', "not JSON, truncated",
+                 id="truncated"),
+    pytest.param("", "not JSON", id="empty"),
+    pytest.param("[1, 2]", "a JSON list, not a report object", id="a-json-list"),
+    pytest.param('{"findings": {"host": "node-2"}}', "'findings' is not a list",
+                 id="findings-dict"),
+    pytest.param('{"findings": [1, 2]}', "finding 0 is not an object", id="findings-numbers"),
+    pytest.param('{"findings": [{"host": 1, "id": ["x"]}]}', "finding 0 has no string",
+                 id="finding-fields-wrong-type"),
+    pytest.param(b"\xff\xfe{}", "not readable", id="not-utf8"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("content", "named"), BROKEN_BASELINES)
+def test_an_unreadable_baseline_is_absent_with_a_warning_naming_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], content: str | bytes, named: str
+) -> None:
+    baseline = tmp_path / "baseline.json"
+    if isinstance(content, bytes):
+        baseline.write_bytes(content)
+    else:
+        baseline.write_text(content)
+    today = apply_baseline(sample(), baseline)
+    assert [f.status for f in today.findings] == ["new", "new"]
+    warning = capsys.readouterr().err
+    assert f"baseline {baseline} is unreadable: {named}" in warning
+    assert "treating it as absent" in warning
+
+
+def test_atomic_write_reaches_the_disk_before_and_after_the_rename(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    events: list[str] = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(descriptor: int) -> None:
+        kind = "directory" if stat.S_ISDIR(os.fstat(descriptor).st_mode) else "file"
+        events.append(f"fsync {kind}")
+        real_fsync(descriptor)
+
+    def replace(source: str, target: str | Path) -> None:
+        events.append("replace")
+        real_replace(source, target)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
+    target = tmp_path / "baseline.json"
+    write_atomically(target, render_json(sample()))
+    assert events == ["fsync file", "replace", "fsync directory"]
+    assert json.loads(target.read_text())["exit_code"] == 2
+
+
+def test_a_failed_write_leaves_the_previous_file_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    target = tmp_path / "baseline.json"
+    write_atomically(target, "yesterday\n")
+
+    def full_disk(descriptor: int) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full_disk)
+    with pytest.raises(OSError, match="No space"):
+        write_atomically(target, "today\n")
+    assert target.read_text() == "yesterday\n"
+    assert os.listdir(tmp_path) == ["baseline.json"]

@@ -4,6 +4,8 @@ to pyinfra, anything that runs on a host forgets its facts, and plans hold no se
 from __future__ import annotations
 
 import json
+import os
+import stat
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -130,3 +132,162 @@ def test_uncacheable_facts_are_never_planned(tmp_path: Path) -> None:
     assert factcache._fact_class("pyinfra.facts.files:File") is File
     assert factcache._fact_class("no.such.module:Fact") is None
     assert NodeRunLock.cacheable is False
+
+
+# --- the plan file: only allow-listed facts, no credentials, private ----------------------------
+
+CONNECTOR = {"_sudo": True, "_env": {}, "_shell_executable": "sh", "_success_exit_codes": [0]}
+
+
+class RecordingHost:
+    """Stands in for pyinfra's Host in ``prefetch``: keeps every command it is asked to run."""
+
+    name = "node-1"
+
+    def __init__(self) -> None:
+        self.commands: list[tuple[str, dict[str, Any]]] = []
+
+    def run_shell_command(self, command: Any, **arguments: Any) -> tuple[bool, None]:
+        self.commands.append((command.get_raw_value(), arguments))
+        return False, None
+
+
+class QuietState:
+    print_fact_output = False
+    print_fact_input = False
+
+
+def plant_plan(records: list[dict[str, Any]], mode: int = 0o600) -> Path:
+    path = factcache.plan_path("node-1")
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    path.write_text(json.dumps(records))
+    path.chmod(mode)
+    return path
+
+
+@pytest.fixture
+def plan_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    directory = tmp_path / "plans"
+    monkeypatch.setenv("GPUNODE_FACT_PLAN_DIR", str(directory))
+    monkeypatch.setattr(factcache, "_asked", {})
+    monkeypatch.setattr(factcache, "_values", {})
+    return directory
+
+
+def test_a_planted_plan_cannot_run_commands_on_the_node(plan_dir: Path) -> None:
+    import facts.nvidia_packages  # noqa: F401  (loaded by the deploys that read it)
+
+    planted = [
+        {
+            "fact": "pyinfra.facts.server:Command",
+            "kwargs": {"command": "touch /tmp/PWNED-command"},
+            "connector": CONNECTOR,
+        },
+        {  # interpolated into double quotes by pyinfra: $(...) would run
+            "fact": "pyinfra.facts.files:FindInFile",
+            "kwargs": {
+                "path": "/etc/hosts",
+                "pattern": "$(touch /tmp/PWNED-pattern)",
+                "interpolate_variables": True,
+                "extended_regex": False,
+            },
+            "connector": CONNECTOR,
+        },
+        {  # extra find arguments: -exec
+            "fact": "pyinfra.facts.files:FindFiles",
+            "kwargs": {"path": "/", "args": ["-exec", "touch", "/tmp/PWNED-find", ";"]},
+            "connector": CONNECTOR,
+        },
+        {  # gpunode's own fact whose package names go into the command unquoted
+            "fact": "facts.nvidia_packages:AptPackageVersions",
+            "kwargs": {"packages": ["nvidia-driver; touch /tmp/PWNED-package"]},
+            "connector": CONNECTOR,
+        },
+        {"fact": "os:system", "kwargs": {}, "connector": CONNECTOR},
+        {"fact": "facts.not_loaded:Anything", "kwargs": {}, "connector": CONNECTOR},
+        {  # an argument the fact does not take
+            "fact": "pyinfra.facts.files:File",
+            "kwargs": {"path": "/etc/hosts", "command": "touch /tmp/PWNED-kwarg"},
+            "connector": CONNECTOR,
+        },
+        {  # a control character in a path
+            "fact": "pyinfra.facts.files:File",
+            "kwargs": {"path": "/etc/hosts\ntouch /tmp/PWNED-newline"},
+            "connector": CONNECTOR,
+        },
+        {  # connector arguments that change how the command runs
+            "fact": "pyinfra.facts.files:File",
+            "kwargs": {"path": "/etc/hosts"},
+            "connector": CONNECTOR | {"_shell_executable": "touch /tmp/PWNED-shell;sh"},
+        },
+        {
+            "fact": "pyinfra.facts.files:File",
+            "kwargs": {"path": "/etc/hosts"},
+            "connector": CONNECTOR | {"_env": {"LD_PRELOAD": "/tmp/PWNED-env.so"}},
+        },
+    ]
+    plant_plan(planted)
+    host = RecordingHost()
+    factcache.prefetch(QuietState(), host)
+    assert host.commands == []
+
+    allowed = {"fact": "pyinfra.facts.files:File", "kwargs": {"path": "/etc/hosts"}}
+    plant_plan([*planted, allowed | {"connector": CONNECTOR}])
+    factcache.prefetch(QuietState(), host)
+    ((script, arguments),) = host.commands  # the one allowed fact, with sudo
+    assert "/etc/hosts" in script and "PWNED" not in script
+    assert arguments["_sudo"] is True
+
+
+def test_plans_never_hold_an_environment(plan_dir: Path) -> None:
+    proxy = "http://ops:proxy-secret@proxy.example:3128"
+    factcache._remember("node-1", "k1", File, {"path": "/etc/a"}, CONNECTOR)
+    with_env = CONNECTOR | {"_env": {"http_proxy": proxy}}
+    factcache._remember("node-1", "k2", File, {"path": "/etc/b"}, with_env)
+    factcache._remember("node-1", "k3", File, {"path": "/etc/c"}, CONNECTOR | {"_chdir": "/tmp"})
+    factcache.write_plans()
+    (plan,) = plan_dir.iterdir()
+    text = plan.read_text()
+    assert "proxy-secret" not in text
+    records = json.loads(text)
+    assert [record["kwargs"] for record in records] == [{"path": "/etc/a"}]
+    assert records[0]["connector"]["_env"] == {}
+
+
+def test_plan_files_are_private_whatever_the_umask(plan_dir: Path) -> None:
+    factcache._remember("node-1", "k1", File, {"path": "/etc/a"}, CONNECTOR)
+    previous = os.umask(0)
+    try:
+        factcache.write_plans()
+    finally:
+        os.umask(previous)
+    (plan,) = plan_dir.iterdir()
+    assert stat.S_IMODE(plan_dir.stat().st_mode) == 0o700
+    assert stat.S_IMODE(plan.stat().st_mode) == 0o600
+    loaded = factcache._load_plan("node-1")
+    assert [(cls, kwargs) for cls, kwargs, _ in loaded] == [(File, {"path": "/etc/a"})]
+
+
+def test_a_plan_others_can_write_or_that_is_not_ours_is_ignored(
+    plan_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    record = {"fact": "pyinfra.facts.files:File", "kwargs": {"path": "/etc/a"}}
+    path = plant_plan([record | {"connector": CONNECTOR}])
+    assert len(factcache._load_plan("node-1")) == 1
+    path.chmod(0o620)
+    assert factcache._load_plan("node-1") == []
+    path.chmod(0o602)
+    assert factcache._load_plan("node-1") == []
+    path.chmod(0o600)
+    plan_dir.chmod(0o777)
+    assert factcache._load_plan("node-1") == []
+    plan_dir.chmod(0o700)
+    monkeypatch.setattr(os, "geteuid", lambda: os.getuid() + 1)
+    assert factcache._load_plan("node-1") == []
+
+
+def test_only_allow_listed_fact_classes_are_named() -> None:
+    assert factcache._fact_class("pyinfra.facts.server:Command") is None
+    assert factcache._fact_class("pyinfra.facts.server:Which") is Which
+    assert factcache._fact_class("facts.tls:FactBase") is None  # imported there, not defined
+    assert factcache._fact_class("gpunode.cli:main") is None

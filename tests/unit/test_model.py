@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import subprocess
 import sys
 from pathlib import Path
@@ -19,6 +20,27 @@ RSA_1024 = (
     "oRtdVje7rtMTwBusm18+NAjm2WfCFP/BD0UR7NOPzxfxo8044IGbU/efIDSPNVMPUl6TvutUlr+C17XgfaWrMQjgTs"
     "EgfTjd7sGTjI3XYogWtc5b5x/sPlSQ== weak@x"
 )
+# Generated for these tests (cryptography, 3072-bit RSA and P-384): keys that must pass.
+RSA_3072 = (
+    "ssh-rsa AAAAB3NzaC1yc2EAAAADAQABAAABgQDRQpDPCJQluXCNf/vqJsce7i2k/9kZQ2uW2eLGNYw9/qqa4OqvS"
+    "jcDnE0pfSLoAe5Jr606JK9xgMEeP2hqvipoQAWI4U37RK3rFrhGbWFdkaD08wpYlSSEYPa4ojESNCdApLKtuKNakP"
+    "Mfc74hLunGDw++truXisDcpE2+yJU+++Y5EjgXDA8mkNI2XW8Oow0CTtQNJnaTyHsCUkxakQkpfzoXoTQg3o01MRC"
+    "Pg2jUaK1ay63OZUqRC3GAZrm/ny9g6lalMHq5ZdC3zexxElhhZkNlJrAGD0dafRd/ZKcFrBres1QKBU+oFbYxAejCW"
+    "bJGWEUycoeo0WkoTV5yPYAbu6lCqwz3w3druxMurgmW7MoWInLt/+xs95fgwKX2GiGjDe1zU4wxGG//fKszP6K0sXY"
+    "yJFEmyAUaXky/DJtG0vRP/PmI9rVRcnqzabfl/5KO0opzniSo0FxEGB89oa8723XI/DHMalyEY9xswP99BRyWxMdpf"
+    "/ubL0iMY5niVmE= ops laptop (2026)"
+)
+ECDSA_384 = (
+    "ecdsa-sha2-nistp384 AAAAE2VjZHNhLXNoYTItbmlzdHAzODQAAAAIbmlzdHAzODQAAABhBIrMCWT93845il7Tg"
+    "EKQ/UFKGNBVHwOT0m1EAOnofTBHX29LxkvN0l08py3UAwQP87ZQG58Km+gYm8UI5/oZodJw0+T0tPSUQf8m0gjNrlgQ"
+    "OjG3P/JN8FDKLsWj8xl3dw=="
+)
+
+# Issue 12's reproductions.
+LISTEN_INJECTION = "fe80::1%lo\nPermitRootLogin yes\nPasswordAuthentication yes"
+IPOIB_INJECTION = "fe80::1%ib0\n    up reboot/64"
+APT_PROXY_INJECTION = 'http://proxy:3142/";APT::Update::Pre-Invoke{"touch${IFS}/tmp/PWNED";};//'
+WEAK_KEY_WITH_OPTIONS = 'command="/bin/sh",from="*" ' + RSA_1024
 
 
 def problems_of(data: dict) -> list[str]:
@@ -383,3 +405,333 @@ def test_defaults_command_documents_every_setting() -> None:
     )
     assert "nvidia_driver.reboot" in result.stdout and "'never'" in result.stdout
     assert "sshd.max_auth_tries" in result.stdout
+
+
+# --- issue 12: inventory data that passed validation and injected --------------------------
+
+
+def _ssh_string(data: bytes) -> bytes:
+    return len(data).to_bytes(4, "big") + data
+
+
+def _key_line(key_type: str, *fields: bytes) -> str:
+    blob = _ssh_string(key_type.encode()) + b"".join(_ssh_string(f) for f in fields)
+    return f"{key_type} {base64.b64encode(blob).decode()} x@y"
+
+
+def problem_at(data: dict, key: str) -> str:
+    """The one rendered problem for ``key`` (the data may name it, others may not)."""
+    found = [m for m in problems_of(data) if m.split(": ", 2)[2].startswith(f"{key} = ")]
+    assert len(found) == 1, problems_of(data)
+    return found[0]
+
+
+INJECTED = [
+    pytest.param(
+        {"sshd": {"listen_addresses": [LISTEN_INJECTION]}},
+        "sshd.listen_addresses[0]",
+        "contains a control character (U+000A)",
+        id="listen-address-zone-id-with-sshd-directives",
+    ),
+    pytest.param(
+        {"sshd": {"listen_addresses": ["fe80::1%eth0;x"]}},
+        "sshd.listen_addresses[0]",
+        "the zone id after '%' is not an interface name",
+        id="listen-address-zone-id-not-an-interface",
+    ),
+    pytest.param(
+        {"infiniband": {"ipoib": [{"name": "ib0", "address": IPOIB_INJECTION}]}},
+        "infiniband.ipoib[0].address",
+        "contains a control character (U+000A)",
+        id="ipoib-address-with-up-hook",
+    ),
+    pytest.param(
+        {"infiniband": {"ipoib": [{"name": "ib0", "address": "fe80::1%ib0/64"}]}},
+        "infiniband.ipoib[0].address",
+        "an IPv6 zone id is not accepted here",
+        id="ipoib-address-zone-id",
+    ),
+    pytest.param(
+        {"apt": {"proxy": APT_PROXY_INJECTION}},
+        "apt.proxy",
+        "malformed",
+        id="apt-proxy-pre-invoke",
+    ),
+    pytest.param(
+        {"apt": {"proxy": "http://proxy:99999"}},
+        "apt.proxy",
+        "port 99999 is not from 1 to 65535",
+        id="apt-proxy-port-out-of-range",
+    ),
+    pytest.param(
+        {"apt": {"debian_mirror": "http://mirror/debian\nTypes: deb"}},
+        "apt.debian_mirror",
+        "contains a control character (U+000A)",
+        id="mirror-url-with-second-deb822-field",
+    ),
+    pytest.param(
+        {"apt": {"cuda_repo_url": "http://mirror/cuda repo"}},
+        "apt.cuda_repo_url",
+        "malformed",
+        id="repository-url-with-space",
+    ),
+    pytest.param(
+        {"nvme_cache": {"mount_point": "/raid$(touch${IFS}/tmp/PWNED)"}},
+        "nvme_cache.mount_point",
+        "has a character outside letters, digits and ._+@-",
+        id="mount-point-command-substitution",
+    ),
+    pytest.param(
+        {"nvme_cache": {"mount_point": "/etc/"}},
+        "nvme_cache.mount_point",
+        "ends with '/'",
+        id="mount-point-etc-with-slash",
+    ),
+    pytest.param(
+        {"nvme_cache": {"mount_point": "/raid/../etc"}},
+        "nvme_cache.mount_point",
+        "has a '.' or '..' component",
+        id="mount-point-dot-dot",
+    ),
+    pytest.param(
+        {"nvme_cache": {"mount_point": "/boot/efi"}},
+        "nvme_cache.mount_point",
+        "inside /boot",
+        id="mount-point-boot-efi",
+    ),
+    pytest.param(
+        {"nvme_cache": {"mount_point": "/var/lib/docker"}},
+        "nvme_cache.mount_point",
+        "inside /var",
+        id="mount-point-under-var",
+    ),
+    pytest.param(
+        {"nvme_cache": {"mount_point": "/raid//x"}},
+        "nvme_cache.mount_point",
+        "has an empty component ('//')",
+        id="mount-point-double-slash",
+    ),
+    pytest.param(
+        {"admin_users": [{"name": "al", "ssh_keys": [ED25519 + "\n" + WEAK_KEY_WITH_OPTIONS]}]},
+        "admin_users[0].ssh_keys[0]",
+        "contains a control character (U+000A)",
+        id="ssh-key-second-line-weak-rsa-with-options",
+    ),
+    pytest.param(
+        {"admin_users": [{"name": "al", "ssh_keys": [WEAK_KEY_WITH_OPTIONS]}]},
+        "admin_users[0].ssh_keys[0]",
+        "options before the key type are not allowed",
+        id="ssh-key-options-prefix",
+    ),
+    pytest.param(
+        {"admin_users": [{"name": "al", "ssh_keys": [_key_line("ssh-ed25519", b"")]}]},
+        "admin_users[0].ssh_keys[0]",
+        "key data is not a 32-byte Ed25519 key",
+        id="ssh-key-ed25519-empty-blob",
+    ),
+    pytest.param(
+        {"admin_users": [{"name": "al", "ssh_keys": [_key_line("ssh-ed25519")]}]},
+        "admin_users[0].ssh_keys[0]",
+        "key data is not a 32-byte Ed25519 key",
+        id="ssh-key-ed25519-type-only",
+    ),
+    pytest.param(
+        {
+            "admin_users": [
+                {"name": "al", "ssh_keys": [_key_line("ecdsa-sha2-nistp256", b"nistp384", b"\4")]}
+            ]
+        },
+        "admin_users[0].ssh_keys[0]",
+        "key data does not name the curve nistp256",
+        id="ssh-key-ecdsa-wrong-curve",
+    ),
+    pytest.param(
+        {"admin_users": [{"name": "al", "ssh_keys": [_key_line("ssh-rsa", b"\1\0\1")]}]},
+        "admin_users[0].ssh_keys[0]",
+        "key data is not an RSA exponent and modulus",
+        id="ssh-key-rsa-without-modulus",
+    ),
+    pytest.param(
+        {"admin_users": [{"name": "al", "ssh_keys": [ED25519 + "\x1b[2J"]}]},
+        "admin_users[0].ssh_keys[0]",
+        "contains a control character (U+001B)",
+        id="ssh-key-comment-with-escape",
+    ),
+    pytest.param(
+        {"nccl": {"env": {"NCCL_DEBUG": "WARN\nNCCL_NET_PLUGIN=/tmp/evil"}}},
+        "nccl.env.NCCL_DEBUG",
+        "contains a control character (U+000A)",
+        id="nccl-value-with-newline",
+    ),
+    pytest.param(
+        {"nccl": {"env": {"NCCL_SOCKET_IFNAME": "eth0 lo"}}},
+        "nccl.env.NCCL_SOCKET_IFNAME",
+        "malformed",
+        id="nccl-value-with-space",
+    ),
+    pytest.param(
+        {"kernel": {"sysctls": {"vm.max_map_count": "262144\nkernel.modprobe = /tmp/x"}}},
+        "kernel.sysctls.vm.max_map_count",
+        "contains a control character (U+000A)",
+        id="sysctl-value-with-newline",
+    ),
+    pytest.param(
+        {"kernel": {"sysctls": {"vm.max_map_count": " 262144"}}},
+        "kernel.sysctls.vm.max_map_count",
+        "malformed",
+        id="sysctl-value-with-outer-blank",
+    ),
+    pytest.param(
+        {"firewall": {"admin_networks": ["fe80::%eth0/64"]}},
+        "firewall.admin_networks[0]",
+        "an IPv6 zone id has no place in a network",
+        id="cidr-with-zone-id",
+    ),
+    pytest.param(
+        {"tls": {"ip_addresses": ["fe80::1%eth0"]}},
+        "tls.ip_addresses[0]",
+        "an IPv6 zone id is not accepted here",
+        id="tls-ip-with-zone-id",
+    ),
+    pytest.param(
+        {"firewall": {"enabled": True, "admin_networks": []}},
+        "firewall.admin_networks",
+        "empty while the firewall is enabled, so SSH would be dropped from everywhere",
+        id="firewall-without-admin-networks",
+    ),
+    pytest.param(
+        {"gpu_settings": {"application_clocks": {}}},
+        "gpu_settings.application_clocks.memory_mhz",
+        "missing",
+        id="application-clocks-empty",
+    ),
+    pytest.param(
+        {"gpu_settings": {"application_clocks": {"memory_mhz": 2619}}},
+        "gpu_settings.application_clocks.graphics_mhz",
+        "missing",
+        id="application-clocks-half",
+    ),
+    pytest.param(
+        {"admin_users": [{"name": "sshd", "ssh_keys": [ED25519]}]},
+        "admin_users[0].name",
+        "a system account, not a personal one",
+        id="system-account-as-admin",
+    ),
+    pytest.param(
+        {"admin_users": [{"name": "systemd-network", "ssh_keys": [ED25519]}]},
+        "admin_users[0].name",
+        "a system account, not a personal one",
+        id="systemd-account-as-admin",
+    ),
+    pytest.param(
+        {"nvme_cache": {"match_model": "SAMSUNG\u2028x"}},
+        "nvme_cache.match_model",
+        "contains a line separator (U+2028)",
+        id="line-separator-in-free-text",
+    ),
+    pytest.param(
+        {"expected_hardware": {"gpu_model": "NVIDIA \ud800"}},
+        "expected_hardware.gpu_model",
+        "contains a lone surrogate (U+D800)",
+        id="lone-surrogate",
+    ),
+    pytest.param(
+        {"expected_hardware": {"gpu_model": "NVIDIA \x85H100"}},
+        "expected_hardware.gpu_model",
+        "contains a control character (U+0085)",
+        id="c1-control",
+    ),
+]
+
+
+@pytest.mark.parametrize(("data", "key", "reason"), INJECTED)
+def test_injecting_inventory_data_is_refused_naming_its_key(
+    data: dict, key: str, reason: str
+) -> None:
+    message = problem_at(data, key)
+    assert f": {reason}" in message
+    assert "\n" not in message and "\x1b" not in message
+
+
+def test_link_local_listen_address_with_interface_zone_is_accepted() -> None:
+    state, problems = build_desired_state(
+        {"sshd": {"listen_addresses": ["fe80::1%eth0", "10.0.0.1", "::1"]}}
+    )
+    assert problems == []
+    assert state.sshd.listen_addresses == ("fe80::1%eth0", "10.0.0.1", "::1")
+
+
+def test_plain_urls_paths_and_keys_still_validate() -> None:
+    state, problems = build_desired_state(
+        {
+            "apt": {
+                "proxy": "http://[fd00::1]:3142",
+                "debian_mirror": "https://mirror.example:8443/debian/%7Eprod",
+                "direct_hosts": ["mirror.internal"],
+            },
+            "nvme_cache": {"mount_point": "/mnt/nvme-cache"},
+            "kernel": {"sysctls": {"net.ipv4.tcp_rmem": "4096 87380 16777216"}},
+            "nccl": {"env": {"NCCL_SOCKET_IFNAME": "^docker0,lo", "NCCL_IB_HCA": "=mlx5_0:1"}},
+            "admin_users": [{"name": "alice", "ssh_keys": [ED25519, RSA_3072, ECDSA_384]}],
+        }
+    )
+    assert problems == []
+    assert state.nvme_cache.mount_point == "/mnt/nvme-cache"
+
+
+def test_tls_host_name_longer_than_a_common_name_is_refused() -> None:
+    host_name = ".".join(["abcdefghij" * 2] * 4) + ".ab"
+    assert len(host_name) == 86
+    with pytest.raises(InvalidInventory) as raised:
+        validate_hosts("inventories/prod.py", [(host_name, {"tls": {"enabled": True}})])
+    assert (
+        f"host {host_name}: tls.enabled = True: the host name is 86 characters, longer than a "
+        "common name may be" in str(raised.value)
+    )
+    # Without TLS the name is only pyinfra's, and a long one is fine.
+    validate_hosts("inventories/prod.py", [(host_name, {})])
+
+
+def test_tls_host_name_with_a_zone_id_is_refused() -> None:
+    with pytest.raises(InvalidInventory, match="neither a DNS name nor an IP address"):
+        validate_hosts("inventories/prod.py", [("fe80::1%eth0", {"tls": {"enabled": True}})])
+
+
+def test_validate_renders_escape_sequences_in_keys_and_values_as_text() -> None:
+    messages = problems_of(
+        {
+            "\x1b[2Jbogus": 1,
+            "kernel": {"sysctls": {"vm.\x1b]0;owned\x07x": "1"}},
+            "expected_hardware": {"gpu_model": "\x1b[31mH100\x00"},
+        }
+    )
+    assert len(messages) == 3, messages
+    for message in messages:
+        assert message.isprintable(), message
+    assert messages[0].startswith("inventories/test.py: host node-1: \\x1b[2Jbogus = 1: ")
+    assert "kernel.sysctls.vm.\\x1b]0;owned\\x07x = " in messages[1]
+
+
+def test_host_name_with_escape_sequence_is_rendered_as_text() -> None:
+    with pytest.raises(InvalidInventory) as raised:
+        validate_hosts("inventories/x.py", [("gpu-1\x1b[2J", {"sshd": {"port": 0}})])
+    assert "host gpu-1\\x1b[2J: sshd.port = 0" in str(raised.value)
+    assert "\x1b" not in str(raised.value)
+
+
+def test_validate_command_prints_no_escape_sequence_from_the_inventory(tmp_path: Path) -> None:
+    inventory = tmp_path / "hostile.py"
+    inventory.write_text(
+        'h100_nodes = [("gpu-1", {"kernel": {"sysctls": {"vm.\\x1b[2J\\x1b[H": "1"}},'
+        ' "nccl": {"env": {"NCCL_DEBUG": "WARN\\nforged: line"}}})]\n'
+    )
+    result = subprocess.run(
+        [sys.executable, "-m", "gpunode.cli", "validate", str(inventory)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 1
+    assert "\x1b" not in result.stderr
+    assert "kernel.sysctls.vm.\\x1b[2J\\x1b[H = " in result.stderr
+    assert not any(line.startswith("forged") for line in result.stderr.splitlines())

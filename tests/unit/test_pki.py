@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime
 import ipaddress
 import stat
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,15 @@ Issued = tuple[ec.EllipticCurvePrivateKey, x509.Certificate]
 
 PASSPHRASE = b"correct horse battery staple"
 NOW = datetime.datetime(2025, 6, 1, 12, 0, tzinfo=datetime.UTC)
+# The rounds a real CA key gets; the tests below use fewer, so that each CA they make is
+# quick, except where the real number is what is tested.
+STRONG_KDF_ROUNDS: int = getattr(pki, "CA_KEY_KDF_ROUNDS", 0)  # 0: none before it existed
+TEST_KDF_ROUNDS = 2
+
+
+@pytest.fixture(autouse=True)
+def quick_kdf(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(pki, "CA_KEY_KDF_ROUNDS", TEST_KDF_ROUNDS, raising=False)
 
 
 def mode_of(path: Path) -> int:
@@ -89,10 +99,90 @@ def test_new_ca_has_an_encrypted_key_private_to_its_owner(
     assert mode_of(ca_dir / "ca.key") == 0o600
     assert sorted(path.name for path in ca_dir.iterdir()) == ["ca.crt", "ca.key"]
     key_pem = (ca_dir / "ca.key").read_bytes()
-    assert key_pem.startswith(b"-----BEGIN ENCRYPTED PRIVATE KEY-----")
+    assert key_pem.startswith(b"-----BEGIN OPENSSH PRIVATE KEY-----")
     with pytest.raises(TypeError):  # unusable without the passphrase
-        serialization.load_pem_private_key(key_pem, None)
-    assert serialization.load_pem_private_key(key_pem, PASSPHRASE) is not None
+        serialization.load_ssh_private_key(key_pem, None)
+    assert serialization.load_ssh_private_key(key_pem, PASSPHRASE) is not None
+
+
+def old_format_key(private_key: ec.EllipticCurvePrivateKey, passphrase: bytes) -> bytes:
+    """The CA key as gpunode wrote it before: PKCS#8, PBKDF2 with 2048 iterations."""
+    return private_key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.BestAvailableEncryption(passphrase),
+    )
+
+
+def test_new_ca_key_is_derived_with_bcrypt_pbkdf_not_pbkdf2(
+    ca_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(pki, "CA_KEY_KDF_ROUNDS", STRONG_KDF_ROUNDS)
+    assert pki.open_ca(ca_dir, PASSPHRASE) is not None
+    key_pem = (ca_dir / "ca.key").read_bytes()
+    assert not key_pem.startswith(b"-----BEGIN ENCRYPTED PRIVATE KEY-----")  # PKCS#8/PBKDF2
+    assert pki.openssh_key_encryption(key_pem) == ("aes256-ctr", "bcrypt", STRONG_KDF_ROUNDS)
+    assert STRONG_KDF_ROUNDS >= 64
+    # ssh-keygen reads it too: that is how an operator changes the passphrase.
+    public = subprocess.run(
+        ["ssh-keygen", "-y", "-P", PASSPHRASE.decode(), "-f", str(ca_dir / "ca.key")],
+        capture_output=True,
+        text=True,
+    )
+    assert public.returncode == 0, public.stderr
+    assert public.stdout.startswith("ecdsa-sha2-nistp384 ")
+
+
+def test_a_short_passphrase_is_refused_for_a_new_ca(ca_dir: Path) -> None:
+    with pytest.raises(CaError, match="shorter than 16 characters; choose a longer one"):
+        pki.open_ca(ca_dir, b"fifteen chars!!")
+    assert not ca_dir.exists()
+    assert pki.open_ca(ca_dir, b"sixteen chars!!!") is not None
+
+
+def test_a_key_encrypted_the_old_way_still_loads_and_is_re_encrypted(
+    ca_dir: Path, authority: CertificateAuthority
+) -> None:
+    key_path = ca_dir / "ca.key"
+    key_path.write_bytes(old_format_key(authority.private_key, PASSPHRASE))
+    assert key_path.read_bytes().startswith(b"-----BEGIN ENCRYPTED PRIVATE KEY-----")
+    with pytest.raises(CaError, match="wrong passphrase"):
+        pki.open_ca(ca_dir, b"not the passphrase")
+    assert key_path.read_bytes().startswith(b"-----BEGIN ENCRYPTED PRIVATE KEY-----")
+
+    assert pki.open_ca(ca_dir, PASSPHRASE, create=False) is not None  # a dry run
+    assert key_path.read_bytes().startswith(b"-----BEGIN ENCRYPTED PRIVATE KEY-----")
+
+    loaded = pki.open_ca(ca_dir, PASSPHRASE)
+    assert loaded is not None and loaded.certificate == authority.certificate
+    assert loaded.private_key.private_numbers() == authority.private_key.private_numbers()
+    migrated = key_path.read_bytes()
+    assert pki.openssh_key_encryption(migrated) == ("aes256-ctr", "bcrypt", TEST_KDF_ROUNDS)
+    assert mode_of(key_path) == 0o600
+    assert sorted(path.name for path in ca_dir.iterdir()) == ["ca.crt", "ca.key"]
+    assert pki.open_ca(ca_dir, PASSPHRASE) is not None
+    assert key_path.read_bytes() == migrated, "re-encrypted once, then left alone"
+
+
+def test_a_short_passphrase_of_an_existing_ca_is_refused_with_how_to_change_it(
+    ca_dir: Path, authority: CertificateAuthority
+) -> None:
+    key_path = ca_dir / "ca.key"
+    key_path.write_bytes(old_format_key(authority.private_key, b"short"))
+    before = snapshot(ca_dir)
+    with pytest.raises(CaError) as refused:
+        pki.open_ca(ca_dir, b"short")
+    assert "shorter than 16 characters" in str(refused.value)
+    change = f"ssh-keygen -p -a {TEST_KDF_ROUNDS} -f {key_path}"
+    assert change in str(refused.value)
+    assert snapshot(ca_dir) == before
+    # What the message says works, and the CA is usable with the new passphrase.
+    changed = subprocess.run(
+        [*change.split(), "-P", "short", "-N", PASSPHRASE.decode()], capture_output=True
+    )
+    assert changed.returncode == 0, changed.stderr
+    loaded = pki.open_ca(ca_dir, PASSPHRASE)
+    assert loaded is not None and loaded.certificate == authority.certificate
 
 
 def test_new_ca_certificate_is_a_ten_year_leaf_only_ca(authority: CertificateAuthority) -> None:

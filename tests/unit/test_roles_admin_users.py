@@ -1,12 +1,27 @@
-"""The sudoers drop-in is validated by visudo before it can become active."""
+"""Admin accounts: the sudoers drop-in is validated by visudo before it can become active;
+removed admins lose access; the deploy user's login and sudo are proven to survive."""
 
 from __future__ import annotations
 
 import hashlib
+from pathlib import Path
+from typing import Any
 
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from pyinfra.facts.files import Sha1File
 
-from roles.admin_users import sudoers_dropin
+from facts.accounts import LoginAccounts
+from gpunode.model import DesiredState, build_desired_state
+from roles.admin_users import (
+    access_risks,
+    deploy_public_key,
+    group_membership,
+    reinstated_account,
+    revocations,
+    revoked_account,
+    sudoers_dropin,
+)
 
 from .fakehost import commands_of
 
@@ -31,3 +46,170 @@ def test_identical_dropin_is_a_noop() -> None:
     )
     assert commands == []
     assert noops == ["/etc/sudoers.d/x is up to date"]
+
+
+# --- Access ends with the inventory entry (issue 12, item 6) ---------------------------
+
+
+def _public_key() -> str:
+    public = Ed25519PrivateKey.generate().public_key()
+    return public.public_bytes(
+        serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH
+    ).decode()
+
+
+DEPLOY_KEY, OTHER_KEY = _public_key(), _public_key()
+
+
+def account(**overrides: Any) -> dict[str, Any]:
+    good = {
+        "uid": 1001,
+        "home": "/home/old admin",
+        "shell": "/bin/bash",
+        "shell_usable": True,
+        "keys": 1,
+        "expire_day": None,
+        "password": "L",
+        "groups": ["gpunode-admins", "gpunode-login"],
+    }
+    return good | overrides
+
+
+def accounts_fact(accounts: dict[str, Any], **groups: list[str]) -> dict[type, Any]:
+    value = {
+        "state": "ok",
+        "session_user": "debian",
+        "today": 20000,
+        "groups": {"gpunode-admins": [], "gpunode-login": []}
+        | {name.replace("_", "-"): members for name, members in groups.items()},
+        "accounts": accounts,
+    }
+    return {LoginAccounts: value}
+
+
+def desired_with(*admins: dict[str, Any], **data: Any) -> DesiredState:
+    state, problems = build_desired_state({"admin_users": list(admins), **data})
+    assert not problems, problems
+    return state
+
+
+def test_removed_admin_is_expired_locked_keyless_and_leaves_both_groups() -> None:
+    facts = accounts_fact(
+        {"oldadmin": account()}, gpunode_admins=["oldadmin"], gpunode_login=["oldadmin"]
+    )
+    commands, noops = commands_of(revoked_account, facts, user="oldadmin")
+    assert commands == [
+        "usermod --lock --expiredate 1 --shell /usr/sbin/nologin oldadmin",
+        "rm -f -- '/home/old admin/.ssh/authorized_keys' '/home/old admin/.ssh/authorized_keys2'",
+        "gpasswd -d oldadmin gpunode-admins >/dev/null",
+        "gpasswd -d oldadmin gpunode-login >/dev/null",
+    ]
+    assert not any("userdel" in c or "rm -r" in c for c in commands)  # the home is kept
+    assert noops == []
+
+
+def test_removed_system_account_keeps_its_shell_and_expiry_but_loses_keys_and_groups() -> None:
+    facts = accounts_fact(
+        {"www-data": account(uid=33, home="/var/www", groups=["gpunode-login"])},
+        gpunode_login=["www-data"],
+    )
+    commands, _ = commands_of(revoked_account, facts, user="www-data")
+    assert commands == [
+        "rm -f -- /var/www/.ssh/authorized_keys /var/www/.ssh/authorized_keys2",
+        "gpasswd -d www-data gpunode-login >/dev/null",
+    ]
+
+
+def test_revoked_account_is_a_noop() -> None:
+    revoked = account(keys=0, expire_day=1, shell="/usr/sbin/nologin", groups=[])
+    commands, noops = commands_of(
+        revoked_account, accounts_fact({"oldadmin": revoked}), user="oldadmin"
+    )
+    assert commands == []
+    assert noops == ["oldadmin is revoked"]
+
+
+def test_declared_again_the_account_is_no_longer_expired() -> None:
+    facts = accounts_fact({"gpuadmin": account(expire_day=1)})
+    commands, _ = commands_of(reinstated_account, facts, user="gpuadmin")
+    assert commands == ["usermod --expiredate '' gpuadmin"]
+    commands, noops = commands_of(
+        reinstated_account, accounts_fact({"gpuadmin": account()}), user="gpuadmin"
+    )
+    assert commands == [] and noops == ["gpuadmin is not expired"]
+
+
+def test_group_membership_adds_and_removes_only_when_needed() -> None:
+    facts = accounts_fact({}, gpunode_login=["gpuadmin"])
+    assert commands_of(group_membership, facts, user="debian", group="gpunode-login")[0] == [
+        "gpasswd -a debian gpunode-login >/dev/null"
+    ]
+    assert commands_of(group_membership, facts, user="gpuadmin", group="gpunode-login")[0] == []
+    removed, _ = commands_of(
+        group_membership, facts, user="gpuadmin", group="gpunode-login", member=False
+    )
+    assert removed == ["gpasswd -d gpuadmin gpunode-login >/dev/null"]
+
+
+def test_managed_accounts_not_declared_are_revoked_but_never_the_deploy_user_or_root() -> None:
+    desired = desired_with({"name": "gpuadmin", "ssh_keys": [OTHER_KEY]})
+    facts = accounts_fact(
+        {},
+        gpunode_admins=["gpuadmin", "oldadmin", "debian"],
+        gpunode_login=["gpuadmin", "nosudo", "root", "debian"],
+    )
+    assert revocations(desired, facts[LoginAccounts], login_user="debian") == [
+        "nosudo",
+        "oldadmin",
+    ]
+
+
+def test_undeclared_deploy_user_keeps_its_access() -> None:
+    desired = desired_with({"name": "gpuadmin", "ssh_keys": [OTHER_KEY]})
+    assert access_risks(desired, "debian", deploy_key=None, uses_sudo=True) == []
+
+
+def test_declared_deploy_user_without_the_deploy_key_is_refused() -> None:
+    desired = desired_with({"name": "debian", "ssh_keys": [OTHER_KEY]})
+    (risk,) = access_risks(desired, "debian", deploy_key=DEPLOY_KEY, uses_sudo=True)
+    assert risk.startswith(
+        "admin_users entry debian (the deploy user) does not list the key this deploy logs in "
+        "with (SHA256:"
+    )
+    (risk,) = access_risks(desired, "debian", deploy_key=None, uses_sudo=True)
+    assert "cannot prove the next login works" in risk
+
+
+def test_declared_deploy_user_with_its_key_and_sudo_passes() -> None:
+    desired = desired_with({"name": "debian", "ssh_keys": [OTHER_KEY, DEPLOY_KEY + " me@host"]})
+    assert access_risks(desired, "debian", deploy_key=DEPLOY_KEY, uses_sudo=True) == []
+
+
+def test_declared_deploy_user_without_sudo_or_shell_is_refused() -> None:
+    desired = desired_with(
+        {"name": "debian", "ssh_keys": [DEPLOY_KEY], "sudo": False, "shell": "/usr/sbin/nologin"}
+    )
+    risks = access_risks(desired, "debian", deploy_key=DEPLOY_KEY, uses_sudo=True)
+    assert risks == [
+        "admin_users entry debian (the deploy user) has sudo: false, but this deploy uses sudo "
+        "as debian",
+        "admin_users entry debian (the deploy user) has the shell /usr/sbin/nologin, which "
+        "cannot run the deploy's commands",
+    ]
+
+
+def test_deploy_key_is_derived_from_the_private_key(tmp_path: Path) -> None:
+    private = Ed25519PrivateKey.generate()
+    pem = private.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.OpenSSH,
+        serialization.NoEncryption(),
+    )
+    public = private.public_key().public_bytes(
+        serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH
+    )
+    path = tmp_path / "id_ed25519"
+    path.write_bytes(pem)
+    assert deploy_public_key({"ssh_key": str(path)}) == public.decode()
+    assert deploy_public_key({}) is None
+    assert deploy_public_key({"ssh_key": str(tmp_path / "missing")}) is None

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import subprocess
 
+import pytest
+
 from facts.apt import DpkgInterrupted, MirrorReachability
 from roles.base import mirror_problems, render_proxy
 
@@ -40,3 +42,10 @@ def test_dpkg_journal_entries_and_audit_lines_are_unfinished_work() -> None:
     # This machine's dpkg is consistent: the real command reports nothing.
     output = subprocess.run(["sh", "-c", fact.command()], capture_output=True, text=True)
     assert fact.process(output.stdout.splitlines()) == []
+
+
+def test_proxy_file_never_gets_a_second_line() -> None:
+    # apt.conf has no escape; validation keeps quotes and ';' out of the URL and the
+    # renderer refuses a line break.
+    with pytest.raises(ValueError, match="control character"):
+        render_proxy('http://proxy:3142/\nAPT::Update::Pre-Invoke {"touch /tmp/PWNED";};')

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -410,6 +411,13 @@ def test_undeclared_recorded_release_is_removed_and_forgotten() -> None:
         _remove_release_shell("12.4"),
         "mkdir -p /var/lib/gpunode && printf %s '12.8\n' > /var/lib/gpunode/cuda-toolkits",
     ]
+
+
+def test_release_read_from_the_node_record_stays_one_word() -> None:
+    # The record file is on the node: a planted line must not become shell syntax.
+    script = _remove_release_shell("12.4;touch $(id)")
+    assert "cuda-toolkit-12-4;touch $(id)" in shlex.split(script)
+    assert "touch" not in shlex.split(script)
 
 
 def test_recorded_release_removed_by_hand_is_only_forgotten() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 from typing import Any
 
 import pytest
@@ -236,6 +237,21 @@ def test_only_stale_gpunode_ipoib_files_go() -> None:
         [],
         ["no other gpunode IPoIB interface files"],
     )
+
+
+def test_stale_ipoib_file_names_from_the_node_are_quoted() -> None:
+    # The file names are node output: a planted name must stay one word of the command.
+    planted = "/etc/network/interfaces.d/gpunode-ipoib-ib9;touch $(id) PWNED"
+    commands, _ = commands_of(stale_ipoib_files_removed, {FindFiles: [planted]}, keep=[])
+    words = shlex.split(commands[0])
+    assert "ib9;touch $(id) PWNED" in words and planted in words
+    assert "touch" not in words
+
+
+def test_ipoib_renderer_refuses_a_second_line() -> None:
+    # Validation refuses it (tests/unit/test_model.py); the renderer asserts it too.
+    with pytest.raises(ValueError, match="control character"):
+        render_ipoib(IpoibInterface("ib0", "fe80::1%ib0\n    up reboot/64", 2044))
 
 
 # --- subnet manager --------------------------------------------------------------------------

@@ -6,6 +6,8 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from facts.kernel import (
     LoginDefs,
     PasswordStates,
@@ -412,3 +414,10 @@ def test_permissions_only_ever_tighten() -> None:
         "chown root:shadow /etc/shadow",
         "chmod 700 /etc/cron.d",
     ]
+
+
+def test_sysctl_file_never_gets_a_second_line_from_a_value() -> None:
+    # Issue 12: a newline in a value added a sysctl. Validation refuses it
+    # (tests/unit/test_model.py); the renderer refuses to write it as well.
+    with pytest.raises(ValueError, match="control character"):
+        render_sysctl_conf({"vm.max_map_count": "262144\nkernel.modprobe = /tmp/x"})

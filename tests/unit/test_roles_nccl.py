@@ -204,3 +204,10 @@ def test_conf_and_profile_hold_every_variable_sorted() -> None:
         check=True,
     ).stdout
     assert shown == "=eth0|/a b/t.xml"
+
+
+def test_nccl_conf_never_gets_a_second_line_from_a_value() -> None:
+    # Issue 12: a newline in a value added a line to /etc/nccl.conf. Validation refuses it
+    # (tests/unit/test_model.py); the renderer refuses to write it as well.
+    with pytest.raises(ValueError, match="control character"):
+        render_nccl_conf({"NCCL_DEBUG": "WARN\nNCCL_NET_PLUGIN=/tmp/evil"})

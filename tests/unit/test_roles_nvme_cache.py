@@ -34,6 +34,7 @@ from roles.nvme_cache import (
     cache_volume,
     cachefilesd_running,
     fstab_command,
+    fstab_line,
     gather_cache_facts,
     mdadm_conf_command,
     plan_cache,
@@ -49,7 +50,7 @@ ARRAY_UUID = "0f5e1c2a:7b1d9e44:a1b2c3d4:e5f60718"
 XFS_OPTIONS = "defaults,noatime,nofail,x-systemd.device-timeout=30s"
 GUARD = (
     'if [ -n "$(wipefs --no-act --noheadings --output TYPE {0})" ]; then '
-    'echo "{0} carries a signature now; not making a filesystem on it" >&2; exit 1; fi; '
+    "echo '{0} carries a signature now; not making a filesystem on it' >&2; exit 1; fi; "
 )
 
 
@@ -441,6 +442,34 @@ def test_fstab_command_replaces_only_the_mount_points_entries(tmp_path: Path) ->
         "/dev/sdc1 /raid2 xfs defaults 0 0",
         line,
     ]
+
+
+def test_fstab_command_writes_a_hostile_mount_point_literally(tmp_path: Path) -> None:
+    # Issue 12: the fstab line went into the command inside double quotes, so a mount point
+    # with a command substitution ran it. Validation refuses such a path now; the command
+    # must not depend on that.
+    fstab = tmp_path / "fstab"
+    fstab.write_text("UUID=root / ext4 defaults 0 1\n")
+    pwned = tmp_path / "PWNED"
+    hostile = cache(mount_point="/raid$(touch${IFS}" + str(pwned) + ")`id`'\"")
+    line = fstab_line(hostile, UUID)
+    command = fstab_command(hostile, line).replace("/etc/fstab", str(fstab))
+    command = command.split(" && if [ -d /run/systemd/system ]")[0]
+    subprocess.run(["sh", "-c", command], check=True)
+    assert not pwned.exists()
+    assert fstab.read_text().splitlines() == ["UUID=root / ext4 defaults 0 1", line]
+
+
+def test_fstab_command_for_a_predicted_filesystem_expands_only_the_uuid(tmp_path: Path) -> None:
+    fstab = tmp_path / "fstab"
+    fstab.write_text("")
+    pwned = tmp_path / "PWNED"
+    hostile = cache(mount_point="/raid$(touch${IFS}" + str(pwned) + ")")
+    command = fstab_command(hostile, fstab_line(hostile, "$uuid")).replace("/etc/fstab", str(fstab))
+    command = "uuid=e1f2 && " + command.split(" && if [ -d /run/systemd/system ]")[0]
+    subprocess.run(["sh", "-c", command], check=True)
+    assert not pwned.exists()
+    assert fstab.read_text().splitlines() == [fstab_line(hostile, "e1f2")]
 
 
 def test_mounted_only_when_not_yet() -> None:

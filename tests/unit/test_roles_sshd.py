@@ -7,9 +7,16 @@ from typing import Any
 
 from pyinfra.api import FunctionCommand
 
-from facts.sshd import SshdState, parse_effective
+from facts.sshd import SshdState, parse_effective, parse_per_user
 from gpunode.model import DesiredState, Sshd, build_desired_state
-from roles.sshd import CIPHERS, hardened_sshd, lockout_risks, render_sshd_config
+from roles.sshd import (
+    CIPHERS,
+    expected_effective,
+    hardened_sshd,
+    lockout_risks,
+    login_group_guard,
+    render_sshd_config,
+)
 
 from .fakehost import fake_host
 
@@ -28,20 +35,30 @@ def fact(**overrides: Any) -> dict[type, Any]:
     return {SshdState: good | overrides}
 
 
-def run(facts: dict[type, Any]) -> tuple[list[str], list[str], list[Any]]:
+def run(
+    facts: dict[type, Any], login_user: str | None = None
+) -> tuple[list[str], list[str], list[Any]]:
     with fake_host(facts) as host:
-        yielded = list(hardened_sshd._inner(config=CONFIG, port=22))
+        yielded = list(hardened_sshd._inner(config=CONFIG, port=22, login_user=login_user))
     shell = [str(c) for c in yielded if not isinstance(c, FunctionCommand)]
     functions = [c for c in yielded if isinstance(c, FunctionCommand)]
     return shell, host.noops, functions
 
 
-def test_hardened_settings_come_before_the_drop_in_include() -> None:
+def test_config_reads_no_drop_ins_and_lets_only_the_login_group_in() -> None:
+    # A drop-in's Match block overrides first-value-wins, so nothing is included at all.
     lines = CONFIG.splitlines()
-    include = lines.index("Include /etc/ssh/sshd_config.d/*.conf")
-    assert include == len(lines) - 1
-    assert lines.index("PasswordAuthentication no") < include
+    assert not [line for line in lines if line.split(" ")[0].lower() in ("include", "match")]
+    assert "AllowGroups gpunode-login" in lines
+    assert "AuthorizedKeysFile .ssh/authorized_keys" in lines
+    assert "PasswordAuthentication no" in lines
     assert f"Ciphers {','.join(CIPHERS)}" in lines
+
+
+def test_expected_effective_covers_login_group_and_key_file() -> None:
+    expected = expected_effective(Sshd())
+    assert expected["allowgroups"] == "gpunode-login"
+    assert expected["authorizedkeysfile"] == ".ssh/authorized_keys"
 
 
 def test_data_knobs_reach_the_config() -> None:
@@ -93,3 +110,47 @@ def test_password_deploy_is_refused() -> None:
 def test_effective_parser_keeps_repeated_keywords() -> None:
     parsed = parse_effective(["port 22", "listenaddress [::]:22", "listenaddress 0.0.0.0:22"])
     assert parsed == {"port": ["22"], "listenaddress": ["[::]:22", "0.0.0.0:22"]}
+
+
+def test_deploy_user_must_be_in_the_login_group_before_anything_changes() -> None:
+    shell, _, _ = run(fact(config_sha1="0" * 40), login_user="debian")
+    assert shell[0] == login_group_guard("debian")
+    assert shell[0].startswith("id -Gn -- debian | tr ' ' '\\n' | grep -qx gpunode-login || {")
+    assert "the deploy user debian is not in gpunode-login" in shell[0]
+    assert shell[1].startswith("mkdir -p -m 0700 /var/lib/gpunode/sshd-previous")
+    # Nothing to change: no guard either.
+    shell, _, _ = run(fact(), login_user="debian")
+    assert shell == []
+
+
+def test_per_user_view_keeps_each_account_and_the_control_address() -> None:
+    parsed = parse_per_user(
+        [
+            "connection 10.213.0.1 22",
+            "gpunode:user=gpuadmin",
+            "passwordauthentication yes",
+            "allowgroups gpunode-login",
+            "gpunode:user=root",
+            "Bad configuration option: Match",
+            "gpunode:user=BAD;rm",
+            "passwordauthentication no",
+        ]
+    )
+    assert parsed["address"] == "10.213.0.1" and parsed["port"] == 22
+    assert parsed["users"]["gpuadmin"] == {
+        "passwordauthentication": ["yes"],
+        "allowgroups": ["gpunode-login"],
+    }
+    assert parsed["users"]["root"] == {"error": ["Bad configuration option: Match"]}
+    assert set(parsed["users"]) == {"gpuadmin", "root"}
+
+
+def test_per_user_view_refuses_a_hostile_address() -> None:
+    parsed = parse_per_user(["connection 10.0.0.1;reboot 22x"])
+    assert parsed == {"address": None, "port": None, "users": {}}
+
+
+def test_fact_evaluates_sshd_per_user_from_a_non_local_address() -> None:
+    command = SshdState().command()
+    assert '/usr/sbin/sshd -T -C "user=$u,host=$addr,addr=$addr,lport=$lport"' in command
+    assert "SSH_CONNECTION" in command and "addr=192.0.2.1" in command

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import datetime
-import hashlib
 import ipaddress
-from io import StringIO
 from types import SimpleNamespace
 from typing import Any
 
@@ -14,9 +12,9 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
-from pyinfra.api import FileUploadCommand, FunctionCommand
+from pyinfra.api import FunctionCommand
 from pyinfra.connectors.util import CommandOutput, OutputLine
-from pyinfra.facts.files import File, Link, Sha1File
+from pyinfra.facts.files import File, Link
 
 from facts.tls import NodeCertificate, parse_node_certificate
 from gpunode import pki
@@ -25,10 +23,10 @@ from gpunode.pki import CertificateAuthority, WantedCertificate
 from roles.tls import (
     TRUST_LINK,
     TRUST_PATH,
+    ca_not_system_trusted,
     issue_node_certificate,
     node_certificate,
     node_key_private,
-    trusted_ca,
 )
 
 from .fakehost import commands_of, fake_host
@@ -318,7 +316,7 @@ def test_callback_fails_when_the_certificate_does_not_verify_on_the_node(
     assert "not installed: verify failed" in host.messages[-1]
 
 
-# --- node_key_private and trusted_ca ------------------------------------------------------------
+# --- node_key_private and ca_not_system_trusted ----------------------------------------------
 
 
 def test_missing_key_is_left_to_node_certificate() -> None:
@@ -343,33 +341,25 @@ def test_private_key_file_is_a_noop() -> None:
     assert (commands, noops) == ([], ["/etc/gpunode/tls/node.key is 0600 root:root"])
 
 
-CA_PEM = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"
-CA_SHA1 = hashlib.sha1(CA_PEM.encode()).hexdigest()
 LINKED = {"link_target": TRUST_PATH}
+UNTRUST = f"rm -f {TRUST_PATH} && update-ca-certificates --fresh >/dev/null"
 
 
-def test_trusted_ca_up_to_date_is_a_noop() -> None:
-    facts: dict[type, Any] = {Sha1File: CA_SHA1, Link: LINKED}
-    commands, noops = commands_of(trusted_ca, facts, certificate_pem=CA_PEM)
+def test_ca_out_of_the_trust_store_is_a_noop() -> None:
+    commands, noops = commands_of(ca_not_system_trusted, {File: None, Link: None})
     assert commands == []
-    assert noops == [f"{TRUST_PATH} is up to date and trusted"]
+    assert noops == ["the gpunode CA is not in the system trust store"]
 
 
-@pytest.mark.parametrize("current", [None, "0" * 40])
-def test_new_or_changed_ca_is_copied_and_taken_in(current: str | None) -> None:
-    commands, _ = operation_output(
-        trusted_ca, {Sha1File: current, Link: LINKED}, certificate_pem=CA_PEM
-    )
-    assert isinstance(commands[0], FileUploadCommand)
-    assert commands[0].dest == TRUST_PATH
-    assert isinstance(commands[0].src, StringIO) and commands[0].src.read() == CA_PEM
-    assert [str(command) for command in commands[1:]] == [
-        f"chown root:root {TRUST_PATH} && chmod 644 {TRUST_PATH}",
-        "update-ca-certificates",
-    ]
-
-
-def test_ca_file_never_taken_in_is_taken_in() -> None:
-    commands, _ = commands_of(trusted_ca, {Sha1File: CA_SHA1, Link: None}, certificate_pem=CA_PEM)
-    assert commands == ["update-ca-certificates"]
+@pytest.mark.parametrize(
+    ("installed", "linked"),
+    [({"mode": 644}, LINKED), ({"mode": 644}, None), (None, LINKED)],
+    ids=["trusted", "copied-not-taken-in", "dangling-link"],
+)
+def test_a_ca_an_earlier_run_trusted_is_taken_out(
+    installed: dict[str, Any] | None, linked: dict[str, Any] | None
+) -> None:
+    commands, _ = commands_of(ca_not_system_trusted, {File: installed, Link: linked})
+    assert commands == [UNTRUST]
+    assert TRUST_PATH == "/usr/local/share/ca-certificates/gpunode-ca.crt"
     assert TRUST_LINK == "/etc/ssl/certs/gpunode-ca.pem"

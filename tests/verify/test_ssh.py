@@ -1,7 +1,9 @@
 """SSH server checks: dev-sec ssh-baseline server controls (sshd-01 ... sshd-50) that apply,
 plus the crypto of ssh-audit's "Hardened Debian 12 (version 3)" policy.
 
-Values are read from the *effective* configuration (``sshd -T``), so drop-ins count.
+Values are read from the *effective* configuration (``sshd -T``), so drop-ins count, and
+again for every declared admin and root as sshd applies it to a login from outside
+(``sshd -T -C user=...,addr=<a non-local address>``), so Match blocks count too.
 """
 
 from __future__ import annotations
@@ -40,7 +42,11 @@ FIXED_SETTINGS = [
     ("sshd-35", "gssapiauthentication", "no"),
     ("sshd-36", "compression", "no"),
     ("sshd-37", "usedns", "no"),
+    ("gpunode-login-group", "allowgroups", "gpunode-login"),
+    ("gpunode-key-file", "authorizedkeysfile", ".ssh/authorized_keys"),
 ]
+# A login from outside, for the per-account evaluation (TEST-NET-1: never local).
+OUTSIDE_ADDRESS = "192.0.2.1"
 
 
 def _settings_from_data(desired: DesiredState) -> dict[str, str]:
@@ -189,3 +195,41 @@ def test_admin_sudoers_dropin_is_root_only(host: Any) -> None:
     dropin = host.file("/etc/sudoers.d/gpunode-admins")
     assert (dropin.user, dropin.mode) == ("root", 0o440)
     assert host.run("visudo -c -q -f /etc/sudoers.d/gpunode-admins").rc == 0
+
+
+def test_sshd_config_includes_nothing(host: Any) -> None:
+    # A Match block in a drop-in would override every setting above it.
+    lines = host.file("/etc/ssh/sshd_config").content_string.splitlines()
+    assert not [line for line in lines if line.split(" ")[0].lower() in ("include", "match")]
+
+
+def test_each_admin_and_root_get_the_hardened_settings_from_outside(
+    host: Any, desired: DesiredState
+) -> None:
+    expected = {
+        "passwordauthentication": "no",
+        "kbdinteractiveauthentication": "no",
+        "authenticationmethods": "publickey",
+        "pubkeyauthentication": "yes",
+        "allowgroups": "gpunode-login",
+        "authorizedkeysfile": ".ssh/authorized_keys",
+        "permitrootlogin": _settings_from_data(desired)["permitrootlogin"],
+    }
+    for user in ["root", *(admin.name for admin in desired.admin_users)]:
+        output = host.check_output(
+            f"/usr/sbin/sshd -T -C user={user},host={OUTSIDE_ADDRESS},addr={OUTSIDE_ADDRESS},"
+            f"lport={desired.sshd.port}"
+        )
+        settings = dict(line.partition(" ")[::2] for line in output.splitlines())
+        assert {key: settings.get(key) for key in expected} == expected, user
+
+
+def test_only_declared_admins_and_the_login_user_may_log_in(
+    host: Any, desired: DesiredState
+) -> None:
+    login_user = host.check_output("echo ${SUDO_USER:-$(id -un)}").strip()
+    allowed = {admin.name for admin in desired.admin_users} | {login_user}
+    if desired.sshd.permit_root_login != "no":
+        allowed.add("root")
+    members = host.check_output("getent group gpunode-login | cut -d: -f4").strip()
+    assert set(filter(None, members.split(","))) <= allowed

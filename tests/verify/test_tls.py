@@ -1,4 +1,5 @@
-"""TLS checks: a node certificate from the internal CA, its key private to root, trusted."""
+"""TLS checks: a node certificate from the internal CA, its key private to root, the CA out
+of the system trust store."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import pytest
 
 from facts.tls import CA_PATH, CERT_PATH, KEY_PATH
 from gpunode.model import DesiredState
-from roles.tls import TRUST_PATH
+from roles.tls import TRUST_LINK, TRUST_PATH
 
 
 @pytest.fixture
@@ -38,6 +39,8 @@ def test_certificate_is_outside_the_renewal_window(host: Any, wanted: DesiredSta
     assert host.run(f"openssl x509 -in {CERT_PATH} -noout -checkend {seconds}").rc == 0
 
 
-def test_ca_is_in_the_system_trust_store(host: Any, wanted: DesiredState) -> None:
-    assert host.file(TRUST_PATH).exists
-    assert host.run(f"openssl verify {CERT_PATH}").rc == 0
+def test_ca_is_not_in_the_system_trust_store(host: Any, wanted: DesiredState) -> None:
+    assert not host.file(TRUST_PATH).exists
+    assert not host.file(TRUST_LINK).exists
+    # Only what is pointed at ca.crt trusts the node certificate; the system store does not.
+    assert host.run(f"openssl verify {CERT_PATH}").rc != 0

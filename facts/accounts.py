@@ -1,0 +1,143 @@
+"""Who can log in over SSH: local accounts with authorized keys, their shells, expiry and groups.
+
+Read from /etc/passwd and /etc/shadow (local accounts only: directory-service users are kept
+out by sshd's AllowGroups unless they are in gpunode's login group). Everything here comes from
+the node and is untrusted: names that are not POSIX user names are dropped, numbers that are
+not numbers become None, and the number of accounts is capped.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from pyinfra.api import FactBase
+
+ADMIN_GROUP = "gpunode-admins"  # passwordless sudo
+LOGIN_GROUP = "gpunode-login"  # sshd's AllowGroups: the only accounts that may log in
+MANAGED_GROUPS = (ADMIN_GROUP, LOGIN_GROUP)
+KEY_FILES = (".ssh/authorized_keys", ".ssh/authorized_keys2")
+NOLOGIN_SHELL = "/usr/sbin/nologin"
+MAX_ACCOUNTS = 2000
+
+_USER_NAME = re.compile(r"[a-z_][a-z0-9_-]{0,31}")
+
+# The account this fact runs for: sudo names the user who logged in; without sudo, it is us.
+SESSION_USER = 'echo "session_user ${SUDO_USER:-$(id -un)}"'
+
+# name:uid:home:shell:password-field:expire-day, passwd joined with shadow in one pass.
+_PASSWD_WITH_SHADOW = (
+    "awk -F: 'NR==FNR {pw[$1]=$2; ex[$1]=$8; next} "
+    '{print $1 ":" $3 ":" $6 ":" $7 ":" pw[$1] ":" ex[$1]}\' '
+    f"/etc/shadow /etc/passwd | head -n {MAX_ACCOUNTS}"
+)
+
+_KEY_COUNT = "keys=0; " + " ".join(
+    f'if [ -f "$home/{path}" ]; then '
+    f"n=$(grep -c '^[[:space:]]*[^#[:space:]]' \"$home/{path}\" 2>/dev/null); "
+    "keys=$((keys + ${n:-0})); fi;"
+    for path in KEY_FILES
+)
+
+ACCOUNTS_COMMAND = " ".join(
+    [
+        f"{SESSION_USER};",
+        'echo "today $(( $(date +%s) / 86400 ))";',
+        f"for g in {' '.join(MANAGED_GROUPS)}; do",
+        'echo "group $(getent group "$g" || echo "$g")"; done;',
+        f"{_PASSWD_WITH_SHADOW} | while IFS=: read -r name uid home shell password expire; do",
+        _KEY_COUNT,
+        'usable=no; if [ -x "$shell" ]; then case "$shell" in',
+        "*/nologin|*/false) ;; *) usable=yes ;; esac; fi;",
+        "case \"$password\" in '') pw=NP ;; '!'*|'*'*) pw=L ;; *) pw=P ;; esac;",
+        'groups=; if [ "$keys" -gt 0 ]; then groups=$(id -Gn -- "$name" 2>/dev/null | tr \' \' ,); fi;',  # noqa: E501
+        'echo "account:$name:$uid:$usable:$keys:$expire:$pw:$groups:$shell:$home";',
+        "done",
+    ]
+)
+
+
+def _number(text: str) -> int | None:
+    return int(text) if text.isdigit() and len(text) < 12 else None
+
+
+def _names(text: str) -> list[str]:
+    return sorted({name for name in text.split(",") if _USER_NAME.fullmatch(name)})
+
+
+def parse_accounts(lines: list[str]) -> dict[str, Any]:
+    """The command's output -> the structure documented on :class:`LoginAccounts`."""
+    result: dict[str, Any] = {
+        "state": "ok",
+        "session_user": None,
+        "today": None,
+        "groups": {group: None for group in MANAGED_GROUPS},
+        "accounts": {},
+    }
+    for raw in lines[: MAX_ACCOUNTS + 16]:
+        line = raw.rstrip("\r\n")
+        word, _, rest = line.partition(" ")
+        if word == "session_user" and _USER_NAME.fullmatch(rest):
+            result["session_user"] = rest
+        elif word == "today":
+            result["today"] = _number(rest)
+        elif word == "group":
+            name, _, tail = rest.partition(":")
+            if name in MANAGED_GROUPS:
+                # name:x:gid:members, or only the name when the group does not exist.
+                fields = tail.split(":")
+                result["groups"][name] = _names(fields[2]) if len(fields) >= 3 else None
+        elif line.startswith("account:"):
+            fields = line.split(":", 9)
+            if len(fields) != 10 or not _USER_NAME.fullmatch(fields[1]):
+                continue
+            _, name, uid, usable, keys, expire, password, groups, shell, home = fields
+            result["accounts"][name] = {
+                "uid": _number(uid),
+                "home": home[:256],
+                "shell": shell[:256],
+                "shell_usable": usable == "yes",
+                "keys": _number(keys) or 0,
+                "expire_day": _number(expire),
+                "password": password if password in ("NP", "L", "P") else "unknown",
+                "groups": _names(groups),
+            }
+    if result["today"] is None:
+        result["state"] = "unreadable"
+        result["reason"] = "accounts: no output (the command did not run)"
+    return result
+
+
+def expired(account: dict[str, Any], today: int | None) -> bool:
+    """The account's expiry date has passed: PAM refuses every login, key logins included."""
+    day = account.get("expire_day")
+    return day is not None and today is not None and day <= today
+
+
+class LoginAccounts(FactBase):
+    """
+    Local accounts, and which of them hold SSH keys.
+
+    .. code:: python
+
+        {
+            "state": "ok",
+            "session_user": "debian",  # the account this fact logged in as
+            "today": 20423,            # days since 1970, as /etc/shadow counts
+            "groups": {"gpunode-admins": ["gpuadmin"], "gpunode-login": [...]},  # None: absent
+            "accounts": {
+                "gpuadmin": {
+                    "uid": 1001, "home": "/home/gpuadmin", "shell": "/bin/bash",
+                    "shell_usable": True, "keys": 1, "expire_day": None,
+                    "password": "L",   # L locked or none, P set, NP empty
+                    "groups": ["gpuadmin", "gpunode-admins", "gpunode-login"],  # keys > 0 only
+                },
+            },
+        }
+    """
+
+    def command(self) -> str:
+        return ACCOUNTS_COMMAND
+
+    def process(self, output: list[str]) -> dict[str, Any]:
+        return parse_accounts(list(output))

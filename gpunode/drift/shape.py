@@ -1,0 +1,102 @@
+"""The shape of a host's facts that the drift rules rely on, checked before any rule reads them.
+
+Facts come from the node: a broken or hostile node can put a string where a rule counts, a
+number where it expects an object. Each section that does not fit its shape is replaced by an
+unreadable section naming the first value that does not fit, so its rules report it as
+unreadable (``gpu.unreadable``, ``ib.unreadable``...) and every other section is still checked.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpunode.probe.parsers import GPU_REPORT_SHAPE
+from gpunode.sanitize import Bool, Int, ListOf, MapOf, Maybe, Num, Record, Shape, Str
+
+_TEXT = Maybe(Str)
+_FLAG = Maybe(Bool)
+_STATE = {"state": _TEXT, "reason": _TEXT}
+_EFFECTIVE = MapOf(ListOf(Str))  # sshd -T: keyword -> values; or {"error": [message]}
+_ENGINE = Maybe(Record({"error": _TEXT, "nvidia_runtime": _FLAG, "default_runtime": _TEXT}))
+_MOUNT = Record({"source": _TEXT, "fstype": _TEXT, "options": Maybe(ListOf(Str))})
+_ACCOUNT = Record(
+    {
+        "keys": Maybe(Int),
+        "shell_usable": _FLAG,
+        "expire_day": Maybe(Int),
+        "groups": Maybe(ListOf(Str)),
+    }
+)
+
+# Section name (a key of facts.node.NodeState.FACTS) -> what its rules read, with the types.
+SECTION_SHAPES: dict[str, Shape] = {
+    "gpu": GPU_REPORT_SHAPE,
+    "infiniband": Record(
+        {
+            **_STATE,
+            "ports": ListOf(
+                Record(
+                    {
+                        "ca": _TEXT,
+                        "port": Maybe(Int),
+                        "state": _TEXT,
+                        "physical_state": _TEXT,
+                        "link_layer": _TEXT,
+                        "rate": Maybe(Num),
+                    }
+                )
+            ),
+        }
+    ),
+    "nvme": Record({**_STATE, "devices": ListOf(Record({}))}),
+    "sshd": Record(
+        {
+            "effective": Maybe(_EFFECTIVE),
+            "effective_error": _TEXT,
+            "config_sha1": _TEXT,
+            "per_user": Maybe(Record({"users": Maybe(MapOf(_EFFECTIVE))})),
+            "accounts": Maybe(
+                Record({**_STATE, "today": Maybe(Int), "accounts": Maybe(MapOf(_ACCOUNT))})
+            ),
+        }
+    ),
+    "firewall": Record(
+        {
+            **_STATE,
+            "live": _TEXT,
+            "file_loads": _TEXT,
+            "file_sha256": _TEXT,
+            "unit_enabled": _FLAG,
+        }
+    ),
+    "tls": Record({**_STATE, "key": _TEXT, "days_to_expiry": Maybe(Int), "not_after": _TEXT}),
+    "packages": Record({**_STATE, "packages": MapOf(Str), "held": ListOf(Str)}),
+    "container_runtime": Record(
+        {
+            **_STATE,
+            "docker": _ENGINE,
+            "containerd": _ENGINE,
+            "cdi_spec": Maybe(Record({"present": _FLAG, "uuids": Maybe(ListOf(Str))})),
+        }
+    ),
+    "nccl": Record({**_STATE, "conf": Maybe(MapOf(Str)), "profile": Maybe(MapOf(Str))}),
+    # Mount point -> mount; a rule looks up the declared mount point.
+    "mounts": Record(_STATE, rest=_MOUNT),
+}
+
+
+def unreadable_section(reason: str) -> dict[str, Any]:
+    return {"state": "unreadable", "reason": reason}
+
+
+def checked_facts(facts: dict[str, Any]) -> dict[str, Any]:
+    """``facts`` with each section that does not fit its shape replaced by an unreadable one
+    whose reason names the value (a missing section stays missing: its rule says so)."""
+    checked = dict(facts)
+    for name, shape in SECTION_SHAPES.items():
+        section = facts.get(name)
+        if section is None:
+            continue
+        if problem := shape.problem(section, name):
+            checked[name] = unreadable_section(f"malformed facts: {problem}")
+    return checked
