@@ -49,6 +49,8 @@ DRIFT_HOME = "/var/lib/gpunode-drift"
 DRIFT_SSH_DIR = f"{DRIFT_HOME}/.ssh"
 # Where the home directories are that ProtectHome=tmpfs hides.
 HOME_ROOTS = ("/home", "/root", "/run/user")
+# Where PrivateTmp=yes gives the check a /tmp of its own: a checkout there is out of its sight.
+PRIVATE_TMP_ROOTS = ("/tmp", "/var/tmp")
 # Where the check may write: its output directory and the textfile's directory.
 WRITABLE_ROOTS = ("/var/lib/", "/var/cache/", "/srv/")
 
@@ -130,6 +132,12 @@ known_hosts = local_file(
 project = checked_path("the checkout's path", str(PROJECT))
 gpunode = checked_path("the gpunode command's path", str(Path(sys.executable).with_name("gpunode")))
 python_prefix = checked_path("the Python installation's path", sys.base_prefix)
+for what, path in (("checkout", project), ("Python installation", python_prefix)):
+    if any(path == root or path.startswith(root + "/") for root in PRIVATE_TMP_ROOTS):
+        raise DeployError(
+            f"the {what} lives in {path}, under a temporary directory the sandboxed check "
+            "gets a private copy of (PrivateTmp): move it to a lasting place such as /opt or /srv"
+        )
 
 
 def _chain(path: str, top: str) -> list[str]:

@@ -45,10 +45,19 @@ _ESCAPES = {
 }
 
 
+def _escape(char: str) -> str:
+    code = ord(char)
+    if code <= 0xFF:
+        return f"\\x{code:02x}"
+    return f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}"
+
+
 def clean_text(text: str, limit: int = MAX_FACT_TEXT_CHARS) -> str:
     """``text`` with every unsafe character escaped, at most ``limit`` characters long."""
     if not text.isprintable():  # the fast path: printable text has nothing to escape
         text = text.translate(_ESCAPES)
+        if not text.isprintable():  # the rarer rest: other spaces, format, unassigned
+            text = "".join(char if char.isprintable() else _escape(char) for char in text)
     if len(text) > limit:
         text = text[: max(0, limit - len(CUT_MARK))] + CUT_MARK
     return text

@@ -96,6 +96,18 @@ def staged_files(extra: list[str]) -> list[str]:
     return [*names, ".venv/bin/gpunode", *extra]
 
 
+def first_missing_directory(lab: Lab, node: LabNode, path: PurePosixPath) -> str:
+    """The outermost directory of ``path`` the node lacks: staging makes it, cleanup removes
+    it, and nothing the node had before is touched (the checkout may live anywhere)."""
+    candidates = [*reversed(path.parents), path][1:]  # without "/"
+    found = ssh(
+        lab, node, "for p in " + " ".join(shlex.quote(str(c)) for c in candidates)
+        + '; do [ -e "$p" ] || { echo "$p"; break; }; done',
+    ).stdout.strip()  # fmt: skip
+    assert found, f"{path} already exists on {node.name}: the checkout cannot be staged there"
+    return found
+
+
 def root_ssh(lab: Lab, node: LabNode, script: str) -> subprocess.CompletedProcess:
     return ssh(lab, node, f"sudo sh -c {shlex.quote(script)}")
 
@@ -103,7 +115,7 @@ def root_ssh(lab: Lab, node: LabNode, script: str) -> subprocess.CompletedProces
 @pytest.fixture(scope="module")
 def control_host(lab: Lab, lab_nodes: list[LabNode]) -> Iterator[ControlHost]:
     node, target = lab_nodes[0], lab_nodes[-1]
-    top = "/" + PurePosixPath(ROOT).parts[1]  # the checkout's top directory, made here
+    top = first_missing_directory(lab, node, PurePosixPath(ROOT))  # made here, removed after
     # What the deploy makes or changes, as it was: put back exactly so afterwards.
     ours = (top, OUTPUT_DIR, "/var/lib/gpunode-drift")
     found = root_ssh(
