@@ -134,9 +134,11 @@ def test_the_lock_of_a_run_this_control_host_knows_is_dead_is_broken(
     gone.wait()
     # The connection of a killed run that the node has not noticed yet (network cut, say).
     dead_run = f"root@{socket.gethostname()} pid {gone.pid} since 2026-11-30T12:00:00Z (x.py)"
-    run, elapsed = run_while_held(lab, lab_1, dead_run, seconds=120)
+    run, _ = run_while_held(lab, lab_1, dead_run, seconds=120)
+    # The dead run's holder keeps the lock for 120 s, far past the 10 s a run waits: a run
+    # that got in broke the lock instead of waiting it out and refusing.
     assert run.returncode == 0, run.output
-    assert elapsed < 10 + 8  # it did not wait out the full lock timeout and then refuse
+    assert "another gpunode run holds this node" not in run.output, run.output
     assert run.changed_operations() == {}
 
 
@@ -174,6 +176,8 @@ def test_a_node_that_stops_answering_mid_run_fails_alone_and_is_named(
         set_link(lab, lab_2, "up")
         sudo(lab, lab_2, "rm -f /usr/local/bin/nvidia-smi")
     assert run.returncode == 1, run.output
+    # Without dead-peer detection TCP retransmits for some 15 minutes; with it the node is
+    # given up within DEAD_AFTER_S of silence (a minute of margin for a loaded machine).
     assert elapsed < DEAD_AFTER_S + KEEPALIVE_S + 60, run.output
     named = error_lines(run, "lab-2")
     assert "Error" in named or "error" in named, run.output
