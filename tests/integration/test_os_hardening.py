@@ -41,7 +41,8 @@ def wanted_sysctls() -> dict[str, str]:
     return sysctl_values(lab_desired_state())
 
 
-PROBE_USER = "keyonly-probe"
+# The admin inventories/group_data/lab.py declares, with the lab key.
+KEY_ONLY_ADMIN = "gpuadmin"
 PACKAGE = "unattended-upgrades"
 
 
@@ -186,35 +187,26 @@ def test_ssh_sudo_su_and_apt_still_work(
         assert run_ok(lab, node, "sudo -n su -s /bin/sh -c 'id -un' nobody").strip() == "nobody"
 
 
-def test_key_only_account_is_never_locked_out_by_password_expiry(
+def test_key_only_admin_is_never_locked_out_by_password_expiry(
     lab: Lab, lab_nodes: list[LabNode], first_run: PyinfraRun
 ) -> None:
     node = lab_nodes[1]
-    public_key = lab.key_path.with_suffix(".pub").read_text().strip()
-    keys_path = f"/home/{PROBE_USER}/.ssh/authorized_keys"
-    # Created after hardening, so useradd gives it PASS_MAX_DAYS; its password "changed"
-    # long ago, as it would have after 60 days.
-    run_ok(
-        lab,
-        node,
-        f"sudo useradd -m -s /bin/sh {PROBE_USER} && "
-        f"sudo install -d -m 700 -o {PROBE_USER} /home/{PROBE_USER}/.ssh && "
-        f"echo '{public_key}' | sudo tee {keys_path} >/dev/null && "
-        f"sudo chown {PROBE_USER}: {keys_path} && sudo chmod 600 {keys_path} && "
-        f"sudo chage -d 2000-01-01 {PROBE_USER}",
-    )
+    # Only gpunode-login may log in (an undeclared account is refused by sshd before PAM's
+    # account checks), so the key-only account is the lab's declared admin. Its password
+    # "changed" long ago under a maximum age, as PASS_MAX_DAYS gives an account useradd
+    # creates after hardening, 60 days on.
+    changed = run_ok(lab, node, f"sudo getent shadow {KEY_ONLY_ADMIN} | cut -d: -f3").strip()
+    run_ok(lab, node, f"sudo chage -M 60 -d 2000-01-01 {KEY_ONLY_ADMIN}")
     try:
-        locked_out = ssh(lab, node, "true", user=PROBE_USER)
+        locked_out = ssh(lab, node, "true", user=KEY_ONLY_ADMIN)
         assert locked_out.returncode != 0
         assert "Password change required" in locked_out.stderr
 
         run = run_pyinfra(DEPLOY)
         assert run.returncode == 0, run.output
-        assert run_ok(lab, node, "id -un", user=PROBE_USER).strip() == PROBE_USER
+        assert run_ok(lab, node, "id -un", user=KEY_ONLY_ADMIN).strip() == KEY_ONLY_ADMIN
     finally:
-        run_ok(
-            lab, node, f"sudo userdel -r {PROBE_USER} 2>/dev/null; ! id {PROBE_USER} 2>/dev/null"
-        )
+        run_ok(lab, node, f"sudo chage -M -1 -d {shlex.quote(changed or '-1')} {KEY_ONLY_ADMIN}")
 
 
 def write_inventory(path: Path, lab: Lab, node: LabNode, extra: str) -> None:
