@@ -16,8 +16,8 @@ from pathlib import Path
 # Roles and facts live at the project root; pyinfra only adds the working directory.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from gpunode.converge import converging
 from roles.container_toolkit import DEFAULT_CHECK_IMAGE, container_toolkit, gpu_container_check
-from roles.converge import converging
 from roles.cuda import cuda_toolkits
 from roles.dcgm import dcgm
 from roles.nvidia_repos import nvidia_repositories

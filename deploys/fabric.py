@@ -13,7 +13,7 @@ from pathlib import Path
 # Roles and facts live at the project root; pyinfra only adds the working directory.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from roles.converge import converging
+from gpunode.converge import converging
 from roles.infiniband import infiniband
 from roles.nccl import nccl
 from roles.nvme_cache import nvme_cache

@@ -12,7 +12,7 @@ from pathlib import Path
 # Roles and facts live at the project root; pyinfra only adds the working directory.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from roles.converge import converging
+from gpunode.converge import converging
 from roles.firewall import firewall
 
 with converging() as desired:

@@ -13,9 +13,9 @@ from pathlib import Path
 # Roles and facts live at the project root; pyinfra only adds the working directory.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from gpunode.converge import converging
 from roles.base import base_system
 from roles.container_toolkit import container_toolkit
-from roles.converge import converging
 from roles.cuda import cuda_toolkits
 from roles.dcgm import dcgm
 from roles.fabric_manager import fabric_manager

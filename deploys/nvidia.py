@@ -12,7 +12,7 @@ from pathlib import Path
 # Roles and facts live at the project root; pyinfra only adds the working directory.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from roles.converge import converging
+from gpunode.converge import converging
 from roles.fabric_manager import fabric_manager
 from roles.nvidia_driver import nvidia_driver
 from roles.nvidia_repos import nvidia_repositories

@@ -11,7 +11,7 @@ from pathlib import Path
 # Roles and facts live at the project root; pyinfra only adds the working directory.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from roles.converge import converging
+from gpunode.converge import converging
 from roles.kernel import kernel_hardening
 from roles.unattended_upgrades import unattended_upgrades
 

@@ -13,8 +13,9 @@ from typing import Any
 
 from pyinfra.api import FactBase
 
+from gpunode.expected.sshd import LOGIN_GROUP
+
 ADMIN_GROUP = "gpunode-admins"  # passwordless sudo
-LOGIN_GROUP = "gpunode-login"  # sshd's AllowGroups: the only accounts that may log in
 MANAGED_GROUPS = (ADMIN_GROUP, LOGIN_GROUP)
 KEY_FILES = (".ssh/authorized_keys", ".ssh/authorized_keys2")
 NOLOGIN_SHELL = "/usr/sbin/nologin"

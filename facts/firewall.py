@@ -13,11 +13,12 @@ from typing import Any
 
 from pyinfra.api import FactBase
 
+from gpunode.expected.firewall import TABLE
+
 RULESET_PATH = "/etc/gpunode/firewall.nft"
 UNIT_NAME = "gpunode-firewall.service"
 UNIT_PATH = f"/etc/systemd/system/{UNIT_NAME}"
 ROLLBACK_UNIT = "gpunode-firewall-rollback"
-TABLE = "inet gpunode"
 STATE_DIR = "/var/lib/gpunode"
 
 _SECTION = "gpunode:section="

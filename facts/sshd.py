@@ -16,11 +16,11 @@ from typing import Any
 from pyinfra.api import FactBase
 
 from facts.accounts import ACCOUNTS_COMMAND, KEY_FILES, MANAGED_GROUPS, parse_accounts
+from gpunode.expected.sshd import RSA_HOST_KEY
 
 SECTION = "gpunode:section="
 USER_MARK = "gpunode:user="
 SSHD_CONFIG = "/etc/ssh/sshd_config"
-RSA_HOST_KEY = "/etc/ssh/ssh_host_rsa_key"
 MODULI = "/etc/ssh/moduli"
 # /etc/ssh/moduli's fifth column is the modulus size minus one: 3071 means 3072 bits.
 MIN_MODULUS_FIELD = 3071

@@ -26,7 +26,9 @@ read with any other (an ``_env``, which may hold proxy credentials, a password, 
 directory, another shell) is never planned and is read on its own, as pyinfra does.
 
 Only the prepare and execute stages are cached; facts read anywhere else (the drift check,
-tests) go straight to pyinfra.
+tests) go straight to pyinfra. What this takes from pyinfra's internals (``_get_fact``, the
+commands' ``execute``, how pyinfra splits a fact's arguments and makes its command) it takes
+through gpunode.pyinfra_patches, which refuses a pyinfra version it was not written for.
 """
 
 from __future__ import annotations
@@ -47,22 +49,20 @@ from pathlib import Path
 from typing import Any
 
 from pyinfra.api import FactBase
-from pyinfra.api import command as pyinfra_command
-from pyinfra.api import facts as pyinfra_facts
 from pyinfra.api.arguments import CONNECTOR_ARGUMENT_KEYS
 from pyinfra.api.command import StringCommand
 from pyinfra.api.state import StateStage
+
+from gpunode import pyinfra_patches
 
 CACHED_STAGES = (StateStage.Prepare, StateStage.Execute)
 # Connector arguments that change what a fact command sees (who runs it, where, how).
 _KEY_ARGUMENTS = tuple(sorted(CONNECTOR_ARGUMENT_KEYS))
 
-_MISSING_COMMAND = pyinfra_facts._MISSING_COMMAND_MARKER
-
 _values: dict[str, dict[str, Any]] = {}
 _asked: dict[str, dict[str, dict[str, Any]]] = {}
 _prefetched: set[str] = set()
-_installed: dict[str, Callable[..., Any]] = {}
+_installed: dict[str, pyinfra_patches.Patch] = {}
 stats = {"hits": 0, "misses": 0, "clears": 0, "prefetched": 0, "prefetch_commands": 0}
 
 
@@ -89,7 +89,7 @@ def _cached_get_fact(
     ensure_hosts: Any = None,
     apply_failed_hosts: bool = True,
 ) -> Any:
-    original = _installed["_get_fact"]
+    original = _installed["_get_fact"].original
     if state.current_stage not in CACHED_STAGES:
         return original(state, host, cls, args, kwargs, ensure_hosts, apply_failed_hosts)
     if not getattr(cls, "cacheable", True):
@@ -97,7 +97,7 @@ def _cached_get_fact(
     if host.name not in _prefetched:
         _prefetched.add(host.name)
         prefetch(state, host)
-    fact_kwargs, global_kwargs = pyinfra_facts._handle_fact_kwargs(state, host, cls, args, kwargs)
+    fact_kwargs, global_kwargs = pyinfra_patches.fact_arguments(state, host, cls, args, kwargs)
     fact_kwargs = {name: value for name, value in fact_kwargs.items() if name != "self"}
     key = fact_key(cls, fact_kwargs, global_kwargs)
     _remember(host.name, key, cls, fact_kwargs, global_kwargs)
@@ -446,13 +446,14 @@ def batch_script(facts: list[tuple[Any, dict[str, Any]]], marker: str) -> str:
     instance, since some keep their arguments from ``command`` (pyinfra's Sha1File does).
     """
     parts = []
+    missing = pyinfra_patches.missing_command_marker()
     for index, (fact, kwargs) in enumerate(facts):
-        command = _raw(pyinfra_facts._make_command(fact.command, dict(kwargs)))
-        requires = pyinfra_facts._make_command(fact.requires_command, dict(kwargs))
+        command = _raw(pyinfra_patches.make_command(fact.command, kwargs))
+        requires = pyinfra_patches.make_command(fact.requires_command, kwargs)
         if requires:
             command = (
                 f"if command -v {_raw(requires)} >/dev/null 2>&1; then ( {command} ); "
-                f"else echo '{_MISSING_COMMAND}'; fi"
+                f"else echo '{missing}'; fi"
             )
         parts.append(
             f'out=$( ( {command}\n) 2>/dev/null ); status=$?; echo "{marker} {index} $status"; '
@@ -507,9 +508,10 @@ def prefetch(state: Any, host: Any) -> None:
         if not ok:
             continue
         values = _values.setdefault(host.name, {})
+        missing = pyinfra_patches.missing_command_marker()
         for index, lines in parse_batch(output.stdout_lines, marker, len(entries)).items():
             key, fact = entries[index][0], instances[index]
-            if lines == [_MISSING_COMMAND]:
+            if lines == [missing]:
                 continue
             try:
                 values[key] = fact.process(lines) if lines else fact.default()
@@ -530,31 +532,22 @@ def _clearing(execute: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def install() -> None:
-    """Cache facts for deploys run by this process (idempotent)."""
+    """Cache facts for deploys run by this process (idempotent). Refuses, before anything is
+    patched, a pyinfra version gpunode.pyinfra_patches was not written for."""
     if _installed:
         return
-    _installed["_get_fact"] = pyinfra_facts._get_fact
-    pyinfra_facts._get_fact = _cached_get_fact
+    _installed["_get_fact"] = pyinfra_patches.replace_get_fact(_cached_get_fact)
     atexit.register(write_plans)
-    for name in (
-        "StringCommand",
-        "FileUploadCommand",
-        "FileDownloadCommand",
-        "FunctionCommand",
-        "RsyncCommand",
-    ):
-        command_class = getattr(pyinfra_command, name)
-        _installed[name] = command_class.execute
-        command_class.execute = _clearing(command_class.execute)
+    for patch in pyinfra_patches.wrap_command_execute(_clearing):
+        _installed[patch.owner.__name__] = patch
 
 
 def uninstall() -> None:
     if not _installed:
         return
-    pyinfra_facts._get_fact = _installed.pop("_get_fact")
     atexit.unregister(write_plans)
-    for name, execute in _installed.items():
-        getattr(pyinfra_command, name).execute = execute
+    for patch in reversed(_installed.values()):
+        patch.undo()
     _installed.clear()
     _values.clear()
     _asked.clear()

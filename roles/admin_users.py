@@ -43,7 +43,7 @@ from facts.accounts import (
     expired,
 )
 from gpunode.model import DesiredState
-from roles.refusal import NodeRefused
+from gpunode.refusal import NodeRefused
 
 SUDOERS_PATH = f"/etc/sudoers.d/{ADMIN_GROUP}"
 # Day 1 of 1970: long past, so the account is expired for good (0 is reserved by shadow(5)).
@@ -224,7 +224,7 @@ def admin_users(desired: DesiredState) -> None:
         uses_sudo=bool(host.data.get("_sudo")),
     )
     if risks:
-        raise NodeRefused(f"{host.name}: admin users refused, nothing changed: " + "; ".join(risks))
+        raise NodeRefused(f"{host.name}: admin users refused: " + "; ".join(risks))
     for group in MANAGED_GROUPS:
         server.group(name=f"Group {group}", group=group)
     for user in desired.admin_users:

@@ -15,8 +15,8 @@ from pyinfra.operations import apt, files, server
 from facts.apt import DpkgInterrupted, MirrorReachability
 from facts.container_runtime import AptPackagePolicy, is_indexed
 from gpunode.model import DesiredState, Repositories
+from gpunode.refusal import refusal
 from gpunode.schema import one_line
-from roles.refusal import refusal
 
 SOURCES_PATH = "/etc/apt/sources.list.d/debian.sources"
 LEGACY_SOURCES_PATH = "/etc/apt/sources.list"

@@ -47,15 +47,10 @@ from facts.container_runtime import (
 )
 from facts.freshness import UnitOlderThanFile
 from facts.gpu import GpuDevices
+from gpunode.expected.packages import TOOLKIT_PACKAGES
 from gpunode.model import DesiredState
 from roles.cuda import held_packages, require_offered
 
-TOOLKIT_PACKAGES = (
-    "nvidia-container-toolkit",
-    "nvidia-container-toolkit-base",
-    "libnvidia-container-tools",
-    "libnvidia-container1",
-)
 ENGINE_CONFIGS = {"docker": DOCKER_CONFIG, "containerd": CONTAINERD_CONFIG}
 # Each revert is a one-line edit of a file nvidia-ctk has just written: it writes daemon.json
 # with sorted keys and four-space indent, so "default-runtime" is never the last key.

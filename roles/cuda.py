@@ -43,7 +43,7 @@ from facts.container_runtime import (
 )
 from facts.freshness import FileNewerThan
 from gpunode.model import Cuda, DesiredState, version_tuple
-from roles.refusal import NodeRefused
+from gpunode.refusal import NodeRefused
 
 RECORD_PATH = "/var/lib/gpunode/cuda-toolkits"
 PROFILE_PATH = "/etc/profile.d/gpunode-cuda.sh"
@@ -222,7 +222,7 @@ def require_offered(
         raise NodeRefused(
             f"{host.name}: {not_offered(package, repository_url, version, version_suffix)} "
             f"(it offers: {', '.join(offered) or 'nothing'}); check the repository or mirror, "
-            "then apt update. Nothing was changed."
+            "then apt update"
         )
 
 

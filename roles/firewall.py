@@ -28,8 +28,6 @@ import ipaddress
 import os
 import shlex
 import time
-from collections.abc import Iterable
-from dataclasses import dataclass
 from io import StringIO
 
 from pyinfra import host, logger
@@ -48,7 +46,7 @@ from facts.firewall import (
     FirewallState,
     SshClient,
 )
-from gpunode.drift.findings import Severity
+from gpunode.expected.firewall import allow_rules, render_ruleset
 from gpunode.model import DesiredState, Firewall
 from gpunode.reach import fresh_login
 
@@ -63,8 +61,6 @@ MIN_ROLLBACK_AFTER_S = 5
 ROLLBACK_GRACE_S = 30
 ROLLBACK_ENV = "GPUNODE_FIREWALL_ROLLBACK_AFTER_S"
 SKIP_PREFLIGHT_ENV = "GPUNODE_FIREWALL_SKIP_SSH_PREFLIGHT"
-
-ICMP_ECHO_LIMIT = "limit rate 10/second burst 20 packets"
 
 UNIT = f"""\
 # Managed by gpunode: loads table {TABLE} from {RULESET_PATH} at boot.
@@ -90,116 +86,6 @@ WantedBy=sysinit.target
 """
 
 
-# --- what the data allows --------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class AllowRule:
-    """Traffic from ``networks``: to ``ports`` over ``protocol``, or everything if None."""
-
-    label: str
-    comment: str
-    networks: tuple[str, ...]
-    protocol: str | None = None
-    ports: tuple[int, ...] = ()
-
-    def admits(self, address: ipaddress.IPv4Address | ipaddress.IPv6Address, port: int) -> bool:
-        """Would this rule accept a new TCP connection from ``address`` to ``port``?"""
-        if self.protocol not in (None, "tcp"):
-            return False
-        if self.protocol == "tcp" and port not in self.ports:
-            return False
-        return any(address in ipaddress.ip_network(network) for network in self.networks)
-
-
-def allow_rules(firewall: Firewall, ssh_port: int) -> list[AllowRule]:
-    rules = [
-        AllowRule(
-            "admin", "SSH from firewall.admin_networks", firewall.admin_networks, "tcp",
-            (ssh_port,),
-        ),
-        AllowRule(
-            "monitoring", "metrics from firewall.monitoring_networks",
-            firewall.monitoring_networks, "tcp", firewall.metrics_ports,
-        ),
-        AllowRule("fabric", "everything from firewall.fabric_networks", firewall.fabric_networks),
-    ]  # fmt: skip
-    for index, extra in enumerate(firewall.extra_rules):
-        rules.append(
-            AllowRule(
-                f"extra_{index}",
-                f"firewall.extra_rules {extra.name or index}",
-                extra.sources,
-                extra.protocol,
-                extra.ports,
-            )
-        )
-    return [rule for rule in rules if rule.networks and (rule.protocol is None or rule.ports)]
-
-
-# --- rendering -------------------------------------------------------------------------------
-
-
-def _collapsed(networks: Iterable[str], version: int) -> list[str]:
-    """Networks of one IP version, overlaps merged and sorted: the set never conflicts."""
-    parsed = [ipaddress.ip_network(network) for network in networks]
-    same_version = [network for network in parsed if network.version == version]
-    collapsed = ipaddress.collapse_addresses(same_version)  # type: ignore[type-var]
-    return [str(network) for network in collapsed]
-
-
-def _ports(ports: Iterable[int]) -> str:
-    unique = sorted(set(ports))
-    return str(unique[0]) if len(unique) == 1 else "{ " + ", ".join(map(str, unique)) + " }"
-
-
-def render_ruleset(firewall: Firewall, ssh_port: int) -> str:
-    """The file nft loads: replaces table inet gpunode, and only it, in one transaction."""
-    sets: list[str] = []
-    accepts: list[str] = []
-    for rule in allow_rules(firewall, ssh_port):
-        match = f" {rule.protocol} dport {_ports(rule.ports)}" if rule.protocol else ""
-        for version, family, address_type in ((4, "ip", "ipv4_addr"), (6, "ip6", "ipv6_addr")):
-            networks = _collapsed(rule.networks, version)
-            if not networks:
-                continue
-            set_name = f"{rule.label}_ipv{version}"
-            sets.append(
-                f"\tset {set_name} {{\n\t\ttype {address_type}\n\t\tflags interval\n"
-                f"\t\telements = {{ {', '.join(networks)} }}\n\t}}\n"
-            )
-            accepts.append(f'{family} saddr @{set_name}{match} accept comment "{rule.comment}"')
-    chain = [
-        "type filter hook input priority filter; policy drop;",
-        "ct state established,related accept",
-        "ct state invalid drop",
-        'iif "lo" accept',
-        "icmp type { destination-unreachable, time-exceeded, parameter-problem } accept",
-        f"icmp type echo-request {ICMP_ECHO_LIMIT} accept",
-        "icmpv6 type { destination-unreachable, packet-too-big, time-exceeded, "
-        "parameter-problem, mld-listener-query } accept",
-        # Neighbour discovery and router advertisements only from the link (RFC 4861).
-        "icmpv6 type { nd-router-advert, nd-neighbor-solicit, nd-neighbor-advert } "
-        "ip6 hoplimit 255 accept",
-        f"icmpv6 type echo-request {ICMP_ECHO_LIMIT} accept",
-        # DHCPv6 replies come from a server's link-local address, not as a tracked reply.
-        'ip6 saddr fe80::/10 udp dport 546 accept comment "DHCPv6 client"',
-        *accepts,
-    ]
-    input_chain = "\tchain input {\n" + "".join(f"\t\t{rule}\n" for rule in chain) + "\t}\n"
-    body = "\n".join([*sets, input_chain])
-    return (
-        "#!/usr/sbin/nft -f\n"
-        "# Managed by gpunode (firewall, sshd.port); local edits are replaced on the next run.\n"
-        f"# Only table {TABLE} is replaced; every other table (Docker, Kubernetes, CNI) stays.\n"
-        "# Declaring the table before deleting it makes the replace one atomic transaction\n"
-        "# that also works when the table does not exist yet.\n"
-        f"table {TABLE} {{}}\n"
-        f"delete table {TABLE}\n\n"
-        f"table {TABLE} {{\n{body}}}\n"
-    )
-
-
 # --- guard 1: preflight ----------------------------------------------------------------------
 
 
@@ -220,7 +106,7 @@ def ssh_cut_reason(firewall: Firewall, ssh_port: int, client: dict | None) -> st
         f"the control machine reaches this node from {address} to TCP port {port} ($SSH_CLIENT "
         f"on the node), which the new ruleset would drop: firewall.admin_networks = "
         f"{list(firewall.admin_networks)}, sshd.port = {ssh_port}. Applying it would cut SSH "
-        "off; nothing was changed. Add the control machine's network to "
+        "off. Add the control machine's network to "
         "firewall.admin_networks (or fabric_networks)"
     )
 
@@ -300,29 +186,6 @@ def confirm_ssh_access(rollback_after_s: int) -> None:
 
 
 # --- operations ------------------------------------------------------------------------------
-
-
-def firewall_drift(desired: DesiredState, state: dict) -> list[tuple[str, Severity, str, str]]:
-    """(subject, severity, expected, found) for each way the node's firewall differs from
-    ``desired``; the FirewallState fact is ``state``. Used by the drift check."""
-    wanted = desired.firewall
-    live = state.get("live")
-    if not wanted.enabled:
-        if live is not None:
-            return [("table", Severity.INFO, f"no table {TABLE}", "table present")]
-        return []
-    if live is None:
-        return [("table", Severity.CRITICAL, f"table {TABLE} live", "absent: input not filtered")]
-    drift = []
-    if live != state.get("file_loads"):
-        drift.append(
-            ("rules", Severity.WARNING, f"live rules as {RULESET_PATH}", "changed by hand")
-        )
-    if state.get("file_sha256") != _sha256(render_ruleset(wanted, desired.sshd.port)):
-        drift.append(("ruleset", Severity.WARNING, "ruleset from inventory data", "different"))
-    if not state.get("unit_enabled"):
-        drift.append(("boot_unit", Severity.WARNING, f"{UNIT_NAME} enabled", "disabled"))
-    return drift
 
 
 def _sha256(text: str) -> str:

@@ -44,8 +44,8 @@ from facts.fabric import (
 )
 from facts.hardware import InfinibandPorts
 from gpunode.model import DesiredState, IpoibInterface
+from gpunode.refusal import NodeRefused
 from gpunode.schema import one_line
-from roles.refusal import NodeRefused
 
 RDMA_PACKAGES = ["rdma-core", "infiniband-diags", "ibverbs-utils"]
 MODULES_LOAD_PATH = "/etc/modules-load.d/gpunode-rdma.conf"
@@ -325,7 +325,7 @@ def infiniband(desired: DesiredState) -> None:
     status = host.get_fact(KernelModuleStatus, modules=modules)
     modprobes, _, impossible = module_decisions(modules, status)
     if impossible:
-        raise NodeRefused(f"{missing_modules_message(impossible)}. Nothing was changed.")
+        raise NodeRefused(missing_modules_message(impossible))
 
     install_packages("RDMA user space (rdma-core, infiniband-diags, ibverbs-utils)", RDMA_PACKAGES)
     _put("RDMA kernel modules at boot", MODULES_LOAD_PATH, render_modules_load(modules))

@@ -27,8 +27,8 @@ from pyinfra.operations import files
 from facts.fabric import NetworkInterfaces, RdmaDevices
 from facts.hardware import InfinibandPorts
 from gpunode.model import DesiredState
+from gpunode.refusal import NodeRefused
 from gpunode.schema import one_line
-from roles.refusal import NodeRefused
 
 NCCL_CONF_PATH = "/etc/nccl.conf"
 NCCL_PROFILE_PATH = "/etc/profile.d/gpunode-nccl.sh"
@@ -213,7 +213,7 @@ def nccl(desired: DesiredState) -> None:
     interfaces, hcas = _node_names(env)
     problems = nccl_problems(env, interfaces, hcas, declared, host.name)
     if problems:
-        raise NodeRefused("\n".join([*problems, "Nothing was changed."]))
+        raise NodeRefused("\n".join(problems))
     if "NCCL_SOCKET_IFNAME" in env or "NCCL_IB_HCA" in env:
         nccl_names_checked(name="NCCL interfaces and HCAs exist", env=env, declared=declared)
     files.put(

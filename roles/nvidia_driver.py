@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import re
 import shlex
-from dataclasses import dataclass
 from io import StringIO
 from typing import Any, Literal
 
@@ -48,8 +47,10 @@ from pyinfra.facts.systemd import SystemdEnabled, SystemdStatus
 from pyinfra.operations import files, server
 
 from facts.nvidia_packages import AptPackageVersions, NvidiaPackages
+from gpunode.expected.packages import DriverPackages, driver_packages_for, module_package
 from gpunode.model import DesiredState, NvidiaDriver, upstream_version, version_tuple
-from roles.refusal import NodeRefused
+from gpunode.pyinfra_patches import inner
+from gpunode.refusal import NodeRefused
 
 PREFERENCES_PATH = "/etc/apt/preferences.d/gpunode-nvidia-driver"
 NOUVEAU_PATH = "/etc/modprobe.d/gpunode-nouveau.conf"
@@ -90,61 +91,6 @@ APT_INSTALL = (
 
 
 # --- which packages ------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class DriverPackages:
-    """The driver as apt packages: what to install, at which version, what must go."""
-
-    source: Literal["debian", "nvidia"]
-    flavour: Literal["open", "proprietary"]
-    branch: str | None
-    version: str | None  # exact apt version; None: the newest of ``branch`` (apt pin)
-    module: str  # the kernel module package
-    versioned: tuple[str, ...]  # installed at exactly ``version``
-    unversioned: tuple[str, ...] = ()  # from other source packages, with their own versions
-    conflicting: tuple[str, ...] = ()  # the other flavour's
-
-    @property
-    def pin(self) -> str:
-        return self.version or f"{self.branch}.*"
-
-    def describe(self, version: str | None = None) -> str:
-        shown = version or self.version or f"newest of branch {self.branch}"
-        return f"NVIDIA driver {shown} ({self.flavour} kernel module, {self.source} source)"
-
-
-def module_package(wanted: NvidiaDriver) -> str:
-    if wanted.source == "nvidia":
-        return "nvidia-kernel-open-dkms" if wanted.flavour == "open" else "nvidia-kernel-dkms"
-    return "nvidia-open-kernel-dkms" if wanted.flavour == "open" else "nvidia-kernel-dkms"
-
-
-def driver_packages_for(wanted: NvidiaDriver, version: str | None) -> DriverPackages:
-    """The packages for ``wanted`` at ``version`` (the resolved one for the debian source)."""
-    module = module_package(wanted)
-    source: Literal["debian", "nvidia"] = "nvidia" if wanted.source == "nvidia" else "debian"
-    if source == "nvidia":
-        common = (module, "nvidia-driver", "nvidia-driver-cuda")
-        if wanted.flavour == "open":
-            return DriverPackages(
-                source, "open", wanted.branch, version, module, ("nvidia-open", *common),
-                conflicting=("cuda-drivers", f"cuda-drivers-{wanted.branch}",
-                             "nvidia-kernel-dkms"),
-            )  # fmt: skip
-        return DriverPackages(
-            source, "proprietary", wanted.branch, version, module,
-            ("cuda-drivers", f"cuda-drivers-{wanted.branch}", *common),
-            conflicting=("nvidia-open", "nvidia-kernel-open-dkms"),
-        )  # fmt: skip
-    # Debian: the headless compute set; nvidia-persistenced has its own source and version.
-    other = "nvidia-kernel-dkms" if wanted.flavour == "open" else "nvidia-open-kernel-dkms"
-    return DriverPackages(
-        source, wanted.flavour, wanted.branch, version, module,
-        (module, "nvidia-smi", "libcuda1"),
-        unversioned=("nvidia-persistenced",) if wanted.persistence_daemon else (),
-        conflicting=(other,),
-    )  # fmt: skip
 
 
 def render_preferences(spec: DriverPackages) -> str:
@@ -512,7 +458,7 @@ def driver_reboot(
     if facts["lab_simulator"]:
         yield LAB_REBOOT
     else:
-        yield from server.reboot._inner(delay=10, interval=2, reboot_timeout=900)
+        yield from inner(server.reboot)(delay=10, interval=2, reboot_timeout=900)
 
 
 @operation()

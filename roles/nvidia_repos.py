@@ -17,9 +17,9 @@ from pyinfra.operations import apt, files
 
 from facts.container_runtime import AptPackagePolicy, is_indexed
 from gpunode.model import DesiredState
+from gpunode.refusal import NodeRefused
 from gpunode.schema import one_line
 from roles.base import package_mirrors_reachable, sha1
-from roles.refusal import NodeRefused
 
 KEYRING_DIR = "/usr/share/keyrings"
 SOURCES_DIR = "/etc/apt/sources.list.d"

@@ -45,8 +45,8 @@ from facts.fabric import (
 )
 from facts.hardware import NvmeDevices
 from gpunode.model import DesiredState, NvmeCache
+from gpunode.refusal import NodeRefused
 from roles.infiniband import install_packages
-from roles.refusal import NodeRefused
 
 ARRAY_NAME = "gpunode-cache"
 ARRAY_PATH = f"/dev/md/{ARRAY_NAME}"
@@ -423,7 +423,7 @@ def _existing_array_plan(
 
 
 def refused_at_prepare(error: CacheRefused) -> NodeRefused:
-    return NodeRefused(f"{error}\nNothing was changed.")
+    return NodeRefused(str(error))
 
 
 # --- commands ----------------------------------------------------------------------------

@@ -10,8 +10,8 @@ left in place and have no effect; a setting a site needs belongs in the inventor
 Only members of gpunode's login group (``AllowGroups gpunode-login``) may log in: the declared
 admins and the deploy user (see roles/admin_users.py). Keys are read from
 ``.ssh/authorized_keys`` only, the file gpunode manages (not the unmanaged authorized_keys2).
-The floor is dev-sec's ssh-baseline; the crypto lists are those of ssh-audit's "Hardened
-Debian 12 (version 3)" policy, in its order.
+The file is rendered in gpunode/expected/sshd.py (the floor is dev-sec's ssh-baseline, the
+crypto lists those of ssh-audit's "Hardened Debian 12 (version 3)" policy).
 
 Safety: a configuration that would leave the deploy user unable to log in is refused before
 anything changes; before the new configuration is written the deploy user must be in the
@@ -31,126 +31,15 @@ from pyinfra.api import FunctionCommand, OperationError, deploy, operation
 
 from facts.accounts import LOGIN_GROUP
 from facts.sshd import MIN_MODULUS_FIELD, MODULI, RSA_HOST_KEY, SSHD_CONFIG, SshdState
-from gpunode.model import DesiredState, Sshd
+from gpunode.expected.sshd import render_sshd_config
+from gpunode.model import DesiredState
 from gpunode.reach import fresh_login
+from gpunode.refusal import NodeRefused
 from roles.admin_users import deploy_user
-from roles.refusal import NodeRefused
 
-KEX_ALGORITHMS = (
-    "sntrup761x25519-sha512",
-    "sntrup761x25519-sha512@openssh.com",
-    "curve25519-sha256",
-    "curve25519-sha256@libssh.org",
-    "diffie-hellman-group16-sha512",
-    "diffie-hellman-group18-sha512",
-    "diffie-hellman-group-exchange-sha256",
-)
-CIPHERS = (
-    "chacha20-poly1305@openssh.com",
-    "aes256-gcm@openssh.com",
-    "aes256-ctr",
-    "aes192-ctr",
-    "aes128-gcm@openssh.com",
-    "aes128-ctr",
-)
-MACS = (
-    "hmac-sha2-256-etm@openssh.com",
-    "hmac-sha2-512-etm@openssh.com",
-    "umac-128-etm@openssh.com",
-)
-HOST_KEY_ALGORITHMS = (
-    "ssh-ed25519",
-    "ssh-ed25519-cert-v01@openssh.com",
-    "sk-ssh-ed25519@openssh.com",
-    "sk-ssh-ed25519-cert-v01@openssh.com",
-    "rsa-sha2-512",
-    "rsa-sha2-512-cert-v01@openssh.com",
-    "rsa-sha2-256",
-    "rsa-sha2-256-cert-v01@openssh.com",
-)
 RSA_HOST_KEY_BITS = 4096
 BACKUP_DIR = "/var/lib/gpunode/sshd-previous"
 CANDIDATE = f"{SSHD_CONFIG}.gpunode-candidate"
-
-
-def _yes_no(value: bool) -> str:
-    return "yes" if value else "no"
-
-
-def render_sshd_config(sshd: Sshd) -> str:
-    """The whole /etc/ssh/sshd_config; it includes no drop-ins (their Match blocks would win)."""
-    lines = [
-        "# Managed by gpunode. Nothing is included: a Match block in a drop-in would override",
-        "# these settings, so /etc/ssh/sshd_config.d is not read. Set what you need in the",
-        "# inventory.",
-        f"Port {sshd.port}",
-        "AddressFamily any",
-        *(f"ListenAddress {address}" for address in sshd.listen_addresses),
-        "HostKey /etc/ssh/ssh_host_ed25519_key",
-        f"HostKey {RSA_HOST_KEY}",
-        f"HostKeyAlgorithms {','.join(HOST_KEY_ALGORITHMS)}",
-        f"KexAlgorithms {','.join(KEX_ALGORITHMS)}",
-        f"Ciphers {','.join(CIPHERS)}",
-        f"MACs {','.join(MACS)}",
-        f"PermitRootLogin {sshd.permit_root_login}",
-        f"AllowGroups {LOGIN_GROUP}",
-        "PubkeyAuthentication yes",
-        "AuthorizedKeysFile .ssh/authorized_keys",
-        "AuthenticationMethods publickey",
-        "PasswordAuthentication no",
-        "PermitEmptyPasswords no",
-        "KbdInteractiveAuthentication no",
-        "HostbasedAuthentication no",
-        "IgnoreRhosts yes",
-        "IgnoreUserKnownHosts yes",
-        "KerberosAuthentication no",
-        "GSSAPIAuthentication no",
-        "UsePAM yes",
-        "StrictModes yes",
-        f"MaxAuthTries {sshd.max_auth_tries}",
-        f"MaxSessions {sshd.max_sessions}",
-        "MaxStartups 10:30:60",
-        f"LoginGraceTime {sshd.login_grace_time_s}",
-        f"ClientAliveInterval {sshd.client_alive_interval_s}",
-        f"ClientAliveCountMax {sshd.client_alive_count_max}",
-        "TCPKeepAlive no",
-        "SyslogFacility AUTH",
-        "LogLevel VERBOSE",
-        "PermitUserEnvironment no",
-        "PermitTunnel no",
-        f"AllowTcpForwarding {_yes_no(sshd.allow_tcp_forwarding)}",
-        f"AllowAgentForwarding {_yes_no(sshd.allow_agent_forwarding)}",
-        "GatewayPorts no",
-        f"X11Forwarding {_yes_no(sshd.x11_forwarding)}",
-        "X11UseLocalhost yes",
-        "PrintMotd no",
-        "PrintLastLog no",
-        "Banner none",
-        "DebianBanner no",
-        "Compression no",
-        "UseDNS no",
-        "AcceptEnv LANG LC_*",
-        "Subsystem sftp /usr/lib/openssh/sftp-server -f AUTHPRIV -l INFO",
-    ]
-    return "\n".join(lines) + "\n"
-
-
-# Keywords `sshd -T` does not print once (or at all), and spellings it normalises.
-_NOT_SINGLE_IN_EFFECTIVE = {"debianbanner", "hostkey", "listenaddress", "subsystem", "acceptenv"}
-_EFFECTIVE_SPELLING = {("permitrootlogin", "prohibit-password"): "without-password"}
-
-
-def expected_effective(sshd: Sshd) -> dict[str, str]:
-    """What ``sshd -T`` must print for every single-valued setting gpunode writes."""
-    expected = {}
-    for line in render_sshd_config(sshd).splitlines():
-        if not line or line.startswith("#"):
-            continue
-        keyword, _, value = line.partition(" ")
-        key = keyword.lower()
-        if key not in _NOT_SINGLE_IN_EFFECTIVE:
-            expected[key] = _EFFECTIVE_SPELLING.get((key, value), value)
-    return expected
 
 
 def lockout_risks(desired: DesiredState, login_user: str | None, password: bool) -> list[str]:
@@ -260,9 +149,7 @@ def sshd(desired: DesiredState) -> None:
         password=bool(host.data.get("ssh_password")),
     )
     if risks:
-        raise NodeRefused(
-            f"{host.name}: sshd hardening refused, nothing changed: " + "; ".join(risks)
-        )
+        raise NodeRefused(f"{host.name}: sshd hardening refused: " + "; ".join(risks))
     hardened_sshd(
         name="Hardened sshd (validated, confirmed by a new login)",
         config=render_sshd_config(desired.sshd),

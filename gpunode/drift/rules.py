@@ -9,11 +9,15 @@ checks (Azure aznhc, LBNL NHC, DCGM) named in the project's reference notes.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from gpunode.drift.findings import HARDWARE_TICKET, RUN_DEPLOY, Finding, Severity
 from gpunode.drift.shape import checked_facts
+from gpunode.expected.firewall import TABLE, render_ruleset
+from gpunode.expected.packages import TOOLKIT_PACKAGES, driver_packages_for
+from gpunode.expected.sshd import expected_effective, render_sshd_config
 from gpunode.model import DesiredState
 from gpunode.sanitize import clean_tree
 
@@ -210,10 +214,6 @@ def nvme_rules(desired: DesiredState, facts: dict[str, Any]) -> Iterator[tuple]:
 
 
 def sshd_rules(desired: DesiredState, facts: dict[str, Any]) -> Iterator[tuple]:
-    import hashlib
-
-    from roles.sshd import expected_effective, render_sshd_config
-
     section: Section = facts.get("sshd") or {}
     effective = section.get("effective") or {}
     if not effective:
@@ -228,9 +228,33 @@ def sshd_rules(desired: DesiredState, facts: dict[str, Any]) -> Iterator[tuple]:
         yield "sshd.config", WARN, "sshd_config as gpunode wrote it", "edited", RUN_DEPLOY
 
 
-def firewall_rules(desired: DesiredState, facts: dict[str, Any]) -> Iterator[tuple]:
-    from roles.firewall import firewall_drift
+def firewall_drift(desired: DesiredState, state: dict) -> list[tuple[str, Severity, str, str]]:
+    """(subject, severity, expected, found) for each way the node's firewall differs from
+    ``desired``; the FirewallState fact is ``state``."""
+    from facts.firewall import RULESET_PATH, UNIT_NAME
 
+    wanted = desired.firewall
+    live = state.get("live")
+    if not wanted.enabled:
+        if live is not None:
+            return [("table", Severity.INFO, f"no table {TABLE}", "table present")]
+        return []
+    if live is None:
+        return [("table", Severity.CRITICAL, f"table {TABLE} live", "absent: input not filtered")]
+    drift = []
+    if live != state.get("file_loads"):
+        drift.append(
+            ("rules", Severity.WARNING, f"live rules as {RULESET_PATH}", "changed by hand")
+        )
+    rendered = hashlib.sha256(render_ruleset(wanted, desired.sshd.port).encode()).hexdigest()
+    if state.get("file_sha256") != rendered:
+        drift.append(("ruleset", Severity.WARNING, "ruleset from inventory data", "different"))
+    if not state.get("unit_enabled"):
+        drift.append(("boot_unit", Severity.WARNING, f"{UNIT_NAME} enabled", "disabled"))
+    return drift
+
+
+def firewall_rules(desired: DesiredState, facts: dict[str, Any]) -> Iterator[tuple]:
     section: Section = facts.get("firewall") or {}
     if "state" in section and section.get("state") == "unreadable":
         yield from _unreadable("firewall", section)
@@ -262,9 +286,6 @@ def tls_rules(desired: DesiredState, facts: dict[str, Any]) -> Iterator[tuple]:
 
 def package_rules(desired: DesiredState, facts: dict[str, Any]) -> Iterator[tuple]:
     """Pinned NVIDIA packages at their versions and held (changed by hand = drift)."""
-    from roles.container_toolkit import TOOLKIT_PACKAGES
-    from roles.nvidia_driver import driver_packages_for
-
     section: Section = facts.get("packages") or {}
     if "packages" not in section:
         if desired.nvidia_driver.source != "none" or desired.container_runtime.toolkit_version:
@@ -407,7 +428,6 @@ def access_rules(desired: DesiredState, facts: dict[str, Any]) -> Iterator[tuple
     no account the inventory does not declare may log in, except the deploy user this check
     logs in as; every declared admin with keys can log in."""
     from facts.accounts import expired
-    from roles.sshd import expected_effective
 
     section: Section = facts.get("sshd") or {}
     base = section.get("effective") or {}

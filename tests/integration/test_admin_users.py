@@ -182,9 +182,10 @@ def test_declared_deploy_user_without_the_deploy_key_is_refused_before_any_chang
     run = run_pyinfra(DEPLOY, inventory=inventory)
     assert run.returncode != 0
     assert (
-        f"{target.name}: admin users refused, nothing changed: admin_users entry {LOGIN_USER} "
+        f"{target.name}: admin users refused: admin_users entry {LOGIN_USER} "
         "(the deploy user) does not list the key this deploy logs in with (SHA256:"
     ) in run.output
+    assert "Nothing was changed." in run.output
     assert sudo(lab, target, f"sha1sum /home/{LOGIN_USER}/.ssh/authorized_keys") == before
     assert ssh(lab, target, "sudo -n true").returncode == 0
 

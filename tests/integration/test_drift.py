@@ -20,9 +20,9 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 
 from gpunode import pki
+from gpunode.expected.packages import TOOLKIT_PACKAGES
 from gpunode.lab import Lab, LabNode
 from gpunode.model import Tls
-from roles.container_toolkit import TOOLKIT_PACKAGES
 
 from .conftest import ROOT, run_pyinfra, ssh
 

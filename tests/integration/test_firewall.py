@@ -206,7 +206,7 @@ def test_ruleset_without_the_control_address_is_refused_before_any_change(
     assert refused.returncode != 0
     assert f"{node.name}: firewall refused: " in refused.output
     assert f"from {control_address} to TCP port 22" in refused.output
-    assert "nothing was changed" in refused.output
+    assert "Nothing was changed." in refused.output
     assert live_table(lab, node) == before
     assert persisted_sha256(lab, node) == sha_before
     candidate = ssh(lab, node, "test -e /var/lib/gpunode/firewall.candidate.nft")

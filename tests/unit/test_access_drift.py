@@ -6,8 +6,8 @@ from typing import Any
 
 from facts.accounts import ACCOUNTS_COMMAND, parse_accounts
 from gpunode.drift.rules import access_rules
+from gpunode.expected.sshd import expected_effective
 from gpunode.model import DesiredState, build_desired_state
-from roles.sshd import expected_effective
 
 KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIIYIq0UNQ8hVxzvZ2ZLhM4Z5hYt6s0x4dJ0W0l5xF2mQ gpuadmin"
 

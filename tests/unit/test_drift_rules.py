@@ -11,10 +11,10 @@ import pytest
 
 from gpunode.drift.findings import Severity
 from gpunode.drift.rules import evaluate
+from gpunode.expected.firewall import render_ruleset
+from gpunode.expected.packages import driver_packages_for
+from gpunode.expected.sshd import expected_effective, render_sshd_config
 from gpunode.model import DesiredState, build_desired_state
-from roles.firewall import _sha256, render_ruleset
-from roles.nvidia_driver import driver_packages_for
-from roles.sshd import expected_effective, render_sshd_config
 
 DATA = {
     "expected_hardware": {
@@ -104,7 +104,9 @@ def healthy_facts() -> dict[str, Any]:
         "firewall": {
             "live": "table inet gpunode {}",
             "file_loads": "table inet gpunode {}",
-            "file_sha256": _sha256(render_ruleset(wanted.firewall, wanted.sshd.port)),
+            "file_sha256": hashlib.sha256(
+                render_ruleset(wanted.firewall, wanted.sshd.port).encode()
+            ).hexdigest(),
             "unit_enabled": True,
         },
         "tls": {"state": "present", "key": "matches", "days_to_expiry": 200},

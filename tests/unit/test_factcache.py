@@ -15,7 +15,7 @@ from pyinfra.api import FactBase
 from pyinfra.facts.files import File, FindInFile, Sha1File
 from pyinfra.facts.server import Which
 
-from gpunode import factcache
+from gpunode import factcache, pyinfra_patches
 
 
 class NeedsMissingTool(FactBase[str]):
@@ -87,7 +87,7 @@ def test_failed_and_missing_tool_facts_are_left_for_pyinfra() -> None:
     marker = "gpunode-prefetch-test"
     sections = factcache.parse_batch(sh(factcache.batch_script(instances, marker)), marker, 3)
     assert 0 not in sections  # exit 3: pyinfra reads it itself and reports the failure
-    assert sections[1] == [factcache._MISSING_COMMAND]
+    assert sections[1] == [pyinfra_patches.missing_command_marker()]
     assert sections[2] == ["one", "two"]  # the next marker is not glued to the last line
 
 

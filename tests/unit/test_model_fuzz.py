@@ -26,6 +26,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from gpunode.expected.sshd import render_sshd_config
 from gpunode.model import SSH_KEY_TYPES, DesiredState, IpoibInterface, build_desired_state
 from gpunode.pki import wanted_certificate
 from gpunode.schema import unprintable_character
@@ -41,7 +42,6 @@ from roles.kernel import (
 from roles.nccl import render_nccl_conf, render_nccl_profile
 from roles.nvidia_repos import nvidia_repositories_for
 from roles.nvme_cache import fstab_command, fstab_line, render_cachefilesd_conf
-from roles.sshd import render_sshd_config
 from roles.unattended_upgrades import render_unattended_upgrades_conf
 
 from .test_model import ED25519

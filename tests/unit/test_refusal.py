@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
+import ast
+import copy
 import logging
+import pickle
+import re
+from pathlib import Path
 from typing import Any
 
 import pytest
 from pyinfra.api import OperationError
 from pyinfra.context import ctx_host, ctx_state
 
-from gpunode import summary
-from roles import refusal
-from roles.refusal import NodeRefused, refusals_fail_this_node
+from gpunode import refusal, summary
+from gpunode.refusal import NOTHING_CHANGED, NodeRefused, refusals_fail_this_node
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 class Node:
@@ -89,18 +95,69 @@ def test_a_refusal_while_preparing_fails_that_node_with_its_message(
     assert summary._failed_at == {"node-7": "refused before any change"}
 
 
-def test_a_message_that_says_nothing_changed_is_not_told_twice(
+def test_a_refusal_says_nothing_changed_once_on_its_last_line(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
+    refused = NodeRefused("n: sshd hardening refused: this deploy logs in with a password")
+    assert refused.reason == "n: sshd hardening refused: this deploy logs in with a password"
+    assert str(refused) == f"{refused.reason}\n{NOTHING_CHANGED}"
+    for same in (copy.copy(refused), pickle.loads(pickle.dumps(refused))):
+        assert str(same) == str(refused)
     with caplog.at_level(logging.ERROR, logger="pyinfra"):
-        prepare(Node("n"), FleetState(), NodeRefused("n: sshd hardening refused, nothing changed"))
-    assert caplog.messages == ["[n] n: sshd hardening refused, nothing changed"]
+        prepare(Node("n"), FleetState(), refused)
+    assert caplog.messages == [
+        "[n] n: sshd hardening refused: this deploy logs in with a password",
+        "[n] Nothing was changed.",
+    ]
 
 
-def test_an_operation_error_while_preparing_a_dry_run_fails_that_node_too() -> None:
+def test_an_operation_error_while_preparing_a_dry_run_fails_that_node_too(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     node, fleet = Node("n"), FleetState()
-    prepare(node, fleet, OperationError("/etc/docker/daemon.json: not valid JSON"))
+    with caplog.at_level(logging.ERROR, logger="pyinfra"):
+        prepare(node, fleet, OperationError("/etc/docker/daemon.json: not valid JSON"))
     assert fleet.failed == {node}
+    assert caplog.messages == [
+        "[n] /etc/docker/daemon.json: not valid JSON",
+        "[n] Nothing was changed.",
+    ]
+
+
+# Refusals while pyinfra executes concern part of the node (earlier operations may have run),
+# so each says in its own words what it left alone.
+WHAT_A_REFUSAL_WHILE_EXECUTING_LEFT_ALONE = {
+    "roles/base.py": "\nNothing was changed: package sources, lists and packages are as they were.",
+    "roles/sshd.py": "sshd hardening refused, nothing changed: the deploy user ",
+}
+
+
+def test_no_role_says_the_refusal_s_nothing_changed_itself() -> None:
+    """NodeRefused and the prepare-time handler add NOTHING_CHANGED; a role that said it too
+    would have it told twice."""
+    said = {}
+    for path in sorted((ROOT / "roles").glob("*.py")):
+        tree = ast.parse(path.read_text())
+        docstrings = {
+            id(node.body[0].value)
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef)
+            and node.body
+            and isinstance(node.body[0], ast.Expr)
+        }
+        name = str(path.relative_to(ROOT))
+        texts = [
+            node.value
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Constant)
+            and isinstance(node.value, str)
+            and id(node) not in docstrings
+            and re.search(r"nothing (was )?changed", node.value, re.IGNORECASE)
+            and node.value != WHAT_A_REFUSAL_WHILE_EXECUTING_LEFT_ALONE.get(name)
+        ]
+        if texts:
+            said[name] = texts
+    assert said == {}
 
 
 def test_a_bug_is_not_taken_for_a_refusal() -> None:

@@ -17,15 +17,14 @@ from facts.nvidia_packages import (
     parse_nvidia_packages,
     parse_proc_version,
 )
+from gpunode.expected.packages import DriverPackages, driver_packages_for
 from gpunode.lab.hwsim import hwstate
 from gpunode.model import NvidiaDriver, build_desired_state
 from roles.nvidia_driver import (
     APT_INSTALL,
     LAB_REBOOT,
-    DriverPackages,
     driver_left_alone,
     driver_packages,
-    driver_packages_for,
     driver_reboot,
     headers_need,
     kernel_headers,

@@ -8,15 +8,9 @@ from typing import Any
 from pyinfra.api import FunctionCommand
 
 from facts.sshd import SshdState, parse_effective, parse_per_user
+from gpunode.expected.sshd import CIPHERS, expected_effective, render_sshd_config
 from gpunode.model import DesiredState, Sshd, build_desired_state
-from roles.sshd import (
-    CIPHERS,
-    expected_effective,
-    hardened_sshd,
-    lockout_risks,
-    login_group_guard,
-    render_sshd_config,
-)
+from roles.sshd import hardened_sshd, lockout_risks, login_group_guard
 
 from .fakehost import fake_host
 

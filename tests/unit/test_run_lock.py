@@ -9,7 +9,7 @@ import subprocess
 import time
 
 from facts.run_lock import NodeRunLock
-from roles.run_lock import RUN_OWNER, dead_here, lock_refused, process_start
+from gpunode.run_lock import RUN_OWNER, dead_here, lock_refused, process_start
 
 
 def test_this_runs_owner_names_user_control_host_pid_and_deploys() -> None:

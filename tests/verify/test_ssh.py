@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
+from gpunode.expected.sshd import CIPHERS, HOST_KEY_ALGORITHMS, KEX_ALGORITHMS, MACS
 from gpunode.model import DesiredState
-from roles.sshd import CIPHERS, HOST_KEY_ALGORITHMS, KEX_ALGORITHMS, MACS
 
 # (control, sshd -T keyword, expected value): the fixed part of the baseline.
 FIXED_SETTINGS = [

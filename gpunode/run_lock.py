@@ -18,7 +18,7 @@ from pyinfra.context import ctx_state
 from facts.run_lock import WAIT_S, NodeRunLock
 from gpunode import summary
 from gpunode.reach import detect_dead_peer
-from roles.refusal import install_per_node_failures, refusal
+from gpunode.refusal import install_per_node_failures, refusal
 
 
 def run_owner() -> str:

@@ -8,8 +8,8 @@ from contextlib import contextmanager
 from gpunode import factcache
 from gpunode.inventory import desired_state
 from gpunode.model import DesiredState
-from roles.refusal import refusals_fail_this_node
-from roles.run_lock import node_run_lock
+from gpunode.refusal import refusals_fail_this_node
+from gpunode.run_lock import node_run_lock
 
 
 @contextmanager

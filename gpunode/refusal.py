@@ -10,32 +10,31 @@ summary, and the others must finish. Three means, one outcome:
   pyinfra shows it under the host's name, and exits non-zero.
 - ``NodeRefused``: raised by a role while pyinfra prepares; inside
   ``refusals_fail_this_node`` the node leaves the active hosts before any of its operations
-  has run.
+  has run. Its message is the role's reason followed by NOTHING_CHANGED; an OperationError
+  raised while preparing gets the same last line there. No role says it itself.
 - ``install_per_node_failures()``: an OperationError raised by one host's operation while
   pyinfra executes fails that host at that operation, as a failed command would.
 
 Validation of the inventory is not a node's refusal: it still stops every host before any is
-touched.
+touched. How pyinfra is patched for this lives in gpunode.pyinfra_patches.
 """
 
 from __future__ import annotations
 
 import logging
-import re
 import shlex
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import wraps
 from typing import Any
 
-import pyinfra.api.operations as pyinfra_operations
 from pyinfra.api import DeployError, OperationError, StringCommand
-from pyinfra.connectors.util import CommandOutput
 from pyinfra.context import ctx_host, ctx_state
 
-from gpunode import summary
+from gpunode import pyinfra_patches, summary
 
 REFUSED_EXIT = 75  # EX_TEMPFAIL: nothing was done, try again once the cause is gone
+# The last line of every refusal while pyinfra prepares: the node left before anything ran.
 NOTHING_CHANGED = "Nothing was changed."
 
 logger = logging.getLogger("pyinfra")
@@ -46,7 +45,17 @@ def refusal(message: str) -> StringCommand:
 
 
 class NodeRefused(DeployError):
-    """This node's own state forbids the declared change; the message says why and what to do."""
+    """This node's own state forbids the declared change; ``reason`` says why and what to do.
+
+    The message is the reason and, on a line of its own, NOTHING_CHANGED.
+    """
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"{reason}\n{NOTHING_CHANGED}")
+        self.reason = reason
+
+    def __reduce__(self) -> tuple[type, tuple[str]]:  # a copy says it once too
+        return type(self), (self.reason,)
 
 
 def _log_for_host(node: Any, message: str) -> None:
@@ -65,14 +74,17 @@ def refusals_fail_this_node() -> Iterator[None]:
     """
     try:
         yield
-    except (NodeRefused, OperationError) as error:
-        message = str(error)
-        if not re.search(r"nothing (was )?changed", message, re.IGNORECASE):
-            message += f"\n{NOTHING_CHANGED}"
-        node = ctx_host.get()  # the Host itself: pyinfra's context proxy is not a set member
-        _log_for_host(node, message)
-        summary.record_failure(node.name, "refused before any change")
-        ctx_state.get().fail_hosts({node})
+    except NodeRefused as error:
+        _fail_this_node(str(error))
+    except OperationError as error:
+        _fail_this_node(f"{error}\n{NOTHING_CHANGED}")
+
+
+def _fail_this_node(message: str) -> None:
+    node = ctx_host.get()  # the Host itself: pyinfra's context proxy is not a set member
+    _log_for_host(node, message)
+    summary.record_failure(node.name, "refused before any change")
+    ctx_state.get().fail_hosts({node})
 
 
 def _failing_only_this_host(run_host_op: Callable[..., bool]) -> Callable[..., bool]:
@@ -81,21 +93,13 @@ def _failing_only_this_host(run_host_op: Callable[..., bool]) -> Callable[..., b
         try:
             return run_host_op(current, node, op_hash)
         except OperationError as error:
-            # What pyinfra records for an operation whose command failed.
             _log_for_host(node, str(error))
-            current.get_results_for_host(node).error_ops += 1
-            meta = current.get_op_data_for_host(node, op_hash).operation_meta
-            if not meta.is_complete():
-                meta.set_complete(False, [], CommandOutput([]))
-            current.trigger_callbacks("operation_host_error", node, op_hash)
+            pyinfra_patches.record_failed_operation(current, node, op_hash)
             return False
 
-    run.gpunode_wrapped = True  # type: ignore[attr-defined]
     return run
 
 
 def install_per_node_failures() -> None:
     """An operation that raises OperationError while executing fails its host only (idempotent)."""
-    current = pyinfra_operations._run_host_op
-    if not getattr(current, "gpunode_wrapped", False):
-        pyinfra_operations._run_host_op = _failing_only_this_host(current)
+    pyinfra_patches.wrap_run_host_op(_failing_only_this_host)

@@ -1,0 +1,230 @@
+"""Every patch of pyinfra, and every call into its private API, in one place.
+
+gpunode changes how pyinfra 3 runs in two ways, and reads a few of its internals to do so:
+
+- The fact cache (gpunode.factcache) reads every fact through its own function in place of
+  ``pyinfra.api.facts._get_fact``. It keys a read with pyinfra's ``_handle_fact_kwargs`` and
+  batches reads as pyinfra would run each (``_make_command``, ``_MISSING_COMMAND_MARKER``),
+  and it wraps each command class's ``execute`` to forget a host's facts when anything runs.
+- Per-node failures (gpunode.refusal) wrap ``pyinfra.api.operations._run_host_op``, so an
+  OperationError raised while one host executes fails that host as a failed command would
+  (recorded the way pyinfra records one).
+- Roles run an operation inside another with pyinfra's ``_inner`` idiom (``inner`` below).
+
+None of that is pyinfra's public API: any release may change it. So every function here first
+checks the installed pyinfra against SUPPORTED_VERSIONS and refuses, naming both, a version
+it was not written for; and ``WRITTEN_AGAINST`` holds the signature of each private (or
+internal) name used here, which tests/unit/test_pyinfra_patches.py compares with the
+installed pyinfra, one named test each. No other module of gpunode touches pyinfra's
+internals (that test checks that too).
+
+To support another pyinfra release: read each function below against that release's source,
+adjust what changed, update WRITTEN_AGAINST and add the version to SUPPORTED_VERSIONS (and
+the pin in pyproject.toml).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.metadata
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import pyinfra.api.operations as pyinfra_operations
+from pyinfra.api import command as pyinfra_command
+from pyinfra.api import facts as pyinfra_facts
+from pyinfra.connectors.util import CommandOutput
+
+SUPPORTED_VERSIONS = ("3.10.0",)
+
+# What each name used below looked like in the supported versions: its signature without
+# annotations (names, order, kinds and defaults are what the code here relies on).
+WRITTEN_AGAINST: dict[str, str] = {
+    # replaced by the fact cache; the replacement takes the same arguments
+    "pyinfra.api.facts._get_fact": (
+        "(state, host, cls, args=None, kwargs=None, ensure_hosts=None, apply_failed_hosts=True)"
+    ),
+    # called by the fact cache
+    "pyinfra.api.facts._handle_fact_kwargs": "(state, host, cls, args, kwargs)",
+    "pyinfra.api.facts._make_command": "(command_attribute, host_args)",
+    # wrapped by the fact cache
+    "pyinfra.api.command.StringCommand.execute": "(self, state, host, connector_arguments)",
+    "pyinfra.api.command.FileUploadCommand.execute": "(self, state, host, connector_arguments)",
+    "pyinfra.api.command.FileDownloadCommand.execute": ("(self, state, host, connector_arguments)"),
+    "pyinfra.api.command.FunctionCommand.execute": "(self, state, host, connector_arguments)",
+    "pyinfra.api.command.RsyncCommand.execute": "(self, state, host, connector_arguments)",
+    # wrapped for per-node failures
+    "pyinfra.api.operations._run_host_op": "(state, host, op_hash)",
+    # what _run_host_op does with a failed operation, done by record_failed_operation
+    "pyinfra.api.state.State.get_results_for_host": "(self, host)",
+    "pyinfra.api.state.State.get_op_data_for_host": "(self, host, op_hash)",
+    "pyinfra.api.state.State.trigger_callbacks": "(self, method_name, *args, **kwargs)",
+    "pyinfra.api.operation.OperationMeta.is_complete": "(self)",
+    "pyinfra.api.operation.OperationMeta.set_complete": (
+        "(self, success, commands, combined_output, retry_attempts=0, max_retries=0)"
+    ),
+    "pyinfra.connectors.util.CommandOutput": "(combined_lines)",
+    # run inside another operation (roles.nvidia_driver)
+    "pyinfra.operations.server.reboot._inner": "(delay=10, interval=1, reboot_timeout=300)",
+}
+# Private constants read here, with the value they had.
+WRITTEN_AGAINST_VALUES: dict[str, Any] = {
+    "pyinfra.api.facts._MISSING_COMMAND_MARKER": "##PYINFRA_NOCMD##",
+}
+
+# The command classes whose execute runs something on a host.
+COMMAND_CLASSES = (
+    "StringCommand",
+    "FileUploadCommand",
+    "FileDownloadCommand",
+    "FunctionCommand",
+    "RsyncCommand",
+)
+
+
+class UnsupportedPyinfra(RuntimeError):
+    """The installed pyinfra is not one gpunode's patches were written for."""
+
+
+def installed_version() -> str:
+    return importlib.metadata.version("pyinfra")
+
+
+def require_supported(installed: str | None = None) -> None:
+    """Refuse, naming it, a pyinfra version this module was not written for."""
+    version = installed_version() if installed is None else installed
+    if version not in SUPPORTED_VERSIONS:
+        supported = ", ".join(SUPPORTED_VERSIONS)
+        raise UnsupportedPyinfra(
+            f"pyinfra {version} is installed, but gpunode patches pyinfra's private API and "
+            f"was written for pyinfra {supported} only (the version pinned in pyproject.toml). "
+            f"Install pyinfra=={SUPPORTED_VERSIONS[-1]}, or check gpunode/pyinfra_patches.py "
+            f"against pyinfra {version} and add it to SUPPORTED_VERSIONS."
+        )
+
+
+@functools.cache
+def _checked() -> bool:
+    require_supported()  # an exception is not cached: every later call refuses again
+    return True
+
+
+def _guard() -> None:
+    _checked()
+
+
+def signature_of(target: Callable[..., Any]) -> str:
+    """``target``'s signature as WRITTEN_AGAINST writes it: without annotations."""
+    signature = inspect.signature(target)
+    return str(
+        signature.replace(
+            parameters=[
+                parameter.replace(annotation=inspect.Parameter.empty)
+                for parameter in signature.parameters.values()
+            ],
+            return_annotation=inspect.Signature.empty,
+        )
+    )
+
+
+@dataclass
+class Patch:
+    """One attribute of pyinfra replaced; ``undo`` puts pyinfra's own back."""
+
+    owner: Any
+    attribute: str
+    original: Any
+
+    def undo(self) -> None:
+        setattr(self.owner, self.attribute, self.original)
+
+
+def _replace(owner: Any, attribute: str, replacement: Any) -> Patch:
+    patch = Patch(owner, attribute, getattr(owner, attribute))
+    setattr(owner, attribute, replacement)
+    return patch
+
+
+# --- facts ------------------------------------------------------------------------------------
+
+
+def replace_get_fact(replacement: Callable[..., Any]) -> Patch:
+    """Make pyinfra read every fact through ``replacement``, which takes what ``_get_fact``
+    takes; the patch's ``original`` is pyinfra's own, for what the replacement leaves to it."""
+    _guard()
+    return _replace(pyinfra_facts, "_get_fact", replacement)
+
+
+def fact_arguments(
+    state: Any, host: Any, cls: type, args: Any, kwargs: Any
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(the fact's own arguments, the connector arguments) of a read, as pyinfra splits them."""
+    _guard()
+    fact_kwargs, global_kwargs = pyinfra_facts._handle_fact_kwargs(state, host, cls, args, kwargs)
+    return fact_kwargs, global_kwargs
+
+
+def make_command(attribute: Any, kwargs: dict[str, Any]) -> Any:
+    """A fact's ``command`` or ``requires_command`` (a value, or a method taking the fact's
+    arguments) made into what pyinfra runs."""
+    _guard()
+    return pyinfra_facts._make_command(attribute, dict(kwargs))
+
+
+def missing_command_marker() -> str:
+    """What pyinfra has a fact print when its ``requires_command`` is missing."""
+    _guard()
+    return str(pyinfra_facts._MISSING_COMMAND_MARKER)
+
+
+# --- commands ---------------------------------------------------------------------------------
+
+
+def wrap_command_execute(wrap: Callable[[Callable[..., Any]], Callable[..., Any]]) -> list[Patch]:
+    """Run every command pyinfra runs on a host (shell, upload, download, Python callback,
+    rsync) through ``wrap(execute)``, where ``execute(self, state, host, connector_arguments)``
+    is the class's own."""
+    _guard()
+    patches = []
+    for name in COMMAND_CLASSES:
+        command_class = getattr(pyinfra_command, name)
+        patches.append(_replace(command_class, "execute", wrap(command_class.execute)))
+    return patches
+
+
+# --- operations -------------------------------------------------------------------------------
+
+_WRAPPED = "gpunode_wrapped"
+
+
+def wrap_run_host_op(wrap: Callable[[Callable[..., bool]], Callable[..., bool]]) -> None:
+    """Run each host's operation through ``wrap(run_host_op)``, where
+    ``run_host_op(state, host, op_hash)`` is pyinfra's own; once per process (idempotent)."""
+    _guard()
+    current = pyinfra_operations._run_host_op
+    if getattr(current, _WRAPPED, False):
+        return
+    wrapped = wrap(current)
+    setattr(wrapped, _WRAPPED, True)
+    pyinfra_operations._run_host_op = wrapped
+
+
+def record_failed_operation(state: Any, host: Any, op_hash: str) -> None:
+    """What pyinfra records for an operation whose command failed on ``host``: one more
+    failed operation, the operation complete and unsuccessful, the error callbacks."""
+    _guard()
+    state.get_results_for_host(host).error_ops += 1
+    meta = state.get_op_data_for_host(host, op_hash).operation_meta
+    if not meta.is_complete():
+        meta.set_complete(False, [], CommandOutput([]))
+    state.trigger_callbacks("operation_host_error", host, op_hash)
+
+
+def inner(operation: Any) -> Callable[..., Any]:
+    """The function under a pyinfra operation, to ``yield from`` inside another operation
+    (pyinfra's own idiom for an operation that runs another)."""
+    _guard()
+    function: Callable[..., Any] = operation._inner
+    return function

@@ -1,0 +1,148 @@
+"""The one-way flow between the project's folders, enforced on every module's imports.
+
+The drift check (gpunode/drift) and the roles (roles/) both need what the validated model
+means on a node; that lives in gpunode/expected, which both import. Neither imports the other:
+the drift rules import nothing from roles/, and no role imports gpunode.drift. gpunode/expected
+itself imports only gpunode.model and the standard library.
+
+Imports are read from the source (every ``import``, ``from ... import`` and
+``importlib.import_module``/``__import__`` call with a literal name, at any depth, including
+those inside functions), so a lazy import counts as much as one at the top of a file.
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def modules_under(folder: str) -> list[Path]:
+    paths = sorted((ROOT / folder).rglob("*.py"))
+    assert paths, f"no modules under {folder}/"
+    return paths
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _absolute(module: str | None, level: int, importer: str, is_package: bool) -> str:
+    """``from .x import y`` in ``importer`` as an absolute module name."""
+    if level == 0:
+        return module or ""
+    package = importer.split(".") if is_package else importer.split(".")[:-1]
+    base = package[: len(package) - (level - 1)]
+    return ".".join([*base, module] if module else base)
+
+
+def imported_names(source: str, importer: str, is_package: bool = False) -> Iterator[str]:
+    """Every module name ``source`` imports, ``from a import b`` giving both a and a.b."""
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = _absolute(node.module, node.level, importer, is_package)
+            yield base
+            yield from (f"{base}.{alias.name}" for alias in node.names if alias.name != "*")
+        elif (
+            isinstance(node, ast.Call)
+            and (
+                (isinstance(node.func, ast.Name) and node.func.id == "__import__")
+                or (isinstance(node.func, ast.Attribute) and node.func.attr == "import_module")
+                or (isinstance(node.func, ast.Name) and node.func.id == "import_module")
+            )
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+            and isinstance(node.args[0].value, str)
+        ):
+            yield node.args[0].value
+
+
+def imports_of(path: Path) -> set[str]:
+    return set(
+        imported_names(path.read_text(), module_name(path), is_package=path.name == "__init__.py")
+    )
+
+
+def within(name: str, package: str) -> bool:
+    return name == package or name.startswith(package + ".")
+
+
+def offending(folder: str, forbidden: str) -> dict[str, list[str]]:
+    found = {}
+    for path in modules_under(folder):
+        bad = sorted(name for name in imports_of(path) if within(name, forbidden))
+        if bad:
+            found[str(path.relative_to(ROOT))] = bad
+    return found
+
+
+def test_the_drift_rules_import_nothing_from_roles() -> None:
+    assert offending("gpunode/drift", "roles") == {}
+
+
+def test_no_role_imports_the_drift_package() -> None:
+    assert offending("roles", "gpunode.drift") == {}
+
+
+def test_what_the_model_means_on_a_node_imports_only_the_model_and_the_stdlib() -> None:
+    allowed_packages = ("gpunode.model", "gpunode.expected")
+    found = {}
+    for path in modules_under("gpunode/expected"):
+        bad = sorted(
+            name
+            for name in imports_of(path)
+            if name.split(".")[0] not in sys.stdlib_module_names
+            and not any(within(name, package) for package in allowed_packages)
+        )
+        if bad:
+            found[str(path.relative_to(ROOT))] = bad
+    assert found == {}
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "import roles.sshd",
+        "import roles",
+        "from roles import sshd",
+        "from roles.firewall import render_ruleset",
+        "def rule():\n    from roles.sshd import expected_effective\n",
+        "import importlib\nimportlib.import_module('roles.sshd')",
+        "__import__('roles')",
+    ],
+)
+def test_every_way_of_importing_a_role_is_seen(source: str) -> None:
+    assert any(within(name, "roles") for name in imported_names(source, "gpunode.drift.rules"))
+
+
+@pytest.mark.parametrize(
+    ("source", "importer", "is_package"),
+    [
+        ("import gpunode.drift.findings", "roles.firewall", False),
+        ("from gpunode import drift", "roles.firewall", False),
+        ("from gpunode.drift.findings import Severity", "roles.firewall", False),
+        ("from .findings import Severity", "gpunode.drift.rules", False),
+        ("from . import findings", "gpunode.drift", True),
+        ("from ..drift import rules", "gpunode.expected.sshd", False),
+    ],
+)
+def test_every_way_of_importing_the_drift_package_is_seen(
+    source: str, importer: str, is_package: bool
+) -> None:
+    names = set(imported_names(source, importer, is_package))
+    assert any(within(name, "gpunode.drift") for name in names), names
+
+
+def test_a_neighbour_with_a_common_prefix_is_not_taken_for_the_package() -> None:
+    names = set(imported_names("import rolesets\nfrom gpunode.drifting import x", "a.b"))
+    assert not any(within(name, "roles") or within(name, "gpunode.drift") for name in names)
