@@ -19,6 +19,7 @@ from gpunode.model import DesiredState
 ROOT = Path(__file__).resolve().parents[2]
 LAB_NODES = int(os.environ.get("GPUNODE_TEST_LAB_NODES", "2"))
 PYINFRA = str(Path(sys.executable).with_name("pyinfra"))
+GPUNODE = str(Path(sys.executable).with_name("gpunode"))
 
 
 @dataclass
@@ -115,3 +116,18 @@ def write_inventory(
         hosts.append((node.name, host_data))
     path.write_text(f"lab_nodes = {hosts!r}\n")
     return str(path)
+
+
+def drift_report(node: LabNode, inventory: str = "inventories/lab.py") -> dict[str, Any]:
+    """``gpunode drift --json`` of ``node`` alone, as the nightly check runs it; the node
+    must have been checked."""
+    result = subprocess.run(
+        [GPUNODE, "drift", inventory, "--json", "--limit", node.name],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    report = json.loads(result.stdout)
+    assert report["checked_hosts"] == [node.name], result.stderr
+    return report

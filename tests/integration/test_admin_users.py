@@ -5,11 +5,9 @@ account with login access that the inventory does not declare."""
 from __future__ import annotations
 
 import dataclasses
-import json
 import runpy
 import shlex
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,12 +17,11 @@ import pytest
 from gpunode.lab import LOGIN_USER, Lab, LabNode
 from gpunode.model import DesiredState
 
-from .conftest import ROOT, run_pyinfra, ssh, write_inventory
+from .conftest import ROOT, drift_report, run_pyinfra, ssh, write_inventory
 
 pytestmark = pytest.mark.lab
 
 DEPLOY = "deploys/harden.py"
-GPUNODE = str(Path(sys.executable).with_name("gpunode"))
 TEMP_ADMIN = "tempadmin"
 INTRUDER = "intruder"
 MODEL_FIELDS = {field.name for field in dataclasses.fields(DesiredState)}
@@ -58,18 +55,9 @@ def ssh_as(node: LabNode, lab: Lab, user: str, key: Path, command: str = "sudo -
 
 def access_findings(node: LabNode) -> set[str]:
     """The drift check's accounts.* and sshd.* findings for ``node``."""
-    result = subprocess.run(
-        [GPUNODE, "drift", "inventories/lab.py", "--json", "--limit", node.name],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    report = json.loads(result.stdout)
-    assert node.name in report["checked_hosts"], result.stderr
     return {
         finding["id"]
-        for finding in report["findings"]
+        for finding in drift_report(node)["findings"]
         if finding["id"].startswith(("accounts.", "sshd."))
     }
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import shlex
 import subprocess
 import sys
@@ -13,13 +12,12 @@ import pytest
 
 from gpunode.lab import Lab, LabNode
 
-from .conftest import ROOT, run_pyinfra, ssh, write_inventory
+from .conftest import drift_report, run_pyinfra, ssh, write_inventory
 
 pytestmark = pytest.mark.lab
 
 DEPLOY = "deploys/gpu_node.py"
 SSH_AUDIT = str(Path(sys.executable).with_name("ssh-audit"))
-GPUNODE = str(Path(sys.executable).with_name("gpunode"))
 # Planted drop-ins: one that loosens login for everyone, one for an admin from outside only.
 MATCH_ALL = "Match all\n    PasswordAuthentication yes\n    PermitRootLogin yes\n"
 MATCH_ADMIN_FROM_OUTSIDE = (
@@ -63,16 +61,8 @@ def wait_for_ssh(lab: Lab, node: LabNode) -> None:
 
 def sshd_findings(node: LabNode) -> dict[str, str]:
     """The drift check's sshd.* findings for ``node``: id -> found."""
-    result = subprocess.run(
-        [GPUNODE, "drift", "inventories/lab.py", "--json", "--limit", node.name],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    report = json.loads(result.stdout)
-    assert report["checked_hosts"] == [node.name], result.stderr
-    return {f["id"]: f["found"] for f in report["findings"] if f["id"].startswith("sshd.")}
+    findings = drift_report(node)["findings"]
+    return {f["id"]: f["found"] for f in findings if f["id"].startswith("sshd.")}
 
 
 @pytest.fixture(scope="module")
