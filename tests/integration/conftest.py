@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -83,6 +84,15 @@ def ssh(
         text=True,
         timeout=120,
     )  # fmt: skip
+
+
+def wait_for_ssh(lab: Lab, node: LabNode) -> None:
+    """Until ``node`` accepts a new SSH login again (after sshd restarts, say)."""
+    for _ in range(40):
+        if ssh(lab, node, "true").returncode == 0:
+            return
+        time.sleep(0.25)
+    raise AssertionError(f"{node.name} does not accept SSH logins")
 
 
 def lab_desired_state(inventory: str = "inventories/lab.py") -> DesiredState:

@@ -10,7 +10,6 @@ import os
 import shlex
 import subprocess
 import sys
-import time
 import xml.etree.ElementTree as ElementTree
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,7 +23,7 @@ from gpunode.expected.packages import TOOLKIT_PACKAGES
 from gpunode.lab import Lab, LabNode
 from gpunode.model import Tls
 
-from .conftest import ROOT, run_pyinfra, ssh
+from .conftest import ROOT, run_pyinfra, ssh, wait_for_ssh
 
 pytestmark = pytest.mark.lab
 
@@ -84,14 +83,6 @@ def expire_soon(lab: Lab, node: LabNode) -> None:
     certificate = pki.issue_certificate(authority, public_key, wanted, now=issued_at)  # type: ignore[arg-type]
     pem = base64.b64encode(certificate.public_bytes(serialization.Encoding.PEM)).decode()
     sudo(lab, node, f"echo {pem} | base64 -d > /etc/gpunode/tls/node.crt")
-
-
-def wait_for_ssh(lab: Lab, node: LabNode) -> None:
-    for _ in range(40):
-        if ssh(lab, node, "true").returncode == 0:
-            return
-        time.sleep(0.25)
-    raise AssertionError(f"{node.name} does not accept SSH logins")
 
 
 def first_infiniband_port(lab: Lab, node: LabNode) -> tuple[int, str]:

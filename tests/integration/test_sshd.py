@@ -5,14 +5,13 @@ from __future__ import annotations
 import shlex
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from gpunode.lab import Lab, LabNode
 
-from .conftest import drift_report, run_pyinfra, ssh, write_inventory
+from .conftest import drift_report, run_pyinfra, ssh, wait_for_ssh, write_inventory
 
 pytestmark = pytest.mark.lab
 
@@ -49,14 +48,6 @@ def sudo(lab: Lab, node: LabNode, command: str) -> str:
     result = ssh(lab, node, f"sudo sh -c {shlex.quote(command)}")
     assert result.returncode == 0, result.stderr
     return result.stdout
-
-
-def wait_for_ssh(lab: Lab, node: LabNode) -> None:
-    for _ in range(40):
-        if ssh(lab, node, "true").returncode == 0:
-            return
-        time.sleep(0.25)
-    raise AssertionError(f"{node.name} does not accept SSH logins")
 
 
 def sshd_findings(node: LabNode) -> dict[str, str]:
