@@ -184,7 +184,7 @@ def main() -> None:
     )
     parser.add_argument("--measure", action="store_true", help="(internal) one size, as JSON")
     args = parser.parse_args()
-    from gpunode.lab import Lab
+    from lab import Lab
 
     if args.measure:
         containers = [node.container for node in Lab().nodes()]

@@ -70,7 +70,7 @@ def main() -> None:
     args = parser.parse_args()
     os.environ.update(BENCH_LAB)
     sys.path.insert(0, str(ROOT))
-    from gpunode.lab import Lab
+    from lab import Lab
 
     plans = tempfile.mkdtemp(prefix="gpunode-bench-plans-")
     env = {**os.environ, "GPUNODE_FACT_PLAN_DIR": plans}

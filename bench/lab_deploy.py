@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from gpunode.lab import Lab
+from lab import Lab
 
 ROOT = Path(__file__).resolve().parents[1]
 

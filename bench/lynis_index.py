@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-from gpunode.lab import LOGIN_USER, Lab, LabNode
+from lab import LOGIN_USER, Lab, LabNode
 
 ROOT = Path(__file__).resolve().parents[1]
 OWN_DEPLOY = "deploys/os_hardening.py"

@@ -2,8 +2,9 @@
 
     pyinfra inventories/prod.py deploys/tls.py
 
-The CA lives in GPUNODE_CA_DIR (default ~/.local/share/gpunode/ca); its passphrase comes from
-GPUNODE_CA_PASSPHRASE or GPUNODE_CA_PASSPHRASE_FILE. Hosts with tls.enabled false are left
+The CA lives in GPUNODE_CA_DIR, else the inventory's tls.ca_directory, else
+~/.local/share/gpunode/ca; its passphrase comes from GPUNODE_CA_PASSPHRASE,
+GPUNODE_CA_PASSPHRASE_FILE or tls.ca_passphrase_file. Hosts with tls.enabled false are left
 alone.
 """
 

@@ -1,14 +1,11 @@
 """NVIDIA package facts: what is installed and held, which kernel module is loaded and which
 is installed, the running kernel and its headers, and what apt offers for a package.
 
-Loaded module: ``/proc/driver/nvidia/version``. Lab nodes have no kernel module at all; there
-(and only where the lab's ``gpunode-lab-hw`` command exists) the GPU simulator's driver version,
-as its ``nvidia-smi`` reports it, stands in for the loaded module, so reboot handling can be
-tested end to end.
+Loaded module: ``/proc/driver/nvidia/version``; where that file is absent (a container that
+sees the GPUs but not the host's procfs), the driver version ``nvidia-smi`` reports, without a
+flavour. Where no driver answers at all, nothing is loaded.
 
-Installed module: ``modinfo nvidia`` for the running kernel (what a reboot would load); where
-there is none, the lab stand-in driver's record ``/var/lib/gpunode-lab/installed-driver-version``
-(written by the stand-in kernel module packages) stands in.
+Installed module: ``modinfo nvidia`` for the running kernel (what a reboot would load).
 """
 
 from __future__ import annotations
@@ -20,8 +17,6 @@ from pyinfra.api import FactBase
 
 from gpunode.model import upstream_version
 
-LAB_TOOL = "gpunode-lab-hw"
-LAB_STATE_DIR = "/var/lib/gpunode-lab"
 PROC_VERSION_PATH = "/proc/driver/nvidia/version"
 
 # Installed packages the fact reports: NVIDIA driver, CUDA and companion packages.
@@ -76,9 +71,9 @@ def _loaded(lines: list[str]) -> dict[str, Any] | None:
             parsed = parse_proc_version(text)
             if parsed:
                 return {**parsed, "source": "proc"}
-        elif source == "simulator" and re.fullmatch(r"[0-9]+\.[0-9]+(\.[0-9]+)?", text.strip()):
-            # The simulator has no notion of module flavour.
-            return {"version": text.strip(), "flavour": None, "source": "simulator"}
+        elif source == "nvidia-smi" and re.fullmatch(r"[0-9]+\.[0-9]+(\.[0-9]+)?", text.strip()):
+            # nvidia-smi does not say which module flavour answers.
+            return {"version": text.strip(), "flavour": None, "source": "nvidia-smi"}
     return None
 
 
@@ -87,9 +82,12 @@ def _installed_module(lines: list[str]) -> dict[str, Any] | None:
         parts = line.split(SEPARATOR)
         if len(parts) != 3 or not parts[1].strip():
             continue
-        source, version, flavour_text = parts
-        flavour = module_flavour(flavour_text) if source == "modinfo" else flavour_text.strip()
-        return {"version": version.strip(), "flavour": flavour or None, "source": source}
+        source, version, license_text = parts
+        return {
+            "version": version.strip(),
+            "flavour": module_flavour(license_text),
+            "source": source,
+        }
     return None
 
 
@@ -141,7 +139,6 @@ def parse_nvidia_packages(lines: list[str]) -> dict[str, Any]:
         "reboot_required": reboot_required(loaded, installed),
         "kernel": kernel,
         "headers": _headers(kernel, sections.get("headers", [])),
-        "lab_simulator": bool(sections.get("lab")),
         "package_lists": any(int(n) > 0 for n in sections.get("lists", []) if n.isdigit()),
     }
 
@@ -162,12 +159,12 @@ class NvidiaPackages(FactBase):
             "kernel": "6.1.0-28-amd64",
             "headers": {"package": "linux-headers-6.1.0-28-amd64", "installed": False,
                         "candidate": "6.1.119-1", "build_dir": False},
-            "lab_simulator": False,  # gpunode-lab-hw exists: a lab node
             "package_lists": True,  # apt has package lists at all
         }
 
     ``loaded_module`` is None when no NVIDIA module is in memory; its ``source`` is
-    ``simulator`` on lab nodes (see the module docstring), where ``flavour`` is None.
+    ``nvidia-smi`` where procfs does not show it (see the module docstring), and then
+    ``flavour`` is None.
     ``installed_module`` is None when no module is installed for the running kernel.
     """
 
@@ -181,15 +178,12 @@ class NvidiaPackages(FactBase):
                 f"echo '{SECTION}loaded'",
                 f"if [ -r {PROC_VERSION_PATH} ]; then "
                 f'echo "proc{sep}$(head -n 1 {PROC_VERSION_PATH})"; '
-                f"elif command -v {LAB_TOOL} >/dev/null 2>&1; then "
-                f'echo "simulator{sep}$(nvidia-smi --query-gpu=driver_version '
+                "elif command -v nvidia-smi >/dev/null 2>&1; then "
+                f'echo "nvidia-smi{sep}$(nvidia-smi --query-gpu=driver_version '
                 '--format=csv,noheader 2>/dev/null | head -n 1)"; fi',
                 f"echo '{SECTION}installed-module'",
                 'if version=$(modinfo -F version nvidia 2>/dev/null) && [ -n "$version" ]; then '
-                f'echo "modinfo{sep}$version{sep}$(modinfo -F license nvidia 2>/dev/null)"; '
-                f"elif [ -r {LAB_STATE_DIR}/installed-driver-version ]; then "
-                f'echo "lab{sep}$(cat {LAB_STATE_DIR}/installed-driver-version){sep}'
-                f'$(cat {LAB_STATE_DIR}/installed-kernel-module-flavour 2>/dev/null)"; fi',
+                f'echo "modinfo{sep}$version{sep}$(modinfo -F license nvidia 2>/dev/null)"; fi',
                 f"echo '{SECTION}kernel'",
                 "uname -r",
                 f"echo '{SECTION}headers'",
@@ -202,8 +196,6 @@ class NvidiaPackages(FactBase):
                 'else case "$status" in ?i*) ;; *) '
                 f'echo "candidate{sep}$(apt-cache policy "$headers" 2>/dev/null '
                 "| sed -n 's/^ *Candidate: *//p')\";; esac; fi",
-                f"echo '{SECTION}lab'",
-                f"command -v {LAB_TOOL} || true",
                 f"echo '{SECTION}lists'",
                 "ls /var/lib/apt/lists/ 2>/dev/null | grep -c '_Packages$' || true",
             )

@@ -1,4 +1,8 @@
-"""gpunode command line: the lab, inventory validation, defaults and the drift check."""
+"""gpunode command line: inventory validation, defaults and the drift check.
+
+More sub-commands come from ``gpunode.commands`` entry points (``COMMAND_PLUGINS``): each is a
+function given argparse's sub-parsers, adding its own. Test equipment plugs in that way.
+"""
 
 from __future__ import annotations
 
@@ -14,11 +18,13 @@ if sys.argv[1:2] == ["drift"]:
 import argparse
 import os
 from collections.abc import Sequence
+from importlib.metadata import entry_points
 
 from gpunode.inventory import InvalidInventory, fleet_of
-from gpunode.lab import DEFAULT_PROFILES, SCRATCH_DISK_MIB, Lab, LabError
 from gpunode.model import DesiredState
 from gpunode.schema import defaults_table
+
+COMMAND_PLUGINS = "gpunode.commands"
 
 
 def load_inventory(path: str):  # type: ignore[no-untyped-def]
@@ -92,42 +98,8 @@ def cmd_drift(args: argparse.Namespace) -> int:
     return max(result.exit_code, 2) if unwritten else result.exit_code
 
 
-def cmd_lab_up(args: argparse.Namespace) -> int:
-    lab = Lab()
-    nodes = lab.up(
-        args.nodes,
-        args.profiles.split(","),
-        scratch_disks=args.scratch_disks,
-        scratch_disk_mib=args.scratch_disk_mib,
-    )
-    print(f"{'node':<8} {'address':<14} {'profile':<10} {'boot s':>7} {'RAM MiB':>8}")
-    for node in nodes:
-        print(
-            f"{node.name:<8} {node.address:<14} {node.profile:<10} "
-            f"{node.boot_s:>7.2f} {node.memory_mib:>8.1f}"
-        )
-    if args.scratch_disks:
-        disks = ", ".join(f"/dev/nvme{index}n1" for index in range(args.scratch_disks))
-        print(f"scratch disks on every node: {disks} ({args.scratch_disk_mib} MiB each)")
-    print(f"ssh -i {lab.key_path} -o UserKnownHostsFile={lab.known_hosts_path} debian@ADDRESS")
-    return 0
-
-
-def cmd_lab_down(args: argparse.Namespace) -> int:
-    Lab().down(keep_image=args.keep_image)
-    print("lab removed")
-    return 0
-
-
-def cmd_lab_status(_: argparse.Namespace) -> int:
-    lab = Lab()
-    for node in lab.nodes():
-        print(f"{node.name:<8} {node.address:<14} {node.profile}")
-    return 0
-
-
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="gpunode", description=__doc__)
+    parser = argparse.ArgumentParser(prog="gpunode", description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
 
     validate = commands.add_parser("validate", help="check an inventory's desired state")
@@ -156,41 +128,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     drift.set_defaults(func=cmd_drift)
 
-    lab = commands.add_parser("lab", help="local fleet of Debian 12 lab nodes")
-    lab_commands = lab.add_subparsers(dest="lab_command", required=True)
-    up = lab_commands.add_parser("up", help="bring up N nodes (keeps running ones)")
-    up.add_argument("--nodes", type=int, default=2)
-    up.add_argument(
-        "--profiles",
-        default=",".join(DEFAULT_PROFILES),
-        help="hardware profiles, assigned to nodes in turn",
-    )
-    up.add_argument(
-        "--scratch-disks",
-        type=int,
-        default=0,
-        metavar="N",
-        help="give every node N loop-device disks as /dev/nvme0n1.. (for the NVMe cache)",
-    )
-    up.add_argument(
-        "--scratch-disk-mib", type=int, default=SCRATCH_DISK_MIB, help="size of each scratch disk"
-    )
-    up.set_defaults(func=cmd_lab_up)
-    down = lab_commands.add_parser("down", help="remove everything the lab made")
-    down.add_argument("--keep-image", action="store_true")
-    down.set_defaults(func=cmd_lab_down)
-    status = lab_commands.add_parser("status", help="list lab nodes")
-    status.set_defaults(func=cmd_lab_status)
+    for plugin in entry_points(group=COMMAND_PLUGINS):
+        plugin.load()(commands)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    try:
-        return int(args.func(args))
-    except LabError as error:
-        print(f"gpunode lab: {error}", file=sys.stderr)
-        return 2
+    return int(args.func(args))
 
 
 if __name__ == "__main__":

@@ -62,6 +62,8 @@ MAX_COMMON_NAME = 64
 SYSCTL_VALUE = r"[A-Za-z0-9._:/%@+,=-]+( [A-Za-z0-9._:/%@+,=-]+)*"
 # NCCL values: lists such as '^docker0,lo', '=eth0', 'mlx5_0:1,mlx5_1:1', paths with %h/%p.
 NCCL_VALUE = r"[A-Za-z0-9._:/%@+,=^-]+"
+# One word of a command gpunode runs as given (no shell syntax; quoted on the way anyway).
+COMMAND_WORD = r"[A-Za-z0-9._/=:@+-]+"
 
 SSH_KEY_TYPES = (
     "ssh-ed25519",
@@ -490,6 +492,18 @@ class Tls:
     )
     renew_before_days: int = setting(30, "re-issue when expiry is this close", min=1, max=365)
     validity_days: int = setting(365, "lifetime of an issued certificate", min=2, max=825)
+    ca_directory: str | None = setting(
+        None,
+        "directory on the control machine holding the CA (ca.key, ca.crt); unset: "
+        "$GPUNODE_CA_DIR, else ~/.local/share/gpunode/ca",
+        check=check_absolute_path, accepts="an absolute path",
+    )  # fmt: skip
+    ca_passphrase_file: str | None = setting(
+        None,
+        "file on the control machine (mode 0600) holding the CA key's passphrase; "
+        "$GPUNODE_CA_PASSPHRASE or $GPUNODE_CA_PASSPHRASE_FILE win when set",
+        check=check_absolute_path, accepts="an absolute path",
+    )  # fmt: skip
 
     def validate(self, builder: Builder, path: str) -> None:
         if self.renew_before_days >= self.validity_days:
@@ -909,6 +923,20 @@ class ExpectedHardware:
 
 
 @dataclass(frozen=True)
+class Reboot:
+    """How the node is rebooted when a change needs it (today: a driver change)."""
+
+    command: tuple[str, ...] = setting(
+        (),
+        "argv that performs the reboot where it is not the system's own (e.g. a test bench "
+        "whose GPUs are simulated reboots its simulator); the run does not wait for the node "
+        "then; unset: reboot the node and wait for it to return",
+        pattern=COMMAND_WORD,
+        accepts="command words of letters, digits and ._/=:@+-",
+    )  # fmt: skip
+
+
+@dataclass(frozen=True)
 class DesiredState:
     """Everything gpunode manages on one host."""
 
@@ -934,6 +962,7 @@ class DesiredState:
     nvme_cache: NvmeCache = setting(NvmeCache(), "NVMe cache")
     gpu_metrics: GpuMetrics = setting(GpuMetrics(), "node-local GPU health metrics")
     expected_hardware: ExpectedHardware = setting(ExpectedHardware(), "expected hardware")
+    reboot: Reboot = setting(Reboot(), "how the node reboots")
 
     @property
     def ip_forward(self) -> bool:

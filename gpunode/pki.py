@@ -14,19 +14,19 @@ a leaked CA key cannot make the nodes trust any other site.
 Node keys are made on the nodes; only their certificate requests come here, are checked
 against what the inventory declares, and are signed.
 
-Environment:
+Where the CA lives (first that is set):
 
-``GPUNODE_CA_DIR``
-    where the CA lives (default ``~/.local/share/gpunode/ca``): ``ca.key`` and ``ca.crt``.
-``GPUNODE_CA_PASSPHRASE`` / ``GPUNODE_CA_PASSPHRASE_FILE``
-    the passphrase of ``ca.key``, given directly or as a file (mode 0600) holding it; the
-    direct value wins when both are set.
+``GPUNODE_CA_DIR``, else the inventory's ``tls.ca_directory``, else ``~/.local/share/gpunode/ca``
+    the directory holding ``ca.key`` and ``ca.crt``.
+``GPUNODE_CA_PASSPHRASE``, ``GPUNODE_CA_PASSPHRASE_FILE``, else ``tls.ca_passphrase_file``
+    the passphrase of ``ca.key``, given directly or as a file (mode 0600) holding it.
+
+The environment wins: it is the operator's choice for this one run.
 """
 
 from __future__ import annotations
 
 import base64
-import contextlib
 import datetime
 import ipaddress
 import logging
@@ -54,7 +54,6 @@ PASSPHRASE_FILE_VARIABLE = "GPUNODE_CA_PASSPHRASE_FILE"
 DEFAULT_CA_DIR = Path("~/.local/share/gpunode/ca")
 CA_KEY_NAME = "ca.key"
 CA_CERT_NAME = "ca.crt"
-LAB_PASSPHRASE_NAME = "passphrase"
 
 logger = logging.getLogger("pyinfra")
 
@@ -107,25 +106,29 @@ class CertificateAuthority:
         return self.certificate.public_bytes(serialization.Encoding.PEM).decode()
 
 
-def ca_directory(env: Mapping[str, str] = os.environ) -> Path:
-    return Path(env.get(CA_DIR_VARIABLE) or DEFAULT_CA_DIR).expanduser()
+def ca_directory(env: Mapping[str, str] = os.environ, configured: str | None = None) -> Path:
+    """The CA's directory: the environment's, else the inventory's (``configured``)."""
+    return Path(env.get(CA_DIR_VARIABLE) or configured or DEFAULT_CA_DIR).expanduser()
 
 
-def ca_passphrase(env: Mapping[str, str] = os.environ) -> bytes | None:
-    """The passphrase from the environment; None when neither variable is set."""
+def ca_passphrase(
+    env: Mapping[str, str] = os.environ, configured_file: str | None = None
+) -> bytes | None:
+    """The passphrase from the environment, else from the inventory's file; None if neither."""
     if env.get(PASSPHRASE_VARIABLE):
         return env[PASSPHRASE_VARIABLE].encode()
-    file_name = env.get(PASSPHRASE_FILE_VARIABLE)
+    file_name = env.get(PASSPHRASE_FILE_VARIABLE) or configured_file
     if not file_name:
         return None
+    named_by = (
+        PASSPHRASE_FILE_VARIABLE if env.get(PASSPHRASE_FILE_VARIABLE) else "tls.ca_passphrase_file"
+    )
     path = Path(file_name).expanduser()
     try:
         mode = path.stat().st_mode
         text = path.read_text()
     except OSError as error:
-        raise CaError(
-            f"{PASSPHRASE_FILE_VARIABLE}={file_name}: cannot read it ({error.strerror})"
-        ) from None
+        raise CaError(f"{named_by}={file_name}: cannot read it ({error.strerror})") from None
     if mode & 0o077:
         raise CaError(
             f"passphrase file {path} is readable by others (mode {_mode(mode)}); chmod 600 {path}"
@@ -357,41 +360,26 @@ def _replace_private(path: Path, content: bytes) -> None:
 _opened: dict[Path, CertificateAuthority] = {}
 
 
-def ca_from_environment(
-    create: bool = True, env: Mapping[str, str] = os.environ
+def certificate_authority(
+    tls: Tls, create: bool = True, env: Mapping[str, str] = os.environ
 ) -> CertificateAuthority | None:
-    """The CA named by the environment, loaded once per process (see ``open_ca``)."""
-    directory = ca_directory(env)
+    """The CA that ``tls`` and the environment name, loaded once per process (``open_ca``)."""
+    directory = ca_directory(env, tls.ca_directory)
     if directory not in _opened:
-        authority = open_ca(directory, ca_passphrase(env), create=create)
+        passphrase = ca_passphrase(env, tls.ca_passphrase_file)
+        authority = open_ca(directory, passphrase, create=create)
         if authority is None:
             return None
         _opened[directory] = authority
     return _opened[directory]
 
 
-def use_lab_ca(lab_dir: Path, env: dict[str, str] | os._Environ[str] = os.environ) -> None:
-    """Default the CA of a lab inventory to ``<lab_dir>/ca`` with a generated passphrase.
-
-    Only fills in what the operator left unset: an explicit ``GPUNODE_CA_DIR`` or passphrase
-    always wins. The passphrase file is created once, mode 0600, beside the lab's SSH key.
-    """
-    if env.get(CA_DIR_VARIABLE):
-        return
-    env[CA_DIR_VARIABLE] = str(lab_dir / "ca")
-    if env.get(PASSPHRASE_VARIABLE) or env.get(PASSPHRASE_FILE_VARIABLE):
-        return
-    passphrase_file = lab_dir / LAB_PASSPHRASE_NAME
-    if not passphrase_file.exists():
-        lab_dir.mkdir(parents=True, exist_ok=True)
-        # A concurrent run may have made it first: then theirs is used.
-        with contextlib.suppress(FileExistsError):
-            _write_new(passphrase_file, secrets.token_urlsafe(32).encode() + b"\n", 0o600)
-    env[PASSPHRASE_FILE_VARIABLE] = str(passphrase_file)
-
-
 def _passphrase_source() -> str:
-    return PASSPHRASE_VARIABLE if os.environ.get(PASSPHRASE_VARIABLE) else PASSPHRASE_FILE_VARIABLE
+    if os.environ.get(PASSPHRASE_VARIABLE):
+        return PASSPHRASE_VARIABLE
+    if os.environ.get(PASSPHRASE_FILE_VARIABLE):
+        return PASSPHRASE_FILE_VARIABLE
+    return "tls.ca_passphrase_file"
 
 
 def _mode(st_mode: int) -> str:

@@ -1,6 +1,6 @@
 """The local lab fleet made by `gpunode lab up`; groups follow each node's hardware profile."""
 
-from gpunode.lab import Lab
+from lab import Lab
 
 _nodes = Lab().nodes()
 if not _nodes:

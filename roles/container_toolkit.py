@@ -200,8 +200,8 @@ def gpu_container_check_skip_reason(
         return "nvidia-smi reports no GPU"
     if not runtime["kernel_driver_loaded"]:
         return (
-            "no NVIDIA kernel driver is loaded (/proc/driver/nvidia/version is absent): the GPUs "
-            "nvidia-smi reports are not real ones (a lab simulator?)"
+            "no NVIDIA kernel driver is loaded (/proc/driver/nvidia/version is absent): a "
+            "container could not use the GPUs nvidia-smi reports"
         )
     return None
 
@@ -250,16 +250,12 @@ def docker_client_for(target: Any) -> Any:
     return docker.DockerClient(base_url=f"ssh://{login}:{port}", use_ssh_client=True)
 
 
-def _run_check(image: str, expected_uuids: list[str], client_factory: Callable[[Any], Any]) -> None:
-    check_gpu_container(client_factory(host), image, expected_uuids)
+def _run_check(image: str, expected_uuids: list[str]) -> None:
+    check_gpu_container(docker_client_for(host), image, expected_uuids)
 
 
 @deploy("GPU container check")
-def gpu_container_check(
-    desired: DesiredState,
-    image: str = DEFAULT_CHECK_IMAGE,
-    client_factory: Callable[[Any], Any] = docker_client_for,
-) -> None:
+def gpu_container_check(desired: DesiredState, image: str = DEFAULT_CHECK_IMAGE) -> None:
     """A CUDA container started through docker with GPUs requested sees every GPU of the host;
     skipped, with the reason, where there is no docker engine or no real GPU."""
     runtime = host.get_fact(ContainerRuntimeConfig)
@@ -273,5 +269,4 @@ def gpu_container_check(
         function=_run_check,
         image=image,
         expected_uuids=[gpu["uuid"] for gpu in gpus["gpus"]],
-        client_factory=client_factory,
     )

@@ -16,9 +16,8 @@ A changed ruleset is applied behind two guards:
    new ruleset become the persistent one loaded at boot. The preflight cannot see NAT,
    port forwards or a bastion's own firewall; this guard covers whatever it misses.
 
-Data: firewall.rollback_after_s (default 60 s) and firewall.ssh_preflight (guard 1). Test
-knobs override them from the environment: GPUNODE_FIREWALL_ROLLBACK_AFTER_S, and
-GPUNODE_FIREWALL_SKIP_SSH_PREFLIGHT=1, which leaves guard 2 alone to catch a cut.
+Data: firewall.rollback_after_s (default 60 s) and firewall.ssh_preflight (guard 1), validated
+with the rest of the inventory; nothing else switches a guard off.
 """
 
 from __future__ import annotations
@@ -59,8 +58,6 @@ DEFAULT_ROLLBACK_AFTER_S = 60
 MIN_ROLLBACK_AFTER_S = 5
 # How long past the rollback's due time access may take to come back before we give up.
 ROLLBACK_GRACE_S = 30
-ROLLBACK_ENV = "GPUNODE_FIREWALL_ROLLBACK_AFTER_S"
-SKIP_PREFLIGHT_ENV = "GPUNODE_FIREWALL_SKIP_SSH_PREFLIGHT"
 
 UNIT = f"""\
 # Managed by gpunode: loads table {TABLE} from {RULESET_PATH} at boot.
@@ -274,21 +271,6 @@ def absent():
 # --- the role --------------------------------------------------------------------------------
 
 
-def rollback_delay_from_env(default: int = DEFAULT_ROLLBACK_AFTER_S) -> int:
-    raw = os.environ.get(ROLLBACK_ENV)
-    if raw is None:
-        return default
-    try:
-        seconds = int(raw)
-    except ValueError:
-        seconds = 0
-    if seconds < MIN_ROLLBACK_AFTER_S:
-        raise OperationError(
-            f"{ROLLBACK_ENV}={raw!r}: give whole seconds, at least {MIN_ROLLBACK_AFTER_S}"
-        )
-    return seconds
-
-
 @deploy("Firewall")
 def firewall(
     desired: DesiredState,
@@ -297,18 +279,17 @@ def firewall(
 ) -> None:
     """nftables per ``desired.firewall``; removed entirely when firewall.enabled is false.
 
-    ``rollback_after_s`` defaults to $GPUNODE_FIREWALL_ROLLBACK_AFTER_S, else
-    firewall.rollback_after_s; ``check_ssh_source`` to firewall.ssh_preflight unless
-    $GPUNODE_FIREWALL_SKIP_SSH_PREFLIGHT is 1 (the environment knobs are for tests).
+    ``rollback_after_s`` defaults to firewall.rollback_after_s, ``check_ssh_source`` to
+    firewall.ssh_preflight.
     """
     wanted = desired.firewall
     if not wanted.enabled:
         absent(name=f"No table {TABLE} (firewall.enabled is false)")
         return
     if rollback_after_s is None:
-        rollback_after_s = rollback_delay_from_env(wanted.rollback_after_s)
+        rollback_after_s = wanted.rollback_after_s
     if check_ssh_source is None:
-        check_ssh_source = wanted.ssh_preflight and os.environ.get(SKIP_PREFLIGHT_ENV) != "1"
+        check_ssh_source = wanted.ssh_preflight
     ssh_port = desired.sshd.port
     # At prepare time, so a ruleset that would cut SSH stops the run before any change.
     if check_ssh_source:

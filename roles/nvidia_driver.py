@@ -28,9 +28,9 @@ What results on a node whose ``nvidia_driver.source`` is not ``none``:
 * nvidia-persistenced is enabled (``persistence_daemon``) and started once the installed module
   is the loaded one; or disabled and stopped.
 * Reboot: "reboot required" (loaded kernel module differs from the installed one) is always
-  reported. With ``reboot: if-needed`` the node is rebooted; with ``never`` it is not. On lab
-  nodes, recognised by the lab's ``gpunode-lab-hw`` command, the reboot is the GPU simulator's
-  (``gpunode-lab-hw reboot``); the container itself is never rebooted.
+  reported. With ``reboot: if-needed`` the node is rebooted and the run waits for it to
+  return; with ``never`` it is not. Where ``reboot.command`` is set, that command
+  performs the reboot instead (a node whose GPUs are simulated reboots its simulator).
 """
 
 from __future__ import annotations
@@ -60,7 +60,6 @@ NOUVEAU_CONF = (
     "options nouveau modeset=0\n"
 )
 PERSISTENCED_UNIT = "nvidia-persistenced.service"
-LAB_REBOOT = "gpunode-lab-hw reboot"
 
 # Names the apt pin covers (apt_preferences globs): NVIDIA's and Debian's driver packages.
 # A pinned version that a package does not have (the container toolkit's) has no effect.
@@ -431,12 +430,19 @@ def driver_reboot(
     pending_version: str | None = None,
     branch: str | None = None,
     flavour: str | None = None,
+    reboot_command: tuple[str, ...] = (),
 ):
-    """The loaded kernel module is the installed one: reboots when it is not and ``policy`` is
-    ``if-needed``; always reports a pending reboot. Lab nodes reboot the GPU simulator.
+    """
+    Make the loaded NVIDIA kernel module the installed one: reboot when it is not.
 
-    ``install_pending``: the driver install of this run changes the installed module (to
-    ``pending_version``, or the newest of ``branch``, with ``flavour``)."""
+    + policy: ``if-needed`` reboots; ``never`` only reports the pending reboot
+    + install_pending: the driver install of this run changes the installed module
+    + pending_version: the version that install brings (else the newest of ``branch``)
+    + branch: the pinned driver branch
+    + flavour: the kernel module flavour that install brings
+    + reboot_command: argv that performs the reboot instead of the system's own; the run
+      does not wait for the node then
+    """
     facts = host.get_fact(NvidiaPackages)
     loaded = facts["loaded_module"]
     required, installed = reboot_needed(facts, install_pending, pending_version, branch, flavour)
@@ -447,16 +453,15 @@ def driver_reboot(
     if not required:
         host.noop(f"the loaded NVIDIA kernel module is the installed one ({loaded_text})")
         return
-    where = " (GPU simulator)" if facts["lab_simulator"] else ""
     host.noop(
-        f"reboot required: loaded NVIDIA kernel module {loaded_text}{where}, installed "
+        f"reboot required: loaded NVIDIA kernel module {loaded_text}, installed "
         f"{installed or 'the new driver'}"
     )
     if policy == "never":
         host.noop("not rebooting: nvidia_driver.reboot is 'never'")
         return
-    if facts["lab_simulator"]:
-        yield LAB_REBOOT
+    if reboot_command:
+        yield shlex.join(reboot_command)
     else:
         yield from inner(server.reboot)(delay=10, interval=2, reboot_timeout=900)
 
@@ -525,4 +530,5 @@ def nvidia_driver(desired: DesiredState) -> None:
         pending_version=spec.version,
         branch=spec.branch,
         flavour=spec.flavour,
+        reboot_command=desired.reboot.command,
     )

@@ -35,7 +35,7 @@ from gpunode.pki import (
     CertificateAuthority,
     PkiError,
     WantedCertificate,
-    ca_from_environment,
+    certificate_authority,
     reissue_reason,
     sign_csr,
     wanted_certificate,
@@ -235,7 +235,7 @@ def tls_certificate(desired: DesiredState) -> None:
     wanted = wanted_certificate(host.name, tls)
     # Loaded (or created, on a real run) before any host is touched: a missing or wrong
     # passphrase stops the run with nothing changed.
-    authority = ca_from_environment(create=not _dry_run())
+    authority = certificate_authority(tls, create=not _dry_run())
     ca_pem = authority.certificate_pem if authority else PLANNED_CA_PEM
 
     apt.packages(name="openssl and ca-certificates", packages=["openssl", "ca-certificates"])

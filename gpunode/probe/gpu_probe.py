@@ -15,8 +15,7 @@ Sources, in order of preference:
   whole call that names a field it does not know.
 
 Per node it adds the kernel module's state and version (/proc/driver/nvidia/version), the
-installed driver package version (dpkg; on lab nodes the stand-in file
-``/var/lib/gpunode-lab/installed-driver-version``), whether these disagree with the
+installed driver package version (dpkg), whether these disagree with the
 userspace driver, the Fabric Manager service state, and NVIDIA XID events from the kernel
 log since a given time.
 
@@ -56,7 +55,6 @@ DPKG_PATTERNS = ("nvidia-driver*", "libnvidia-ml1", "libnvidia-compute*")
 FABRIC_MANAGER_COMMAND = "systemctl show nvidia-fabricmanager.service"
 MODULE_VERSION_PATH = "/proc/driver/nvidia/version"
 SYSFS_MODULE_VERSION_PATH = "/sys/module/nvidia/version"
-LAB_INSTALLED_VERSION_PATH = "/var/lib/gpunode-lab/installed-driver-version"
 
 # nvidia-smi(1), RETURN VALUE; 18 is NVML's "RM has detected an NVML/RM version mismatch".
 SMI_EXIT_REASONS = {
@@ -1053,10 +1051,6 @@ def installed_driver(system: System) -> tuple[dict[str, str], str | None]:
     installed = parse_dpkg_versions(completed.stdout)
     if installed:
         return installed, "dpkg"
-    stand_in = system.read(LAB_INSTALLED_VERSION_PATH)
-    version = upstream_version(stand_in.strip()) if stand_in else None
-    if version:
-        return {"installed-driver-version (lab)": version}, LAB_INSTALLED_VERSION_PATH
     return {}, None
 
 

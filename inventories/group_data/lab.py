@@ -1,11 +1,8 @@
 """Data for every host of inventories/lab.py (pyinfra names this group after the file)."""
 
-from gpunode.lab import LOGIN_USER, Lab
-from gpunode.pki import use_lab_ca
+from lab import LOGIN_USER, REBOOT_COMMAND, Lab
 
 _lab = Lab()
-# The lab's internal CA lives beside the lab (unless GPUNODE_CA_DIR says otherwise).
-use_lab_ca(_lab.state_dir)
 
 # Connection: the lab's own key and known_hosts, a cloud-image style sudo user.
 ssh_user = LOGIN_USER
@@ -23,7 +20,13 @@ admin_users = [
     }
 ]
 
-tls = {"enabled": True}
+# The lab's internal CA lives beside the lab, under a generated passphrase
+# (GPUNODE_CA_DIR / GPUNODE_CA_PASSPHRASE in the environment still win).
+tls = {
+    "enabled": True,
+    "ca_directory": str(_lab.ca_dir),
+    "ca_passphrase_file": str(_lab.ca_passphrase_file()),
+}
 
 # NVIDIA's hosts are unreachable from the lab, as at an air-gapped site: the lab serves
 # signed stand-in repositories on its bridge (gpunode lab up) and every URL points there.
@@ -51,18 +54,10 @@ firewall = {
 
 gpu_metrics = {"enabled": True}
 
-# The whole NVIDIA stack, from the lab's stand-in repositories. The simulated GPUs load the
-# installed driver on a (simulated) reboot, which reboot: if-needed performs.
-nvidia_driver = {
-    "source": "nvidia",
-    "branch": "570",
-    "version": "570.195.03-1",
-    "flavour": "open",
-    "reboot": "if-needed",
-}
-fabric_manager = {"version": "570.195.03-1"}
-cuda = {"versions": ["12.4", "12.8"], "default": "12.8"}
-container_runtime = {"engines": ["docker"], "toolkit_version": "1.17.8-1"}
+# The NVIDIA stack's pins are production's (group_data/all.py), served by the lab's stand-in
+# repositories. The simulated GPUs load the installed driver on a (simulated) reboot, which
+# reboot: if-needed performs through the lab's reboot command.
+reboot = {"command": list(REBOOT_COMMAND)}
 dcgm = {"enabled": True}
 
 # The fabric: simulated HCAs (ibstat) and the lab bridge as the NCCL socket interface.

@@ -1,4 +1,4 @@
-"""Every host of inventories/prod.py: who may log in, from where, and the pinned NVIDIA stack."""
+"""Every host of inventories/prod.py: who may log in, from where, and what runs there."""
 
 ssh_user = "gpuadmin"
 _sudo = True
@@ -42,14 +42,5 @@ apt = {
     "container_toolkit_keyring": "keyrings/nvidia-container-toolkit-keyring.gpg",
 }
 
-nvidia_driver = {
-    "source": "nvidia",
-    "branch": "570",
-    "version": "570.195.03-1",
-    "flavour": "open",
-    "reboot": "if-needed",
-}
-fabric_manager = {"version": "570.195.03-1"}
-cuda = {"versions": ["12.6", "12.8"], "default": "12.8"}
-container_runtime = {"engines": ["docker"], "toolkit_version": "1.17.8-1"}
+# The NVIDIA stack's pins: group_data/all.py.
 dcgm = {"enabled": True, "exporter": True}

@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from gpunode.lab import LOGIN_USER, Lab, LabNode
 from gpunode.model import DesiredState
+from lab import LOGIN_USER, REBOOT_COMMAND, Lab, LabNode
 
 ROOT = Path(__file__).resolve().parents[2]
 LAB_NODES = int(os.environ.get("GPUNODE_TEST_LAB_NODES", "2"))
@@ -109,8 +109,8 @@ def write_inventory(
 ) -> str:
     """A throw-away inventory of lab nodes with per-host data (``data[node.name]``).
 
-    It sits outside inventories/, so no group data applies: only connection settings and
-    what the test passes.
+    It sits outside inventories/, so no group data applies: only connection settings, the
+    lab's way of rebooting (its GPU simulator, never the container) and what the test passes.
     """
     hosts = []
     for node in nodes:
@@ -121,6 +121,7 @@ def write_inventory(
             "ssh_known_hosts_file": str(lab.known_hosts_path),
             "ssh_strict_host_key_checking": "yes",
             "_sudo": True,
+            "reboot": {"command": list(REBOOT_COMMAND)},
             **data.get(node.name, {}),
         }
         hosts.append((node.name, host_data))

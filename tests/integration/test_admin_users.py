@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from gpunode.lab import LOGIN_USER, Lab, LabNode
 from gpunode.model import DesiredState
+from lab import LOGIN_USER, Lab, LabNode
 
 from .conftest import ROOT, drift_report, run_pyinfra, ssh, write_inventory
 

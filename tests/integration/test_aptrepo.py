@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gpunode.lab import Lab, LabNode, aptrepo
-from gpunode.lab.standin import catalogue
+from lab import Lab, LabNode, aptrepo
+from lab.standin import catalogue
 from tests.integration.conftest import ssh
 
 pytestmark = pytest.mark.lab

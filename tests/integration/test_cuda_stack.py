@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from gpunode.lab import Lab, LabNode
+from lab import Lab, LabNode
 
 from .conftest import PYINFRA, ROOT, PyinfraRun, run_pyinfra, ssh, write_inventory
 

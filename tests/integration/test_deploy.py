@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from gpunode.lab import Lab, LabNode
+from lab import Lab, LabNode
 
 from .conftest import run_pyinfra, ssh, write_inventory
 

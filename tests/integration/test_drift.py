@@ -6,7 +6,6 @@ from __future__ import annotations
 import base64
 import datetime
 import json
-import os
 import shlex
 import subprocess
 import sys
@@ -20,10 +19,10 @@ from cryptography.hazmat.primitives import serialization
 
 from gpunode import pki
 from gpunode.expected.packages import TOOLKIT_PACKAGES
-from gpunode.lab import Lab, LabNode
 from gpunode.model import Tls
+from lab import Lab, LabNode
 
-from .conftest import ROOT, run_pyinfra, ssh, wait_for_ssh
+from .conftest import ROOT, lab_desired_state, run_pyinfra, ssh, wait_for_ssh
 
 pytestmark = pytest.mark.lab
 
@@ -72,9 +71,8 @@ def test_converged_fleet_has_no_drift(converged: list[LabNode]) -> None:
 
 def expire_soon(lab: Lab, node: LabNode) -> None:
     """Install a certificate from the lab CA on ``node`` with 5 days left."""
-    env = dict(os.environ)
-    pki.use_lab_ca(lab.state_dir, env)
-    authority = pki.open_ca(pki.ca_directory(env), pki.ca_passphrase(env), create=False)
+    tls = lab_desired_state().tls
+    authority = pki.certificate_authority(tls, create=False)
     assert authority is not None
     public_pem = sudo(lab, node, "openssl pkey -in /etc/gpunode/tls/node.key -pubout")
     public_key = serialization.load_pem_public_key(public_pem.encode())

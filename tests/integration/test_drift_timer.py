@@ -19,7 +19,7 @@ from pathlib import Path, PurePosixPath
 
 import pytest
 
-from gpunode.lab import LOGIN_USER, Lab, LabNode
+from lab import LOGIN_USER, Lab, LabNode
 
 from .conftest import ROOT, PyinfraRun, run_pyinfra, ssh, write_inventory
 

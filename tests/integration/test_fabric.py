@@ -26,8 +26,8 @@ from typing import Any
 
 import pytest
 
-from gpunode.lab import Lab, LabNode
 from gpunode.probe.parsers import SECTION_COMMANDS, parse_section
+from lab import Lab, LabNode
 from roles.nvme_cache import FILESYSTEM_LABEL
 
 from .conftest import ROOT, PyinfraRun, run_pyinfra, ssh, write_inventory

@@ -27,8 +27,8 @@ from typing import Any
 import pytest
 
 from facts.run_lock import NodeRunLock
-from gpunode.lab import Lab, LabNode
 from gpunode.reach import DEAD_AFTER_S, KEEPALIVE_S
+from lab import Lab, LabNode
 
 from .conftest import ROOT, PyinfraRun, run_pyinfra, ssh
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from gpunode.lab import Lab, LabNode
+from lab import Lab, LabNode
 
 from .conftest import run_pyinfra, ssh
 from .conftest import write_inventory as write_lab_inventory
@@ -91,6 +91,20 @@ def cutting_inventory(
     """SSH allowed from the second node only: the control machine would be shut out."""
     firewall = {"enabled": True, "admin_networks": [f"{nodes[1].address}/32"]}
     return write_inventory(tmp_path_factory.mktemp("fw") / "cut.py", lab, nodes[:1], firewall)
+
+
+@pytest.fixture(scope="module")
+def cutting_inventory_without_preflight(
+    lab: Lab, nodes: list[LabNode], tmp_path_factory: pytest.TempPathFactory
+) -> str:
+    """The same cut with the preflight off (as behind NAT), so the rollback guard must act."""
+    firewall = {
+        "enabled": True,
+        "admin_networks": [f"{nodes[1].address}/32"],
+        "ssh_preflight": False,
+        "rollback_after_s": ROLLBACK_AFTER_S,
+    }
+    return write_inventory(tmp_path_factory.mktemp("fw") / "cut-np.py", lab, nodes[:1], firewall)
 
 
 @pytest.fixture(scope="module")
@@ -217,15 +231,12 @@ def test_ruleset_that_cuts_ssh_is_rolled_back_and_the_run_fails_loudly(
     lab: Lab,
     inventory: str,
     converged: list[LabNode],
-    cutting_inventory: str,
-    monkeypatch: pytest.MonkeyPatch,
+    cutting_inventory_without_preflight: str,
 ) -> None:
     node = converged[0]
     before, sha_before = live_table(lab, node), persisted_sha256(lab, node)
-    # The preflight would refuse this ruleset; skip it so that the rollback guard is tested.
-    monkeypatch.setenv("GPUNODE_FIREWALL_SKIP_SSH_PREFLIGHT", "1")
-    monkeypatch.setenv("GPUNODE_FIREWALL_ROLLBACK_AFTER_S", str(ROLLBACK_AFTER_S))
-    cut = run_pyinfra(DEPLOY, inventory=cutting_inventory)
+    # The preflight would refuse this ruleset; it is off, so the rollback guard is tested.
+    cut = run_pyinfra(DEPLOY, inventory=cutting_inventory_without_preflight)
     assert cut.returncode != 0
     assert f"{node.name}: the new firewall ruleset would have cut SSH off" in cut.output
     assert "the previous ruleset was restored by the armed rollback" in cut.output
@@ -241,7 +252,6 @@ def test_ruleset_that_cuts_ssh_is_rolled_back_and_the_run_fails_loudly(
     refused = sudo(lab, node, "cat /var/lib/gpunode/firewall.candidate.nft")
     assert f"elements = {{ {converged[1].address}/32 }}" in refused
 
-    monkeypatch.delenv("GPUNODE_FIREWALL_SKIP_SSH_PREFLIGHT")
     again = run_pyinfra(DEPLOY, inventory=inventory)
     assert again.returncode == 0, again.output
     assert again.changed_operations() == {}, "the rollback restored everything"

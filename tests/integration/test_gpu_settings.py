@@ -20,8 +20,8 @@ from typing import Any
 
 import pytest
 
-from gpunode.lab import Lab, LabNode
-from gpunode.lab.hwsim.hwstate import DEFAULT_STATE_PATH
+from lab import Lab, LabNode
+from lab.hwsim.hwstate import DEFAULT_STATE_PATH
 
 from .conftest import ROOT, PyinfraRun, run_pyinfra, ssh, write_inventory
 

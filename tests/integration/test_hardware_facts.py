@@ -19,8 +19,8 @@ from pyinfra.api import Config, FactBase, Host, Inventory, State
 from pyinfra.api.connect import connect_all, disconnect_all
 
 from facts.hardware import GpuReport, InfinibandPorts, NvmeDevices
-from gpunode.lab import LOGIN_USER, Lab, LabNode
 from gpunode.probe.parsers import combined_command, parse_combined
+from lab import LOGIN_USER, Lab, LabNode
 
 from .conftest import ssh
 

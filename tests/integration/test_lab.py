@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from gpunode.lab import Lab, LabNode
+from lab import Lab, LabNode
 
 from .conftest import ssh
 
@@ -92,7 +92,7 @@ def test_a_second_lab_comes_up_and_goes_down_completely(tmp_path, lab_nodes) -> 
     assert ssh(scratch, node, "nvidia-smi -L").stdout.startswith("GPU 0: NVIDIA A10G")
     scratch.down(keep_image=True)
     client = scratch.client
-    assert client.containers.list(all=True, filters={"label": "gpunode.lab=gpunode-labtest"}) == []
+    assert client.containers.list(all=True, filters={"label": "lab=gpunode-labtest"}) == []
     assert client.networks.list(names=["gpunode-labtest"]) == []
     assert not (tmp_path / "lab").exists()
     # The shared fleet is untouched.

@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
-from gpunode.lab import Lab, LabNode, hwsim
-from gpunode.lab.standin import catalogue
+from lab import Lab, LabNode, hwsim
+from lab.standin import catalogue
 
 from .conftest import PyinfraRun, run_pyinfra, ssh, write_inventory
 

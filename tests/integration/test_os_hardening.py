@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from gpunode.lab import LOGIN_USER, Lab, LabNode
 from gpunode.model import UnattendedUpgrades
+from lab import LOGIN_USER, Lab, LabNode
 from roles.kernel import SYSCTL_PATH, parse_sysctl_conf, sysctl_values
 from roles.unattended_upgrades import CONFIG_PATH, blacklist_pattern
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gpunode.lab import Lab, LabNode
+from lab import Lab, LabNode
 
 from .conftest import drift_report, run_pyinfra, ssh, wait_for_ssh, write_inventory
 

@@ -21,8 +21,8 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from gpunode import pki
-from gpunode.lab import Lab, LabNode
 from gpunode.model import Tls
+from lab import Lab, LabNode
 from roles.tls import TRUST_LINK, TRUST_PATH
 
 from .conftest import ROOT, PyinfraRun, run_pyinfra, ssh

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gpunode.lab import Lab, LabNode
+from lab import Lab, LabNode
 
 from .conftest import ROOT, run_pyinfra, write_inventory
 

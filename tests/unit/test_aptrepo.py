@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gpunode.lab import aptrepo
-from gpunode.lab.standin import (
+from lab import aptrepo
+from lab.standin import (
     CONTAINER_TOOLKIT_VERSIONS,
     CUDA_REPO,
     DRIVER_VERSIONS,

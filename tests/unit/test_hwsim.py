@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from facts.gpu import GpuDevices
-from gpunode.lab.hwsim import (
+from lab.hwsim import (
     COMMANDS,
     DIVERTED_PATHS,
     NODE_LIBRARY,
@@ -27,8 +27,8 @@ from gpunode.lab.hwsim import (
     initial_state,
     node_files,
 )
-from gpunode.lab.hwsim.hwstate import DEFAULT_SHARE_DIR, DEFAULT_STATE_PATH, SHARE_ENV, STATE_ENV
-from gpunode.lab.hwsim.profiles import parse_ibstat
+from lab.hwsim.hwstate import DEFAULT_SHARE_DIR, DEFAULT_STATE_PATH, SHARE_ENV, STATE_ENV
+from lab.hwsim.profiles import parse_ibstat
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 H100_CAPTURE = FIXTURES / "nvidia-smi-capture/linux-x86_64__nvidia-h100-80gb-hbm3__590.48.01.txt"
@@ -761,3 +761,32 @@ def test_nvme_list_json_lists_present_drives(lab_node: Callable[..., LabNode]) -
     paths = [device["DevicePath"] for device in listing["Devices"]]
     assert "/dev/nvme2n1" not in paths
     assert len(paths) == 7
+
+
+# --- modinfo: the stand-in NVIDIA kernel module ------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("flavour", "license_text"), [("open", "Dual MIT/GPL"), ("proprietary", "NVIDIA")]
+)
+def test_modinfo_answers_for_the_installed_standin_module(
+    lab_node: Callable[..., LabNode], flavour: str, license_text: str
+) -> None:
+    node = lab_node("a100")
+    record = node.state_file.parent
+    (record / "installed-driver-version").write_text("570.195.03\n")
+    (record / "installed-kernel-module-flavour").write_text(f"{flavour}\n")
+    assert node.ok("modinfo", "-F", "version", "nvidia") == "570.195.03\n"
+    assert node.ok("modinfo", "-F", "license", "nvidia") == f"{license_text}\n"
+    listing = node.ok("modinfo", "nvidia")
+    assert re.search(r"^version: +570\.195\.03$", listing, re.MULTILINE), listing
+    assert node.ok("modinfo", "-F", "vermagic", "nvidia") == "", "an unknown field prints nothing"
+
+
+def test_modinfo_without_a_standin_driver_finds_no_nvidia_module(
+    lab_node: Callable[..., LabNode],
+) -> None:
+    node = lab_node("a100")
+    missing = node.run("modinfo", "-F", "version", "nvidia")
+    assert missing.returncode != 0 and missing.stdout == ""
+    assert "nvidia" in missing.stderr and "not found" in missing.stderr

@@ -13,6 +13,7 @@ those inside functions), so a lazy import counts as much as one at the top of a 
 from __future__ import annotations
 
 import ast
+import re
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -146,3 +147,51 @@ def test_every_way_of_importing_the_drift_package_is_seen(
 def test_a_neighbour_with_a_common_prefix_is_not_taken_for_the_package() -> None:
     names = set(imported_names("import rolesets\nfrom gpunode.drifting import x", "a.b"))
     assert not any(within(name, "roles") or within(name, "gpunode.drift") for name in names)
+
+
+# --- the lab is test equipment beside the product ----------------------------------------------
+
+PRODUCT_FOLDERS = ("roles", "facts", "deploys", "gpunode")
+# The lab's package, its node paths and commands, or the word itself: product code names none.
+NAMES_THE_LAB = re.compile(r"\blab\b|gpunode[-_]lab", re.IGNORECASE)
+
+
+def lab_mentions(path: Path) -> list[str]:
+    return [
+        f"{number}: {line.strip()}"
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if NAMES_THE_LAB.search(line)
+    ]
+
+
+@pytest.mark.parametrize("folder", PRODUCT_FOLDERS)
+def test_product_code_neither_imports_nor_names_the_lab(folder: str) -> None:
+    imports = offending(folder, "lab")
+    mentions = {
+        str(path.relative_to(ROOT)): found
+        for path in modules_under(folder)
+        if (found := lab_mentions(path))
+    }
+    assert imports == {} and mentions == {}, (imports, mentions)
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        'LAB_TOOL = "gpunode-lab-hw"',
+        "from lab import Lab",
+        "# on lab nodes the simulator stands in",
+        'STATE = "/var/lib/gpunode-lab/state"',
+        "import gpunode_lab",
+    ],
+)
+def test_every_way_of_naming_the_lab_is_seen(line: str, tmp_path: Path) -> None:
+    module = tmp_path / "module.py"
+    module.write_text(line + "\n")
+    assert lab_mentions(module)
+
+
+def test_words_that_merely_contain_lab_are_not_mentions(tmp_path: Path) -> None:
+    module = tmp_path / "module.py"
+    module.write_text("label = available = enable_table = collaborate = None\n")
+    assert lab_mentions(module) == []

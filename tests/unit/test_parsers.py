@@ -18,8 +18,6 @@ from typing import Any
 
 import pytest
 
-from gpunode.lab.hwsim import nvidia_smi, nvme, profiles
-from gpunode.lab.hwsim.hwstate import SHARE_ENV
 from gpunode.probe.parsers import (
     ABSENT_MARKER,
     EXIT_MARKER,
@@ -40,6 +38,8 @@ from gpunode.probe.parsers import (
     parse_xid_events,
     split_framed,
 )
+from lab.hwsim import nvidia_smi, nvme, profiles
+from lab.hwsim.hwstate import SHARE_ENV
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 XML = FIXTURES / "nvidia-smi-xml"

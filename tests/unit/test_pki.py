@@ -281,27 +281,36 @@ def test_ca_directory_defaults_to_the_users_data_directory() -> None:
     assert pki.ca_directory({"GPUNODE_CA_DIR": "/srv/ca"}) == Path("/srv/ca")
 
 
-def test_lab_default_ca_gets_a_generated_private_passphrase(tmp_path: Path) -> None:
-    env: dict[str, str] = {}
-    pki.use_lab_ca(tmp_path, env)
-    assert env["GPUNODE_CA_DIR"] == str(tmp_path / "ca")
-    passphrase_file = Path(env["GPUNODE_CA_PASSPHRASE_FILE"])
-    assert mode_of(passphrase_file) == 0o600
-    first = pki.ca_passphrase(env)
-    assert first is not None and len(first) >= 32
-    env_again: dict[str, str] = {}
-    pki.use_lab_ca(tmp_path, env_again)
-    assert pki.ca_passphrase(env_again) == first, "the passphrase file is made only once"
+def test_inventory_names_the_ca_and_the_environment_wins(tmp_path: Path) -> None:
+    configured = str(tmp_path / "inventory-ca")
+    assert pki.ca_directory({}, configured) == tmp_path / "inventory-ca"
+    assert pki.ca_directory({"GPUNODE_CA_DIR": "/srv/ca"}, configured) == Path("/srv/ca")
+    passphrase_file = tmp_path / "passphrase"
+    passphrase_file.write_text("from the inventory's file\n")
+    passphrase_file.chmod(0o600)
+    assert pki.ca_passphrase({}, str(passphrase_file)) == b"from the inventory's file"
+    direct = {"GPUNODE_CA_PASSPHRASE": "from the environment"}
+    assert pki.ca_passphrase(direct, str(passphrase_file)) == b"from the environment"
 
 
-def test_lab_default_leaves_an_operators_choice_alone(tmp_path: Path) -> None:
-    chosen = {"GPUNODE_CA_DIR": "/srv/ca"}
-    pki.use_lab_ca(tmp_path, chosen)
-    assert chosen == {"GPUNODE_CA_DIR": "/srv/ca"}
-    direct = {"GPUNODE_CA_PASSPHRASE": "x"}
-    pki.use_lab_ca(tmp_path, direct)
-    assert direct == {"GPUNODE_CA_PASSPHRASE": "x", "GPUNODE_CA_DIR": str(tmp_path / "ca")}
-    assert not (tmp_path / "passphrase").exists()
+def test_unreadable_inventory_passphrase_file_is_named_by_its_key(tmp_path: Path) -> None:
+    with pytest.raises(CaError, match=r"tls\.ca_passphrase_file=.*missing: cannot read it"):
+        pki.ca_passphrase({}, str(tmp_path / "missing"))
+
+
+def test_certificate_authority_opens_the_ca_the_inventory_names(tmp_path: Path) -> None:
+    passphrase_file = tmp_path / "passphrase"
+    passphrase_file.write_bytes(PASSPHRASE + b"\n")
+    passphrase_file.chmod(0o600)
+    tls = Tls(
+        enabled=True,
+        ca_directory=str(tmp_path / "ca"),
+        ca_passphrase_file=str(passphrase_file),
+    )
+    assert pki.certificate_authority(tls, create=False, env={}) is None, "nothing made on --dry"
+    created = pki.certificate_authority(tls, env={})
+    assert created is not None
+    assert sorted(path.name for path in (tmp_path / "ca").iterdir()) == ["ca.crt", "ca.key"]
 
 
 # --- names --------------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """The node-side probe: its sources (NVML, nvidia-smi), node checks, and the shipped command.
 
-``FakeNode`` answers ``nvidia-smi`` with the lab's hardware double (``gpunode.lab.hwsim``,
+``FakeNode`` answers ``nvidia-smi`` with the lab's hardware double (``lab.hwsim``,
 in-process) and everything else from canned output; ``FakeNvml`` answers NVML calls from
 the same simulated hardware, with pynvml's own constants, error classes and structures.
 The last tests pipe the real fact command through ``sh`` with the lab double on PATH.
@@ -26,11 +26,11 @@ from typing import Any
 
 import pytest
 
-from gpunode.lab.hwsim import COMMANDS, NODE_LIBRARY, node_files, nvidia_smi, profiles
-from gpunode.lab.hwsim.hwstate import DEFAULT_SHARE_DIR, DEFAULT_STATE_PATH, SHARE_ENV, STATE_ENV
 from gpunode.probe import gpu_probe
 from gpunode.probe.gpu_probe import Completed, System, collect
 from gpunode.probe.parsers import parse_section, probe_command
+from lab.hwsim import COMMANDS, NODE_LIBRARY, node_files, nvidia_smi, profiles
+from lab.hwsim.hwstate import DEFAULT_SHARE_DIR, DEFAULT_STATE_PATH, SHARE_ENV, STATE_ENV
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 NOW = datetime(2026, 11, 30, 12, 0, 0, tzinfo=timezone.utc)  # noqa: UP017
@@ -453,11 +453,12 @@ def test_installed_packages_agreeing_with_the_driver() -> None:
     assert (versions["mismatch"], versions["reason"]) == (False, "")
 
 
-def test_lab_stand_in_for_the_installed_package() -> None:
-    files = {gpu_probe.LAB_INSTALLED_VERSION_PATH: "580.95.05\n"}
-    versions = collect(FakeNode(hardware(), files), None, "-", None)["driver_versions"]
+def test_installed_package_other_than_the_answering_driver_is_a_mismatch() -> None:
+    dpkg = "nvidia-kernel-open-dkms\t580.95.05-1\tii \n"
+    node = FakeNode(hardware(), {}, {"dpkg-query": Completed(0, dpkg, "")})
+    versions = collect(node, None, "-", None)["driver_versions"]
     assert versions["installed_package"] == "580.95.05"
-    assert versions["installed_package_source"] == gpu_probe.LAB_INSTALLED_VERSION_PATH
+    assert versions["installed_package_source"] == "dpkg"
     assert versions["mismatch"] is True  # 590.48.01 answers, 580.95.05 is installed
 
 

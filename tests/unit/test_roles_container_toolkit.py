@@ -19,8 +19,8 @@ from facts.container_runtime import (
     parse_docker_config,
 )
 from facts.gpu import GpuDevices
-from gpunode.lab.standin import nvidia_ctk
 from gpunode.model import build_desired_state
+from lab.standin import nvidia_ctk
 from roles.container_toolkit import (
     CDI_GENERATE,
     REVERT_DEFAULT,

@@ -11,8 +11,8 @@ import pytest
 from pyinfra.api import DeployError, OperationError
 
 from facts.container_runtime import AptPackagePolicy, parse_apt_policy
-from gpunode.lab.standin import catalogue
 from gpunode.model import CUDA_MINIMUM_DRIVER, build_desired_state
+from lab.standin import catalogue
 from roles.cuda import (
     DRIVER_PULLING_PACKAGES,
     CudaToolkitSetup,

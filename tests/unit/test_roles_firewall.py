@@ -400,17 +400,6 @@ def test_access_that_never_comes_back_is_reported_with_the_way_out(
     assert "nft -f /var/lib/gpunode/firewall.previous.nft" in message
 
 
-def test_rollback_delay_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(role.ROLLBACK_ENV, raising=False)
-    assert role.rollback_delay_from_env() == 60
-    monkeypatch.setenv(role.ROLLBACK_ENV, "12")
-    assert role.rollback_delay_from_env() == 12
-    for bad in ("2", "ten"):
-        monkeypatch.setenv(role.ROLLBACK_ENV, bad)
-        with pytest.raises(OperationError, match="at least 5"):
-            role.rollback_delay_from_env()
-
-
 # --- disabled ---------------------------------------------------------------------------------
 
 

@@ -18,11 +18,11 @@ from facts.nvidia_packages import (
     parse_proc_version,
 )
 from gpunode.expected.packages import DriverPackages, driver_packages_for
-from gpunode.lab.hwsim import hwstate
 from gpunode.model import NvidiaDriver, build_desired_state
+from lab import REBOOT_COMMAND
+from lab.hwsim import hwstate
 from roles.nvidia_driver import (
     APT_INSTALL,
-    LAB_REBOOT,
     driver_left_alone,
     driver_packages,
     driver_reboot,
@@ -34,6 +34,9 @@ from roles.nvidia_driver import (
 )
 
 from .fakehost import commands_of, fake_host
+
+# The lab's reboot command, as its group data declares it (reboot.command).
+SIMULATED_REBOOT = " ".join(REBOOT_COMMAND)
 
 OPEN_550 = (
     "nvidia-open", "nvidia-kernel-open-dkms", "nvidia-driver", "nvidia-driver-cuda",
@@ -60,11 +63,12 @@ def node(
     loaded: str | None = "590.48.01",
     module: str | None = None,
     headers: str = "missing",
-    lab: bool = True,
 ) -> dict[str, Any]:
     """A NvidiaPackages fact value."""
-    loaded_module = {"version": loaded, "flavour": None, "source": "simulator"} if loaded else None
-    installed_module = {"version": module, "flavour": "open", "source": "lab"} if module else None
+    loaded_module = {"version": loaded, "flavour": None, "source": "nvidia-smi"} if loaded else None
+    installed_module = (
+        {"version": module, "flavour": "open", "source": "modinfo"} if module else None
+    )
     return {
         "packages": dict(installed or {}),
         "held": sorted(held),
@@ -78,7 +82,6 @@ def node(
             "candidate": "6.18.44-1" if headers == "available" else None,
             "build_dir": False,
         },
-        "lab_simulator": lab,
         "package_lists": True,
     }
 
@@ -150,23 +153,21 @@ def test_packages_fact_reads_holds_modules_kernel_and_headers() -> None:
         "candidate": "6.1.119-1",
         "build_dir": False,
     }
-    assert facts["lab_simulator"] is False and facts["package_lists"] is True
+    assert facts["package_lists"] is True
 
 
-def test_lab_node_reports_the_simulator_as_loaded_and_the_standin_record_as_installed() -> None:
+def test_nvidia_smi_stands_in_where_procfs_does_not_show_the_driver() -> None:
     facts = parse_nvidia_packages(
         [
             "@@loaded",
-            "simulator|590.48.01",
+            "nvidia-smi|590.48.01",
             "@@installed-module",
-            "lab|590.48.01|open",
+            "modinfo|590.48.01|Dual MIT/GPL",
             "@@kernel",
             "6.18.44-fc-v857",
             "@@headers",
             "status|",
             "candidate|(none)",
-            "@@lab",
-            "/usr/local/sbin/gpunode-lab-hw",
             "@@lists",
             "0",
         ]
@@ -174,11 +175,22 @@ def test_lab_node_reports_the_simulator_as_loaded_and_the_standin_record_as_inst
     assert facts["loaded_module"] == {
         "version": "590.48.01",
         "flavour": None,
-        "source": "simulator",
+        "source": "nvidia-smi",
+    }
+    assert facts["installed_module"] == {
+        "version": "590.48.01",
+        "flavour": "open",
+        "source": "modinfo",
     }
     assert facts["reboot_required"] is False
     assert facts["headers"]["installed"] is False and facts["headers"]["candidate"] is None
-    assert facts["lab_simulator"] is True and facts["package_lists"] is False
+    assert facts["package_lists"] is False
+
+
+def test_nvidia_smi_without_a_driver_to_talk_to_means_none_is_loaded() -> None:
+    failed = "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver."
+    facts = parse_nvidia_packages(["@@loaded", f"nvidia-smi|{failed}", "@@kernel", "6.1.0-28"])
+    assert facts["loaded_module"] is None
 
 
 def test_a_flavour_change_alone_needs_a_reboot_and_no_module_needs_none() -> None:
@@ -589,22 +601,23 @@ def test_reboot_required_is_reported_and_never_performed_with_never() -> None:
     commands, noops = commands_of(driver_reboot, {NvidiaPackages: facts}, policy="never")
     assert commands == []
     assert noops == [
-        "reboot required: loaded NVIDIA kernel module 590.48.01 (GPU simulator), installed "
-        "550.127.08",
+        "reboot required: loaded NVIDIA kernel module 590.48.01, installed 550.127.08",
         "not rebooting: nvidia_driver.reboot is 'never'",
     ]
 
 
-def test_lab_node_reboots_the_gpu_simulator() -> None:
+def test_a_declared_reboot_command_performs_the_reboot_instead() -> None:
     facts = node(installed=at("550.127.08-1"), module="550.127.08", loaded="590.48.01")
-    commands, _ = commands_of(driver_reboot, {NvidiaPackages: facts}, policy="if-needed")
-    assert commands == [LAB_REBOOT]
+    commands, _ = commands_of(
+        driver_reboot, {NvidiaPackages: facts}, policy="if-needed", reboot_command=REBOOT_COMMAND
+    )
+    assert commands == [SIMULATED_REBOOT]
 
 
 def test_real_host_reboots_and_waits_for_it() -> None:
-    facts = node(installed=at("550.127.08-1"), module="550.127.08", loaded="535.54.03", lab=False)
+    facts = node(installed=at("550.127.08-1"), module="550.127.08", loaded="535.54.03")
     commands, noops = commands_of(driver_reboot, {NvidiaPackages: facts}, policy="if-needed")
-    assert LAB_REBOOT not in commands
+    assert SIMULATED_REBOOT not in commands
     assert "( sleep 1 && reboot ) </dev/null >/dev/null 2>&1 &" in commands
     assert noops[0] == (
         "reboot required: loaded NVIDIA kernel module 535.54.03, installed 550.127.08"
@@ -620,8 +633,9 @@ def test_pending_install_predicts_the_reboot() -> None:
         policy="if-needed",
         install_pending=True,
         pending_version="550.144.03-1",
+        reboot_command=REBOOT_COMMAND,
     )
-    assert commands == [LAB_REBOOT]
+    assert commands == [SIMULATED_REBOOT]
     # Installing the version that is already loaded needs none.
     commands, _ = commands_of(
         driver_reboot,
@@ -637,9 +651,9 @@ def test_pending_branch_install_counts_the_installed_module_only_inside_the_bran
     old_branch = node(installed=at("550.144.03-1"), module="550.144.03", loaded="550.144.03")
     commands, _ = commands_of(
         driver_reboot, {NvidiaPackages: old_branch}, policy="if-needed",
-        install_pending=True, branch="570",
+        install_pending=True, branch="570", reboot_command=REBOOT_COMMAND,
     )  # fmt: skip
-    assert commands == [LAB_REBOOT]
+    assert commands == [SIMULATED_REBOOT]
     new_branch = node(installed=at("570.195.03-1"), module="570.195.03", loaded="570.195.03")
     commands, _ = commands_of(
         driver_reboot, {NvidiaPackages: new_branch}, policy="if-needed",

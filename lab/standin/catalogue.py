@@ -636,7 +636,7 @@ def _with_readme(package: StandinPackage) -> StandinPackage:
     readme = PackageFile(
         f"/usr/share/doc/{package.name}/README.gpunode-lab",
         f"{package.name} {package.version}: gpunode lab stand-in for the NVIDIA package of that\n"
-        "name and version. Built by gpunode.lab.aptrepo; for lab nodes only.\n",
+        "name and version. Built by lab.aptrepo; for lab nodes only.\n",
     )
     return replace(package, files=(*package.files, readme))
 

@@ -1,7 +1,7 @@
 """A local, signed apt repository of stand-in NVIDIA packages, for lab nodes.
 
 NVIDIA's repositories cannot be reached from the lab (as on an air-gapped site), so the lab host
-serves its own copies of both: the stand-in packages of ``gpunode.lab.standin`` (real names,
+serves its own copies of both: the stand-in packages of ``lab.standin`` (real names,
 versions and dependencies; tiny contents), laid out and signed the way NVIDIA publishes them:
 
 - ``cuda/debian12/x86_64/``: a flat repository like
@@ -27,7 +27,7 @@ every request it answers, so tests can prove which URLs apt fetched.
 
 Usage, from a test or from ``gpunode lab`` (the lab host is the bridge gateway, 10.213.N.1)::
 
-    from gpunode.lab import Lab, aptrepo
+    from lab import Lab, aptrepo
 
     lab = Lab()
     repo = aptrepo.build_repository(lab.state_dir / "aptrepo")     # seconds once, then cached
@@ -64,7 +64,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from gpunode.lab.standin import (
+from lab.standin import (
     CUDA_REPO,
     LIBNVIDIA_CONTAINER_REPO,
     StandinPackage,
@@ -572,11 +572,11 @@ def _handler_class(directory: Path, record: Any) -> type[http.server.SimpleHTTPR
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m gpunode.lab.aptrepo DIRECTORY BIND_ADDRESS [PORT]``: build, then serve
+    """``python -m lab.aptrepo DIRECTORY BIND_ADDRESS [PORT]``: build, then serve
     in the foreground (the lab starts this detached, one per lab bridge)."""
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m gpunode.lab.aptrepo")
+    parser = argparse.ArgumentParser(prog="python -m lab.aptrepo")
     parser.add_argument("directory", type=Path)
     parser.add_argument("bind_address")
     parser.add_argument("port", type=int, nargs="?", default=DEFAULT_PORT)

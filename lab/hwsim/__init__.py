@@ -10,7 +10,8 @@ settings for real and tests inject drift with ``gpunode-lab-hw``. Only lab nodes
 - ``/usr/local/lib/gpunode-lab/gpunode_lab_hw/``: the node-side modules (stdlib only, run by the
   node's ``/usr/bin/python3``): ``hwstate``, ``nvidia_smi``, ``ibstat``, ``nvme``, ``hwctl``;
 - ``/usr/bin/nvidia-smi``, ``/usr/sbin/ibstat``, ``/usr/sbin/nvme``,
-  ``/usr/local/sbin/gpunode-lab-hw``: shell wrappers running those modules;
+  ``/usr/local/sbin/gpunode-lab-hw``, ``/usr/local/sbin/modinfo``: shell wrappers running
+  those modules;
 - ``/usr/local/share/gpunode-lab/``: the captured outputs used as templates;
 - ``/var/lib/gpunode-lab/hardware.json``: the hardware state (``profiles.initial_state``).
 
@@ -31,14 +32,16 @@ DIVERTED_PATHS = ("/usr/bin/nvidia-smi", "/usr/sbin/ibstat", "/usr/sbin/nvme")
 
 NODE_LIBRARY = "/usr/local/lib/gpunode-lab"
 NODE_PACKAGE = "gpunode_lab_hw"
-NODE_MODULES = ("hwstate", "nvidia_smi", "ibstat", "nvme", "hwctl")
+NODE_MODULES = ("hwstate", "nvidia_smi", "ibstat", "nvme", "hwctl", "modinfo")
 COMMANDS = {
     "/usr/bin/nvidia-smi": "nvidia_smi",
     "/usr/sbin/ibstat": "ibstat",
     "/usr/sbin/nvme": "nvme",
     "/usr/local/sbin/gpunode-lab-hw": "hwctl",
+    # Ahead of the real one in PATH: answers for the stand-in NVIDIA module only.
+    "/usr/local/sbin/modinfo": "modinfo",
 }
-FIXTURES = Path(__file__).resolve().parents[3] / "tests" / "fixtures"
+FIXTURES = Path(__file__).resolve().parents[2] / "tests" / "fixtures"
 TEMPLATES = (
     "nvidia-smi-xml/a100-sxm4-v12.xml",
     "nvidia-smi-xml/a10g.xml",
@@ -51,7 +54,7 @@ def node_files(profile: str, hostname: str) -> dict[str, tuple[bytes, int]]:
     package = f"{NODE_LIBRARY}/{NODE_PACKAGE}"
     files = {
         f"{package}/__init__.py": (
-            b'"""gpunode lab hardware doubles, installed from gpunode.lab.hwsim."""\n',
+            b'"""gpunode lab hardware doubles, installed from lab.hwsim."""\n',
             0o644,
         )
     }
@@ -74,7 +77,7 @@ def _wrapper(command: str, module: str) -> bytes:
     # -P: the caller's working directory must not shadow the package.
     return (
         "#!/bin/sh\n"
-        f"# gpunode lab double of {Path(command).name}, from gpunode.lab.hwsim.\n"
+        f"# gpunode lab double of {Path(command).name}, from lab.hwsim.\n"
         f"exec /usr/bin/env PYTHONPATH={NODE_LIBRARY} "
         f'/usr/bin/python3 -P -m {NODE_PACKAGE}.{module} "$@"\n'
     ).encode()

@@ -1,4 +1,4 @@
-"""Stand-in NVIDIA packages for the lab's local apt repositories (``gpunode.lab.aptrepo``).
+"""Stand-in NVIDIA packages for the lab's local apt repositories (``lab.aptrepo``).
 
 Each stand-in carries the real package name, version and dependency structure of NVIDIA's
 Debian 12 CUDA repository or of the libnvidia-container repository, and ships only tiny

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-IBSTAT_CAPTURES = Path(__file__).resolve().parents[3] / "tests" / "fixtures" / "ibstat"
+IBSTAT_CAPTURES = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "ibstat"
 
 
 @dataclass(frozen=True)

@@ -88,7 +88,7 @@ def reset_gpu(gpu: State) -> None:
         gpu["ecc_errors"]["volatile"][counter] = 0
 
 
-# Written by the lab's stand-in NVIDIA kernel module packages (gpunode.lab.standin.catalogue,
+# Written by the lab's stand-in NVIDIA kernel module packages (lab.standin.catalogue,
 # INSTALLED_DRIVER_VERSION_PATH), beside the state file: the driver a reboot loads.
 INSTALLED_DRIVER_VERSION_FILE = "installed-driver-version"
 

@@ -5,7 +5,7 @@ packages (mmdebstrap; no registry is reachable). Each container has its own netw
 namespace on a dedicated bridge, sshd with key authentication and a cloud-image style
 ``debian`` user with passwordless sudo: pyinfra and testinfra reach it exactly as they reach a
 production node. Hardware that does not exist here (GPUs, HCAs, NVMe) is simulated by the
-doubles in ``gpunode.lab.hwsim``; they are only ever placed on lab nodes.
+doubles in ``lab.hwsim``; they are only ever placed on lab nodes.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import hashlib
 import io
 import json
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -29,14 +30,17 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from gpunode.lab import hwsim
+from lab import hwsim
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-LABEL = "gpunode.lab"
+REPO_ROOT = Path(__file__).resolve().parents[1]
+LABEL = "lab"
 DEFAULT_NAME = "gpunode-lab"
 FIRST_NODE_OCTET = 11
 IMAGE_REPOSITORY = "gpunode-lab/debian12"
 LOGIN_USER = "debian"
+# How a lab node "reboots" for a driver change (nvidia_driver.reboot_command): the GPU
+# simulator loads the installed stand-in driver; the container itself stays up.
+REBOOT_COMMAND = ("gpunode-lab-hw", "reboot")
 DEFAULT_PROFILES = ("hgx-h100", "a100", "pcie-a10g")
 BOOT_TIMEOUT_S = 120
 # Scratch disks (opt-in): sparse files on the lab host, attached to host loop devices and
@@ -199,6 +203,26 @@ class Lab:
         return self.state_dir / "known_hosts"
 
     @property
+    def ca_dir(self) -> Path:
+        """The lab's internal CA (``tls.ca_directory`` in the lab's group data)."""
+        return self.state_dir / "ca"
+
+    def ca_passphrase_file(self) -> Path:
+        """The lab CA's passphrase file (``tls.ca_passphrase_file``), made once, mode 0600.
+
+        A generated passphrase: nobody types it, and it never leaves the lab's directory.
+        """
+        path = self.state_dir / "passphrase"
+        if not path.exists():
+            self.state_dir.mkdir(parents=True, exist_ok=True)
+            # O_EXCL: a concurrent run may have made it first; then theirs is used.
+            with contextlib.suppress(FileExistsError):
+                descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+                with os.fdopen(descriptor, "w") as handle:
+                    handle.write(secrets.token_urlsafe(32) + "\n")
+        return path
+
+    @property
     def nodes_path(self) -> Path:
         return self.state_dir / "nodes.json"
 
@@ -212,7 +236,7 @@ class Lab:
 
     @property
     def repo_base_url(self) -> str:
-        from gpunode.lab.aptrepo import DEFAULT_PORT
+        from lab.aptrepo import DEFAULT_PORT
 
         return f"http://{self.gateway}:{DEFAULT_PORT}"
 
@@ -307,7 +331,7 @@ class Lab:
         Nodes reach it as an air-gapped site reaches its mirror; NVIDIA's own hosts are
         never needed.
         """
-        from gpunode.lab import aptrepo
+        from lab import aptrepo
 
         if self._repo_server_running():
             return
@@ -315,7 +339,7 @@ class Lab:
         aptrepo.build_repository(self.repo_dir)
         log = (self.state_dir / "aptrepo-server.log").open("ab")
         process = subprocess.Popen(
-            [sys.executable, "-m", "gpunode.lab.aptrepo", str(self.repo_dir), self.gateway],
+            [sys.executable, "-m", "lab.aptrepo", str(self.repo_dir), self.gateway],
             stdout=log,
             stderr=log,
             stdin=subprocess.DEVNULL,
@@ -330,7 +354,7 @@ class Lab:
         self._wait_listening(aptrepo.DEFAULT_PORT, "the lab apt repository server", exited)
 
     def _repo_server_running(self) -> bool:
-        return self._process_running(self.repo_pid_path, "gpunode.lab.aptrepo")
+        return self._process_running(self.repo_pid_path, "lab.aptrepo")
 
     def _refuse_if_served(self, port: int) -> None:
         """A lab service's port on the gateway must be free before the lab starts its own."""
@@ -537,7 +561,7 @@ class Lab:
         self._wait_booted(container, node)
 
     def _refresh_simulator(self, node: LabNode) -> None:
-        from gpunode.lab.hwsim import hwstate
+        from lab.hwsim import hwstate
 
         programs = {
             path: entry

@@ -1,0 +1,87 @@
+"""``gpunode lab up/down/status``: the lab's commands, plugged into gpunode's command line.
+
+gpunode's CLI knows no lab: it loads every ``gpunode.commands`` entry point (pyproject.toml
+registers this module's ``register``), and each adds its own sub-command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from lab import DEFAULT_PROFILES, SCRATCH_DISK_MIB, Lab, LabError
+
+
+def cmd_lab_up(args: argparse.Namespace) -> int:
+    lab = Lab()
+    nodes = lab.up(
+        args.nodes,
+        args.profiles.split(","),
+        scratch_disks=args.scratch_disks,
+        scratch_disk_mib=args.scratch_disk_mib,
+    )
+    print(f"{'node':<8} {'address':<14} {'profile':<10} {'boot s':>7} {'RAM MiB':>8}")
+    for node in nodes:
+        print(
+            f"{node.name:<8} {node.address:<14} {node.profile:<10} "
+            f"{node.boot_s:>7.2f} {node.memory_mib:>8.1f}"
+        )
+    if args.scratch_disks:
+        disks = ", ".join(f"/dev/nvme{index}n1" for index in range(args.scratch_disks))
+        print(f"scratch disks on every node: {disks} ({args.scratch_disk_mib} MiB each)")
+    print(f"ssh -i {lab.key_path} -o UserKnownHostsFile={lab.known_hosts_path} debian@ADDRESS")
+    return 0
+
+
+def cmd_lab_down(args: argparse.Namespace) -> int:
+    Lab().down(keep_image=args.keep_image)
+    print("lab removed")
+    return 0
+
+
+def cmd_lab_status(_: argparse.Namespace) -> int:
+    lab = Lab()
+    for node in lab.nodes():
+        print(f"{node.name:<8} {node.address:<14} {node.profile}")
+    return 0
+
+
+def reporting_lab_errors(command: Any) -> Any:
+    def run(args: argparse.Namespace) -> int:
+        try:
+            return int(command(args))
+        except LabError as error:
+            print(f"gpunode lab: {error}", file=sys.stderr)
+            return 2
+
+    return run
+
+
+def register(commands: Any) -> None:
+    """Add ``lab`` to gpunode's sub-commands (``commands``: argparse's sub-parsers)."""
+    lab = commands.add_parser("lab", help="local fleet of Debian 12 lab nodes")
+    lab_commands = lab.add_subparsers(dest="lab_command", required=True)
+    up = lab_commands.add_parser("up", help="bring up N nodes (keeps running ones)")
+    up.add_argument("--nodes", type=int, default=2)
+    up.add_argument(
+        "--profiles",
+        default=",".join(DEFAULT_PROFILES),
+        help="hardware profiles, assigned to nodes in turn",
+    )
+    up.add_argument(
+        "--scratch-disks",
+        type=int,
+        default=0,
+        metavar="N",
+        help="give every node N loop-device disks as /dev/nvme0n1.. (for the NVMe cache)",
+    )
+    up.add_argument(
+        "--scratch-disk-mib", type=int, default=SCRATCH_DISK_MIB, help="size of each scratch disk"
+    )
+    up.set_defaults(func=reporting_lab_errors(cmd_lab_up))
+    down = lab_commands.add_parser("down", help="remove everything the lab made")
+    down.add_argument("--keep-image", action="store_true")
+    down.set_defaults(func=reporting_lab_errors(cmd_lab_down))
+    status = lab_commands.add_parser("status", help="list lab nodes")
+    status.set_defaults(func=reporting_lab_errors(cmd_lab_status))
