@@ -4,7 +4,8 @@
   changes nothing on it, and finishes the others. A holder the control host knows is dead
   (its process is gone) is broken instead of waited out.
 - A node that stops answering mid-run (its network cut while a command runs on it): that
-  host fails within a minute, named in the output; the other finishes; exit code 1.
+  host fails while the node is still silent (dead-peer detection gives it up; it does not
+  wait for the node to answer again), named in the output; the other finishes; exit code 1.
 - A package mirror the node cannot reach: a clear error naming the mirror and the reason,
   before the node's sources, lists or packages are touched.
 - A node whose own state stops one of its operations mid-run (a docker configuration that is
@@ -16,18 +17,18 @@ of a driver change) run on a lab of their own in test_fault_drills_fresh.py.
 
 from __future__ import annotations
 
+import json
+import re
 import runpy
 import shlex
 import socket
 import subprocess
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from facts.run_lock import NodeRunLock
-from gpunode.reach import DEAD_AFTER_S, KEEPALIVE_S
+from facts.run_lock import OWNER_PATH, WAIT_S, NodeRunLock
 from lab import Lab, LabNode
 
 from .conftest import ROOT, PyinfraRun, run_pyinfra, ssh
@@ -52,12 +53,50 @@ def sudo(lab: Lab, node: LabNode, command: str) -> str:
     return result.stdout
 
 
-def hold_lock(lab: Lab, node: LabNode, owner: str, seconds: int) -> subprocess.Popen:
+# What the holder session does once it holds the lock, as root on the node: it watches for
+# the run's lock request (a flock waiting on the lock file; anchored, so that this watcher's
+# own command line, which holds the same words, is not taken for it) and reports on its
+# stdout, one line per event, what it saw while it still held the lock.
+_WAITER = f"^flock -w {WAIT_S} 9$"
+_SEE_WAITER = f"""
+for i in $(seq 3000); do
+  waiter=$(pgrep -f {shlex.quote(_WAITER)} | head -1)
+  [ -n "$waiter" ] && break
+  sleep 0.1
+done
+echo "waiter=${{waiter:-none}}"
+"""
+WATCHER_NAME = "gpunode-drill-watch"
+WATCH = {
+    # Let go the moment the run waits for the lock: the holder session ends with the script.
+    "release-when-waited": _SEE_WAITER + f'echo "owner-at-release=$(cat {OWNER_PATH})"\n',
+    # Keep it, and say once the run has given up waiting while it was still held.
+    "keep": _SEE_WAITER
+    + f"""
+while [ -n "$waiter" ] && [ -d /proc/$waiter ]; do sleep 0.1; done
+echo "waiter-gave-up-while-held-by=$(cat {OWNER_PATH})"
+sleep 600
+""",
+    # Keep it, and say who holds it once someone else's name is on it.
+    "until-broken": _SEE_WAITER
+    + f"""
+while owner=$(cat {OWNER_PATH} 2>/dev/null); [ -z "$owner" ] || [ "$owner" = "$1" ]; do
+  sleep 0.1
+done
+echo "owner-while-held=$owner"
+sleep 600
+""",
+}
+
+
+def hold_lock(lab: Lab, node: LabNode, owner: str, watch: str) -> subprocess.Popen:
     """Take the node's run lock from an SSH session of our own, as another run would, and
-    keep the session (so the lock) for ``seconds``."""
+    keep the session (so the lock) while the ``WATCH[watch]`` script runs in it."""
     command = NodeRunLock().command(owner=owner)
+    script = f"sh -c {shlex.quote(WATCH[watch])} {WATCHER_NAME} {shlex.quote(owner)}"
     holder = subprocess.Popen(
-        [*ssh_command(lab, node), f"sudo sh -c {shlex.quote(command)}; sleep {seconds}"],
+        [*ssh_command(lab, node),
+         f"sudo sh -c {shlex.quote(command)}; sudo {script}"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     assert holder.stdout is not None
@@ -66,19 +105,23 @@ def hold_lock(lab: Lab, node: LabNode, owner: str, seconds: int) -> subprocess.P
 
 
 def run_while_held(
-    lab: Lab, node: LabNode, holder: str, seconds: int, before: str | None = None
-) -> tuple[PyinfraRun, float]:
-    """The deploy run (and its wall time) while another "run" holds ``node``'s lock for
-    ``seconds``; ``before`` runs on the node once the lock is held."""
-    session = hold_lock(lab, node, holder, seconds)
+    lab: Lab, node: LabNode, holder: str, watch: str, before: str | None = None
+) -> tuple[PyinfraRun, dict[str, str]]:
+    """The deploy run while another "run" holds ``node``'s lock, and what that holder saw
+    (event -> value, from its report lines); ``before`` runs on the node once the lock is
+    held."""
+    session = hold_lock(lab, node, holder, watch)
     try:
         if before:
             sudo(lab, node, before)
-        started = time.monotonic()
         run = run_pyinfra(DEPLOY)
-        return run, time.monotonic() - started
     finally:
         session.kill()
+        # The node may not have noticed the closed session yet: its watcher goes too.
+        sudo(lab, node, f"pkill -f '[{WATCHER_NAME[0]}]{WATCHER_NAME[1:]}' || true")
+    report, _ = session.communicate(timeout=60)
+    seen = dict(line.split("=", 1) for line in report.splitlines() if "=" in line)
+    return run, seen
 
 
 def error_lines(run: PyinfraRun, node: str) -> str:
@@ -101,12 +144,14 @@ def test_a_node_held_by_another_run_is_refused_untouched_and_the_others_converge
     lab_1, _ = converged
     other_run = "ops@other-control pid 4242 since 2026-11-30T12:00:00Z (deploys/gpu_node.py)"
     # rm: drift this run would repair, were it let in.
-    run, waited = run_while_held(lab, lab_1, other_run, 120, before="rm /etc/nccl.conf")
+    run, seen = run_while_held(lab, lab_1, other_run, "keep", before="rm /etc/nccl.conf")
     assert run.returncode == 1, run.output
     assert f"lab-1: another gpunode run holds this node: {other_run} (waited 10 s)" in run.output
     assert "Nothing was changed on it by this run" in run.output
     assert "gpunode: 1 of 2 host(s) failed: lab-1 (at Run lock held)" in run.output
-    assert waited >= 10
+    # The run asked for the lock and waited on it, and gave up while the other still held it.
+    assert seen["waiter"] != "none", seen
+    assert seen["waiter-gave-up-while-held-by"] == other_run, seen
     assert run.changed_operations() == {}  # lab-2 converged already; lab-1 was not touched
     assert sudo(lab, lab_1, "test -e /etc/nccl.conf && echo present || echo absent").strip() == (
         "absent"
@@ -120,9 +165,13 @@ def test_a_node_held_by_another_run_is_refused_untouched_and_the_others_converge
 def test_a_run_waits_for_one_that_is_about_to_finish(lab: Lab, converged: list[LabNode]) -> None:
     lab_1, _ = converged
     holder = "ops@other-control pid 4242 since 2026-11-30T12:00:00Z"
-    run, elapsed = run_while_held(lab, lab_1, holder, seconds=4)
+    run, seen = run_while_held(lab, lab_1, holder, "release-when-waited")
     assert run.returncode == 0, run.output
-    assert elapsed >= 3  # it waited for the lock rather than refusing or interleaving
+    # The holder let go only once the run was waiting for the lock, and the lock was still the
+    # holder's then: the run waited for it rather than refusing or interleaving, and got it.
+    assert seen["waiter"] != "none", seen
+    assert seen["owner-at-release"] == holder, seen
+    assert "another gpunode run holds this node" not in run.output, run.output
     assert run.changed_operations() == {}
 
 
@@ -134,11 +183,15 @@ def test_the_lock_of_a_run_this_control_host_knows_is_dead_is_broken(
     gone.wait()
     # The connection of a killed run that the node has not noticed yet (network cut, say).
     dead_run = f"root@{socket.gethostname()} pid {gone.pid} since 2026-11-30T12:00:00Z (x.py)"
-    run, _ = run_while_held(lab, lab_1, dead_run, seconds=120)
-    # The dead run's holder keeps the lock for 120 s, far past the 10 s a run waits: a run
-    # that got in broke the lock instead of waiting it out and refusing.
+    run, seen = run_while_held(lab, lab_1, dead_run, "until-broken")
+    # The dead run's session never lets go: a run that got in broke the lock instead of
+    # waiting it out and refusing. It waited once, then broke the lock, and took it itself
+    # while the dead run's session was still there.
     assert run.returncode == 0, run.output
     assert "another gpunode run holds this node" not in run.output, run.output
+    assert seen["waiter"] != "none", seen
+    this_control_host = rf"\S+@{re.escape(socket.gethostname())} pid \d+ since \S+ \(.*{DEPLOY}\)"
+    assert re.fullmatch(this_control_host, seen.get("owner-while-held", "")), seen
     assert run.changed_operations() == {}
 
 
@@ -155,6 +208,15 @@ def set_link(lab: Lab, node: LabNode, state: str) -> None:
         subprocess.run([*netns, "route", "replace", "default", "via", lab.gateway], check=True)
 
 
+def link_is_up(lab: Lab, node: LabNode) -> bool:
+    pid = lab.client.containers.get(node.container).attrs["State"]["Pid"]
+    shown = subprocess.run(
+        ["nsenter", f"--net=/proc/{pid}/ns/net", "ip", "-j", "link", "show", "eth0"],
+        check=True, capture_output=True, text=True,
+    )  # fmt: skip
+    return "UP" in json.loads(shown.stdout)[0]["flags"]
+
+
 def test_a_node_that_stops_answering_mid_run_fails_alone_and_is_named(
     lab: Lab, converged: list[LabNode]
 ) -> None:
@@ -169,16 +231,18 @@ def test_a_node_that_stops_answering_mid_run_fails_alone_and_is_named(
         "chmod 755 /usr/local/bin/nvidia-smi",
     )  # fmt: skip
     try:
-        started = time.monotonic()
         run = run_pyinfra(DEPLOY)
-        elapsed = time.monotonic() - started
+        # Nothing brings the link back but this test, after the run: a run that ended with it
+        # down gave the node up while it was silent. Without dead-peer detection a read on
+        # the cut connection waits for TCP (no data in flight: for ever), and the run with it.
+        cut_when_the_run_ended = not link_is_up(lab, lab_2)
     finally:
         set_link(lab, lab_2, "up")
+        wrapper_left = sudo(lab, lab_2, "test -e /usr/local/bin/nvidia-smi && echo yes || true")
         sudo(lab, lab_2, "rm -f /usr/local/bin/nvidia-smi")
+    assert wrapper_left.strip() == "", "the run never read lab-2's GPUs: the link was not cut"
+    assert cut_when_the_run_ended, run.output
     assert run.returncode == 1, run.output
-    # Without dead-peer detection TCP retransmits for some 15 minutes; with it the node is
-    # given up within DEAD_AFTER_S of silence (a minute of margin for a loaded machine).
-    assert elapsed < DEAD_AFTER_S + KEEPALIVE_S + 60, run.output
     named = error_lines(run, "lab-2")
     assert "Error" in named or "error" in named, run.output
     assert not error_lines(run, "lab-1").count("Error"), run.output
@@ -277,7 +341,10 @@ def test_a_node_whose_operation_refuses_mid_run_fails_alone_and_the_others_conve
 
 
 def test_drills_leave_no_holder_behind(lab: Lab, converged: list[LabNode]) -> None:
-    time.sleep(1)  # a holder notices its closed connection within half a second
+    # A holder notices its closed connection within half a second: wait for that (bounded,
+    # so a holder that stays fails here), then none may be left.
+    holder = "pgrep -f '[g]punode-run-lock'"
+    left = f"for i in $(seq 100); do {holder} >/dev/null || exit 0; sleep 0.1; done; {holder}"
     for node in converged:
-        holders = sudo(lab, node, "pgrep -f '[g]punode-run-lock' || true").split()
+        holders = sudo(lab, node, left + "; true").split()
         assert holders == [], node.name

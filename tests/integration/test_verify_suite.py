@@ -2,45 +2,115 @@
 
 from __future__ import annotations
 
+import shlex
 import subprocess
 import sys
 import xml.etree.ElementTree as ElementTree
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from lab import Lab, LabNode
 
-from .conftest import ROOT, run_pyinfra, write_inventory
+from .conftest import ROOT, run_pyinfra, ssh, write_inventory
 
 pytestmark = pytest.mark.lab
 
+# The NVIDIA checks every converged lab node must pass (not skip): the lab inventory declares
+# the driver, CUDA, docker, Fabric Manager (NVSwitch profiles), DCGM and GPU settings.
+NVIDIA_CHECKS = (
+    "test_driver_loaded_is_the_pinned_release",
+    "test_driver_packages_installed_at_the_pin_and_held",
+    "test_persistence_daemon_as_declared",
+    "test_each_declared_cuda_toolkit_is_installed_held_and_runs",
+    "test_the_default_cuda_is_behind_usr_local_cuda_and_on_path",
+    "test_container_toolkit_installed_at_the_pin_and_held",
+    "test_docker_has_the_nvidia_runtime_as_declared",
+    "test_cdi_spec_names_every_gpu",
+    "test_fabric_manager_runs_where_nvswitches_are_expected",
+    "test_dcgm_host_engine_runs_where_declared",
+    "test_the_declared_gpus_are_seen",
+    "test_gpu_persistence_mode_as_declared",
+)
 
-def run_verify(inventory: str, junit: Path) -> tuple[int, set[str], int]:
-    """(exit code, failed test ids, tests run) of the verify suite against an inventory."""
+
+@dataclass
+class VerifyRun:
+    code: int
+    output: str
+    passed: set[str]
+    failed: set[str]
+
+    @property
+    def total(self) -> int:
+        return len(self.passed) + len(self.failed)
+
+
+def run_verify(inventory: str, junit: Path, *args: str, tests: str = "tests/verify") -> VerifyRun:
+    """The verify suite (or one file of it) against an inventory: exit code, output and the
+    ids of the tests that passed and failed (skipped ones are neither)."""
     result = subprocess.run(
-        [sys.executable, "-m", "pytest", "tests/verify", "--inventory", inventory,
-         f"--junitxml={junit}", "-q", "-p", "no:cacheprovider"],
+        [sys.executable, "-m", "pytest", tests, "--inventory", inventory,
+         f"--junitxml={junit}", "-q", "-p", "no:cacheprovider", *args],
         cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=600,
     )  # fmt: skip
-    cases = ElementTree.parse(junit).getroot().iter("testcase")
-    failed, total = set(), 0
-    for case in cases:
-        total += 1
+    passed, failed = set(), set()
+    for case in ElementTree.parse(junit).getroot().iter("testcase"):
+        name = case.get("name", "")
         if case.find("failure") is not None or case.find("error") is not None:
-            failed.add(case.get("name", ""))
-    return result.returncode, failed, total
+            failed.add(name)
+        elif case.find("skipped") is None:
+            passed.add(name)
+    return VerifyRun(result.returncode, result.stdout + result.stderr, passed, failed)
 
 
 def test_converged_lab_passes_every_check(lab_nodes: list[LabNode], tmp_path: Path) -> None:
     assert run_pyinfra("deploys/gpu_node.py").returncode == 0
-    code, failed, total = run_verify("inventories/lab.py", tmp_path / "verify.xml")
-    assert failed == set()
-    assert code == 0
-    assert total >= 40 * len(lab_nodes)
+    run = run_verify("inventories/lab.py", tmp_path / "verify.xml")
+    assert run.failed == set(), run.output
+    assert run.code == 0
+    assert run.total >= 40 * len(lab_nodes)
+    for node in lab_nodes:
+        ran = {check for check in NVIDIA_CHECKS if f"{check}[ssh://{node.name}]" in run.passed}
+        assert ran == set(NVIDIA_CHECKS), (node.name, sorted(set(NVIDIA_CHECKS) - ran))
+
+
+def test_nvidia_checks_fail_on_a_node_that_drifted(
+    lab: Lab, lab_nodes: list[LabNode], tmp_path: Path
+) -> None:
+    # Converged by the test above (or by whoever ran the lab): drift two things on lab-1
+    # behind gpunode's back, the way an operator's hand or a vendor tool would.
+    node = lab_nodes[0]
+
+    def on_node(command: str) -> None:
+        result = ssh(lab, node, f"sudo sh -c {shlex.quote(command)}")
+        assert result.returncode == 0, (command, result.stderr)
+
+    before = run_verify(
+        "inventories/lab.py", tmp_path / "before.xml", "--limit", node.name,
+        tests="tests/verify/test_nvidia.py",
+    )  # fmt: skip
+    assert before.failed == set(), before.output
+    try:
+        on_node("gpunode-lab-hw set gpus.0.persistence_mode Disabled")
+        on_node("apt-mark unhold nvidia-open >/dev/null")
+        after = run_verify(
+            "inventories/lab.py", tmp_path / "after.xml", "--limit", node.name,
+            tests="tests/verify/test_nvidia.py",
+        )  # fmt: skip
+    finally:
+        on_node("gpunode-lab-hw set gpus.0.persistence_mode Enabled")
+        on_node("apt-mark hold nvidia-open >/dev/null")
+    assert after.code == 1, after.output
+    host = f"ssh://{node.name}"
+    assert after.failed == {
+        f"test_gpu_persistence_mode_as_declared[{host}]",
+        f"test_driver_packages_installed_at_the_pin_and_held[{host}]",
+    }, after.output
 
 
 def test_stock_debian_node_fails_the_hardening_checks(
@@ -50,10 +120,11 @@ def test_stock_debian_node_fails_the_hardening_checks(
     try:
         nodes = stock.up(1, profiles=["pcie-a10g"])
         inventory = write_inventory(tmp_path / "stock.py", stock, nodes, {})
-        code, failed, _ = run_verify(inventory, tmp_path / "verify.xml")
+        run = run_verify(inventory, tmp_path / "verify.xml")
     finally:
         stock.down(keep_image=True)
-    assert code == 1
+    assert run.code == 1
+    failed = run.failed
     host = "ssh://lab-1"
     for expected in (
         f"test_sshd_setting[{host}-sshd-12-passwordauthentication-no]",

@@ -149,6 +149,14 @@ def test_a_neighbour_with_a_common_prefix_is_not_taken_for_the_package() -> None
     assert not any(within(name, "roles") or within(name, "gpunode.drift") for name in names)
 
 
+@pytest.mark.parametrize("forbidden", ["roles", "facts", "gpunode.expected"])
+def test_the_verify_suite_restates_what_it_expects(forbidden: str) -> None:
+    # tests/verify checks production nodes: values taken from the roles' own renderers,
+    # facts or gpunode.expected would only prove a role wrote what it would write. Declared
+    # data (gpunode.model) is the input, and fine.
+    assert offending("tests/verify", forbidden) == {}
+
+
 # --- the lab is test equipment beside the product ----------------------------------------------
 
 PRODUCT_FOLDERS = ("roles", "facts", "deploys", "gpunode")

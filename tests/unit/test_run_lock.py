@@ -6,7 +6,7 @@ import datetime
 import os
 import socket
 import subprocess
-import time
+from pathlib import Path
 
 from facts.run_lock import NodeRunLock
 from gpunode.run_lock import RUN_OWNER, dead_here, lock_refused, process_start
@@ -31,10 +31,21 @@ def test_only_a_dead_run_of_this_control_host_may_lose_its_lock() -> None:
     assert not dead_here("not recorded")
 
 
-def test_process_start_of_this_process_is_in_the_past() -> None:
+def test_process_start_orders_processes_by_when_they_started() -> None:
     started = process_start(os.getpid())
-    assert started is not None
-    assert 0 < time.time() - started < 3600
+    booted = next(
+        int(line.split()[1])
+        for line in Path("/proc/stat").read_text().splitlines()
+        if line.startswith("btime ")
+    )
+    # A process this one starts now started after it, and both after the machine booted.
+    later = subprocess.Popen(["cat"], stdin=subprocess.PIPE)
+    try:
+        started_later = process_start(later.pid)
+    finally:
+        later.communicate()
+    assert started is not None and started_later is not None
+    assert booted <= started <= started_later
 
 
 def test_a_refusal_names_the_node_the_holder_and_that_nothing_changed() -> None:

@@ -1,4 +1,8 @@
-"""Fabric and storage checks: NCCL settings, RDMA stack and limits, the NVMe cache mount."""
+"""Fabric and storage checks: NCCL settings, RDMA stack and limits, the NVMe cache mount.
+
+Expected values come from the inventory's declared data and the paths below, restated here
+(not imported from the roles) so a role that writes the wrong thing fails these checks.
+"""
 
 from __future__ import annotations
 
@@ -7,14 +11,30 @@ from typing import Any
 import pytest
 
 from gpunode.model import DesiredState
-from roles.infiniband import LIMITS_PATH, MODULES_LOAD_PATH
-from roles.nccl import NCCL_CONF_PATH, render_nccl_conf
+
+# NCCL reads NAME=value lines from this file in every process that loads it.
+NCCL_CONF_PATH = "/etc/nccl.conf"
+# systemd-modules-load reads modules to load at boot from modules-load.d.
+MODULES_LOAD_PATH = "/etc/modules-load.d/gpunode-rdma.conf"
+RDMA_LIMITS_PATH = "/etc/security/limits.d/gpunode-rdma.conf"
+
+
+def settings_in(text: str) -> list[tuple[str, str]]:
+    """(NAME, value) of every setting line of an nccl.conf, comments and blanks aside (a
+    list: a name set twice shows twice)."""
+    settings = []
+    for line in text.splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            name, _, value = line.partition("=")
+            settings.append((name.strip(), value.strip()))
+    return sorted(settings)
 
 
 def test_nccl_conf_holds_exactly_the_declared_settings(host: Any, desired: DesiredState) -> None:
     if not desired.nccl.env:
         pytest.skip("nccl.env is empty for this host in the inventory")
-    assert host.file(NCCL_CONF_PATH).content_string == render_nccl_conf(desired.nccl.env)
+    assert settings_in(host.file(NCCL_CONF_PATH).content_string) == sorted(desired.nccl.env.items())
 
 
 def test_login_shells_see_the_nccl_settings(host: Any, desired: DesiredState) -> None:
@@ -45,7 +65,7 @@ def test_rdma_modules_load_at_boot(host: Any, rdma: DesiredState) -> None:
 def test_memlock_unlimited_for_rdma(host: Any, rdma: DesiredState) -> None:
     if not rdma.infiniband.memlock_unlimited:
         pytest.skip("infiniband.memlock_unlimited is false for this host")
-    limits = " ".join(host.file(LIMITS_PATH).content_string.split())
+    limits = " ".join(host.file(RDMA_LIMITS_PATH).content_string.split())
     assert "hard memlock unlimited" in limits
 
 

@@ -6,8 +6,13 @@ from typing import Any
 
 import pytest
 
-from facts.firewall import RULESET_PATH, TABLE, UNIT_NAME
 from gpunode.model import DesiredState
+
+# gpunode's own table (the node's other tables are not its business), the file it is loaded
+# from and the unit that loads it at boot.
+TABLE = "inet gpunode"
+RULESET_PATH = "/etc/gpunode/firewall.nft"
+UNIT_NAME = "gpunode-firewall.service"
 
 
 @pytest.fixture

@@ -12,8 +12,41 @@ from typing import Any
 
 import pytest
 
-from gpunode.expected.sshd import CIPHERS, HOST_KEY_ALGORITHMS, KEX_ALGORITHMS, MACS
 from gpunode.model import DesiredState
+
+# ssh-audit's "Hardened Debian 12 (version 3)" policy, in its order (sshd -T prints them so).
+KEX_ALGORITHMS = (
+    "sntrup761x25519-sha512",
+    "sntrup761x25519-sha512@openssh.com",
+    "curve25519-sha256",
+    "curve25519-sha256@libssh.org",
+    "diffie-hellman-group16-sha512",
+    "diffie-hellman-group18-sha512",
+    "diffie-hellman-group-exchange-sha256",
+)
+CIPHERS = (
+    "chacha20-poly1305@openssh.com",
+    "aes256-gcm@openssh.com",
+    "aes256-ctr",
+    "aes192-ctr",
+    "aes128-gcm@openssh.com",
+    "aes128-ctr",
+)
+MACS = (
+    "hmac-sha2-256-etm@openssh.com",
+    "hmac-sha2-512-etm@openssh.com",
+    "umac-128-etm@openssh.com",
+)
+HOST_KEY_ALGORITHMS = (
+    "ssh-ed25519",
+    "ssh-ed25519-cert-v01@openssh.com",
+    "sk-ssh-ed25519@openssh.com",
+    "sk-ssh-ed25519-cert-v01@openssh.com",
+    "rsa-sha2-512",
+    "rsa-sha2-512-cert-v01@openssh.com",
+    "rsa-sha2-256",
+    "rsa-sha2-256-cert-v01@openssh.com",
+)
 
 # (control, sshd -T keyword, expected value): the fixed part of the baseline.
 FIXED_SETTINGS = [

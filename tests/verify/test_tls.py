@@ -7,9 +7,16 @@ from typing import Any
 
 import pytest
 
-from facts.tls import CA_PATH, CERT_PATH, KEY_PATH
 from gpunode.model import DesiredState
-from roles.tls import TRUST_LINK, TRUST_PATH
+
+TLS_DIR = "/etc/gpunode/tls"
+KEY_PATH = f"{TLS_DIR}/node.key"
+CERT_PATH = f"{TLS_DIR}/node.crt"
+CA_PATH = f"{TLS_DIR}/ca.crt"
+# Where update-ca-certificates would take the CA into the system store from, and the link
+# it would make there.
+TRUST_PATH = "/usr/local/share/ca-certificates/gpunode-ca.crt"
+TRUST_LINK = "/etc/ssl/certs/gpunode-ca.pem"
 
 
 @pytest.fixture
