@@ -134,7 +134,7 @@ def row(what: str, hosts: int, run: Run, node_names: list[str]) -> str:
     node_ms = "/".join(f"{1000 * run.node_cpu_s[name]:.0f}" for name in node_names)
     commands = "/".join(str(run.commands.get(name, 0)) for name in node_names)
     return (
-        f"{what:<22} {hosts:>5} {run.wall_s:>7.2f} {1000 * run.control_cpu_s:>12.0f} "
+        f"{what:<26} {hosts:>5} {run.wall_s:>7.2f} {1000 * run.control_cpu_s:>12.0f} "
         f"{node_ms:>15} {commands:>12} {run.changed:>8}   {TARGETS.get(what.split(' (')[0], '')}"
     )
 
@@ -176,7 +176,7 @@ def main() -> None:
     )  # fmt: skip
     check = best_of(args.repeat, drift(), containers, {0, 1})
     print(f"best of {args.repeat}; node CPU and SSH commands per node ({'/'.join(names)})")
-    print(f"{'what':<22} {'hosts':>5} {'wall s':>7} {'control ms':>12} {'node CPU ms':>15} "
+    print(f"{'what':<26} {'hosts':>5} {'wall s':>7} {'control ms':>12} {'node CPU ms':>15} "
           f"{'SSH cmds':>12} {'changed':>8}   target")  # fmt: skip
     print(row("deploys/gpu_node.py", len(nodes), full, names))
     print(row(f"deploys/harden.py ({first})", 1, harden, [first]))
