@@ -5,7 +5,10 @@ generate`` write (``/etc/docker/daemon.json``, ``/etc/containerd/config.toml``,
 ``/etc/cdi/nvidia.yaml``) and parses it on the control side, so a role runs ``nvidia-ctk`` only
 when something is missing. ``AptPackagePolicy`` is ``apt-cache policy`` plus dpkg's hold marks
 for a few packages: which versions a repository offers, what is installed, what is held. The
-CUDA, Container Toolkit and DCGM roles share it.
+CUDA, Container Toolkit and DCGM roles share it, and ask it only when a package is to change:
+``DpkgPackageState`` (dpkg alone, milliseconds) tells them whether one is. ``apt-cache policy``
+loads apt's cache and evaluates every pin against every package, half a second of node CPU
+where the driver pin's globs are.
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ import tomllib
 from typing import Any
 
 from pyinfra.api import FactBase
+
+from facts.apt import INDEXED_REPOSITORIES_COMMAND, parse_index_targets
 
 DOCKER_CONFIG = "/etc/docker/daemon.json"
 CONTAINERD_CONFIG = "/etc/containerd/config.toml"
@@ -197,7 +202,6 @@ class ContainerRuntimeConfig(FactBase):
 SECTION = "@@gpunode:"
 _VERSION_LINE = re.compile(r"^ (\*\*\*| {3}) (\S+) (-?[0-9]+)$")
 _SOURCE_LINE = re.compile(r"^ {8}(-?[0-9]+) (\S+)(?: (.*))?$")
-_PACKAGE_FILE_LINE = re.compile(r"^ *-?[0-9]+ ([a-z][a-z0-9+.-]*://\S+)")
 
 
 def normalise_url(url: str) -> str:
@@ -233,16 +237,6 @@ def parse_apt_policy(lines: list[str]) -> dict[str, dict[str, Any]]:
     return packages
 
 
-def parse_package_files(lines: list[str]) -> list[str]:
-    """Repository URLs apt has package lists for (``apt-cache policy`` without arguments)."""
-    urls = []
-    for line in lines:
-        match = _PACKAGE_FILE_LINE.match(line)
-        if match:
-            urls.append(normalise_url(match.group(1)))
-    return sorted(set(urls))
-
-
 def parse_dpkg_state(lines: list[str]) -> dict[str, dict[str, Any]]:
     """``dpkg-query -W -f='${Package} ${db:Status-Want} ${db:Status-Status} ${Version}'``."""
     state = {}
@@ -258,6 +252,42 @@ def parse_dpkg_state(lines: list[str]) -> dict[str, dict[str, Any]]:
             "held": want == "hold",
         }
     return state
+
+
+DPKG_QUERY = "'${Package} ${db:Status-Want} ${db:Status-Status} ${Version}\\n'"
+
+
+class DpkgPackageState(FactBase):
+    """
+    What dpkg says of some packages: installed version (None: not installed) and hold mark.
+    Every requested package has an entry. dpkg's status file only: milliseconds, no apt.
+
+    .. code:: python
+
+        {"libnccl2": {"installed": "2.25.1-1+cuda12.8", "held": True},
+         "cuda-toolkit-12-8": {"installed": None, "held": False}}
+    """
+
+    def command(self, packages: list[str]) -> str:
+        names = " ".join(shlex.quote(package) for package in packages)
+        return (
+            f"echo {SECTION}requested {names}; "
+            f"LC_ALL=C dpkg-query -W -f={DPKG_QUERY} {names} 2>/dev/null; true"
+        )
+
+    def process(self, output: list[str]) -> dict[str, dict[str, Any]]:  # type: ignore[override]
+        requested: list[str] = []
+        lines = []
+        for line in output:
+            if line.startswith(f"{SECTION}requested"):
+                requested = line.split()[1:]
+            else:
+                lines.append(line)
+        found = parse_dpkg_state(lines)
+        return {
+            name: found.get(name) or {"installed": None, "held": False}
+            for name in dict.fromkeys([*requested, *found])
+        }
 
 
 def empty_package_state() -> dict[str, Any]:
@@ -283,15 +313,15 @@ class AptPackagePolicy(FactBase):
         }
 
     Every requested package has an entry, empty when apt and dpkg know nothing of it.
+    ``indexed_urls`` is what ``AptIndexedRepositories`` reads.
     """
 
     def command(self, packages: list[str]) -> str:
         names = " ".join(shlex.quote(package) for package in packages)
-        query = "'${Package} ${db:Status-Want} ${db:Status-Status} ${Version}\\n'"
         return (
-            f"export LC_ALL=C; echo {SECTION}files; apt-cache policy; "
+            f"export LC_ALL=C; echo {SECTION}files; {INDEXED_REPOSITORIES_COMMAND} 2>/dev/null; "
             f"echo {SECTION}policy; apt-cache policy {names} 2>/dev/null; "
-            f"echo {SECTION}dpkg; dpkg-query -W -f={query} {names} 2>/dev/null; true; "
+            f"echo {SECTION}dpkg; dpkg-query -W -f={DPKG_QUERY} {names} 2>/dev/null; true; "
             f"echo {SECTION}requested {names}"
         )
 
@@ -316,7 +346,7 @@ class AptPackagePolicy(FactBase):
             state.update(dpkg.get(name, {}))
             packages[name] = state
         return {
-            "indexed_urls": parse_package_files(sections.get("files", [])),
+            "indexed_urls": parse_index_targets(sections.get("files", [])),
             "packages": packages,
         }
 

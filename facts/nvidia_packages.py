@@ -1,5 +1,6 @@
 """NVIDIA package facts: what is installed and held, which kernel module is loaded and which
-is installed, the running kernel and its headers, and what apt offers for a package.
+is installed, the running kernel and its headers (``NvidiaPackages``: dpkg and files only,
+never apt), and what apt offers for a package (``AptPackageVersions``).
 
 Loaded module: ``/proc/driver/nvidia/version``; where that file is absent (a container that
 sees the GPUs but not the host's procfs), the driver version ``nvidia-smi`` reports, without a
@@ -11,6 +12,7 @@ Installed module: ``modinfo nvidia`` for the running kernel (what a reboot would
 from __future__ import annotations
 
 import re
+import shlex
 from typing import Any
 
 from pyinfra.api import FactBase
@@ -91,13 +93,18 @@ def _installed_module(lines: list[str]) -> dict[str, Any] | None:
     return None
 
 
+# A Debian package name (Debian policy 5.6.1): what a headers package name built from the
+# node's kernel release must be before it goes into an apt command.
+PACKAGE_NAME = re.compile(r"[a-z0-9][a-z0-9+.-]+")
+
+
 def _headers(kernel: str, lines: list[str]) -> dict[str, Any]:
     values = dict(line.split(SEPARATOR, 1) for line in lines if SEPARATOR in line)
-    candidate = values.get("candidate", "").strip()
+    package = f"linux-headers-{kernel}"
     return {
-        "package": f"linux-headers-{kernel}",
+        # None: the kernel release the node reported makes no package name apt could know.
+        "package": package if PACKAGE_NAME.fullmatch(package) else None,
         "installed": is_installed(values.get("status", "")),
-        "candidate": None if candidate in ("", "(none)") else candidate,
         "build_dir": values.get("build_dir") == "yes",
     }
 
@@ -158,7 +165,7 @@ class NvidiaPackages(FactBase):
             "reboot_required": True,  # installed module differs from the loaded one
             "kernel": "6.1.0-28-amd64",
             "headers": {"package": "linux-headers-6.1.0-28-amd64", "installed": False,
-                        "candidate": "6.1.119-1", "build_dir": False},
+                        "build_dir": False},
             "package_lists": True,  # apt has package lists at all
         }
 
@@ -166,6 +173,12 @@ class NvidiaPackages(FactBase):
     ``nvidia-smi`` where procfs does not show it (see the module docstring), and then
     ``flavour`` is None.
     ``installed_module`` is None when no module is installed for the running kernel.
+    ``headers["package"]`` is None when the kernel release is not a valid package name.
+
+    Nothing here asks apt: whether the headers are installable matters only while a kernel
+    module is to be built, and is then read with ``AptPackageVersions``. (``apt-cache policy``
+    loads apt's whole cache and evaluates every pin against every package: half a second of
+    node CPU on each read, on every node, for a no-op deploy and the nightly drift check.)
     """
 
     def command(self) -> str:
@@ -190,12 +203,7 @@ class NvidiaPackages(FactBase):
                 "headers=linux-headers-$(uname -r)",
                 "status=$(dpkg-query -W -f='${db:Status-Abbrev}' \"$headers\" 2>/dev/null)",
                 f'echo "status{sep}$status"',
-                # apt's candidate matters only while neither headers nor a build tree is there;
-                # reading it loads apt's whole cache, which a nightly check on every node spares.
-                f'if [ -d "/lib/modules/$(uname -r)/build" ]; then echo "build_dir{sep}yes"; '
-                'else case "$status" in ?i*) ;; *) '
-                f'echo "candidate{sep}$(apt-cache policy "$headers" 2>/dev/null '
-                "| sed -n 's/^ *Candidate: *//p')\";; esac; fi",
+                f'if [ -d "/lib/modules/$(uname -r)/build" ]; then echo "build_dir{sep}yes"; fi',
                 f"echo '{SECTION}lists'",
                 "ls /var/lib/apt/lists/ 2>/dev/null | grep -c '_Packages$' || true",
             )
@@ -252,6 +260,10 @@ class AptPackageVersions(FactBase):
     What apt offers for each of ``packages``: every known version and whether it builds a
     kernel module with DKMS. A package apt does not know (yet) is missing from the result.
 
+    ``apt-cache show`` reads apt's binary cache as it is, without evaluating pins (unlike
+    ``apt-cache policy``, half a second per call on a node with the driver pin): tens of
+    milliseconds. Roles ask it only when a package is to change.
+
     .. code:: python
 
         {"nvidia-kernel-open-dkms": [
@@ -263,7 +275,9 @@ class AptPackageVersions(FactBase):
     default = dict  # apt knows none of them
 
     def command(self, packages: list[str]) -> str:
-        names = " ".join(packages)  # package names from gpunode's own tables, never data
+        # gpunode's own package names and the node's headers package (checked against
+        # PACKAGE_NAME): quoted all the same.
+        names = " ".join(shlex.quote(package) for package in packages)
         return f"apt-cache show {names} 2>/dev/null || true"
 
     def process(self, output: list[str]) -> dict[str, list[dict[str, Any]]]:  # type: ignore[override]

@@ -12,8 +12,8 @@ from pyinfra.facts.files import File, FindInFile, Sha1File
 from pyinfra.facts.server import Date
 from pyinfra.operations import apt, files, server
 
-from facts.apt import DpkgInterrupted, MirrorReachability
-from facts.container_runtime import AptPackagePolicy, is_indexed
+from facts.apt import AptIndexedRepositories, DpkgInterrupted, MirrorReachability
+from facts.container_runtime import normalise_url
 from gpunode.model import DesiredState, Repositories
 from gpunode.refusal import refusal
 from gpunode.schema import one_line
@@ -162,8 +162,7 @@ def base_system(desired: DesiredState) -> None:
         proxy = files.file(name="No apt proxy", path=PROXY_PATH, present=False)
     # Also when apt has no lists for the declared mirror: a run cut off between writing the
     # sources and the update leaves them "unchanged" for the next run.
-    policy = host.get_fact(AptPackagePolicy, packages=[])
-    unindexed = not is_indexed(policy, repos.debian_mirror)
+    unindexed = normalise_url(repos.debian_mirror) not in host.get_fact(AptIndexedRepositories)
     apt.update(
         name="Refresh package lists after a source change",
         _if=lambda: sources.did_change() or proxy.did_change() or bool(legacy_entries) or unindexed,

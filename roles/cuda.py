@@ -36,6 +36,7 @@ from pyinfra.operations import files, server
 
 from facts.container_runtime import (
     AptPackagePolicy,
+    DpkgPackageState,
     is_indexed,
     normalise_url,
     package_state,
@@ -139,28 +140,37 @@ def held_packages(
     when it has the repository's, else from the node just before installing (the repository was
     added in this run and its lists arrive with its apt update). Deploys also call
     ``require_offered`` so that such an error comes before anything changes.
-    """
-    policy = host.get_fact(AptPackagePolicy, packages=list(packages))
-    states = {package: package_state(policy, package) for package in packages}
-    indexed = is_indexed(policy, repository_url)
-    installed = {states[package]["installed"] for package in packages}
 
+    apt is asked what the repository offers only when a package is to be installed: packages
+    already at their version need dpkg's word alone.
+    """
+    dpkg = host.get_fact(DpkgPackageState, packages=list(packages))
+    installed = {dpkg[package]["installed"] for package in packages}
     target = version
     if target is None:
         only = next(iter(installed)) if len(installed) == 1 else None
         if only is not None and (not version_suffix or only.endswith(version_suffix)):
             target = only
-        elif indexed:
-            offered = [
-                candidate
-                for candidate in versions_from(states[packages[0]], repository_url)
-                if not version_suffix or candidate.endswith(version_suffix)
-            ]
-            if not offered:
-                raise OperationError(
-                    _unavailable(packages, repository_url, version, version_suffix)
-                )
-            target = offered[0]
+    if target is not None and installed == {target}:
+        unheld = [package for package in packages if not dpkg[package]["held"]]
+        if unheld:
+            yield apt_hold(unheld)
+        else:
+            host.noop(f"{' '.join(packages)} {target} installed and held")
+        return
+
+    policy = host.get_fact(AptPackagePolicy, packages=list(packages))
+    states = {package: package_state(policy, package) for package in packages}
+    indexed = is_indexed(policy, repository_url)
+    if target is None and indexed:
+        offered = [
+            candidate
+            for candidate in versions_from(states[packages[0]], repository_url)
+            if not version_suffix or candidate.endswith(version_suffix)
+        ]
+        if not offered:
+            raise OperationError(_unavailable(packages, repository_url, version, version_suffix))
+        target = offered[0]
 
     if target is not None and indexed:
         for package in packages:
@@ -171,14 +181,6 @@ def held_packages(
                     f"{', '.join(offered) or 'nothing'}; check the repository or mirror, then "
                     "apt update)"
                 )
-
-    if target is not None and all(states[p]["installed"] == target for p in packages):
-        unheld = [package for package in packages if not states[package]["held"]]
-        if unheld:
-            yield apt_hold(unheld)
-        else:
-            host.noop(f"{' '.join(packages)} {target} installed and held")
-        return
 
     if target is not None and indexed:
         yield apt_install([f"{package}={target}" for package in packages])
@@ -202,20 +204,24 @@ def require_offered(
 ) -> None:
     """Deploy-time (prepare) check: refuse before any host changes when apt already has the
     repository's lists and they lack what is declared. Without its lists (the repository is
-    added in this run) ``held_packages`` checks on the node instead, before installing."""
+    added in this run) ``held_packages`` checks on the node instead, before installing.
+    Packages installed as declared need no word from apt."""
+
+    def wanted(candidate: str | None) -> bool:
+        return (
+            candidate is not None
+            and (version is None or candidate == version)
+            and (version_suffix is None or candidate.endswith(version_suffix))
+        )
+
+    dpkg = host.get_fact(DpkgPackageState, packages=list(packages))
+    if all(wanted(dpkg[package]["installed"]) for package in packages):
+        return
     policy = host.get_fact(AptPackagePolicy, packages=list(packages))
     if not is_indexed(policy, repository_url):
         return
     for package in packages:
         state = package_state(policy, package)
-
-        def wanted(candidate: str | None) -> bool:
-            return (
-                candidate is not None
-                and (version is None or candidate == version)
-                and (version_suffix is None or candidate.endswith(version_suffix))
-            )
-
         offered = versions_from(state, repository_url)
         if wanted(state["installed"]) or any(wanted(candidate) for candidate in offered):
             continue
@@ -333,9 +339,9 @@ def undeclared_releases_removed(declared: list[str]):
     if not undeclared:
         host.noop("no undeclared CUDA release recorded as gpunode's")
         return
-    policy = host.get_fact(AptPackagePolicy, packages=[toolkit_package(r) for r in undeclared])
+    dpkg = host.get_fact(DpkgPackageState, packages=[toolkit_package(r) for r in undeclared])
     for release in undeclared:
-        if package_state(policy, toolkit_package(release))["installed"] is not None:
+        if dpkg[toolkit_package(release)]["installed"] is not None:
             yield _remove_release_shell(release)
     # Declared releases were recorded before their install (recorded_releases).
     yield _write_record(declared)

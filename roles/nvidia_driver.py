@@ -25,6 +25,8 @@ What results on a node whose ``nvidia_driver.source`` is not ``none``:
   anything changes. Whether the module builds with DKMS is read from the package (Depends:
   dkms); where apt does not know the package yet, Debian's are assumed to (all of them do) and
   NVIDIA's are checked again when the operation runs, after the repository was added.
+  apt is asked (``AptPackageVersions``) only when the kernel module package is to change:
+  a converged node's run never loads apt's cache for the driver.
 * nvidia-persistenced is enabled (``persistence_daemon``) and started once the installed module
   is the loaded one; or disabled and stopped.
 * Reboot: "reboot required" (loaded kernel module differs from the installed one) is always
@@ -163,11 +165,19 @@ def headers_need(
     headers = facts["headers"]
     if headers["installed"] or headers["build_dir"]:
         return "present"
-    return "install" if headers["candidate"] else "missing"
+    return "install" if headers["package"] and available.get(headers["package"]) else "missing"
+
+
+def apt_offers(module: str, facts: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
+    """What apt offers for the kernel module package and the running kernel's headers, in one
+    read. Asked only when the module is to be (re)installed: loading apt's cache costs the
+    node more than everything else a converged node's run reads."""
+    headers = facts["headers"]["package"]
+    return host.get_fact(AptPackageVersions, packages=[module, *([headers] if headers else [])])
 
 
 def headers_error(facts: dict[str, Any]) -> str:
-    package = facts["headers"]["package"]
+    package = facts["headers"]["package"] or f"linux-headers-{facts['kernel']}"
     message = (
         f"{host.name}: {package} is not installed and not installable from the configured "
         "repositories; the NVIDIA kernel module cannot be built (install it or use a kernel "
@@ -184,12 +194,11 @@ def kernel_headers(spec: DriverPackages):
     kernel module must be built with DKMS; otherwise the host stops here, before the nouveau
     blacklist, the apt pin or any package changes. Changes nothing itself."""
     facts = host.get_fact(NvidiaPackages)
-    available = host.get_fact(AptPackageVersions, packages=[spec.module])
     package = facts["headers"]["package"]
     if not module_pending(spec, facts["packages"]):
         host.noop(f"{spec.module} already installed: nothing to build")
         return
-    need = headers_need(spec, facts, available)
+    need = headers_need(spec, facts, apt_offers(spec.module, facts))
     if need == "missing":
         raise OperationError(headers_error(facts))
     host.noop(
@@ -333,7 +342,8 @@ def driver_packages(spec: DriverPackages, persistence_daemon: bool = True):
     and every driver package is held. Refuses, before apt runs, a DKMS module without headers.
     """
     facts = host.get_fact(NvidiaPackages)
-    available = host.get_fact(AptPackageVersions, packages=[spec.module])
+    pending = module_pending(spec, facts["packages"])
+    available = apt_offers(spec.module, facts) if pending else {}
     commands, summary = plan_driver(spec, facts, available, persistence_daemon)
     if not commands:
         host.noop(summary)
@@ -344,9 +354,7 @@ def driver_packages(spec: DriverPackages, persistence_daemon: bool = True):
                 f"{facts['kernel']}; is {facts['headers']['package']} installed?"
             )
         return
-    if module_pending(spec, facts["packages"]) and headers_need(spec, facts, available) == (
-        "missing"
-    ):
+    if pending and headers_need(spec, facts, available) == "missing":
         raise OperationError(headers_error(facts))
     yield from commands
 
@@ -483,19 +491,21 @@ def nvidia_driver(desired: DesiredState) -> None:
         driver_left_alone(name="NVIDIA driver (source: none)")
         return
     facts = host.get_fact(NvidiaPackages)
-    available = host.get_fact(AptPackageVersions, packages=[module_package(wanted)])
     # The headers verdict for the debian source does not depend on the version resolved
     # below, so a node without headers gets that message rather than a version problem.
     early = driver_packages_for(wanted, wanted.version)
-    if module_pending(early, facts["packages"]) and headers_need(early, facts, available) == (
-        "missing"
-    ):
-        raise NodeRefused(headers_error(facts))
+    # Without a pending module change nothing below reads apt: the installed module is the
+    # wanted one, and the debian source's version resolves to it.
+    available: dict[str, list[dict[str, Any]]] = {}
+    if module_pending(early, facts["packages"]):
+        available = apt_offers(module_package(wanted), facts)
+        if headers_need(early, facts, available) == "missing":
+            raise NodeRefused(headers_error(facts))
     spec = driver_packages_for(wanted, resolve_version(wanted, facts["packages"], available))
-    if module_pending(spec, facts["packages"]) and headers_need(spec, facts, available) == (
-        "missing"
-    ):
-        raise NodeRefused(headers_error(facts))
+    if module_pending(spec, facts["packages"]):
+        available = available or apt_offers(spec.module, facts)
+        if headers_need(spec, facts, available) == "missing":
+            raise NodeRefused(headers_error(facts))
     install_pending = bool(plan_driver(spec, facts, available, wanted.persistence_daemon)[0])
 
     kernel_headers(name="Kernel headers for the NVIDIA kernel module", spec=spec)

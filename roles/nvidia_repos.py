@@ -15,7 +15,8 @@ from pyinfra.api import deploy
 from pyinfra.facts.files import Sha1File
 from pyinfra.operations import apt, files
 
-from facts.container_runtime import AptPackagePolicy, is_indexed
+from facts.apt import AptIndexedRepositories
+from facts.container_runtime import normalise_url
 from gpunode.model import DesiredState
 from gpunode.refusal import NodeRefused
 from gpunode.schema import one_line
@@ -134,11 +135,11 @@ def nvidia_repositories(desired: DesiredState) -> None:
             )
     # Also when apt has no lists for a declared repository: a run cut off between writing
     # the source and the update (killed, rebooted) leaves the source "unchanged" next time.
-    policy = host.get_fact(AptPackagePolicy, packages=[])
+    indexed = host.get_fact(AptIndexedRepositories)
     unindexed = [
         repo.url
         for repo in nvidia_repositories_for(desired)
-        if repo.needed and not is_indexed(policy, repo.url)
+        if repo.needed and normalise_url(repo.url) not in indexed
     ]
     apt.update(
         name="Refresh package lists after a repository change",

@@ -25,6 +25,19 @@ class FakeHost:
         self.noops.append(description)
 
 
+def dpkg_of(states: dict[str, dict[str, Any]]) -> Any:
+    """A DpkgPackageState fact value (installed, held) from package states, per request."""
+
+    def value(packages: list[str]) -> dict[str, dict[str, Any]]:
+        empty = {"installed": None, "held": False}
+        return {
+            name: {key: states.get(name, empty)[key] for key in ("installed", "held")}
+            for name in packages
+        }
+
+    return value
+
+
 @contextmanager
 def fake_host(facts: dict[type, Any]):  # type: ignore[no-untyped-def]
     host = FakeHost(facts)

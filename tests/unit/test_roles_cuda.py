@@ -10,8 +10,10 @@ from typing import Any
 import pytest
 from pyinfra.api import DeployError, OperationError
 
-from facts.container_runtime import AptPackagePolicy, parse_apt_policy
+from facts.apt import AptIndexedRepositories
+from facts.container_runtime import AptPackagePolicy, DpkgPackageState, parse_apt_policy
 from gpunode.model import CUDA_MINIMUM_DRIVER, build_desired_state
+from gpunode.refusal import NodeRefused
 from lab.standin import catalogue
 from roles.cuda import (
     DRIVER_PULLING_PACKAGES,
@@ -23,12 +25,13 @@ from roles.cuda import (
     nccl_version_suffix,
     recorded_releases,
     render_profile,
+    require_offered,
     select_version_shell,
     toolkit_package,
     undeclared_releases_removed,
 )
 
-from .fakehost import commands_of, fake_host
+from .fakehost import commands_of, dpkg_of, fake_host
 
 CUDA_URL = "http://mirror.example:8089/cuda/debian12/x86_64"
 DEBIAN_URL = "http://deb.debian.org/debian"
@@ -61,7 +64,8 @@ def policy(indexed: bool = True, **packages: dict[str, Any]) -> dict[type, Any]:
         AptPackagePolicy: {
             "indexed_urls": [CUDA_URL, DEBIAN_URL] if indexed else [DEBIAN_URL],
             "packages": names,
-        }
+        },
+        DpkgPackageState: dpkg_of(names),
     }
 
 
@@ -317,11 +321,12 @@ cuda-toolkit-12-4:
 def test_apt_policy_fact_parses_versions_sources_and_holds() -> None:
     output = [
         "@@gpunode:files",
-        "Package files:",
-        " 100 /var/lib/dpkg/status",
-        "     release a=now",
-        f" 500 {CUDA_URL}  Packages",
-        f" 500 {DEBIAN_URL} bookworm/main amd64 Packages",
+        # apt-get indextargets --format '$(REPO_URI)' 'Created-By: Packages': one line per
+        # index file (a Debian suite has one per component)
+        f"{CUDA_URL}/",
+        f"{DEBIAN_URL}/",
+        f"{DEBIAN_URL}/",
+        "E: something apt says that is no URL",
         "@@gpunode:policy",
         *POLICY_OUTPUT,
         "@@gpunode:dpkg",
@@ -543,3 +548,42 @@ def test_profile_puts_cuda_on_path_once(tmp_path: Path) -> None:
         check=True,
     )
     assert result.stdout.strip() == "/usr/local/cuda/bin:/usr/bin:/bin"
+
+
+# --- apt only when something is to change ------------------------------------------------------
+
+
+def test_packages_at_their_version_are_checked_with_dpkg_alone() -> None:
+    # No AptPackagePolicy in the table: asking apt would fail the test.
+    dpkg = {DpkgPackageState: dpkg_of({"libnccl2": package("2.26.2-1+cuda12.8", held=True)})}
+    commands, noops = commands_of(
+        held_packages, dpkg, packages=["libnccl2"], repository_url=CUDA_URL,
+        version_suffix="+cuda12.8",
+    )  # fmt: skip
+    assert (commands, noops) == ([], ["libnccl2 2.26.2-1+cuda12.8 installed and held"])
+    with fake_host(dpkg):
+        require_offered(["libnccl2"], CUDA_URL, version_suffix="+cuda12.8")
+
+
+def test_a_package_to_install_asks_apt_what_is_offered() -> None:
+    facts = policy(libnccl2=package("2.25.1-1+cuda12.4", versions=offered("2.26.2-1+cuda12.8")))
+    with fake_host(facts), pytest.raises(NodeRefused, match="no version ending in"):
+        require_offered(["libnccl2"], CUDA_URL, version_suffix="+cuda12.9")
+
+
+def test_dpkg_state_fact_names_every_requested_package() -> None:
+    fact = DpkgPackageState().process(
+        [
+            "@@gpunode:requested libnccl2 cuda-toolkit-12-4",
+            "libnccl2 hold installed 2.26.2-1+cuda12.8",
+        ]
+    )
+    assert fact == {
+        "libnccl2": {"installed": "2.26.2-1+cuda12.8", "held": True},
+        "cuda-toolkit-12-4": {"installed": None, "held": False},
+    }
+
+
+def test_indexed_repositories_fact_keeps_urls_only() -> None:
+    lines = [f"{CUDA_URL}/", f"{DEBIAN_URL}/", f"{DEBIAN_URL}/", "W: no URL", "", "x://"]
+    assert AptIndexedRepositories().process(lines) == sorted([CUDA_URL, DEBIAN_URL])

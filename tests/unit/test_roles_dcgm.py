@@ -8,11 +8,11 @@ import pytest
 from pyinfra.api import DeployError
 from pyinfra.facts.systemd import SystemdEnabled, SystemdStatus
 
-from facts.container_runtime import AptPackagePolicy
+from facts.container_runtime import AptPackagePolicy, DpkgPackageState
 from roles.cuda import held_packages, require_offered
 from roles.dcgm import DCGM_PACKAGE, EXPORTER_PACKAGE, service_enabled_and_running
 
-from .fakehost import commands_of, fake_host
+from .fakehost import commands_of, dpkg_of, fake_host
 
 CUDA_URL = "http://mirror.example:8089/cuda/debian12/x86_64"
 UNIT = "nvidia-dcgm.service"
@@ -65,7 +65,10 @@ def dcgm_policy(indexed: bool = True, installed: str | None = None) -> dict[type
                     "versions": versions,
                 }
             },
-        }
+        },
+        DpkgPackageState: dpkg_of(
+            {DCGM_PACKAGE: {"installed": installed, "held": installed is not None}}
+        ),
     }
 
 

@@ -64,7 +64,7 @@ def node(
     module: str | None = None,
     headers: str = "missing",
 ) -> dict[str, Any]:
-    """A NvidiaPackages fact value."""
+    """A NvidiaPackages fact value (``headers="available"``: see ``HEADERS``)."""
     loaded_module = {"version": loaded, "flavour": None, "source": "nvidia-smi"} if loaded else None
     installed_module = (
         {"version": module, "flavour": "open", "source": "modinfo"} if module else None
@@ -79,7 +79,6 @@ def node(
         "headers": {
             "package": "linux-headers-6.18.44-fc-v857",
             "installed": headers == "installed",
-            "candidate": "6.18.44-1" if headers == "available" else None,
             "build_dir": False,
         },
         "package_lists": True,
@@ -97,6 +96,8 @@ def at(version: str, names: tuple[str, ...] = OPEN_550) -> dict[str, str]:
     return {name: version for name in names}
 
 
+# What apt offers for the running kernel's headers (AptPackageVersions): installable.
+HEADERS = offered("linux-headers-6.18.44-fc-v857", "6.18.44-1")
 STANDIN_OPEN = offered("nvidia-kernel-open-dkms", "550.127.08-1", "550.144.03-1")
 DKMS_OPEN = offered("nvidia-kernel-open-dkms", "550.127.08-1", "550.144.03-1", dkms=True)
 
@@ -131,7 +132,6 @@ def test_packages_fact_reads_holds_modules_kernel_and_headers() -> None:
             "6.1.0-28-amd64",
             "@@headers",
             "status|ii ",
-            "candidate|6.1.119-1",
             "@@lab",
             "@@lists",
             "12",
@@ -150,7 +150,6 @@ def test_packages_fact_reads_holds_modules_kernel_and_headers() -> None:
     assert facts["headers"] == {
         "package": "linux-headers-6.1.0-28-amd64",
         "installed": True,
-        "candidate": "6.1.119-1",
         "build_dir": False,
     }
     assert facts["package_lists"] is True
@@ -167,7 +166,6 @@ def test_nvidia_smi_stands_in_where_procfs_does_not_show_the_driver() -> None:
             "6.18.44-fc-v857",
             "@@headers",
             "status|",
-            "candidate|(none)",
             "@@lists",
             "0",
         ]
@@ -183,7 +181,7 @@ def test_nvidia_smi_stands_in_where_procfs_does_not_show_the_driver() -> None:
         "source": "modinfo",
     }
     assert facts["reboot_required"] is False
-    assert facts["headers"]["installed"] is False and facts["headers"]["candidate"] is None
+    assert facts["headers"]["installed"] is False and facts["headers"]["build_dir"] is False
     assert facts["package_lists"] is False
 
 
@@ -289,7 +287,7 @@ def test_headers_matter_only_for_a_module_built_with_dkms() -> None:
     dkms = offered(spec.module, "550.127.08-1", dkms=True)
     assert headers_need(spec, node(headers="missing"), STANDIN_OPEN) == "not-needed"
     assert headers_need(spec, node(headers="missing"), dkms) == "missing"
-    assert headers_need(spec, node(headers="available"), dkms) == "install"
+    assert headers_need(spec, node(headers="available"), dkms | HEADERS) == "install"
     assert headers_need(spec, node(headers="installed"), dkms) == "present"
     # NVIDIA's repository not fetched yet: asked again when the operation runs.
     assert headers_need(spec, node(headers="missing"), {}) == "unknown"
@@ -327,7 +325,8 @@ def test_headers_check_stops_the_host_before_anything_changes() -> None:
         ("missing", STANDIN_OPEN, "nvidia-kernel-open-dkms ships a built module (no DKMS): "
                                   "no headers needed"),
         ("installed", DKMS_OPEN, "linux-headers-6.18.44-fc-v857 installed"),
-        ("available", DKMS_OPEN, "linux-headers-6.18.44-fc-v857 is installed with the driver"),
+        ("available", DKMS_OPEN | HEADERS,
+         "linux-headers-6.18.44-fc-v857 is installed with the driver"),
         ("missing", {}, "apt does not know nvidia-kernel-open-dkms yet: checked again at the "
                         "install"),
     ],
@@ -337,6 +336,32 @@ def test_headers_check_says_what_it_found(
 ) -> None:
     facts = {NvidiaPackages: node(headers=headers), AptPackageVersions: available}
     assert commands_of(kernel_headers, facts, spec=nvidia_550()) == ([], [said])
+
+
+def test_headers_and_module_are_asked_of_apt_in_one_read() -> None:
+    asked: list[list[str]] = []
+
+    def versions(packages: list[str]) -> dict[str, Any]:
+        asked.append(packages)
+        return DKMS_OPEN | HEADERS
+
+    facts = {NvidiaPackages: node(headers="available"), AptPackageVersions: versions}
+    commands_of(kernel_headers, facts, spec=nvidia_550())
+    assert asked == [["nvidia-kernel-open-dkms", "linux-headers-6.18.44-fc-v857"]]
+
+
+def test_a_converged_driver_never_asks_apt() -> None:
+    # No AptPackageVersions in the table: asking it would fail the test.
+    facts = node(installed=at("550.127.08-1"), held=OPEN_550, module="550.127.08")
+    assert commands_of(kernel_headers, {NvidiaPackages: facts}, spec=nvidia_550())[0] == []
+    commands, noops = commands_of(driver_packages, {NvidiaPackages: facts}, spec=nvidia_550())
+    assert commands == [] and noops[0].endswith("installed, pinned and held")
+
+
+def test_a_kernel_release_that_is_no_package_name_names_no_headers_package() -> None:
+    facts = parse_nvidia_packages(["@@kernel", "6.1.0-28-amd64; rm -rf /", "@@headers", "status|"])
+    assert facts["headers"]["package"] is None
+    assert headers_need(nvidia_550(), facts, DKMS_OPEN) == "missing"
 
 
 def test_headers_are_not_checked_for_an_installed_driver() -> None:
@@ -360,7 +385,7 @@ def test_installable_headers_come_with_the_driver() -> None:
     dkms = offered(spec.module, "550.127.08-1", dkms=True)
     commands, _ = commands_of(
         driver_packages,
-        {NvidiaPackages: node(headers="available"), AptPackageVersions: dkms},
+        {NvidiaPackages: node(headers="available"), AptPackageVersions: dkms | HEADERS},
         spec=spec,
     )
     assert commands[0].endswith(" linux-headers-6.18.44-fc-v857")
