@@ -6,7 +6,8 @@ it is: ``ok`` (the data), ``unreadable`` (``reason`` says why: empty, truncated,
 names the command the output came from. No parser raises and none returns a silent empty
 list: where a list is empty, the output proved it empty.
 
-Parsers (the ones the node-side probe also needs live in ``gpu_probe`` and are re-exported):
+Parsers (the ones the node-side probe also needs live in ``gpu_record`` and ``gpu_probe``
+and are re-exported):
 
 - ``parse_nvidia_smi_xml``: ``nvidia-smi -q -x``, every DTD version;
 - ``parse_nvlink_status``: ``nvidia-smi nvlink -s``;
@@ -37,19 +38,16 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from gpunode.probe import gpu_probe
-from gpunode.probe.gpu_probe import (
+from gpunode.probe import gpu_probe, gpu_record
+from gpunode.probe.gpu_probe import SCHEMA, XID_COMMAND, nvidia_smi_failure, parse_xid_events
+from gpunode.probe.gpu_record import (
     NVLINK_COMMAND,
-    SCHEMA,
-    XID_COMMAND,
     XML_COMMAND,
     Result,
     absent,
     never_raises,
-    nvidia_smi_failure,
     parse_nvidia_smi_xml,
     parse_nvlink_status,
-    parse_xid_events,
     unreadable,
 )
 from gpunode.sanitize import Bool, Int, ListOf, Maybe, Record, Str
@@ -88,7 +86,7 @@ LOG_WINDOW = "-24h"  # journalctl's relative --since, on the node's own clock
 # one node prints must cost time in proportion to its size, and the size is bounded.
 # No line of nvidia-smi's text, ibstat or the kernel log comes near this (printk's limit is
 # 1024); the probe's JSON is one line, so it and nvme's JSON are bounded by the total only.
-MAX_LINE_CHARS = gpu_probe.MAX_LINE_CHARS
+MAX_LINE_CHARS = gpu_record.MAX_LINE_CHARS
 # Far above an 8-GPU node's largest section (nvidia-smi -q -x, about 300 kB).
 MAX_OUTPUT_CHARS = 8 << 20
 
@@ -172,7 +170,7 @@ def _string(value: Any) -> str | None:
 def _count(value: Any, where: str) -> int | None:
     if isinstance(value, dict):  # some drivers nest a count under the cause
         value = value.get("Count")
-    if not isinstance(value, str) or gpu_probe.clean(value) is None:
+    if not isinstance(value, str) or gpu_record.clean(value) is None:
         return None
     if not re.fullmatch(r"[0-9]+", value.strip()):
         raise _Problem(f"{where}: {value!r} is not a count")
@@ -180,9 +178,9 @@ def _count(value: Any, where: str) -> int | None:
 
 
 def _flag(value: Any, where: str) -> bool | None:
-    if not isinstance(value, str) or gpu_probe.clean(value) is None:
+    if not isinstance(value, str) or gpu_record.clean(value) is None:
         return None
-    flag = gpu_probe.yes_no(value)
+    flag = gpu_record.yes_no(value)
     if flag is None:
         raise _Problem(f"{where}: {value!r} is neither Yes nor No")
     return flag
@@ -238,7 +236,7 @@ def parse_page_retirement(text: str) -> Result:
     if problem := over_long_lines(text):
         return unreadable(PAGE_RETIREMENT_COMMAND, problem)
     header, gpus = parse_query_text(text)
-    attached = gpu_probe.integer(_string(header.get("Attached GPUs")))
+    attached = gpu_record.integer(_string(header.get("Attached GPUs")))
     if not gpus:
         return unreadable(PAGE_RETIREMENT_COMMAND, "no 'GPU <bus id>' section")
     if attached is None:
@@ -267,7 +265,7 @@ def parse_page_retirement(text: str) -> Result:
     return {
         "state": "ok",
         "command": PAGE_RETIREMENT_COMMAND,
-        "driver_version": gpu_probe.clean(_string(header.get("Driver Version"))),
+        "driver_version": gpu_record.clean(_string(header.get("Driver Version"))),
         "attached_gpus": attached,
         "gpus": listed,
     }
@@ -668,6 +666,9 @@ def probe_program(ship_pynvml: bool = True) -> str:
     pynvml_path = _find_pynvml() if ship_pynvml else None
     if pynvml_path is not None:
         modules["pynvml"] = (pynvml_path.read_text(encoding="utf-8"), "pynvml.py (shipped)")
+    # The GPU record's parser first: gpu_probe imports it under its package name.
+    record_source = Path(gpu_record.__file__).read_text(encoding="utf-8")
+    modules[gpu_probe.RECORD_MODULE] = (record_source, "gpu_record.py")
     probe_source = Path(gpu_probe.__file__).read_text(encoding="utf-8")
     modules["gpunode_gpu_probe"] = (probe_source, "gpu_probe.py")
     for name, (source, filename) in modules.items():
