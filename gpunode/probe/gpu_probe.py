@@ -629,13 +629,16 @@ def add_nvlink_status(system: System, gpus: list[Result]) -> None:
     if not wanting:
         return
     completed = system.run(["nvidia-smi", "nvlink", "-s"])
+    # Output cut short by an error (non-zero exit) is still read: the GPUs it lists are kept,
+    # the others carry the failure. No output at all with exit 0 means no GPU has NVLink.
+    status = parse_nvlink_status(completed.stdout, empty_ok=completed.exit_code == 0)
+    failure = None
     if completed.exit_code != 0:
         failure = nvidia_smi_failure(
             NVLINK_COMMAND, completed.exit_code, completed.stdout + completed.stderr
         )
-        status: Result = failure
-    else:
-        status = parse_nvlink_status(completed.stdout)
+        if status["state"] != "ok":
+            status = failure
     by_uuid = {gpu["uuid"]: gpu for gpu in status.get("gpus", [])}
     for gpu in wanting:
         if status["state"] != "ok":
@@ -649,11 +652,14 @@ def add_nvlink_status(system: System, gpus: list[Result]) -> None:
             for key in ("index", "name", "uuid"):
                 found.pop(key)
             gpu["nvlink"] = found
+        elif not status["gpus"]:  # exit 0 and nothing printed: no NVLink on this node
+            gpu["nvlink"] = nvlink_summary([], NVLINK_COMMAND)
         else:
+            missing = f"{gpu['uuid']} is missing from the output of {NVLINK_COMMAND}"
             gpu["nvlink"] = {
                 "source": NVLINK_COMMAND,
                 "state": "unreadable",
-                "reason": f"{gpu['uuid']} is missing from the output of {NVLINK_COMMAND}",
+                "reason": f"{missing}: {failure['reason']}" if failure else missing,
             }
 
 

@@ -42,7 +42,7 @@ from __future__ import annotations
 import functools
 import re
 import xml.etree.ElementTree as ElementTree
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 XML_COMMAND = "nvidia-smi -q -x"
@@ -418,6 +418,14 @@ def parse_nvidia_smi_xml(text: str) -> Result:
 # --- nvidia-smi nvlink -s ---------------------------------------------------------------------
 
 ALL_LINKS_INACTIVE = "NVML: Unable to retrieve NVLink information as all links are inactive"
+# What nvidia-smi prints under a GPU line instead of its links, and the state it means.
+# Captures: azurehpc-health-checks (all inactive), nvidia_gpu_exporter (L40S and RTX 4080
+# SUPER on 595: no NVLink; H100 in MIG mode on 590: not queryable), see tests/fixtures.
+NVLINK_MESSAGES = {
+    ALL_LINKS_INACTIVE: "all_inactive",
+    "Device does not have or support Nvlink": "none",
+    "Nvlink queries are not supported for Devices in MIG mode": "mig_mode",
+}
 _NVLINK_UUID = re.compile(r"[^()\s]+")
 
 
@@ -448,44 +456,84 @@ def _nvlink_link(line: str) -> tuple[int, str] | None:
     return int(number), value
 
 
-def nvlink_summary(links: list[Result], source: str, all_inactive: bool = False) -> Result:
-    """Per-GPU NVLink state: ok (links listed), all_inactive, or none (no NVLink)."""
+def nvlink_summary(
+    links: list[Result],
+    source: str,
+    message_state: str | None = None,
+    problems: Sequence[str] = (),
+) -> Result:
+    """Per-GPU NVLink state from its links, the message printed instead of them, or problems.
+
+    ok (links listed), all_inactive, none (no NVLink), mig_mode (MIG mode hides the links),
+    unreadable (a line under this GPU was not understood: ``problems`` names it; the links
+    read are kept).
+    """
     active = sum(1 for link in links if link["active"])
     state = "ok" if links else "none"
-    if all_inactive or (links and not active):
+    if message_state == "all_inactive" or (links and not active):
         state = "all_inactive"
-    return {
+    elif message_state is not None:
+        state = message_state
+    if problems:
+        state = "unreadable"
+    summary: Result = {
         "source": source,
         "state": state,
         "active": active,
-        # nvidia-smi names no link when all are inactive: the number is unknown then.
-        "total": None if all_inactive else len(links),
+        # No link is named when all are inactive or in MIG mode: the number is unknown then.
+        "total": None if message_state in ("all_inactive", "mig_mode") else len(links),
         "links": links,
     }
+    if problems:
+        summary["reason"] = "; ".join(problems)
+        summary["problems"] = list(problems)
+    return summary
 
 
 @never_raises(NVLINK_COMMAND)
-def parse_nvlink_status(text: str) -> Result:
-    """``nvidia-smi nvlink -s`` -> per GPU (index, name, UUID) its links and their state."""
+def parse_nvlink_status(text: str, empty_ok: bool = False) -> Result:
+    """``nvidia-smi nvlink -s`` -> per GPU (index, name, UUID) its links and their state.
+
+    A line that is not understood is named in ``problems`` (and in its GPU's, whose state is
+    then unreadable); every other GPU is kept. The whole output is unreadable only when no GPU
+    could be read. With ``empty_ok`` (the caller saw nvidia-smi exit 0) no output is an answer:
+    drivers print nothing where no GPU has NVLink (gpud's A10 capture).
+    """
+    if not text.strip():
+        if empty_ok:
+            return {"state": "ok", "command": NVLINK_COMMAND, "gpus": [], "problems": []}
+        return unreadable(NVLINK_COMMAND, "empty output")
     gpus: list[Result] = []
+    problems: list[str] = []
+
+    def problem(message: str) -> None:
+        problems.append(message)
+        if gpus:
+            gpus[-1]["problems"].append(message)
+
     for line_number, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         if len(line) > MAX_LINE_CHARS:
-            return unreadable(
-                NVLINK_COMMAND,
-                f"line {line_number} is {len(line)} characters long (over {MAX_LINE_CHARS})",
-            )
+            problem(f"line {line_number} is {len(line)} characters long (over {MAX_LINE_CHARS})")
+            continue
         if gpu_line := _nvlink_gpu(line.strip()):
             index, name, uuid = gpu_line
             gpus.append(
-                {"index": index, "name": name, "uuid": uuid, "links": [], "all_inactive": False}
+                {
+                    "index": index,
+                    "name": name,
+                    "uuid": uuid,
+                    "links": [],
+                    "message": None,
+                    "problems": [],
+                }
             )
             continue
         if not gpus:
-            return unreadable(NVLINK_COMMAND, f"line {line_number} comes before any GPU: {line!r}")
-        if line.strip() == ALL_LINKS_INACTIVE:
-            gpus[-1]["all_inactive"] = True
+            problem(f"line {line_number} comes before any GPU: {line[:120]!r}")
+        elif line.strip() in NVLINK_MESSAGES:
+            gpus[-1]["message"] = NVLINK_MESSAGES[line.strip()]
         elif link_line := _nvlink_link(line):
             link, value = link_line
             speed = re.fullmatch(r"([0-9]+(?:\.[0-9]+)?) GB/s", value)
@@ -496,13 +544,11 @@ def parse_nvlink_status(text: str) -> Result:
                     {"link": link, "active": True, "speed_gbps": float(speed[1])}
                 )
             else:
-                return unreadable(
-                    NVLINK_COMMAND, f"line {line_number}: unknown link state {value!r}"
-                )
+                problem(f"line {line_number}: unknown link state {value[:120]!r}")
         else:
-            return unreadable(NVLINK_COMMAND, f"line {line_number} not understood: {line!r}")
-    if not gpus:
-        return unreadable(NVLINK_COMMAND, "empty output" if not text.strip() else "no GPU line")
+            problem(f"line {line_number} not understood: {line[:120]!r}")
+    if not any(not gpu["problems"] for gpu in gpus):
+        return unreadable(NVLINK_COMMAND, problems[0] if problems else "no GPU line")
     return {
         "state": "ok",
         "command": NVLINK_COMMAND,
@@ -511,8 +557,9 @@ def parse_nvlink_status(text: str) -> Result:
                 "index": gpu["index"],
                 "name": gpu["name"],
                 "uuid": gpu["uuid"],
-                **nvlink_summary(gpu["links"], NVLINK_COMMAND, gpu["all_inactive"]),
+                **nvlink_summary(gpu["links"], NVLINK_COMMAND, gpu["message"], gpu["problems"]),
             }
             for gpu in gpus
         ],
+        "problems": problems,
     }

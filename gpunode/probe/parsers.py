@@ -745,7 +745,8 @@ JOURNAL_NOT_READABLE = "not seeing messages from other users and the system"
 SECTION_PARSERS: Mapping[str, Callable[[str], Result]] = {
     "gpu": parse_gpu_report,
     "nvidia_smi_xml": parse_nvidia_smi_xml,
-    "nvlink": parse_nvlink_status,
+    # Called after exit 0 only: no output then means no GPU has NVLink.
+    "nvlink": lambda text: parse_nvlink_status(text, empty_ok=True),
     "page_retirement": parse_page_retirement,
     "xid": parse_xid_events,
     "ib_flaps": lambda text: parse_ib_flaps(text, empty_ok=True),

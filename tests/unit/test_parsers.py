@@ -45,6 +45,8 @@ FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 XML = FIXTURES / "nvidia-smi-xml"
 H100_CAPTURE = "nvidia-smi-capture/linux-x86_64__nvidia-h100-80gb-hbm3__590.48.01.txt"
 H200_CAPTURE = "nvidia-smi-capture/linux-x86_64__nvidia-h200__590.48.01.txt"
+H100_MIG_CAPTURE = "nvidia-smi-capture/linux-x86_64__nvidia-h100-mig__590.48.01.txt"
+L40S_CAPTURE = "nvidia-smi-capture/linux-x86_64__nvidia-l40s__595.80.txt"
 A100_UUID = "GPU-513536b6-7d19-9063-b049-1e69664bb298"
 
 Parser = Callable[[str], dict[str, Any]]
@@ -79,12 +81,25 @@ FIXTURE_CASES: dict[str, list[tuple[str, Extract, Parser]]] = {
     "nvidia-smi-xml/a100-sxm4-v12.xml": [("-q -x", whole, parse_nvidia_smi_xml)],
     "nvidia-smi-xml/tesla-t4.xml": [("-q -x", whole, parse_nvidia_smi_xml)],
     "nvidia-smi-xml/a10g.xml": [("-q -x", whole, parse_nvidia_smi_xml)],
+    "nvidia-smi-xml/quadro-p400.xml": [("-q -x", whole, parse_nvidia_smi_xml)],
+    "nvidia-smi-xml/rtx-3090-v12.xml": [("-q -x", whole, parse_nvidia_smi_xml)],
+    "nvidia-smi-xml/dual_2070-v13.xml": [("-q -x", whole, parse_nvidia_smi_xml)],
+    "nvidia-smi-xml/rtx-4000-sff-ada-v13.xml": [("-q -x", whole, parse_nvidia_smi_xml)],
     H100_CAPTURE: CAPTURE_CASES,
     H200_CAPTURE: CAPTURE_CASES,
+    H100_MIG_CAPTURE: CAPTURE_CASES,
+    L40S_CAPTURE: CAPTURE_CASES,
     "ibstat/ibstat.47.0.h100.all.active.0": [("ibstat", whole, parse_ibstat)],
     "ibstat/ibstat.47.0.a100.all.active.0": [("ibstat", whole, parse_ibstat)],
+    "ibstat/ibstat.47.0.h100.some.down.0": [("ibstat", whole, parse_ibstat)],
+    "ibstat/ibstat.47.0.h100.some.down.1": [("ibstat", whole, parse_ibstat)],
     "nvlink/good_nvlink_status.txt": [("nvlink -s", whole, parse_nvlink_status)],
     "nvlink/bad_nvlink_status.txt": [("nvlink -s", whole, parse_nvlink_status)],
+    "nvlink/nvidia-smi.nvlink.status.a100": [("nvlink -s", whole, parse_nvlink_status)],
+    # Empty: the A10 has no NVLink and nvidia-smi printed nothing (with exit 0).
+    "nvlink/nvidia-smi.nvlink.status.a10": [
+        ("nvlink -s, exit 0", whole, lambda text: parse_nvlink_status(text, empty_ok=True))
+    ],
     "page-retirement/orig_nvsmi8_output.txt": [("PAGE_RETIREMENT", whole, parse_page_retirement)],
     "page-retirement/bad_nvsmi8_output.txt": [("PAGE_RETIREMENT", whole, parse_page_retirement)],
     "syslog/1dev_6flap_syslog": [("syslog", whole, parse_ib_flaps)],
@@ -111,6 +126,10 @@ def test_every_capture_parses(relative: str, extract: Extract, parse: Parser) ->
     result = parse(extract(read(relative)))
     assert result["state"] == "ok", result
     assert result["command"]
+    # Real vendor output: every line understood, nothing named as unread.
+    assert result.get("problems", []) == []
+    for gpu in result.get("gpus", []):
+        assert gpu.get("problems", []) == [], gpu
 
 
 # --- nvidia-smi -q -x -------------------------------------------------------------------------
@@ -829,3 +848,62 @@ def test_combined_command_is_each_section_after_its_marker() -> None:
 def test_section_commands_never_use_query_gpu() -> None:
     assert not any("--query-gpu" in command for command in SECTION_COMMANDS.values())
     assert re.search(r"\bnvidia-smi -q -x\b", SECTION_COMMANDS["nvidia_smi_xml"])
+
+
+# --- tolerance: what can be read is kept, what cannot is named ----------------------------------
+
+
+@pytest.mark.parametrize(
+    ("capture", "state", "total"),
+    [(H100_MIG_CAPTURE, "mig_mode", None), (L40S_CAPTURE, "none", 0)],
+    ids=["h100-mig-590", "l40s-595"],
+)
+def test_nvlink_message_lines_of_real_captures_are_states(
+    capture: str, state: str, total: int | None
+) -> None:
+    """'Nvlink queries are not supported for Devices in MIG mode' / 'Device does not have or
+    support Nvlink' under the GPU line (nvidia_gpu_exporter captures)."""
+    result = parse_nvlink_status(capture_section("capabilities :: nvlink -s")(read(capture)))
+    (gpu,) = result["gpus"]
+    assert (gpu["state"], gpu["active"], gpu["total"]) == (state, 0, total)
+    assert result["problems"] == []
+
+
+def test_empty_nvlink_output_after_exit_0_is_no_nvlink_through_the_section() -> None:
+    """gpud's A10 capture is empty: with the exit status 0 framed, that is an answer."""
+    lines = [*read("nvlink/nvidia-smi.nvlink.status.a10").splitlines(), f"{EXIT_MARKER}0"]
+    result = parse_section("nvlink", lines)
+    assert (result["state"], result["gpus"]) == ("ok", [])
+
+
+def test_an_unknown_nvlink_line_is_named_and_the_other_gpus_are_kept() -> None:
+    text = read("nvlink/nvidia-smi.nvlink.status.a100")
+    lines = text.splitlines()
+    at = lines.index(next(line for line in lines if line.startswith("GPU 3:"))) + 1
+    lines.insert(at, "         Link 0: <degraded>")
+    lines.insert(at + 1, "Some message a newer driver prints")
+    result = parse_nvlink_status("\n".join(lines) + "\n")
+    assert result["state"] == "ok"
+    assert len(result["gpus"]) == 8
+    assert result["problems"] == [
+        f"line {at + 1}: unknown link state '<degraded>'",
+        f"line {at + 2} not understood: 'Some message a newer driver prints'",
+    ]
+    states = [gpu["state"] for gpu in result["gpus"]]
+    assert states == ["ok"] * 3 + ["unreadable"] + ["ok"] * 4
+    third = result["gpus"][3]
+    assert third["problems"] == result["problems"]
+    assert third["active"] == 12  # the twelve links it could read are kept
+    assert all(gpu["active"] == 12 for gpu in result["gpus"])
+
+
+def test_nvlink_lines_before_the_first_gpu_are_named_not_fatal() -> None:
+    text = "WARNING: infoROM is corrupted at gpu 0000:07:00.0\n" + read(
+        "nvlink/good_nvlink_status.txt"
+    )
+    result = parse_nvlink_status(text)
+    assert result["state"] == "ok"
+    assert result["problems"] == [
+        "line 1 comes before any GPU: 'WARNING: infoROM is corrupted at gpu 0000:07:00.0'"
+    ]
+    assert result["gpus"][0]["active"] == 12

@@ -671,3 +671,26 @@ def test_the_probe_installed_as_roles_gpu_metrics_lays_it_out_runs(
     text = metrics.read_text(encoding="utf-8")
     assert 'gpunode_gpu_probe_ok{state="ok"} 1' in text
     assert "gpunode_gpu_count 8" in text
+
+
+def test_nvlink_status_cut_short_by_an_error_keeps_the_gpus_it_listed() -> None:
+    """Partial output, then an error and a non-zero exit: listed GPUs keep their links."""
+    node = FakeNode(hardware())
+    first_gpu = node.run(["nvidia-smi", "nvlink", "-s"]).stdout.split("GPU 1:")[0]
+
+    def smi(argv: list[str]) -> Completed:
+        if argv[1:] == ["nvlink", "-s"]:
+            return Completed(15, first_gpu, "Unable to determine the device handle for GPU1")
+        node.commands.pop("nvidia-smi")
+        try:
+            return node.run(argv)
+        finally:
+            node.commands["nvidia-smi"] = smi
+
+    node.commands["nvidia-smi"] = smi
+    report = collect(node, None, "not shipped", None)
+    kept, lost = report["gpus"][0]["nvlink"], report["gpus"][1]["nvlink"]
+    assert (kept["state"], kept["active"], kept["total"]) == ("ok", 18, 18)
+    assert lost["state"] == "unreadable"
+    assert lost["reason"].startswith(f"{report['gpus'][1]['uuid']} is missing from the output")
+    assert "exit code 15" in lost["reason"]
