@@ -13,10 +13,11 @@ compute processes, each after a section marker; the tables are read by their row
 from __future__ import annotations
 
 import re
-import xml.etree.ElementTree as ElementTree
 from typing import Any
 
 from pyinfra.api import FactBase
+
+from gpunode.probe import gpu_record
 
 # Far above an 8-GPU node's XML report (about 300 kB) and its MIG listings; a longer output
 # is garbage or hostile and is not parsed. Table lines longer than any nvidia-smi prints are
@@ -68,83 +69,14 @@ EXIT_REASONS = {
 }
 
 
-def _text(element: ElementTree.Element | None, *paths: str) -> str | None:
-    """First non-empty text found under any of ``paths`` (renamed elements across schemas)."""
-    if element is None:
-        return None
-    for path in paths:
-        found = element.find(path)
-        if found is not None and found.text is not None and found.text.strip():
-            return found.text.strip()
-    return None
-
-
-def _number(text: str | None) -> float | None:
-    """'350.00 W' -> 350.0; 'N/A', '[N/A]', '[Not Supported]' -> None."""
-    if text is None:
-        return None
-    match = re.match(r"\s*(-?[0-9]+(?:\.[0-9]+)?)", text)
-    return float(match.group(1)) if match else None
-
-
-def parse_gpu(gpu: ElementTree.Element, ordinal: int) -> dict[str, Any]:
-    # nvidia-smi's -i index is the enumeration order, which is the order of the report; the
-    # minor number (/dev/nvidiaN) can differ, e.g. once a GPU has fallen off the bus.
-    minor = _number(_text(gpu, "minor_number"))
+def with_mig_listings(record: dict[str, Any]) -> dict[str, Any]:
+    """One GPU record (``gpu_record``), with room for what the MIG listings add."""
     return {
-        "index": ordinal,
-        "minor_number": int(minor) if minor is not None else None,
-        "bus_id": gpu.get("id"),
-        "uuid": _text(gpu, "uuid"),
-        "serial": _text(gpu, "serial"),
-        "name": _text(gpu, "product_name"),
-        "vbios": _text(gpu, "vbios_version"),
-        "persistence_mode": _text(gpu, "persistence_mode"),
-        "ecc_current": _text(gpu, "ecc_mode/current_ecc"),
-        "ecc_pending": _text(gpu, "ecc_mode/pending_ecc"),
-        "mig_current": _text(gpu, "mig_mode/current_mig"),
-        "mig_pending": _text(gpu, "mig_mode/pending_mig"),
-        "power_limit_w": _number(
-            _text(gpu, "gpu_power_readings/current_power_limit", "power_readings/power_limit")
-        ),
-        "power_min_w": _number(
-            _text(gpu, "gpu_power_readings/min_power_limit", "power_readings/min_power_limit")
-        ),
-        "power_max_w": _number(
-            _text(gpu, "gpu_power_readings/max_power_limit", "power_readings/max_power_limit")
-        ),
-        **_application_clocks(gpu),
+        **record,
         # Filled from the MIG sections of the fact's command (GpuDevices), empty without them.
         "mig_profiles": {},
         "gpu_instances": [],
         "compute_pids": [],
-    }
-
-
-def _application_clocks(gpu: ElementTree.Element) -> dict[str, Any]:
-    """Application clocks, or None with the driver's words when it will not report them.
-
-    Driver 590 prints "Requested functionality has been deprecated" on Hopper; older drivers
-    print "N/A" where the GPU has no application clocks.
-    """
-    memory_text = _text(gpu, "applications_clocks/mem_clock")
-    graphics_text = _text(gpu, "applications_clocks/graphics_clock")
-    memory, graphics = _number(memory_text), _number(graphics_text)
-    supported: dict[int, list[int]] = {}
-    for entry in gpu.findall("supported_clocks/supported_mem_clock"):
-        memory_clock = _number(_text(entry, "value"))
-        if memory_clock is None:
-            continue
-        graphics_clocks = (_number(e.text) for e in entry.findall("supported_graphics_clock"))
-        supported[int(memory_clock)] = sorted(int(g) for g in graphics_clocks if g is not None)
-    if memory is None or graphics is None:
-        clocks, note = None, memory_text or graphics_text or "N/A"
-    else:
-        clocks, note = {"memory": int(memory), "graphics": int(graphics)}, ""
-    return {
-        "application_clocks_mhz": clocks,
-        "application_clocks_note": note,
-        "supported_clocks_mhz": supported,
     }
 
 
@@ -162,18 +94,15 @@ def parse_nvidia_smi_xml(lines: list[str]) -> dict[str, Any]:
         return _unreadable(f"{COMMAND} failed: {reason}: {body[:200]}")
     if not body:
         return _unreadable(f"{COMMAND} printed nothing")
-    try:
-        root = ElementTree.fromstring(body)
-    except ElementTree.ParseError as error:
-        return _unreadable(f"{COMMAND} output is not valid XML ({error})")
-    if root.tag != "nvidia_smi_log":
-        return _unreadable(f"{COMMAND} output has root <{root.tag}>, not <nvidia_smi_log>")
-    gpus = [parse_gpu(gpu, ordinal) for ordinal, gpu in enumerate(root.findall("gpu"))]
+    parsed = gpu_record.parse_nvidia_smi_xml(body)
+    if parsed["state"] != "ok":
+        return _unreadable(f"{COMMAND}: {parsed['reason']}")
+    gpus = [with_mig_listings(gpu) for gpu in parsed["gpus"]]
     return {
         "state": "ok",
         "reason": "",
-        "driver_version": _text(root, "driver_version"),
-        "cuda_version": _text(root, "cuda_version"),
+        "driver_version": parsed["driver_version"],
+        "cuda_version": parsed["cuda_driver_version"],
         "gpus": gpus,
     }
 
@@ -332,9 +261,12 @@ class GpuDevices(FactBase):
             "state": "ok",  # or "absent" (no nvidia-smi) / "unreadable" (reason says why)
             "reason": "",
             "driver_version": "550.127.08",
-            "gpus": [{"index": 0, "uuid": "GPU-...", "persistence_mode": "Enabled", ...,
+            # Each GPU is the one record of gpunode.probe.gpu_record (what the drift check
+            # and the metrics read too), plus the MIG listings and compute processes:
+            "gpus": [{"index": 0, "uuid": "GPU-...", "persistence_mode": True, ...,
+                      "ecc_mode": {"current": True, "pending": True}, "power_w": {...},
                       "application_clocks_mhz": {"memory": 1593, "graphics": 1275} or None,
-                      "supported_clocks_mhz": {1593: [210, 225, ...]},
+                      "supported_clocks_mhz": [{"memory": 1593, "graphics": [210, ...]}],
                       "mig_profiles": {"3g.40gb": {"id": 9, "total": 2, "placements": [0, 4],
                                                    "size": 4, ...}},
                       "gpu_instances": [{"id": 1, "profile": "3g.40gb", "start": 4, ...,

@@ -72,10 +72,12 @@ class InfinibandPorts(FactBase[dict[str, Any]]):
             "ports": [{"ca": "mlx5_0", "port": 1, "state": "Active",
                        "physical_state": "LinkUp", "rate": 400, "link_layer": "InfiniBand",
                        ...}],
+            "problems": [],  # each line not read, also under its CA's "problems"
         }
 
     A field that cannot be read (a rate that is no number, a line longer than any ibstat
     prints) is None, with the reason in that port's (or CA's) ``"unreadable": {field: why}``.
+    A line that is not understood is named in ``problems``; the other CAs are kept.
     """
 
     def command(self) -> str:

@@ -16,6 +16,7 @@ from pyinfra.api import deploy
 from pyinfra.operations import files, systemd
 
 import gpunode.probe.gpu_probe as gpu_probe
+import gpunode.probe.gpu_record as gpu_record
 from facts.freshness import UnitsNeedDaemonReload
 from gpunode.model import DesiredState
 
@@ -56,6 +57,12 @@ def gpu_metrics(desired: DesiredState) -> None:
         name="GPU probe",
         src=str(Path(gpu_probe.__file__)),
         dest=f"{INSTALL_DIR}/gpu_probe.py",
+        mode="644",
+    )
+    files.put(
+        name="GPU record parser (the probe loads it from beside itself)",
+        src=str(Path(gpu_record.__file__)),
+        dest=f"{INSTALL_DIR}/gpu_record.py",
         mode="644",
     )
     files.put(

@@ -47,13 +47,24 @@ def _mode(enabled: bool) -> str:
     return "Enabled" if enabled else "Disabled"
 
 
+def _power(gpu: dict[str, Any], limit: str) -> float | None:
+    value: float | None = (gpu.get("power_w") or {}).get(limit)
+    return value
+
+
+def _mode_of(gpu: dict[str, Any], setting: str, which: str) -> bool | None:
+    """The record's ecc_mode / mig_mode ``which`` (current, pending); None: no such mode."""
+    value: bool | None = (gpu.get(f"{setting}_mode") or {}).get(which)
+    return value
+
+
 @operation()
 def persistence_mode(enabled: bool = True):
     """Every GPU has persistence mode ``enabled`` (takes effect at once)."""
     gpus = _gpus_or_noop()
     if gpus is None:
         return
-    wrong = [gpu for gpu in gpus if gpu["persistence_mode"] != _mode(enabled)]
+    wrong = [gpu for gpu in gpus if gpu["persistence_mode"] is not enabled]
     if not wrong:
         host.noop(f"persistence mode {_mode(enabled)} on all {len(gpus)} GPUs")
         return
@@ -71,12 +82,13 @@ def pending_mode(setting: str, enabled: bool):
         return
     flag = {"ecc": "-e", "mig": "-mig"}[setting]
     want = _mode(enabled)
-    supported = [gpu for gpu in gpus if gpu[f"{setting}_current"] in ("Enabled", "Disabled")]
-    to_request = [gpu for gpu in supported if gpu[f"{setting}_pending"] != want]
+    supported = [gpu for gpu in gpus if _mode_of(gpu, setting, "current") is not None]
+    to_request = [gpu for gpu in supported if _mode_of(gpu, setting, "pending") is not enabled]
     awaiting_reset = [
         gpu
         for gpu in supported
-        if gpu[f"{setting}_pending"] == want and gpu[f"{setting}_current"] != want
+        if _mode_of(gpu, setting, "pending") is enabled
+        and _mode_of(gpu, setting, "current") is not enabled
     ]
     if awaiting_reset:
         host.noop(
@@ -96,13 +108,13 @@ def power_limit(watts: int):
     if gpus is None:
         return
     for gpu in gpus:
-        low, high = gpu["power_min_w"], gpu["power_max_w"]
+        low, high = _power(gpu, "min_limit"), _power(gpu, "max_limit")
         if low is not None and high is not None and not low <= watts <= high:
             raise OperationError(
                 f"gpu_settings.power_limit_w = {watts}: GPU {gpu['index']} ({gpu['name']}) "
                 f"accepts {low:g} to {high:g} W"
             )
-    wrong = [gpu for gpu in gpus if gpu["power_limit_w"] != watts]
+    wrong = [gpu for gpu in gpus if _power(gpu, "limit") != watts]
     if not wrong:
         host.noop(f"power limit {watts} W on all {len(gpus)} GPUs")
         return
@@ -132,7 +144,7 @@ def application_clocks(memory_mhz: int, graphics_mhz: int):
         return
     settable = [gpu for gpu in gpus if gpu["application_clocks_mhz"] is not None]
     for gpu in settable:
-        supported = gpu["supported_clocks_mhz"]
+        supported = {entry["memory"]: entry["graphics"] for entry in gpu["supported_clocks_mhz"]}
         if supported and graphics_mhz not in supported.get(memory_mhz, ()):
             raise OperationError(
                 f"gpu_settings.application_clocks = memory {memory_mhz} MHz, graphics "
@@ -251,11 +263,11 @@ def mig_layout(profiles: tuple[str, ...]):
     problems = report.get("listing_problems", {})
     wanted = Counter(profiles)
     shown = list(profiles)
-    in_mig = [gpu for gpu in gpus if gpu["mig_current"] == "Enabled"]
-    not_yet = [gpu for gpu in gpus if gpu["mig_current"] != "Enabled"]
-    pending = [gpu for gpu in not_yet if gpu["mig_pending"] == "Enabled"]
-    off = [gpu for gpu in not_yet if gpu["mig_pending"] == "Disabled"]
-    unsupported = [gpu for gpu in not_yet if gpu["mig_pending"] not in ("Enabled", "Disabled")]
+    in_mig = [gpu for gpu in gpus if _mode_of(gpu, "mig", "current") is True]
+    not_yet = [gpu for gpu in gpus if _mode_of(gpu, "mig", "current") is not True]
+    pending = [gpu for gpu in not_yet if _mode_of(gpu, "mig", "pending") is True]
+    off = [gpu for gpu in not_yet if _mode_of(gpu, "mig", "pending") is False]
+    unsupported = [gpu for gpu in not_yet if _mode_of(gpu, "mig", "pending") is None]
     if pending:
         host.noop(
             f"MIG layout {shown} waits for a GPU reset or reboot (MIG mode pending) on GPUs "

@@ -157,6 +157,9 @@ def _nvlink_rules(desired: DesiredState, gpu: dict[str, Any], label: str) -> Ite
     active = nvlink.get("active") or 0
     if nvlink.get("state") == "unreadable":
         yield f"gpu.nvlink:{label}", WARN, f"{wanted} NVLinks active", "unreadable", RUN_DEPLOY
+    elif nvlink.get("state") == "mig_mode":  # nvidia-smi will not list links in MIG mode
+        found = "not queryable in MIG mode"
+        yield f"gpu.nvlink:{label}", WARN, f"{wanted} NVLinks active", found, "query NVML or DCGM"
     elif active < wanted:
         found = "all inactive" if nvlink.get("state") == "all_inactive" else f"{active} active"
         yield f"gpu.nvlink:{label}", CRIT, f"{wanted} NVLinks active", found, HARDWARE_TICKET

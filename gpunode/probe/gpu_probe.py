@@ -32,23 +32,63 @@ import argparse
 import contextlib
 import ctypes
 import functools
+import importlib
+import importlib.util
 import json
 import os
 import platform
 import re
 import subprocess
 import sys
-import xml.etree.ElementTree as ElementTree
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from datetime import datetime, timedelta, timezone
 from typing import Any, NamedTuple
+
+RECORD_MODULE = "gpunode.probe.gpu_record"
+
+
+def _load_record_module() -> None:
+    """Make ``gpunode.probe.gpu_record`` importable wherever this file runs.
+
+    On the control side it is the package's module. ``parsers.probe_program`` registers it in
+    ``sys.modules`` before this file runs; where ``roles.gpu_metrics`` installed the probe as a
+    script, gpu_record.py lies beside it (``python3 -I`` puts no script directory on sys.path).
+    """
+    if RECORD_MODULE in sys.modules:
+        return
+    try:
+        importlib.import_module(RECORD_MODULE)
+    except ImportError:
+        path = os.path.join(os.path.dirname(os.path.realpath(__file__)), "gpu_record.py")
+        spec = importlib.util.spec_from_file_location(RECORD_MODULE, path)
+        if spec is None or spec.loader is None:
+            raise
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[RECORD_MODULE] = module
+        spec.loader.exec_module(module)
+
+
+_load_record_module()
+
+from gpunode.probe.gpu_record import (  # noqa: E402 - importable only once loaded above
+    MAX_LINE_CHARS,
+    NVLINK_COMMAND,
+    XML_COMMAND,
+    Result,
+    absent,
+    bus_key,
+    clean,
+    never_raises,
+    nvlink_summary,
+    parse_nvidia_smi_xml,
+    parse_nvlink_status,
+    unreadable,
+)
 
 SCHEMA = "gpunode.gpu-report/1"
 PYNVML_DIR = "/usr/local/lib/gpunode-probe"
 XID_WINDOW_HOURS = 24
 
-XML_COMMAND = "nvidia-smi -q -x"
-NVLINK_COMMAND = "nvidia-smi nvlink -s"
 XID_COMMAND = "journalctl -t kernel -o short-iso"
 DPKG_COMMAND = "dpkg-query -W nvidia-driver* libnvidia-ml1 libnvidia-compute*"
 DPKG_PATTERNS = ("nvidia-driver*", "libnvidia-ml1", "libnvidia-compute*")
@@ -87,431 +127,6 @@ CLOCK_EVENT_REASON_BITS = {
     0x80: "hw_power_brake_slowdown",
     0x100: "display_clocks_setting",
 }
-REASON_PREFIXES = ("clocks_event_reason_", "clocks_throttle_reason_")
-REASON_ALIASES = {"display_clock_setting": "display_clocks_setting"}
-
-# How nvidia-smi says a value is not there; all read as None.
-UNAVAILABLE = re.compile(
-    r"\[?(n/a|not supported|unknown error|insufficient permissions|not available|"
-    r"gpu is lost|requested functionality has been deprecated)\]?",
-    re.IGNORECASE,
-)
-
-Result = dict[str, Any]
-
-# Longer than any line nvidia-smi or the kernel log prints (printk's limit is 1024): a longer
-# one is garbage or hostile, and is not handed to a regex whole (see parsers.MAX_LINE_CHARS).
-MAX_LINE_CHARS = 4096
-
-
-# --- the result contract ----------------------------------------------------------------------
-
-
-def unreadable(command: str, reason: str) -> Result:
-    """What every parser returns when the output cannot be trusted, saying why."""
-    return {"state": "unreadable", "command": command, "reason": reason}
-
-
-def absent(command: str, reason: str) -> Result:
-    return {"state": "absent", "command": command, "reason": reason}
-
-
-def never_raises(command: str) -> Callable[[Callable[..., Result]], Callable[..., Result]]:
-    """A parser bug becomes an explicit unreadable result, never a crashed fact or probe.
-
-    The reason starts with "internal parser error" so the fuzz tests can tell it apart.
-    """
-
-    def decorate(parse: Callable[..., Result]) -> Callable[..., Result]:
-        @functools.wraps(parse)
-        def guarded(*args: Any, **kwargs: Any) -> Result:
-            try:
-                return parse(*args, **kwargs)
-            except Exception as error:  # the contract: data or a reason, never an exception
-                return unreadable(command, f"internal parser error: {error!r}")
-
-        return guarded
-
-    return decorate
-
-
-# --- values -----------------------------------------------------------------------------------
-
-
-def clean(text: str | None) -> str | None:
-    """Stripped text, or None where nvidia-smi says the value is not available."""
-    if text is None:
-        return None
-    text = text.strip()
-    if not text or UNAVAILABLE.fullmatch(text):
-        return None
-    return text
-
-
-def number(text: str | None) -> float | None:
-    """'350.00 W' -> 350.0, '16x' -> 16.0; unavailable or not numeric -> None."""
-    value = clean(text)
-    if value is None:
-        return None
-    match = re.match(r"[-+]?[0-9]+(?:\.[0-9]+)?", value)
-    return float(match.group(0)) if match else None
-
-
-def integer(text: str | None) -> int | None:
-    value = number(text)
-    return int(value) if value is not None and value.is_integer() else None
-
-
-def enabled(text: str | None) -> bool | None:
-    return {"enabled": True, "disabled": False}.get((clean(text) or "").lower())
-
-
-def yes_no(text: str | None) -> bool | None:
-    return {"yes": True, "no": False}.get((clean(text) or "").lower())
-
-
-def bus_key(bus_id: str | None) -> tuple[int, int, int] | None:
-    """'00000000:18:00.0', '0000:18:00' (XID) and '18:00.0' name the same device."""
-    if not bus_id:
-        return None
-    match = re.fullmatch(
-        r"(?:([0-9a-fA-F]{1,8}):)?([0-9a-fA-F]{1,2}):([0-9a-fA-F]{1,2})(?:\.[0-7])?",
-        bus_id.strip(),
-    )
-    if not match:
-        return None
-    return int(match.group(1) or "0", 16), int(match.group(2), 16), int(match.group(3), 16)
-
-
-# --- nvidia-smi -q -x -------------------------------------------------------------------------
-
-
-def _text(element: ElementTree.Element | None, *paths: str) -> str | None:
-    """Text of the first of ``paths`` present (elements renamed across schemas)."""
-    if element is None:
-        return None
-    for path in paths:
-        found = element.find(path)
-        if found is not None and found.text is not None and found.text.strip():
-            return found.text.strip()
-    return None
-
-
-def _first(element: ElementTree.Element, *tags: str) -> ElementTree.Element | None:
-    for tag in tags:
-        found = element.find(tag)
-        if found is not None:
-            return found
-    return None
-
-
-def _ecc_totals(scope: ElementTree.Element | None) -> dict[str, int | None]:
-    """Corrected and uncorrected totals of one ECC scope (volatile or aggregate).
-
-    Schemas v11/v12 count per memory (sram_correctable, dram_uncorrectable, ...), driver 590
-    splits SRAM uncorrectable by detection (..._parity, ..._secded), older schemas give
-    single_bit/double_bit groups with a total each.
-    """
-    totals: dict[str, int | None] = {"corrected": None, "uncorrected": None}
-    if scope is None:
-        return totals
-    old_style = {"corrected": "single_bit/total", "uncorrected": "double_bit/total"}
-    if any(scope.find(path) is not None for path in old_style.values()):
-        return {kind: integer(_text(scope, path)) for kind, path in old_style.items()}
-    for counter in scope:
-        count = integer(counter.text)
-        if count is None:
-            continue
-        kind = (
-            "uncorrected"
-            if "uncorrectable" in counter.tag
-            else "corrected"
-            if "correctable" in counter.tag
-            else None
-        )
-        if kind is not None:
-            totals[kind] = (totals[kind] or 0) + count
-    return totals
-
-
-def _retired_pages(element: ElementTree.Element | None) -> Result:
-    single = integer(_text(element, "multiple_single_bit_retirement/retired_count"))
-    double = integer(_text(element, "double_bit_retirement/retired_count"))
-    pending_flags = [
-        yes_no(_text(element, tag)) for tag in ("pending_blacklist", "pending_retirement")
-    ]
-    known = [flag for flag in pending_flags if flag is not None]
-    return {
-        "supported": single is not None or double is not None,
-        "single_bit": single,
-        "double_bit": double,
-        "pending": any(known) if known else None,
-    }
-
-
-def _remapped_rows(element: ElementTree.Element | None) -> Result:
-    rows = {
-        "correctable": integer(_text(element, "remapped_row_corr")),
-        "uncorrectable": integer(_text(element, "remapped_row_unc")),
-        "pending": yes_no(_text(element, "remapped_row_pending")),
-        "failure": yes_no(_text(element, "remapped_row_failure")),
-    }
-    return {"supported": any(value is not None for value in rows.values()), **rows}
-
-
-def _reason_name(tag: str) -> str:
-    for prefix in REASON_PREFIXES:
-        if tag.startswith(prefix):
-            tag = tag[len(prefix) :]
-            break
-    return REASON_ALIASES.get(tag, tag)
-
-
-def _clock_event_reasons(element: ElementTree.Element | None) -> list[str] | None:
-    """Active reasons, sorted; None when the report has no readable reason at all."""
-    if element is None:
-        return None
-    states = {_reason_name(child.tag): (clean(child.text) or "").lower() for child in element}
-    known = {name: state for name, state in states.items() if state in ("active", "not active")}
-    if not known:
-        return None
-    return sorted(name for name, state in known.items() if state == "active")
-
-
-def _clocks(element: ElementTree.Element | None) -> dict[str, int | None]:
-    return {
-        name: integer(_text(element, f"{tag}_clock"))
-        for name, tag in (
-            ("graphics", "graphics"),
-            ("sm", "sm"),
-            ("memory", "mem"),
-            ("video", "video"),
-        )
-    }
-
-
-LINK_STATES = {"active": True, "up": True, "inactive": False, "down": False}
-
-
-def _xml_nvlinks(gpu: ElementTree.Element) -> list[Result] | None:
-    """NVLink states if the report has an NVLink element; None otherwise.
-
-    No captured schema (v11, v12, driver 590) has one, so this only reads an element whose
-    tag starts with "nvlink" and whose children each hold a link's state as text.
-    """
-    container = next((child for child in gpu if child.tag.startswith("nvlink")), None)
-    if container is None:
-        return None
-    links = []
-    for position, link in enumerate(container):
-        texts = [(node.tag, clean(node.text)) for node in link.iter()]
-        states = [
-            LINK_STATES[text.lower()] for _, text in texts if text and text.lower() in LINK_STATES
-        ]
-        if not states:
-            continue
-        numbers = [integer(text) for tag, text in texts if "id" in tag or tag in ("link", "index")]
-        link_number = next((value for value in numbers if value is not None), position)
-        links.append({"link": link_number, "active": states[0], "speed_gbps": None})
-    return links
-
-
-def gpu_from_xml(gpu: ElementTree.Element, position: int) -> Result:
-    """The normalized fields of one ``<gpu>`` element, whatever the schema."""
-    power = _first(gpu, "gpu_power_readings", "power_readings")
-    link_info = gpu.find("pci/pci_gpu_link_info")
-    module_id = integer(_text(gpu, "gpu_module_id", "platformInfo/module_id"))
-    ecc_errors = gpu.find("ecc_errors")
-    xml_links = _xml_nvlinks(gpu)
-    return {
-        # The enumeration order, which nvidia-smi -i uses; the minor number (/dev/nvidiaN)
-        # can differ, e.g. after a GPU has fallen off the bus.
-        "index": position,
-        "minor_number": integer(_text(gpu, "minor_number")),
-        "module_id": module_id,
-        "uuid": clean(_text(gpu, "uuid")),
-        "serial": clean(_text(gpu, "serial")),
-        "name": clean(_text(gpu, "product_name")),
-        "pci_bus_id": clean(gpu.get("id")) or clean(_text(gpu, "pci/pci_bus_id")),
-        "vbios_version": clean(_text(gpu, "vbios_version")),
-        "persistence_mode": enabled(_text(gpu, "persistence_mode")),
-        "performance_state": clean(_text(gpu, "performance_state")),
-        "ecc_mode": {
-            "current": enabled(_text(gpu, "ecc_mode/current_ecc")),
-            "pending": enabled(_text(gpu, "ecc_mode/pending_ecc")),
-        },
-        "ecc_errors": {
-            scope: _ecc_totals(None if ecc_errors is None else ecc_errors.find(scope))
-            for scope in ("volatile", "aggregate")
-        },
-        "retired_pages": _retired_pages(gpu.find("retired_pages")),
-        "remapped_rows": _remapped_rows(gpu.find("remapped_rows")),
-        "mig_mode": {
-            "current": enabled(_text(gpu, "mig_mode/current_mig")),
-            "pending": enabled(_text(gpu, "mig_mode/pending_mig")),
-        },
-        "temperature_c": {
-            "gpu": integer(_text(gpu, "temperature/gpu_temp")),
-            "memory": integer(_text(gpu, "temperature/memory_temp")),
-        },
-        "power_w": {
-            "draw": number(_text(power, "power_draw", "average_power_draw", "instant_power_draw")),
-            "limit": number(
-                _text(power, "current_power_limit", "enforced_power_limit", "power_limit")
-            ),
-            "default_limit": number(_text(power, "default_power_limit")),
-            "min_limit": number(_text(power, "min_power_limit")),
-            "max_limit": number(_text(power, "max_power_limit")),
-        },
-        "clocks_mhz": {
-            "current": _clocks(gpu.find("clocks")),
-            "max": _clocks(gpu.find("max_clocks")),
-        },
-        "clock_event_reasons": _clock_event_reasons(
-            _first(gpu, "clocks_event_reasons", "clocks_throttle_reasons")
-        ),
-        "pcie": {
-            "gen_current": integer(_text(link_info, "pcie_gen/current_link_gen")),
-            "gen_max": integer(_text(link_info, "pcie_gen/max_link_gen")),
-            "width_current": integer(_text(link_info, "link_widths/current_link_width")),
-            "width_max": integer(_text(link_info, "link_widths/max_link_width")),
-        },
-        "fabric": {
-            "state": clean(_text(gpu, "fabric/state")),
-            "status": clean(_text(gpu, "fabric/status")),
-        },
-        "nvlink": None if xml_links is None else nvlink_summary(xml_links, "xml"),
-    }
-
-
-@never_raises(XML_COMMAND)
-def parse_nvidia_smi_xml(text: str) -> Result:
-    """``nvidia-smi -q -x`` output (any DTD version) -> driver versions and normalized GPUs."""
-    if not text.strip():
-        return unreadable(XML_COMMAND, "empty output")
-    try:
-        root = ElementTree.fromstring(text)
-    except (ElementTree.ParseError, ValueError) as error:
-        return unreadable(XML_COMMAND, f"not well-formed XML, truncated or corrupted ({error})")
-    if root.tag != "nvidia_smi_log":
-        return unreadable(XML_COMMAND, f"root element is <{root.tag}>, not <nvidia_smi_log>")
-    elements = root.findall("gpu")
-    driver_version = clean(_text(root, "driver_version"))
-    attached = integer(_text(root, "attached_gpus"))
-    if driver_version is None and attached is None and not elements:
-        return unreadable(XML_COMMAND, "no driver_version, attached_gpus or gpu element")
-    return {
-        "state": "ok",
-        "command": XML_COMMAND,
-        "driver_version": driver_version,
-        "cuda_driver_version": clean(_text(root, "cuda_version")),
-        # Counts every GPU, also those a -i selection left out of the report.
-        "attached_gpus": attached,
-        "gpus": [gpu_from_xml(element, position) for position, element in enumerate(elements)],
-    }
-
-
-# --- nvidia-smi nvlink -s ---------------------------------------------------------------------
-
-ALL_LINKS_INACTIVE = "NVML: Unable to retrieve NVLink information as all links are inactive"
-_NVLINK_UUID = re.compile(r"[^()\s]+")
-
-
-def _nvlink_gpu(line: str) -> tuple[int, str, str] | None:
-    """``GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-...)`` -> (index, name, UUID)."""
-    if not line.startswith("GPU "):
-        return None
-    number, colon, rest = line[4:].partition(": ")
-    name, marker, uuid = rest.rpartition(" (UUID: ")
-    if not (colon and marker and number.isdigit() and number.isascii() and uuid.endswith(")")):
-        return None
-    uuid = uuid[:-1]
-    return (int(number), name, uuid) if _NVLINK_UUID.fullmatch(uuid) else None
-
-
-def _nvlink_link(line: str) -> tuple[int, str] | None:
-    """``Link 3: 26.562 GB/s`` (indented) -> (3, '26.562 GB/s').
-
-    Read with str methods: a regex ending in a lazy group and optional blanks backtracks
-    quadratically on a long run of blanks.
-    """
-    body = line.strip()
-    if not body.startswith("Link "):
-        return None
-    number, colon, value = body[5:].partition(": ")
-    if not (colon and number.isdigit() and number.isascii()):
-        return None
-    return int(number), value
-
-
-def nvlink_summary(links: list[Result], source: str, all_inactive: bool = False) -> Result:
-    """Per-GPU NVLink state: ok (links listed), all_inactive, or none (no NVLink)."""
-    active = sum(1 for link in links if link["active"])
-    state = "ok" if links else "none"
-    if all_inactive or (links and not active):
-        state = "all_inactive"
-    return {
-        "source": source,
-        "state": state,
-        "active": active,
-        # nvidia-smi names no link when all are inactive: the number is unknown then.
-        "total": None if all_inactive else len(links),
-        "links": links,
-    }
-
-
-@never_raises(NVLINK_COMMAND)
-def parse_nvlink_status(text: str) -> Result:
-    """``nvidia-smi nvlink -s`` -> per GPU (index, name, UUID) its links and their state."""
-    gpus: list[Result] = []
-    for line_number, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        if len(line) > MAX_LINE_CHARS:
-            return unreadable(
-                NVLINK_COMMAND,
-                f"line {line_number} is {len(line)} characters long (over {MAX_LINE_CHARS})",
-            )
-        if gpu_line := _nvlink_gpu(line.strip()):
-            index, name, uuid = gpu_line
-            gpus.append(
-                {"index": index, "name": name, "uuid": uuid, "links": [], "all_inactive": False}
-            )
-            continue
-        if not gpus:
-            return unreadable(NVLINK_COMMAND, f"line {line_number} comes before any GPU: {line!r}")
-        if line.strip() == ALL_LINKS_INACTIVE:
-            gpus[-1]["all_inactive"] = True
-        elif link_line := _nvlink_link(line):
-            link, value = link_line
-            speed = re.fullmatch(r"([0-9]+(?:\.[0-9]+)?) GB/s", value)
-            if value == "<inactive>":
-                gpus[-1]["links"].append({"link": link, "active": False, "speed_gbps": None})
-            elif speed:
-                gpus[-1]["links"].append(
-                    {"link": link, "active": True, "speed_gbps": float(speed[1])}
-                )
-            else:
-                return unreadable(
-                    NVLINK_COMMAND, f"line {line_number}: unknown link state {value!r}"
-                )
-        else:
-            return unreadable(NVLINK_COMMAND, f"line {line_number} not understood: {line!r}")
-    if not gpus:
-        return unreadable(NVLINK_COMMAND, "empty output" if not text.strip() else "no GPU line")
-    return {
-        "state": "ok",
-        "command": NVLINK_COMMAND,
-        "gpus": [
-            {
-                "index": gpu["index"],
-                "name": gpu["name"],
-                "uuid": gpu["uuid"],
-                **nvlink_summary(gpu["links"], NVLINK_COMMAND, gpu["all_inactive"]),
-            }
-            for gpu in gpus
-        ],
-    }
 
 
 # --- nvidia-smi failures ----------------------------------------------------------------------
@@ -809,6 +424,30 @@ class NvmlReader:
             },
             "fabric": self._fabric(handle),
             "nvlink": self._nvlink(handle),
+            **self._application_clocks(handle),
+        }
+
+    def _application_clocks(self, handle: Any) -> Result:
+        """The same three fields as ``gpu_record``'s, from NVML."""
+        nvml = self.nvml
+        memory = self.get("nvmlDeviceGetApplicationsClock", handle, nvml.NVML_CLOCK_MEM)
+        graphics = self.get("nvmlDeviceGetApplicationsClock", handle, nvml.NVML_CLOCK_GRAPHICS)
+        supported = []
+        for memory_clock in self.get("nvmlDeviceGetSupportedMemoryClocks", handle) or []:
+            graphics_clocks = self.get("nvmlDeviceGetSupportedGraphicsClocks", handle, memory_clock)
+            graphics_mhz = sorted(int(clock) for clock in graphics_clocks or [])
+            supported.append({"memory": int(memory_clock), "graphics": graphics_mhz})
+        if memory is None or graphics is None:
+            # NVML gives no words, only "not supported" (e.g. deprecated on Hopper by 590).
+            return {
+                "application_clocks_mhz": None,
+                "application_clocks_note": "not reported by NVML",
+                "supported_clocks_mhz": supported,
+            }
+        return {
+            "application_clocks_mhz": {"memory": int(memory), "graphics": int(graphics)},
+            "application_clocks_note": "",
+            "supported_clocks_mhz": supported,
         }
 
     def _performance_state(self, handle: Any) -> str | None:
@@ -988,13 +627,16 @@ def add_nvlink_status(system: System, gpus: list[Result]) -> None:
     if not wanting:
         return
     completed = system.run(["nvidia-smi", "nvlink", "-s"])
+    # Output cut short by an error (non-zero exit) is still read: the GPUs it lists are kept,
+    # the others carry the failure. No output at all with exit 0 means no GPU has NVLink.
+    status = parse_nvlink_status(completed.stdout, empty_ok=completed.exit_code == 0)
+    failure = None
     if completed.exit_code != 0:
         failure = nvidia_smi_failure(
             NVLINK_COMMAND, completed.exit_code, completed.stdout + completed.stderr
         )
-        status: Result = failure
-    else:
-        status = parse_nvlink_status(completed.stdout)
+        if status["state"] != "ok":
+            status = failure
     by_uuid = {gpu["uuid"]: gpu for gpu in status.get("gpus", [])}
     for gpu in wanting:
         if status["state"] != "ok":
@@ -1008,11 +650,14 @@ def add_nvlink_status(system: System, gpus: list[Result]) -> None:
             for key in ("index", "name", "uuid"):
                 found.pop(key)
             gpu["nvlink"] = found
+        elif not status["gpus"]:  # exit 0 and nothing printed: no NVLink on this node
+            gpu["nvlink"] = nvlink_summary([], NVLINK_COMMAND)
         else:
+            missing = f"{gpu['uuid']} is missing from the output of {NVLINK_COMMAND}"
             gpu["nvlink"] = {
                 "source": NVLINK_COMMAND,
                 "state": "unreadable",
-                "reason": f"{gpu['uuid']} is missing from the output of {NVLINK_COMMAND}",
+                "reason": f"{missing}: {failure['reason']}" if failure else missing,
             }
 
 

@@ -6,7 +6,8 @@ it is: ``ok`` (the data), ``unreadable`` (``reason`` says why: empty, truncated,
 names the command the output came from. No parser raises and none returns a silent empty
 list: where a list is empty, the output proved it empty.
 
-Parsers (the ones the node-side probe also needs live in ``gpu_probe`` and are re-exported):
+Parsers (the ones the node-side probe also needs live in ``gpu_record`` and ``gpu_probe``
+and are re-exported):
 
 - ``parse_nvidia_smi_xml``: ``nvidia-smi -q -x``, every DTD version;
 - ``parse_nvlink_status``: ``nvidia-smi nvlink -s``;
@@ -37,19 +38,16 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from gpunode.probe import gpu_probe
-from gpunode.probe.gpu_probe import (
+from gpunode.probe import gpu_probe, gpu_record
+from gpunode.probe.gpu_probe import SCHEMA, XID_COMMAND, nvidia_smi_failure, parse_xid_events
+from gpunode.probe.gpu_record import (
     NVLINK_COMMAND,
-    SCHEMA,
-    XID_COMMAND,
     XML_COMMAND,
     Result,
     absent,
     never_raises,
-    nvidia_smi_failure,
     parse_nvidia_smi_xml,
     parse_nvlink_status,
-    parse_xid_events,
     unreadable,
 )
 from gpunode.sanitize import Bool, Int, ListOf, Maybe, Record, Str
@@ -88,7 +86,7 @@ LOG_WINDOW = "-24h"  # journalctl's relative --since, on the node's own clock
 # one node prints must cost time in proportion to its size, and the size is bounded.
 # No line of nvidia-smi's text, ibstat or the kernel log comes near this (printk's limit is
 # 1024); the probe's JSON is one line, so it and nvme's JSON are bounded by the total only.
-MAX_LINE_CHARS = gpu_probe.MAX_LINE_CHARS
+MAX_LINE_CHARS = gpu_record.MAX_LINE_CHARS
 # Far above an 8-GPU node's largest section (nvidia-smi -q -x, about 300 kB).
 MAX_OUTPUT_CHARS = 8 << 20
 
@@ -172,7 +170,7 @@ def _string(value: Any) -> str | None:
 def _count(value: Any, where: str) -> int | None:
     if isinstance(value, dict):  # some drivers nest a count under the cause
         value = value.get("Count")
-    if not isinstance(value, str) or gpu_probe.clean(value) is None:
+    if not isinstance(value, str) or gpu_record.clean(value) is None:
         return None
     if not re.fullmatch(r"[0-9]+", value.strip()):
         raise _Problem(f"{where}: {value!r} is not a count")
@@ -180,9 +178,9 @@ def _count(value: Any, where: str) -> int | None:
 
 
 def _flag(value: Any, where: str) -> bool | None:
-    if not isinstance(value, str) or gpu_probe.clean(value) is None:
+    if not isinstance(value, str) or gpu_record.clean(value) is None:
         return None
-    flag = gpu_probe.yes_no(value)
+    flag = gpu_record.yes_no(value)
     if flag is None:
         raise _Problem(f"{where}: {value!r} is neither Yes nor No")
     return flag
@@ -238,7 +236,7 @@ def parse_page_retirement(text: str) -> Result:
     if problem := over_long_lines(text):
         return unreadable(PAGE_RETIREMENT_COMMAND, problem)
     header, gpus = parse_query_text(text)
-    attached = gpu_probe.integer(_string(header.get("Attached GPUs")))
+    attached = gpu_record.integer(_string(header.get("Attached GPUs")))
     if not gpus:
         return unreadable(PAGE_RETIREMENT_COMMAND, "no 'GPU <bus id>' section")
     if attached is None:
@@ -267,7 +265,7 @@ def parse_page_retirement(text: str) -> Result:
     return {
         "state": "ok",
         "command": PAGE_RETIREMENT_COMMAND,
-        "driver_version": gpu_probe.clean(_string(header.get("Driver Version"))),
+        "driver_version": gpu_record.clean(_string(header.get("Driver Version"))),
         "attached_gpus": attached,
         "gpus": listed,
     }
@@ -275,111 +273,190 @@ def parse_page_retirement(text: str) -> Result:
 
 # --- ibstat -----------------------------------------------------------------------------------
 
-_IBSTAT_CA = re.compile(r"CA '([^']+)'")
-_IBSTAT_PORT = re.compile(r"\tPort ([0-9]+):")
-_IBSTAT_KEY = re.compile(r"[A-Za-z][A-Za-z ]*")
+# infiniband-diags' ibstat.c names each device by its node type: "CA 'mlx5_0'", and a
+# switch's "Switch 'x'" (its first field is then "Switch type").
+_IBSTAT_HEADER = re.compile(r"(CA|Switch|Router|iWARP RNIC|\?\?\?) '([^']+)'")
+_IBSTAT_PORT = re.compile(r"Port ([0-9]+):")
+# A field a later release adds may carry digits or punctuation in its name; it is kept as is.
+_IBSTAT_KEY = re.compile(r"[A-Za-z][A-Za-z0-9 ()/_.+-]*")
+_IBSTAT_RATE = re.compile(r"([0-9]+(?:\.[0-9]+)?)(?: \(([A-Za-z0-9 ]+)\))?")
 IBSTAT_NUMBERS = ("number_of_ports", "base_lid", "lmc", "sm_lid")
 IBSTAT_PORT_REQUIRED = ("state", "physical_state", "rate", "link_layer")
 IBSTAT_CA_REQUIRED = ("ca_type", "firmware_version")
 
 
-def _ibstat_field(line: str) -> tuple[int, str, str] | None:
-    """A CA field (one tab, ``Key: value``) or a port field (two tabs) -> (tabs, key, value).
+def _ibstat_key(name: str) -> str:
+    """``Physical state`` -> ``physical_state``; ``Port GUID (ext)`` -> ``port_guid_ext``."""
+    return re.sub(r"[^a-z0-9]+", "_", name.strip().lower()).strip("_")
+
+
+def _ibstat_field(body: str) -> tuple[str, str] | None:
+    """``Key: value`` (indent removed) -> (key, value).
 
     Read with str methods: a regex ending in a lazy group and optional blanks backtracks
     quadratically on a long run of blanks.
     """
-    body = line.lstrip("\t")
-    tabs = len(line) - len(body)
     key, colon, value = body.partition(":")
-    if tabs not in (1, 2) or not colon or not _IBSTAT_KEY.fullmatch(key):
+    if not colon or not _IBSTAT_KEY.fullmatch(key):
         return None
-    return tabs, key.strip().lower().replace(" ", "_"), value.removeprefix(" ").rstrip()
+    return _ibstat_key(key), value.strip()
 
 
-def _ibstat_value(key: str, value: str) -> tuple[Any, str | None]:
-    """(value, why it is unreadable or None)."""
+def _ibstat_value(key: str, value: str) -> tuple[Any, str | None, str | None]:
+    """(value, a rate's name such as FDR10 or None, why it is unreadable or None)."""
     if key in IBSTAT_NUMBERS and re.fullmatch(r"[0-9]+", value):
-        return int(value), None
-    if key == "rate":  # Gb/s; SDR is 2.5
-        if not re.fullmatch(r"[0-9]+(?:\.[0-9]+)?", value):
-            return None, f"{value[:40]!r} is not a rate in Gb/s"
-        rate = float(value)
-        return (int(rate) if rate.is_integer() else rate), None
-    return value, None
+        return int(value), None, None
+    if key == "rate":  # Gb/s; SDR is 2.5; ibstat writes "56 (FDR10)" for FDR10 links
+        match = _IBSTAT_RATE.fullmatch(value)
+        if not match:
+            return None, None, f"{value[:40]!r} is not a rate in Gb/s"
+        rate = float(match[1])
+        return (int(rate) if rate.is_integer() else rate), match[2], None
+    return value, None, None
+
+
+def _ibstat_level(indent: str, unit: str) -> int | None:
+    """How many ``unit`` make up ``indent`` (None: not a whole number of them)."""
+    if not unit or len(indent) % len(unit) or indent != unit * (len(indent) // len(unit)):
+        return None
+    return len(indent) // len(unit)
+
+
+class _IbstatCa:
+    """One CA while it is read: its record, its open port, its indent unit, its problems."""
+
+    def __init__(self, name: str, node_type: str) -> None:
+        self.record: Result = {"name": name, "node_type": node_type, "ports": [], "problems": []}
+        self.port: Result | None = None
+        self.unit: str | None = None
+
+    def problem(self, message: str) -> None:
+        self.record["problems"].append(message)
+
+    def incomplete(self) -> list[str]:
+        """Why this CA's listing is not whole (fields or ports missing); empty if it is."""
+        ca = self.record
+        found = []
+        missing = [key for key in IBSTAT_CA_REQUIRED if key not in ca]
+        if missing:
+            found.append(f"CA {ca['name']} lacks {missing} (truncated?)")
+        # A switch lists its management port 0 besides the ports it counts.
+        listed = [each for each in ca["ports"] if each["port"] != 0]
+        declared = ca.get("number_of_ports")
+        if not isinstance(declared, int) or declared != len(listed):
+            found.append(
+                f"CA {ca['name']} declares {declared} ports but lists {len(listed)} (truncated?)"
+            )
+        for each in ca["ports"]:
+            lacking = [key for key in IBSTAT_PORT_REQUIRED if key not in each]
+            if lacking:
+                found.append(f"CA {ca['name']} port {each['port']} lacks {lacking} (truncated?)")
+        return found
+
+
+def _ibstat_line(ca: _IbstatCa, line_number: int, line: str) -> None:
+    """Read one indented line into ``ca``, or name it among the CA's problems."""
+    over_long = len(line) > MAX_LINE_CHARS
+    head = line[:MAX_LINE_CHARS].rstrip()
+    body = head.lstrip(" \t")
+    indent = head[: len(head) - len(body)]
+    shown = f"{head[:120]!r}"
+    if ca.unit is None and indent:
+        ca.unit = indent  # releases and terminals differ: a tab, 8 spaces, 4 spaces...
+    level = _ibstat_level(indent, ca.unit or "")
+    if level == 1 and not over_long and (match := _IBSTAT_PORT.fullmatch(body)):
+        ca.port = {"port": int(match[1])}
+        ca.record["ports"].append(ca.port)
+        return
+    field = _ibstat_field(body) if level in (1, 2) else None
+    if field is None:
+        ca.problem(f"line {line_number} not understood: {shown}")
+        return
+    key, text_value = field
+    if level == 2 and ca.port is None:
+        ca.problem(f"line {line_number}: port field outside a port: {shown}")
+        return
+    if level == 1 and ca.port is not None:
+        ca.problem(f"line {line_number}: CA field after its ports: {shown}")
+        return
+    target = ca.port if ca.port is not None else ca.record
+    if key == f"{ca.record['node_type'].lower()}_type" and target is ca.record:
+        key = "ca_type"  # "Switch type" is a switch's "CA type"
+    if over_long:
+        value: Any = None
+        rate_name = None
+        problem: str | None = (
+            f"line {line_number} is {len(line)} characters long (over {MAX_LINE_CHARS}): not read"
+        )
+    else:
+        value, rate_name, problem = _ibstat_value(key, text_value)
+    target[key] = value
+    if rate_name:
+        target["rate_name"] = rate_name
+    if problem:
+        target.setdefault("unreadable", {})[key] = problem
+        ca.problem(problem if over_long else f"line {line_number}: {key} {problem}")
 
 
 @never_raises(IBSTAT_COMMAND)
 def parse_ibstat(text: str) -> Result:
     """``ibstat`` -> CAs (type, firmware, GUIDs) with their ports, and the ports flattened.
 
-    A field whose value cannot be read (a line over ``MAX_LINE_CHARS``, a rate that is not a
-    number) is None, with the reason under the CA's or port's ``unreadable``; the rest stays.
+    Tolerant of what differs between infiniband-diags releases and terminals: the indent unit
+    is the first field line's (a tab, or spaces), fields are that unit once (CA) or twice
+    (port); a field a release adds is kept under its own name. A line that is not understood,
+    or a field whose value cannot be read (None, with the reason under the CA's or port's
+    ``unreadable``), is named in its CA's ``problems`` and in ``problems``; every other CA is
+    kept. The output is unreadable only when no CA reads whole, or when it ends inside a CA
+    (cut short: CAs after it may be missing, and the ports counted would be wrong).
     """
-    cas: list[Result] = []
-    port: Result | None = None
+    cas: list[_IbstatCa] = []
+    before: list[str] = []  # lines before the first CA
     for line_number, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
-        over_long = len(line) > MAX_LINE_CHARS
-        head = line[:MAX_LINE_CHARS]
-        if not over_long and (match := _IBSTAT_CA.fullmatch(line)):
-            cas.append({"name": match.group(1), "ports": []})
-            port = None
+        head = line[:MAX_LINE_CHARS].rstrip()
+        if len(line) <= MAX_LINE_CHARS and (match := _IBSTAT_HEADER.fullmatch(head)):
+            cas.append(_IbstatCa(match[2], match[1]))
         elif not cas:
-            return unreadable(
-                IBSTAT_COMMAND, f"line {line_number} comes before any CA: {head[:120]!r}"
-            )
-        elif not over_long and (match := _IBSTAT_PORT.fullmatch(line)):
-            port = {"port": int(match.group(1))}
-            cas[-1]["ports"].append(port)
-        elif field := _ibstat_field(head):
-            tabs, key, text_value = field
-            if tabs == 2 and port is None:
-                return unreadable(IBSTAT_COMMAND, f"line {line_number}: port field outside a port")
-            if tabs == 1 and port is not None:
-                return unreadable(IBSTAT_COMMAND, f"line {line_number}: CA field after its ports")
-            target = port if port is not None else cas[-1]
-            if over_long:
-                value: Any = None
-                problem: str | None = (
-                    f"line {line_number} is {len(line)} characters long "
-                    f"(over {MAX_LINE_CHARS}): not read"
-                )
-            else:
-                value, problem = _ibstat_value(key, text_value)
-            target[key] = value
-            if problem:
-                target.setdefault("unreadable", {})[key] = problem
+            before.append(f"line {line_number} comes before any CA: {head[:120]!r}")
         else:
-            return unreadable(IBSTAT_COMMAND, f"line {line_number} not understood: {head[:120]!r}")
+            _ibstat_line(cas[-1], line_number, line)
     if not cas:
-        return unreadable(IBSTAT_COMMAND, "empty output" if not text.strip() else "no CA")
-    for ca in cas:
-        missing = [key for key in IBSTAT_CA_REQUIRED if key not in ca]
-        declared = ca.get("number_of_ports")
-        if missing:
-            return unreadable(IBSTAT_COMMAND, f"CA {ca['name']} lacks {missing} (truncated?)")
-        if not isinstance(declared, int) or declared != len(ca["ports"]):
-            return unreadable(
-                IBSTAT_COMMAND,
-                f"CA {ca['name']} declares {declared} ports but lists {len(ca['ports'])} "
-                "(truncated?)",
-            )
-        for each in ca["ports"]:
-            lacking = [key for key in IBSTAT_PORT_REQUIRED if key not in each]
-            if lacking:
-                return unreadable(
-                    IBSTAT_COMMAND,
-                    f"CA {ca['name']} port {each['port']} lacks {lacking} (truncated?)",
-                )
+        if not text.strip():
+            return unreadable(IBSTAT_COMMAND, "empty output")
+        return unreadable(IBSTAT_COMMAND, before[0] if before else "no CA")
+    for ca in cas[:-1]:  # followed by another CA: not cut short, only incomplete
+        for message in ca.incomplete():
+            ca.problem(message.removesuffix(" (truncated?)"))
+    cut = cas[-1].incomplete()
+    for message in cut:
+        cas[-1].problem(message)
+    whole = [ca for ca in cas if not ca.record["problems"]]
+    if not whole:
+        first = next(ca for ca in cas if ca.record["problems"])
+        return unreadable(IBSTAT_COMMAND, first.record["problems"][0])
+    if cut:
+        return unreadable(IBSTAT_COMMAND, cut[0])
+    records = [ca.record for ca in cas]
     ports = [
-        {"ca": ca["name"], "ca_type": ca["ca_type"], "firmware_version": ca["firmware_version"]}
+        {
+            "ca": ca["name"],
+            "ca_type": ca.get("ca_type"),
+            "firmware_version": ca.get("firmware_version"),
+        }
         | each
-        for ca in cas
+        for ca in records
         for each in ca["ports"]
     ]
-    return {"state": "ok", "command": IBSTAT_COMMAND, "cas": cas, "ports": ports}
+    problems = before + [message for ca in records for message in ca["problems"]]
+    return {
+        "state": "ok",
+        "command": IBSTAT_COMMAND,
+        "cas": records,
+        "ports": ports,
+        "problems": problems,
+    }
 
 
 # --- nvme list -o json ------------------------------------------------------------------------
@@ -668,6 +745,9 @@ def probe_program(ship_pynvml: bool = True) -> str:
     pynvml_path = _find_pynvml() if ship_pynvml else None
     if pynvml_path is not None:
         modules["pynvml"] = (pynvml_path.read_text(encoding="utf-8"), "pynvml.py (shipped)")
+    # The GPU record's parser first: gpu_probe imports it under its package name.
+    record_source = Path(gpu_record.__file__).read_text(encoding="utf-8")
+    modules[gpu_probe.RECORD_MODULE] = (record_source, "gpu_record.py")
     probe_source = Path(gpu_probe.__file__).read_text(encoding="utf-8")
     modules["gpunode_gpu_probe"] = (probe_source, "gpu_probe.py")
     for name, (source, filename) in modules.items():
@@ -744,7 +824,8 @@ JOURNAL_NOT_READABLE = "not seeing messages from other users and the system"
 SECTION_PARSERS: Mapping[str, Callable[[str], Result]] = {
     "gpu": parse_gpu_report,
     "nvidia_smi_xml": parse_nvidia_smi_xml,
-    "nvlink": parse_nvlink_status,
+    # Called after exit 0 only: no output then means no GPU has NVLink.
+    "nvlink": lambda text: parse_nvlink_status(text, empty_ok=True),
     "page_retirement": parse_page_retirement,
     "xid": parse_xid_events,
     "ib_flaps": lambda text: parse_ib_flaps(text, empty_ok=True),

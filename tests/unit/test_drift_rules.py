@@ -193,6 +193,8 @@ FAULTS = [
                  {"gpu.nvlink:1": Severity.CRITICAL}, id="nvlink-down"),
     pytest.param(set_path("gpu.gpus.1.nvlink", {"state": "all_inactive", "active": 0}),
                  {"gpu.nvlink:1": Severity.CRITICAL}, id="nvlink-all-inactive"),
+    pytest.param(set_path("gpu.gpus.1.nvlink", {"state": "mig_mode", "active": 0, "total": None}),
+                 {"gpu.nvlink:1": Severity.WARNING}, id="nvlink-hidden-in-mig-mode"),
     pytest.param(set_path("gpu.gpus.0.clock_event_reasons", ["hw_thermal_slowdown"]),
                  {"gpu.throttle:0:hw_thermal_slowdown": Severity.WARNING}, id="thermal-throttle"),
     pytest.param(set_path("gpu.gpus.0.pcie.width_current", 8),

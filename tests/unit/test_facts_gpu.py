@@ -16,12 +16,30 @@ from facts.gpu import (
     parse_fact_output,
     parse_nvidia_smi_xml,
 )
+from gpunode.probe import gpu_probe, gpu_record
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "nvidia-smi-xml"
 
 
 def lines_of(name: str, exit_code: int = 0) -> list[str]:
     return [*(FIXTURES / name).read_text().splitlines(), f"{EXIT_MARKER}{exit_code}"]
+
+
+XML_FIXTURES = sorted(path.name for path in FIXTURES.glob("*.xml"))
+MIG_LISTINGS = {"mig_profiles", "gpu_instances", "compute_pids"}
+
+
+@pytest.mark.parametrize("name", XML_FIXTURES)
+def test_roles_and_drift_read_the_same_gpu_record(name: str) -> None:
+    """The fact (roles) and the probe (drift, metrics) build one record from the same XML."""
+    fact = parse_nvidia_smi_xml(lines_of(name))
+    probe = gpu_probe.parse_nvidia_smi_xml((FIXTURES / name).read_text())
+    assert fact["state"] == probe["state"] == "ok"
+    assert fact["driver_version"] == probe["driver_version"]
+    assert [set(gpu) for gpu in fact["gpus"]] == [gpu_record.RECORD_KEYS | MIG_LISTINGS] * len(
+        probe["gpus"]
+    )
+    assert [{k: gpu[k] for k in gpu_record.RECORD_KEYS} for gpu in fact["gpus"]] == probe["gpus"]
 
 
 def test_a100_v12_capture() -> None:
@@ -31,13 +49,13 @@ def test_a100_v12_capture() -> None:
     assert report["cuda_version"] == "12.2"
     (gpu,) = report["gpus"]
     assert gpu["name"] == "NVIDIA A100-SXM4-80GB"
-    assert gpu["bus_id"] == "00000000:01:00.0"
-    assert gpu["persistence_mode"] == "Disabled"
-    assert (gpu["mig_current"], gpu["mig_pending"]) == ("Enabled", "Enabled")
-    assert (gpu["ecc_current"], gpu["ecc_pending"]) == ("Enabled", "Enabled")
+    assert gpu["pci_bus_id"] == "00000000:01:00.0"
+    assert gpu["persistence_mode"] is False
+    assert gpu["mig_mode"] == {"current": True, "pending": True}
+    assert gpu["ecc_mode"] == {"current": True, "pending": True}
     # v12 moved power limits under gpu_power_readings.
-    assert gpu["power_limit_w"] == 500.0
-    assert gpu["power_min_w"] == 100.0 and gpu["power_max_w"] == 500.0
+    assert gpu["power_w"]["limit"] == 500.0
+    assert gpu["power_w"]["min_limit"] == 100.0 and gpu["power_w"]["max_limit"] == 500.0
 
 
 @pytest.mark.parametrize(
@@ -49,7 +67,7 @@ def test_v11_captures_use_the_older_power_readings(name: str, product: str, limi
     assert report["driver_version"] == "515.105.01"
     (gpu,) = report["gpus"]
     assert gpu["name"] == product
-    assert gpu["power_limit_w"] == limit
+    assert gpu["power_w"]["limit"] == limit
     assert gpu["uuid"].startswith("GPU-")
 
 
@@ -68,8 +86,8 @@ def test_driver_not_loaded_is_unreadable_with_reason() -> None:
     ("output", "reason"),
     [
         ([f"{EXIT_MARKER}0"], "nvidia-smi -q -x printed nothing"),
-        (["<nvidia_smi_log><gpu id='x'>", f"{EXIT_MARKER}0"], "output is not valid XML"),
-        (["<html></html>", f"{EXIT_MARKER}0"], "has root <html>, not <nvidia_smi_log>"),
+        (["<nvidia_smi_log><gpu id='x'>", f"{EXIT_MARKER}0"], "not well-formed XML, truncated"),
+        (["<html></html>", f"{EXIT_MARKER}0"], "root element is <html>, not <nvidia_smi_log>"),
     ],
     ids=["empty", "truncated", "wrong-document"],
 )
@@ -98,8 +116,9 @@ def test_application_clocks_and_supported_clocks_of_the_a100_capture() -> None:
     (gpu,) = parse_nvidia_smi_xml(lines_of("a100-sxm4-v12.xml"))["gpus"]
     assert gpu["application_clocks_mhz"] == {"memory": 1593, "graphics": 1275}
     assert gpu["application_clocks_note"] == ""
-    assert list(gpu["supported_clocks_mhz"]) == [1593]
-    graphics = gpu["supported_clocks_mhz"][1593]
+    (supported,) = gpu["supported_clocks_mhz"]
+    assert supported["memory"] == 1593
+    graphics = supported["graphics"]
     assert (graphics[0], graphics[-1], len(graphics)) == (210, 1410, 81)
 
 

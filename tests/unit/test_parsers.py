@@ -45,6 +45,8 @@ FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 XML = FIXTURES / "nvidia-smi-xml"
 H100_CAPTURE = "nvidia-smi-capture/linux-x86_64__nvidia-h100-80gb-hbm3__590.48.01.txt"
 H200_CAPTURE = "nvidia-smi-capture/linux-x86_64__nvidia-h200__590.48.01.txt"
+H100_MIG_CAPTURE = "nvidia-smi-capture/linux-x86_64__nvidia-h100-mig__590.48.01.txt"
+L40S_CAPTURE = "nvidia-smi-capture/linux-x86_64__nvidia-l40s__595.80.txt"
 A100_UUID = "GPU-513536b6-7d19-9063-b049-1e69664bb298"
 
 Parser = Callable[[str], dict[str, Any]]
@@ -79,12 +81,25 @@ FIXTURE_CASES: dict[str, list[tuple[str, Extract, Parser]]] = {
     "nvidia-smi-xml/a100-sxm4-v12.xml": [("-q -x", whole, parse_nvidia_smi_xml)],
     "nvidia-smi-xml/tesla-t4.xml": [("-q -x", whole, parse_nvidia_smi_xml)],
     "nvidia-smi-xml/a10g.xml": [("-q -x", whole, parse_nvidia_smi_xml)],
+    "nvidia-smi-xml/quadro-p400.xml": [("-q -x", whole, parse_nvidia_smi_xml)],
+    "nvidia-smi-xml/rtx-3090-v12.xml": [("-q -x", whole, parse_nvidia_smi_xml)],
+    "nvidia-smi-xml/dual_2070-v13.xml": [("-q -x", whole, parse_nvidia_smi_xml)],
+    "nvidia-smi-xml/rtx-4000-sff-ada-v13.xml": [("-q -x", whole, parse_nvidia_smi_xml)],
     H100_CAPTURE: CAPTURE_CASES,
     H200_CAPTURE: CAPTURE_CASES,
+    H100_MIG_CAPTURE: CAPTURE_CASES,
+    L40S_CAPTURE: CAPTURE_CASES,
     "ibstat/ibstat.47.0.h100.all.active.0": [("ibstat", whole, parse_ibstat)],
     "ibstat/ibstat.47.0.a100.all.active.0": [("ibstat", whole, parse_ibstat)],
+    "ibstat/ibstat.47.0.h100.some.down.0": [("ibstat", whole, parse_ibstat)],
+    "ibstat/ibstat.47.0.h100.some.down.1": [("ibstat", whole, parse_ibstat)],
     "nvlink/good_nvlink_status.txt": [("nvlink -s", whole, parse_nvlink_status)],
     "nvlink/bad_nvlink_status.txt": [("nvlink -s", whole, parse_nvlink_status)],
+    "nvlink/nvidia-smi.nvlink.status.a100": [("nvlink -s", whole, parse_nvlink_status)],
+    # Empty: the A10 has no NVLink and nvidia-smi printed nothing (with exit 0).
+    "nvlink/nvidia-smi.nvlink.status.a10": [
+        ("nvlink -s, exit 0", whole, lambda text: parse_nvlink_status(text, empty_ok=True))
+    ],
     "page-retirement/orig_nvsmi8_output.txt": [("PAGE_RETIREMENT", whole, parse_page_retirement)],
     "page-retirement/bad_nvsmi8_output.txt": [("PAGE_RETIREMENT", whole, parse_page_retirement)],
     "syslog/1dev_6flap_syslog": [("syslog", whole, parse_ib_flaps)],
@@ -111,6 +126,10 @@ def test_every_capture_parses(relative: str, extract: Extract, parse: Parser) ->
     result = parse(extract(read(relative)))
     assert result["state"] == "ok", result
     assert result["command"]
+    # Real vendor output: every line understood, nothing named as unread.
+    assert result.get("problems", []) == []
+    for gpu in result.get("gpus", []):
+        assert gpu.get("problems", []) == [], gpu
 
 
 # --- nvidia-smi -q -x -------------------------------------------------------------------------
@@ -553,6 +572,146 @@ def test_bad_ibstat_output_is_unreadable(text: str, reason: str) -> None:
     assert reason in result["reason"]
 
 
+IBSTAT_CAPTURES = [
+    "ibstat/ibstat.47.0.h100.all.active.0",
+    "ibstat/ibstat.47.0.a100.all.active.0",
+    "ibstat/ibstat.47.0.h100.some.down.0",
+    "ibstat/ibstat.47.0.h100.some.down.1",
+]
+# ibstat prints one tab per level; a terminal or a log collector expands it (8 spaces, as in
+# the linux-rdma post below), other tools and hand-made reports use 4 or 2.
+INDENTS = {"8-spaces": " " * 8, "4-spaces": " " * 4, "2-spaces": "  ", "tab": "\t"}
+
+
+def reindented(text: str, unit: str) -> str:
+    return "\n".join(
+        unit * (len(line) - len(line.lstrip("\t"))) + line.lstrip("\t")
+        for line in text.splitlines()
+    )
+
+
+@pytest.mark.parametrize("unit", INDENTS.values(), ids=INDENTS.keys())
+@pytest.mark.parametrize("relative", IBSTAT_CAPTURES)
+def test_ibstat_reads_the_same_whatever_the_indent_unit(relative: str, unit: str) -> None:
+    text = read(relative)
+    if unit != "\t":
+        assert reindented(text, unit) != text
+    assert parse_ibstat(reindented(text, unit)) == parse_ibstat(text)
+
+
+def test_ibstat_of_a_soft_roce_device_with_expanded_tabs_and_empty_fields() -> None:
+    """As posted to linux-rdma ("rdma_rxe usage problem", 2022-01-19, Message-ID
+    <CABrV9Yt0HYenR_qk_QWFkvH4-0Ooeb61y+CyT3WVOnDiAmxjhA@mail.gmail.com>): rdma-core on
+    Manjaro, the tabs expanded to 8 spaces by the mail; rxe has no CA type or firmware."""
+    text = (
+        "CA 'rxe0'\n"
+        "        CA type:\n"
+        "        Number of ports: 1\n"
+        "        Firmware version:\n"
+        "        Hardware version:\n"
+        "        Node GUID: 0x4a51c5fffef6e159\n"
+        "        System image GUID: 0x4a51c5fffef6e159\n"
+        "        Port 1:\n"
+        "                State: Active\n"
+        "                Physical state: LinkUp\n"
+        "                Rate: 2.5\n"
+        "                Base lid: 0\n"
+        "                LMC: 0\n"
+        "                SM lid: 0\n"
+        "                Capability mask: 0x00010000\n"
+        "                Port GUID: 0x4a51c5fffef6e159\n"
+        "                Link layer: Ethernet\n"
+    )
+    result = parse_ibstat(text)
+    assert (result["state"], result["problems"]) == ("ok", [])
+    (port,) = result["ports"]
+    assert (port["ca"], port["ca_type"], port["firmware_version"]) == ("rxe0", "", "")
+    assert (port["rate"], port["state"], port["link_layer"]) == (2.5, "Active", "Ethernet")
+    assert result["cas"][0]["node_guid"] == "0x4a51c5fffef6e159"
+
+
+A100_IBSTAT = "ibstat/ibstat.47.0.a100.all.active.0"
+
+
+def test_fields_a_newer_ibstat_adds_are_kept_not_problems() -> None:
+    text = read(A100_IBSTAT).replace(
+        "\tNumber of ports: 1\n", "\tNumber of ports: 1\n\tTransport (RDMA): InfiniBand\n", 1
+    )
+    text = text.replace("\t\tLink layer:", "\t\tLink width 2: 4X\n\t\tLink layer:", 1)
+    result = parse_ibstat(text)
+    assert (result["state"], result["problems"]) == ("ok", [])
+    first = result["cas"][0]
+    assert first["transport_rdma"] == "InfiniBand"
+    assert first["ports"][0]["link_width_2"] == "4X"
+    assert len(result["ports"]) == 9
+
+
+def test_an_fdr10_rate_reads_as_its_number_and_name() -> None:
+    """ibstat.c prints ``Rate: %d (FDR10)`` where sysfs names the rate FDR10."""
+    text = read(A100_IBSTAT).replace("\t\tRate: 200", "\t\tRate: 40 (FDR10)", 1)
+    port = parse_ibstat(text)["ports"][0]
+    assert (port["rate"], port["rate_name"]) == (40, "FDR10")
+    assert "unreadable" not in port
+
+
+def cas_of(text: str) -> list[str]:
+    return [line for line in text.splitlines(keepends=True) if not line.startswith("\t")]
+
+
+def test_a_line_not_understood_is_named_in_its_ca_and_the_other_cas_are_kept() -> None:
+    lines = read(A100_IBSTAT).splitlines(keepends=True)
+    where = [n for n, line in enumerate(lines) if line.startswith("\t\tLMC:")][2]
+    lines[where] = "   LMC: 0\n"  # three spaces where a tab is the unit
+    result = parse_ibstat("".join(lines))
+    assert result["state"] == "ok"
+    named = f"line {where + 1} not understood: '   LMC: 0'"
+    assert result["problems"] == [named]
+    assert [ca["problems"] for ca in result["cas"]] == [[], [], [named], *[[]] * 6]
+    assert len(result["ports"]) == 9
+    untouched = parse_ibstat(read(A100_IBSTAT))["ports"]
+    assert result["ports"][2] == {k: v for k, v in untouched[2].items() if k != "lmc"}
+    assert result["ports"][3:] == untouched[3:]
+
+
+def test_a_ca_cut_short_before_the_next_is_that_cas_problem_only() -> None:
+    lines = read(A100_IBSTAT).splitlines(keepends=True)
+    second = [n for n, line in enumerate(lines) if line.startswith("CA '")][1]
+    port = next(n for n in range(second, len(lines)) if lines[n] == "\tPort 1:\n")
+    del lines[port + 1 : port + 3]  # State and Physical state of mlx5_1's port
+    result = parse_ibstat("".join(lines))
+    assert result["state"] == "ok"
+    named = "CA mlx5_1 port 1 lacks ['state', 'physical_state']"
+    assert result["problems"] == [named]
+    assert result["cas"][1]["problems"] == [named]
+    assert [p.get("state") for p in result["ports"]] == ["Active", None, *["Active"] * 7]
+
+
+def test_lines_before_the_first_ca_are_named_and_the_cas_kept() -> None:
+    warning = "ibwarn: [4242] umad_get_ca: can't read sysfs of mlx5_bond_0\n"
+    result = parse_ibstat(warning + read(A100_IBSTAT))
+    assert result["state"] == "ok"
+    assert result["problems"] == [f"line 1 comes before any CA: {warning.strip()!r}"]
+    assert len(result["ports"]) == 9
+
+
+def test_a_switch_names_its_type_and_lists_its_management_port() -> None:
+    """ibstat.c: the header and the type field take the node type ("Switch 'x'",
+    "Switch type:"), and a switch's port 0 is listed besides the ports it counts."""
+    text = (
+        "Switch 'sw0'\n\tSwitch type: MT54000\n\tNumber of ports: 1\n"
+        "\tFirmware version: 27.2010.5042\n"
+        "\tPort 0:\n\t\tState: Active\n\t\tPhysical state: LinkUp\n\t\tRate: 400\n"
+        "\t\tLink layer: InfiniBand\n"
+        "\tPort 1:\n\t\tState: Down\n\t\tPhysical state: Polling\n\t\tRate: 10\n"
+        "\t\tLink layer: InfiniBand\n"
+    )
+    result = parse_ibstat(text)
+    assert (result["state"], result["problems"]) == ("ok", [])
+    (ca,) = result["cas"]
+    assert (ca["node_type"], ca["ca_type"]) == ("Switch", "MT54000")
+    assert [(p["port"], p["state"]) for p in result["ports"]] == [(0, "Active"), (1, "Down")]
+
+
 # --- nvme list -o json ------------------------------------------------------------------------
 
 
@@ -829,3 +988,62 @@ def test_combined_command_is_each_section_after_its_marker() -> None:
 def test_section_commands_never_use_query_gpu() -> None:
     assert not any("--query-gpu" in command for command in SECTION_COMMANDS.values())
     assert re.search(r"\bnvidia-smi -q -x\b", SECTION_COMMANDS["nvidia_smi_xml"])
+
+
+# --- tolerance: what can be read is kept, what cannot is named ----------------------------------
+
+
+@pytest.mark.parametrize(
+    ("capture", "state", "total"),
+    [(H100_MIG_CAPTURE, "mig_mode", None), (L40S_CAPTURE, "none", 0)],
+    ids=["h100-mig-590", "l40s-595"],
+)
+def test_nvlink_message_lines_of_real_captures_are_states(
+    capture: str, state: str, total: int | None
+) -> None:
+    """'Nvlink queries are not supported for Devices in MIG mode' / 'Device does not have or
+    support Nvlink' under the GPU line (nvidia_gpu_exporter captures)."""
+    result = parse_nvlink_status(capture_section("capabilities :: nvlink -s")(read(capture)))
+    (gpu,) = result["gpus"]
+    assert (gpu["state"], gpu["active"], gpu["total"]) == (state, 0, total)
+    assert result["problems"] == []
+
+
+def test_empty_nvlink_output_after_exit_0_is_no_nvlink_through_the_section() -> None:
+    """gpud's A10 capture is empty: with the exit status 0 framed, that is an answer."""
+    lines = [*read("nvlink/nvidia-smi.nvlink.status.a10").splitlines(), f"{EXIT_MARKER}0"]
+    result = parse_section("nvlink", lines)
+    assert (result["state"], result["gpus"]) == ("ok", [])
+
+
+def test_an_unknown_nvlink_line_is_named_and_the_other_gpus_are_kept() -> None:
+    text = read("nvlink/nvidia-smi.nvlink.status.a100")
+    lines = text.splitlines()
+    at = lines.index(next(line for line in lines if line.startswith("GPU 3:"))) + 1
+    lines.insert(at, "         Link 0: <degraded>")
+    lines.insert(at + 1, "Some message a newer driver prints")
+    result = parse_nvlink_status("\n".join(lines) + "\n")
+    assert result["state"] == "ok"
+    assert len(result["gpus"]) == 8
+    assert result["problems"] == [
+        f"line {at + 1}: unknown link state '<degraded>'",
+        f"line {at + 2} not understood: 'Some message a newer driver prints'",
+    ]
+    states = [gpu["state"] for gpu in result["gpus"]]
+    assert states == ["ok"] * 3 + ["unreadable"] + ["ok"] * 4
+    third = result["gpus"][3]
+    assert third["problems"] == result["problems"]
+    assert third["active"] == 12  # the twelve links it could read are kept
+    assert all(gpu["active"] == 12 for gpu in result["gpus"])
+
+
+def test_nvlink_lines_before_the_first_gpu_are_named_not_fatal() -> None:
+    text = "WARNING: infoROM is corrupted at gpu 0000:07:00.0\n" + read(
+        "nvlink/good_nvlink_status.txt"
+    )
+    result = parse_nvlink_status(text)
+    assert result["state"] == "ok"
+    assert result["problems"] == [
+        "line 1 comes before any GPU: 'WARNING: infoROM is corrupted at gpu 0000:07:00.0'"
+    ]
+    assert result["gpus"][0]["active"] == 12

@@ -24,6 +24,7 @@ import facts.fabric
 import facts.gpu
 import facts.hardware
 import gpunode.probe.gpu_probe
+import gpunode.probe.gpu_record
 import gpunode.probe.parsers
 from facts.batch import FactBatch
 from facts.hardware import InfinibandPorts
@@ -43,6 +44,7 @@ from .test_parsers import read
 CONTROL_SIDE_MODULES = [
     gpunode.probe.parsers,
     gpunode.probe.gpu_probe,
+    gpunode.probe.gpu_record,
     facts.gpu,
     facts.fabric,
     facts.hardware,

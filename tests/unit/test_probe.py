@@ -250,6 +250,18 @@ class FakeNvml(types.SimpleNamespace):
     def nvmlDeviceGetMaxClockInfo(self, gpu: dict[str, Any], kind: int) -> int:
         return self._clock(gpu["max_clocks"], kind)
 
+    def nvmlDeviceGetApplicationsClock(self, gpu: dict[str, Any], kind: int) -> int:
+        if gpu["applications_clocks"] is None:  # deprecated (driver 590 on Hopper)
+            raise self.not_supported()
+        return self._clock(gpu["applications_clocks"], kind)
+
+    def nvmlDeviceGetSupportedMemoryClocks(self, gpu: dict[str, Any]) -> list[int]:
+        return [entry["memory"] for entry in gpu["supported_clocks"]]
+
+    def nvmlDeviceGetSupportedGraphicsClocks(self, gpu: dict[str, Any], memory: int) -> list[int]:
+        (entry,) = (entry for entry in gpu["supported_clocks"] if entry["memory"] == memory)
+        return list(range(entry["graphics_max"], entry["graphics_min"] - 1, -15))
+
     def nvmlDeviceGetCurrentClocksEventReasons(self, gpu: dict[str, Any]) -> int:
         return sum(
             nvidia_smi.REASON_BITS[name] for name, on in gpu["clocks_event_reasons"].items() if on
@@ -287,9 +299,11 @@ def hardware(profile: str = "hgx-h100") -> dict[str, Any]:
 
 
 def without_link_details(gpus: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """NVML has link states but no per-link speed; everything else must agree."""
+    """NVML has link states but no per-link speed, and no words for missing application
+    clocks (only "not supported"); everything else must agree."""
     trimmed = copy.deepcopy(gpus)
     for gpu in trimmed:
+        gpu.pop("application_clocks_note")
         gpu["nvlink"].pop("source")
         for link in gpu["nvlink"]["links"]:
             link.pop("speed_gbps")
@@ -637,3 +651,47 @@ def test_fabric_info_structure_is_the_real_one() -> None:
     info = nvml.c_nvmlGpuFabricInfo_t()
     nvml.nvmlDeviceGetGpuFabricInfo(nvml.gpus[0], ctypes.byref(info))
     assert (info.state, info.status) == (3, 0)
+
+
+def test_the_probe_installed_as_roles_gpu_metrics_lays_it_out_runs(
+    lab_root: Path, tmp_path: Path
+) -> None:
+    """gpu_probe.py and gpu_record.py side by side, run as the metrics unit runs them."""
+    from gpunode.probe import gpu_record
+    from roles.gpu_metrics import METRICS_FILE
+
+    installed = tmp_path / "gpunode-probe"
+    installed.mkdir()
+    for module in (gpu_probe, gpu_record):
+        source = Path(str(module.__file__))
+        (installed / source.name).write_text(source.read_text(encoding="utf-8"))
+    metrics = tmp_path / METRICS_FILE
+    run_command(
+        f"cd / && python3 -I {installed}/gpu_probe.py --no-nvml --prometheus {metrics}", lab_root
+    )
+    text = metrics.read_text(encoding="utf-8")
+    assert 'gpunode_gpu_probe_ok{state="ok"} 1' in text
+    assert "gpunode_gpu_count 8" in text
+
+
+def test_nvlink_status_cut_short_by_an_error_keeps_the_gpus_it_listed() -> None:
+    """Partial output, then an error and a non-zero exit: listed GPUs keep their links."""
+    node = FakeNode(hardware())
+    first_gpu = node.run(["nvidia-smi", "nvlink", "-s"]).stdout.split("GPU 1:")[0]
+
+    def smi(argv: list[str]) -> Completed:
+        if argv[1:] == ["nvlink", "-s"]:
+            return Completed(15, first_gpu, "Unable to determine the device handle for GPU1")
+        node.commands.pop("nvidia-smi")
+        try:
+            return node.run(argv)
+        finally:
+            node.commands["nvidia-smi"] = smi
+
+    node.commands["nvidia-smi"] = smi
+    report = collect(node, None, "not shipped", None)
+    kept, lost = report["gpus"][0]["nvlink"], report["gpus"][1]["nvlink"]
+    assert (kept["state"], kept["active"], kept["total"]) == ("ok", 18, 18)
+    assert lost["state"] == "unreadable"
+    assert lost["reason"].startswith(f"{report['gpus'][1]['uuid']} is missing from the output")
+    assert "exit code 15" in lost["reason"]

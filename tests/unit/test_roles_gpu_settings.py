@@ -21,21 +21,29 @@ from .fakehost import commands_of
 DEPRECATED = "Requested functionality has been deprecated"
 
 
+# The GPU record's fields (gpunode.probe.gpu_record) that the roles read.
+POWER = {
+    "draw": 80.0,
+    "limit": 700.0,
+    "default_limit": 700.0,
+    "min_limit": 200.0,
+    "max_limit": 700.0,
+}
+NO_MIG = {"current": None, "pending": None}  # nvidia-smi's "N/A": the GPU has no MIG
+MIG_PENDING = {"current": False, "pending": True}
+
+
 def gpu(index: int, **settings: Any) -> dict[str, Any]:
     base = {
         "index": index,
         "name": "NVIDIA H100 80GB HBM3",
-        "persistence_mode": "Disabled",
-        "ecc_current": "Enabled",
-        "ecc_pending": "Enabled",
-        "mig_current": "Disabled",
-        "mig_pending": "Disabled",
-        "power_limit_w": 700.0,
-        "power_min_w": 200.0,
-        "power_max_w": 700.0,
+        "persistence_mode": False,
+        "ecc_mode": {"current": True, "pending": True},
+        "mig_mode": {"current": False, "pending": False},
+        "power_w": POWER,
         "application_clocks_mhz": None,
         "application_clocks_note": DEPRECATED,
-        "supported_clocks_mhz": {2619: list(range(345, 1981, 15))},
+        "supported_clocks_mhz": [{"memory": 2619, "graphics": list(range(345, 1981, 15))}],
         "mig_profiles": {},
         "gpu_instances": [],
         "compute_pids": [],
@@ -50,14 +58,14 @@ def facts(*gpus: dict[str, Any], problems: dict[str, str] | None = None) -> dict
 
 def test_persistence_set_only_on_gpus_that_lack_it() -> None:
     commands, _ = commands_of(
-        persistence_mode, facts(gpu(0), gpu(1, persistence_mode="Enabled"), gpu(2)), enabled=True
+        persistence_mode, facts(gpu(0), gpu(1, persistence_mode=True), gpu(2)), enabled=True
     )
     assert commands == ["nvidia-smi -i 0,2 -pm 1"]
 
 
 def test_persistence_noop_when_all_enabled() -> None:
     commands, noops = commands_of(
-        persistence_mode, facts(gpu(0, persistence_mode="Enabled")), enabled=True
+        persistence_mode, facts(gpu(0, persistence_mode=True)), enabled=True
     )
     assert commands == []
     assert noops == ["persistence mode Enabled on all 1 GPUs"]
@@ -80,7 +88,10 @@ def test_ecc_change_is_requested_once_then_reported_pending() -> None:
     assert commands == ["nvidia-smi -i 0,1 -e 0"]
     # After the request the driver shows it pending: no second request, a clear note instead.
     commands, noops = commands_of(
-        pending_mode, facts(gpu(0, ecc_pending="Disabled")), setting="ecc", enabled=False
+        pending_mode,
+        facts(gpu(0, ecc_mode={"current": True, "pending": False})),
+        setting="ecc",
+        enabled=False,
     )
     assert commands == []
     assert noops == ["ECC Disabled pending a GPU reset or reboot on GPUs 0"]
@@ -89,7 +100,7 @@ def test_ecc_change_is_requested_once_then_reported_pending() -> None:
 def test_mig_skips_gpus_that_do_not_support_it() -> None:
     commands, noops = commands_of(
         pending_mode,
-        facts(gpu(0, mig_current="N/A", mig_pending="N/A")),
+        facts(gpu(0, mig_mode=NO_MIG)),
         setting="mig",
         enabled=True,
     )
@@ -98,7 +109,9 @@ def test_mig_skips_gpus_that_do_not_support_it() -> None:
 
 
 def test_power_limit_applied_where_different() -> None:
-    commands, _ = commands_of(power_limit, facts(gpu(0), gpu(1, power_limit_w=500.0)), watts=500)
+    commands, _ = commands_of(
+        power_limit, facts(gpu(0), gpu(1, power_w=POWER | {"limit": 500.0})), watts=500
+    )
     assert commands == ["nvidia-smi -i 0 -pl 500"]
 
 
@@ -116,7 +129,7 @@ def a100(index: int, **settings: Any) -> dict[str, Any]:
         "name": "NVIDIA A100-SXM4-80GB",
         "application_clocks_mhz": {"memory": 1593, "graphics": 1275},
         "application_clocks_note": "",
-        "supported_clocks_mhz": {1593: list(range(210, 1411, 15))},
+        "supported_clocks_mhz": [{"memory": 1593, "graphics": list(range(210, 1411, 15))}],
     }
     return gpu(index, **(a100_settings | settings))
 
@@ -177,7 +190,7 @@ def test_unsupported_clock_pair_is_an_error_naming_gpu_and_supported_clocks(
     with pytest.raises(OperationError, match=expected):
         commands_of(
             application_clocks,
-            facts(a100(0, supported_clocks_mhz={}), a100(1)),
+            facts(a100(0, supported_clocks_mhz=[]), a100(1)),
             memory_mhz=memory,
             graphics_mhz=graphics,
         )
@@ -222,8 +235,7 @@ def instance(gi: int, profile: str, *computes: str) -> dict[str, Any]:
 def mig_gpu(index: int, *instances: dict[str, Any], **settings: Any) -> dict[str, Any]:
     return a100(
         index,
-        mig_current="Enabled",
-        mig_pending="Enabled",
+        mig_mode={"current": True, "pending": True},
         mig_profiles=A100_PROFILES,
         gpu_instances=list(instances),
         **settings,
@@ -270,7 +282,7 @@ def test_instances_are_created_largest_first() -> None:
 def test_mig_mode_pending_reports_and_creates_nothing() -> None:
     commands, noops = commands_of(
         mig_layout,
-        facts(a100(0, mig_pending="Enabled"), a100(1, mig_pending="Enabled")),
+        facts(a100(0, mig_mode=MIG_PENDING), a100(1, mig_mode=MIG_PENDING)),
         profiles=HALVES,
     )
     assert commands == []
@@ -283,7 +295,7 @@ def test_mig_mode_pending_reports_and_creates_nothing() -> None:
 def test_mig_mode_off_or_unsupported_reports_and_creates_nothing() -> None:
     commands, noops = commands_of(
         mig_layout,
-        facts(a100(0), gpu(1, mig_current="N/A", mig_pending="N/A"), mig_gpu(2)),
+        facts(a100(0), gpu(1, mig_mode=NO_MIG), mig_gpu(2)),
         profiles=HALVES,
     )
     assert commands == ["nvidia-smi mig -i 2 -cgi 3g.40gb,3g.40gb -C"]

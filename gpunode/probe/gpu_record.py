@@ -1,0 +1,565 @@
+"""One GPU record from ``nvidia-smi -q -x`` (and NVLink states from ``nvidia-smi nvlink -s``).
+
+The one parser of nvidia-smi's XML report: ``facts.gpu.GpuDevices`` (what roles converge),
+the node-side probe ``gpu_probe`` (what the drift check and the node's metrics read) and the
+control-side ``gpunode.probe.parsers`` all build their GPUs with ``gpu_from_xml``, so a deploy
+and the drift check never disagree about the same GPU. The probe's NVML path builds the same
+record (``RECORD_KEYS``) from NVML calls.
+
+Standard library only, and no gpunode import: it travels to the node with the probe
+(``parsers.probe_program`` registers it as ``gpunode.probe.gpu_record``; ``roles.gpu_metrics``
+installs it beside ``gpu_probe.py``).
+
+The record, one dict per GPU (None wherever the driver does not say):
+
+- ``index`` (nvidia-smi's enumeration order, what ``-i`` takes), ``minor_number``,
+  ``module_id``, ``uuid``, ``serial``, ``name``, ``pci_bus_id``, ``vbios_version``,
+  ``performance_state``;
+- ``persistence_mode``: bool; ``ecc_mode``, ``mig_mode``: ``{"current", "pending"}`` bools
+  (None: the GPU has no ECC / no MIG);
+- ``power_w``: ``{"draw", "limit", "default_limit", "min_limit", "max_limit"}``;
+- ``application_clocks_mhz``: ``{"memory", "graphics"}`` or None, with
+  ``application_clocks_note`` (the driver's words when it reports none, e.g. driver 590 on
+  Hopper: "Requested functionality has been deprecated"), ``supported_clocks_mhz``:
+  ``[{"memory": MHz, "graphics": [MHz, ...]}]`` (a list: JSON keeps no integer keys);
+- ``clocks_mhz``: ``{"current", "max"}`` each ``{"graphics", "sm", "memory", "video"}``;
+  ``clock_event_reasons``: active reasons, sorted (None: not reported);
+- ``ecc_errors``: ``{"volatile", "aggregate"}`` each ``{"corrected", "uncorrected"}``;
+  ``retired_pages``: ``{"supported", "single_bit", "double_bit", "pending"}``;
+  ``remapped_rows``: ``{"supported", "correctable", "uncorrectable", "pending", "failure"}``;
+- ``temperature_c``: ``{"gpu", "memory"}``; ``pcie``: ``{"gen_current", "gen_max",
+  "width_current", "width_max"}``; ``fabric``: ``{"state", "status"}``;
+- ``nvlink``: ``nvlink_summary`` (state ok / all_inactive / none / mig_mode / unreadable,
+  active, total, links), or None until ``nvidia-smi nvlink -s`` fills it in.
+
+Every parser returns data or ``{"state": "unreadable", "command": ..., "reason": ...}``; none
+raises. Where part of an output cannot be read, what can be read is kept and ``problems``
+names each line that was not.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import xml.etree.ElementTree as ElementTree
+from collections.abc import Callable, Sequence
+from typing import Any
+
+XML_COMMAND = "nvidia-smi -q -x"
+NVLINK_COMMAND = "nvidia-smi nvlink -s"
+REASON_PREFIXES = ("clocks_event_reason_", "clocks_throttle_reason_")
+REASON_ALIASES = {"display_clock_setting": "display_clocks_setting"}
+
+# How nvidia-smi says a value is not there; all read as None.
+UNAVAILABLE = re.compile(
+    r"\[?(n/a|not supported|unknown error|insufficient permissions|not available|"
+    r"gpu is lost|requested functionality has been deprecated)\]?",
+    re.IGNORECASE,
+)
+
+Result = dict[str, Any]
+
+# Every key of one GPU record, from the XML report and from NVML alike (see the docstring).
+RECORD_KEYS = frozenset(
+    {
+        "index", "minor_number", "module_id", "uuid", "serial", "name", "pci_bus_id",
+        "vbios_version", "persistence_mode", "performance_state", "ecc_mode", "ecc_errors",
+        "retired_pages", "remapped_rows", "mig_mode", "temperature_c", "power_w", "clocks_mhz",
+        "clock_event_reasons", "pcie", "fabric", "nvlink", "application_clocks_mhz",
+        "application_clocks_note", "supported_clocks_mhz",
+    }
+)  # fmt: skip
+
+# Longer than any line nvidia-smi or the kernel log prints (printk's limit is 1024): a longer
+# one is garbage or hostile, and is not handed to a regex whole (see parsers.MAX_LINE_CHARS).
+MAX_LINE_CHARS = 4096
+
+
+# --- the result contract ----------------------------------------------------------------------
+
+
+def unreadable(command: str, reason: str) -> Result:
+    """What every parser returns when the output cannot be trusted, saying why."""
+    return {"state": "unreadable", "command": command, "reason": reason}
+
+
+def absent(command: str, reason: str) -> Result:
+    return {"state": "absent", "command": command, "reason": reason}
+
+
+def never_raises(command: str) -> Callable[[Callable[..., Result]], Callable[..., Result]]:
+    """A parser bug becomes an explicit unreadable result, never a crashed fact or probe.
+
+    The reason starts with "internal parser error" so the fuzz tests can tell it apart.
+    """
+
+    def decorate(parse: Callable[..., Result]) -> Callable[..., Result]:
+        @functools.wraps(parse)
+        def guarded(*args: Any, **kwargs: Any) -> Result:
+            try:
+                return parse(*args, **kwargs)
+            except Exception as error:  # the contract: data or a reason, never an exception
+                return unreadable(command, f"internal parser error: {error!r}")
+
+        return guarded
+
+    return decorate
+
+
+# --- values -----------------------------------------------------------------------------------
+
+
+def clean(text: str | None) -> str | None:
+    """Stripped text, or None where nvidia-smi says the value is not available."""
+    if text is None:
+        return None
+    text = text.strip()
+    if not text or UNAVAILABLE.fullmatch(text):
+        return None
+    return text
+
+
+def number(text: str | None) -> float | None:
+    """'350.00 W' -> 350.0, '16x' -> 16.0; unavailable or not numeric -> None."""
+    value = clean(text)
+    if value is None:
+        return None
+    match = re.match(r"[-+]?[0-9]+(?:\.[0-9]+)?", value)
+    return float(match.group(0)) if match else None
+
+
+def integer(text: str | None) -> int | None:
+    value = number(text)
+    return int(value) if value is not None and value.is_integer() else None
+
+
+def enabled(text: str | None) -> bool | None:
+    return {"enabled": True, "disabled": False}.get((clean(text) or "").lower())
+
+
+def yes_no(text: str | None) -> bool | None:
+    return {"yes": True, "no": False}.get((clean(text) or "").lower())
+
+
+def bus_key(bus_id: str | None) -> tuple[int, int, int] | None:
+    """'00000000:18:00.0', '0000:18:00' (XID) and '18:00.0' name the same device."""
+    if not bus_id:
+        return None
+    match = re.fullmatch(
+        r"(?:([0-9a-fA-F]{1,8}):)?([0-9a-fA-F]{1,2}):([0-9a-fA-F]{1,2})(?:\.[0-7])?",
+        bus_id.strip(),
+    )
+    if not match:
+        return None
+    return int(match.group(1) or "0", 16), int(match.group(2), 16), int(match.group(3), 16)
+
+
+# --- nvidia-smi -q -x -------------------------------------------------------------------------
+
+
+def _text(element: ElementTree.Element | None, *paths: str) -> str | None:
+    """Text of the first of ``paths`` present (elements renamed across schemas)."""
+    if element is None:
+        return None
+    for path in paths:
+        found = element.find(path)
+        if found is not None and found.text is not None and found.text.strip():
+            return found.text.strip()
+    return None
+
+
+def _first(element: ElementTree.Element, *tags: str) -> ElementTree.Element | None:
+    for tag in tags:
+        found = element.find(tag)
+        if found is not None:
+            return found
+    return None
+
+
+def _ecc_totals(scope: ElementTree.Element | None) -> dict[str, int | None]:
+    """Corrected and uncorrected totals of one ECC scope (volatile or aggregate).
+
+    Schemas v11/v12 count per memory (sram_correctable, dram_uncorrectable, ...), driver 590
+    splits SRAM uncorrectable by detection (..._parity, ..._secded), older schemas give
+    single_bit/double_bit groups with a total each.
+    """
+    totals: dict[str, int | None] = {"corrected": None, "uncorrected": None}
+    if scope is None:
+        return totals
+    old_style = {"corrected": "single_bit/total", "uncorrected": "double_bit/total"}
+    if any(scope.find(path) is not None for path in old_style.values()):
+        return {kind: integer(_text(scope, path)) for kind, path in old_style.items()}
+    for counter in scope:
+        count = integer(counter.text)
+        if count is None:
+            continue
+        kind = (
+            "uncorrected"
+            if "uncorrectable" in counter.tag
+            else "corrected"
+            if "correctable" in counter.tag
+            else None
+        )
+        if kind is not None:
+            totals[kind] = (totals[kind] or 0) + count
+    return totals
+
+
+def _retired_pages(element: ElementTree.Element | None) -> Result:
+    single = integer(_text(element, "multiple_single_bit_retirement/retired_count"))
+    double = integer(_text(element, "double_bit_retirement/retired_count"))
+    pending_flags = [
+        yes_no(_text(element, tag)) for tag in ("pending_blacklist", "pending_retirement")
+    ]
+    known = [flag for flag in pending_flags if flag is not None]
+    return {
+        "supported": single is not None or double is not None,
+        "single_bit": single,
+        "double_bit": double,
+        "pending": any(known) if known else None,
+    }
+
+
+def _remapped_rows(element: ElementTree.Element | None) -> Result:
+    rows = {
+        "correctable": integer(_text(element, "remapped_row_corr")),
+        "uncorrectable": integer(_text(element, "remapped_row_unc")),
+        "pending": yes_no(_text(element, "remapped_row_pending")),
+        "failure": yes_no(_text(element, "remapped_row_failure")),
+    }
+    return {"supported": any(value is not None for value in rows.values()), **rows}
+
+
+def _reason_name(tag: str) -> str:
+    for prefix in REASON_PREFIXES:
+        if tag.startswith(prefix):
+            tag = tag[len(prefix) :]
+            break
+    return REASON_ALIASES.get(tag, tag)
+
+
+def _clock_event_reasons(element: ElementTree.Element | None) -> list[str] | None:
+    """Active reasons, sorted; None when the report has no readable reason at all."""
+    if element is None:
+        return None
+    states = {_reason_name(child.tag): (clean(child.text) or "").lower() for child in element}
+    known = {name: state for name, state in states.items() if state in ("active", "not active")}
+    if not known:
+        return None
+    return sorted(name for name, state in known.items() if state == "active")
+
+
+def _clocks(element: ElementTree.Element | None) -> dict[str, int | None]:
+    return {
+        name: integer(_text(element, f"{tag}_clock"))
+        for name, tag in (
+            ("graphics", "graphics"),
+            ("sm", "sm"),
+            ("memory", "mem"),
+            ("video", "video"),
+        )
+    }
+
+
+LINK_STATES = {"active": True, "up": True, "inactive": False, "down": False}
+
+
+def _xml_nvlinks(gpu: ElementTree.Element) -> list[Result] | None:
+    """NVLink states if the report has an NVLink element; None otherwise.
+
+    No captured schema (v11, v12, driver 590) has one, so this only reads an element whose
+    tag starts with "nvlink" and whose children each hold a link's state as text.
+    """
+    container = next((child for child in gpu if child.tag.startswith("nvlink")), None)
+    if container is None:
+        return None
+    links = []
+    for position, link in enumerate(container):
+        texts = [(node.tag, clean(node.text)) for node in link.iter()]
+        states = [
+            LINK_STATES[text.lower()] for _, text in texts if text and text.lower() in LINK_STATES
+        ]
+        if not states:
+            continue
+        numbers = [integer(text) for tag, text in texts if "id" in tag or tag in ("link", "index")]
+        link_number = next((value for value in numbers if value is not None), position)
+        links.append({"link": link_number, "active": states[0], "speed_gbps": None})
+    return links
+
+
+def _application_clocks(gpu: ElementTree.Element) -> Result:
+    """Application clocks, or None with the driver's words when it will not report them.
+
+    Driver 590 prints "Requested functionality has been deprecated" on Hopper; older drivers
+    print "N/A" where the GPU has no application clocks.
+    """
+    memory_text = _text(gpu, "applications_clocks/mem_clock")
+    graphics_text = _text(gpu, "applications_clocks/graphics_clock")
+    memory, graphics = integer(memory_text), integer(graphics_text)
+    supported = []
+    for entry in gpu.findall("supported_clocks/supported_mem_clock"):
+        memory_clock = integer(_text(entry, "value"))
+        if memory_clock is None:
+            continue
+        graphics_clocks = (integer(e.text) for e in entry.findall("supported_graphics_clock"))
+        supported.append(
+            {
+                "memory": memory_clock,
+                "graphics": sorted(g for g in graphics_clocks if g is not None),
+            }
+        )
+    if memory is None or graphics is None:
+        clocks, note = None, memory_text or graphics_text or "N/A"
+    else:
+        clocks, note = {"memory": memory, "graphics": graphics}, ""
+    return {
+        "application_clocks_mhz": clocks,
+        "application_clocks_note": note,
+        "supported_clocks_mhz": supported,
+    }
+
+
+def gpu_from_xml(gpu: ElementTree.Element, position: int) -> Result:
+    """The normalized fields of one ``<gpu>`` element, whatever the schema."""
+    power = _first(gpu, "gpu_power_readings", "power_readings")
+    link_info = gpu.find("pci/pci_gpu_link_info")
+    module_id = integer(_text(gpu, "gpu_module_id", "platformInfo/module_id"))
+    ecc_errors = gpu.find("ecc_errors")
+    xml_links = _xml_nvlinks(gpu)
+    return {
+        # The enumeration order, which nvidia-smi -i uses; the minor number (/dev/nvidiaN)
+        # can differ, e.g. after a GPU has fallen off the bus.
+        "index": position,
+        "minor_number": integer(_text(gpu, "minor_number")),
+        "module_id": module_id,
+        "uuid": clean(_text(gpu, "uuid")),
+        "serial": clean(_text(gpu, "serial")),
+        "name": clean(_text(gpu, "product_name")),
+        "pci_bus_id": clean(gpu.get("id")) or clean(_text(gpu, "pci/pci_bus_id")),
+        "vbios_version": clean(_text(gpu, "vbios_version")),
+        "persistence_mode": enabled(_text(gpu, "persistence_mode")),
+        "performance_state": clean(_text(gpu, "performance_state")),
+        "ecc_mode": {
+            "current": enabled(_text(gpu, "ecc_mode/current_ecc")),
+            "pending": enabled(_text(gpu, "ecc_mode/pending_ecc")),
+        },
+        "ecc_errors": {
+            scope: _ecc_totals(None if ecc_errors is None else ecc_errors.find(scope))
+            for scope in ("volatile", "aggregate")
+        },
+        "retired_pages": _retired_pages(gpu.find("retired_pages")),
+        "remapped_rows": _remapped_rows(gpu.find("remapped_rows")),
+        "mig_mode": {
+            "current": enabled(_text(gpu, "mig_mode/current_mig")),
+            "pending": enabled(_text(gpu, "mig_mode/pending_mig")),
+        },
+        "temperature_c": {
+            "gpu": integer(_text(gpu, "temperature/gpu_temp")),
+            "memory": integer(_text(gpu, "temperature/memory_temp")),
+        },
+        "power_w": {
+            "draw": number(_text(power, "power_draw", "average_power_draw", "instant_power_draw")),
+            "limit": number(
+                _text(power, "current_power_limit", "enforced_power_limit", "power_limit")
+            ),
+            "default_limit": number(_text(power, "default_power_limit")),
+            "min_limit": number(_text(power, "min_power_limit")),
+            "max_limit": number(_text(power, "max_power_limit")),
+        },
+        "clocks_mhz": {
+            "current": _clocks(gpu.find("clocks")),
+            "max": _clocks(gpu.find("max_clocks")),
+        },
+        "clock_event_reasons": _clock_event_reasons(
+            _first(gpu, "clocks_event_reasons", "clocks_throttle_reasons")
+        ),
+        "pcie": {
+            "gen_current": integer(_text(link_info, "pcie_gen/current_link_gen")),
+            "gen_max": integer(_text(link_info, "pcie_gen/max_link_gen")),
+            "width_current": integer(_text(link_info, "link_widths/current_link_width")),
+            "width_max": integer(_text(link_info, "link_widths/max_link_width")),
+        },
+        "fabric": {
+            "state": clean(_text(gpu, "fabric/state")),
+            "status": clean(_text(gpu, "fabric/status")),
+        },
+        **_application_clocks(gpu),
+        "nvlink": None if xml_links is None else nvlink_summary(xml_links, "xml"),
+    }
+
+
+@never_raises(XML_COMMAND)
+def parse_nvidia_smi_xml(text: str) -> Result:
+    """``nvidia-smi -q -x`` output (any DTD version) -> driver versions and normalized GPUs."""
+    if not text.strip():
+        return unreadable(XML_COMMAND, "empty output")
+    try:
+        root = ElementTree.fromstring(text)
+    except (ElementTree.ParseError, ValueError) as error:
+        return unreadable(XML_COMMAND, f"not well-formed XML, truncated or corrupted ({error})")
+    if root.tag != "nvidia_smi_log":
+        return unreadable(XML_COMMAND, f"root element is <{root.tag}>, not <nvidia_smi_log>")
+    elements = root.findall("gpu")
+    driver_version = clean(_text(root, "driver_version"))
+    attached = integer(_text(root, "attached_gpus"))
+    if driver_version is None and attached is None and not elements:
+        return unreadable(XML_COMMAND, "no driver_version, attached_gpus or gpu element")
+    return {
+        "state": "ok",
+        "command": XML_COMMAND,
+        "driver_version": driver_version,
+        "cuda_driver_version": clean(_text(root, "cuda_version")),
+        # Counts every GPU, also those a -i selection left out of the report.
+        "attached_gpus": attached,
+        "gpus": [gpu_from_xml(element, position) for position, element in enumerate(elements)],
+    }
+
+
+# --- nvidia-smi nvlink -s ---------------------------------------------------------------------
+
+ALL_LINKS_INACTIVE = "NVML: Unable to retrieve NVLink information as all links are inactive"
+# What nvidia-smi prints under a GPU line instead of its links, and the state it means.
+# Captures: azurehpc-health-checks (all inactive), nvidia_gpu_exporter (L40S and RTX 4080
+# SUPER on 595: no NVLink; H100 in MIG mode on 590: not queryable), see tests/fixtures.
+NVLINK_MESSAGES = {
+    ALL_LINKS_INACTIVE: "all_inactive",
+    "Device does not have or support Nvlink": "none",
+    "Nvlink queries are not supported for Devices in MIG mode": "mig_mode",
+}
+_NVLINK_UUID = re.compile(r"[^()\s]+")
+
+
+def _nvlink_gpu(line: str) -> tuple[int, str, str] | None:
+    """``GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-...)`` -> (index, name, UUID)."""
+    if not line.startswith("GPU "):
+        return None
+    number, colon, rest = line[4:].partition(": ")
+    name, marker, uuid = rest.rpartition(" (UUID: ")
+    if not (colon and marker and number.isdigit() and number.isascii() and uuid.endswith(")")):
+        return None
+    uuid = uuid[:-1]
+    return (int(number), name, uuid) if _NVLINK_UUID.fullmatch(uuid) else None
+
+
+def _nvlink_link(line: str) -> tuple[int, str] | None:
+    """``Link 3: 26.562 GB/s`` (indented) -> (3, '26.562 GB/s').
+
+    Read with str methods: a regex ending in a lazy group and optional blanks backtracks
+    quadratically on a long run of blanks.
+    """
+    body = line.strip()
+    if not body.startswith("Link "):
+        return None
+    number, colon, value = body[5:].partition(": ")
+    if not (colon and number.isdigit() and number.isascii()):
+        return None
+    return int(number), value
+
+
+def nvlink_summary(
+    links: list[Result],
+    source: str,
+    message_state: str | None = None,
+    problems: Sequence[str] = (),
+) -> Result:
+    """Per-GPU NVLink state from its links, the message printed instead of them, or problems.
+
+    ok (links listed), all_inactive, none (no NVLink), mig_mode (MIG mode hides the links),
+    unreadable (a line under this GPU was not understood: ``problems`` names it; the links
+    read are kept).
+    """
+    active = sum(1 for link in links if link["active"])
+    state = "ok" if links else "none"
+    if message_state == "all_inactive" or (links and not active):
+        state = "all_inactive"
+    elif message_state is not None:
+        state = message_state
+    if problems:
+        state = "unreadable"
+    summary: Result = {
+        "source": source,
+        "state": state,
+        "active": active,
+        # No link is named when all are inactive or in MIG mode: the number is unknown then.
+        "total": None if message_state in ("all_inactive", "mig_mode") else len(links),
+        "links": links,
+    }
+    if problems:
+        summary["reason"] = "; ".join(problems)
+        summary["problems"] = list(problems)
+    return summary
+
+
+@never_raises(NVLINK_COMMAND)
+def parse_nvlink_status(text: str, empty_ok: bool = False) -> Result:
+    """``nvidia-smi nvlink -s`` -> per GPU (index, name, UUID) its links and their state.
+
+    A line that is not understood is named in ``problems`` (and in its GPU's, whose state is
+    then unreadable); every other GPU is kept. The whole output is unreadable only when no GPU
+    could be read. With ``empty_ok`` (the caller saw nvidia-smi exit 0) no output is an answer:
+    drivers print nothing where no GPU has NVLink (gpud's A10 capture).
+    """
+    if not text.strip():
+        if empty_ok:
+            return {"state": "ok", "command": NVLINK_COMMAND, "gpus": [], "problems": []}
+        return unreadable(NVLINK_COMMAND, "empty output")
+    gpus: list[Result] = []
+    problems: list[str] = []
+
+    def problem(message: str) -> None:
+        problems.append(message)
+        if gpus:
+            gpus[-1]["problems"].append(message)
+
+    for line_number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        if len(line) > MAX_LINE_CHARS:
+            problem(f"line {line_number} is {len(line)} characters long (over {MAX_LINE_CHARS})")
+            continue
+        if gpu_line := _nvlink_gpu(line.strip()):
+            index, name, uuid = gpu_line
+            gpus.append(
+                {
+                    "index": index,
+                    "name": name,
+                    "uuid": uuid,
+                    "links": [],
+                    "message": None,
+                    "problems": [],
+                }
+            )
+            continue
+        if not gpus:
+            problem(f"line {line_number} comes before any GPU: {line[:120]!r}")
+        elif line.strip() in NVLINK_MESSAGES:
+            gpus[-1]["message"] = NVLINK_MESSAGES[line.strip()]
+        elif link_line := _nvlink_link(line):
+            link, value = link_line
+            speed = re.fullmatch(r"([0-9]+(?:\.[0-9]+)?) GB/s", value)
+            if value == "<inactive>":
+                gpus[-1]["links"].append({"link": link, "active": False, "speed_gbps": None})
+            elif speed:
+                gpus[-1]["links"].append(
+                    {"link": link, "active": True, "speed_gbps": float(speed[1])}
+                )
+            else:
+                problem(f"line {line_number}: unknown link state {value[:120]!r}")
+        else:
+            problem(f"line {line_number} not understood: {line[:120]!r}")
+    if not any(not gpu["problems"] for gpu in gpus):
+        return unreadable(NVLINK_COMMAND, problems[0] if problems else "no GPU line")
+    return {
+        "state": "ok",
+        "command": NVLINK_COMMAND,
+        "gpus": [
+            {
+                "index": gpu["index"],
+                "name": gpu["name"],
+                "uuid": gpu["uuid"],
+                **nvlink_summary(gpu["links"], NVLINK_COMMAND, gpu["message"], gpu["problems"]),
+            }
+            for gpu in gpus
+        ],
+        "problems": problems,
+    }
