@@ -49,6 +49,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
         print(str(error), file=sys.stderr)
         return 1
     print(f"{args.inventory}: {len(fleet.hosts)} hosts, desired state valid")
+    for name in fleet.hosts:
+        for note in fleet.notes.get(name, []):
+            print(note)
     return 0
 
 

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import datetime
+import logging
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from pyinfra.api.exceptions import PyinfraError
 
 from gpunode.model import DesiredState, build_desired_state, check_host_name
+
+logger = logging.getLogger("pyinfra")
 
 
 class InvalidInventory(PyinfraError):
@@ -29,23 +33,31 @@ class Fleet:
 
     source: str
     hosts: dict[str, DesiredState]
+    # Per host, what the operator should know about its valid state (Advisory.render lines).
+    notes: dict[str, list[str]] = field(default_factory=dict)
 
     def for_host(self, name: str) -> DesiredState:
         return self.hosts[name]
 
 
-def validate_hosts(source: str, hosts: Iterable[tuple[str, dict[str, Any]]]) -> Fleet:
-    """Build every host's desired state; raise InvalidInventory listing all problems."""
+def validate_hosts(
+    source: str, hosts: Iterable[tuple[str, dict[str, Any]]], today: datetime.date | None = None
+) -> Fleet:
+    """Build every host's desired state; raise InvalidInventory listing all problems.
+
+    ``today`` dates the advisories (a branch's end of life); default: the real today."""
     states: dict[str, DesiredState] = {}
     lines: list[str] = []
+    notes: dict[str, list[str]] = {}
     for name, data in hosts:
         state, problems = build_desired_state(data)
         problems += check_host_name(name, state)
         states[name] = state
         lines.extend(problem.render(source, name) for problem in problems)
+        notes[name] = [advisory.render(source, name) for advisory in state.advisories(today)]
     if lines:
         raise InvalidInventory(lines)
-    return Fleet(source, states)
+    return Fleet(source, states, notes)
 
 
 def fleet_of(inventory: Any, source: str) -> Fleet:
@@ -69,6 +81,9 @@ def desired_state() -> DesiredState:
     if fleet is None:
         fleet = fleet_of(inventory, _inventory_source())
         _fleets[id(inventory)] = fleet
+        for name in fleet.hosts:
+            for note in fleet.notes.get(name, []):
+                logger.warning(note)
     return fleet.for_host(host.name)
 
 

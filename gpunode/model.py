@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import datetime
 import ipaddress
 import posixpath
 import re
@@ -23,6 +24,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from gpunode import nvidia_releases
+from gpunode.sanitize import clean_text
 from gpunode.schema import Builder, Problem, setting, spec
 
 # --- value checks -------------------------------------------------------------------------
@@ -76,21 +79,10 @@ SSH_KEY_TYPES = (
 )
 MIN_RSA_BITS = 3072
 
-# Oldest driver each CUDA toolkit release runs on (NVIDIA CUDA Toolkit release notes,
-# "CUDA Toolkit and Corresponding Driver Versions", Linux x86_64, GA releases).
+# CUDA releases gpunode knows, with the driver each bundles (gpunode/nvidia_releases.py has
+# NVIDIA's tables and their sources).
 CUDA_MINIMUM_DRIVER: dict[str, str] = {
-    "11.8": "520.61.05",
-    "12.0": "525.60.13",
-    "12.1": "530.30.02",
-    "12.2": "535.54.03",
-    "12.3": "545.23.06",
-    "12.4": "550.54.14",
-    "12.5": "555.42.02",
-    "12.6": "560.28.03",
-    "12.8": "570.26",
-    "12.9": "575.51.03",
-    "13.0": "580.65.06",
-    "13.1": "590.44.01",
+    release: nvidia_releases.bundled_driver(release) for release in nvidia_releases.releases()
 }
 
 # GPUs that support Multi-Instance GPU (NVIDIA MIG user guide, supported GPUs).
@@ -923,6 +915,18 @@ class ExpectedHardware:
 
 
 @dataclass(frozen=True)
+class Advisory:
+    """Something an operator should know about a valid desired state (never a refusal)."""
+
+    key: str
+    value: Any
+    message: str
+
+    def render(self, source: str, host: str) -> str:
+        return clean_text(f"{source}: {host}: note: {self.key} = {self.value!r}: {self.message}")
+
+
+@dataclass(frozen=True)
 class Reboot:
     """How the node is rebooted when a change needs it (today: a driver change)."""
 
@@ -979,6 +983,7 @@ class DesiredState:
     def validate(self, builder: Builder, path: str) -> None:
         self._validate_admins(builder)
         self._validate_cuda_against_driver(builder)
+        self._validate_kernel_module_flavour(builder)
         self._validate_fabric_manager(builder)
         model = self.expected_hardware.gpu_model
         if self.gpu_settings.mig and model and not any(m in model for m in MIG_CAPABLE_MODELS):
@@ -998,27 +1003,103 @@ class DesiredState:
                 )
             seen.add(user.name)
 
+    def _pinned_driver(self) -> str | None:
+        """The pinned driver version, or the branch's newest possible one; None if unpinned."""
+        driver = self.nvidia_driver
+        return driver.driver_version or (f"{driver.branch}.999" if driver.branch else None)
+
     def _validate_cuda_against_driver(self, builder: Builder) -> None:
         driver = self.nvidia_driver
-        installed = driver.driver_version or (f"{driver.branch}.999" if driver.branch else None)
+        installed = self._pinned_driver()
         if installed is None:
             return
         for index, release in enumerate(self.cuda.versions):
-            minimum = CUDA_MINIMUM_DRIVER.get(release)
-            if minimum and version_tuple(installed) < version_tuple(minimum):
+            if release not in CUDA_MINIMUM_DRIVER:
+                continue  # refused as unknown already
+            if nvidia_releases.driver_runs(release, installed) != "no":
+                continue
+            pinned = driver.version or f"branch {driver.branch}"
+            floor = nvidia_releases.compatibility_floor(release) or CUDA_MINIMUM_DRIVER[release]
+            builder.problem(
+                f"cuda.versions[{index}]",
+                release,
+                f"CUDA {release} needs driver >= {floor} (its toolkit bundles "
+                f"{CUDA_MINIMUM_DRIVER[release]}), but the driver is pinned to {pinned}",
+                "a CUDA release the pinned driver runs: "
+                + ", ".join(
+                    r
+                    for r in CUDA_MINIMUM_DRIVER
+                    if nvidia_releases.driver_runs(r, installed) != "no"
+                ),
+            )
+
+    def _validate_kernel_module_flavour(self, builder: Builder) -> None:
+        driver = self.nvidia_driver
+        if driver.source == "none":
+            return
+        model = self.expected_hardware.gpu_model
+        architecture = nvidia_releases.architecture_of(model) if model else "other"
+        if driver.flavour == "proprietary" and architecture == "blackwell":
+            builder.problem(
+                "nvidia_driver.flavour",
+                driver.flavour,
+                f"expected_hardware.gpu_model {model!r} is a Blackwell GPU, which only NVIDIA's "
+                "open kernel modules support",
+                "open",
+            )
+        elif (
+            driver.flavour == "proprietary"
+            and driver.branch
+            and nvidia_releases.version_key(driver.branch)
+            >= nvidia_releases.version_key(nvidia_releases.OPEN_ONLY_FROM_BRANCH)
+        ):
+            builder.problem(
+                "nvidia_driver.flavour",
+                driver.flavour,
+                f"branch {driver.branch} ships open kernel modules only (from "
+                f"{nvidia_releases.OPEN_ONLY_FROM_BRANCH} on)",
+                "open",
+            )
+        elif driver.flavour == "open" and architecture == "pre-turing":
+            builder.problem(
+                "nvidia_driver.flavour",
+                driver.flavour,
+                f"expected_hardware.gpu_model {model!r} predates Turing; NVIDIA's open kernel "
+                "modules do not support it",
+                "proprietary (on a branch that still ships it, 580 at the latest)",
+            )
+
+    def advisories(self, today: datetime.date | None = None) -> list[Advisory]:
+        """What the operator should know about this valid state: nothing in it is refused.
+
+        A pinned driver branch past its end of life, or a new feature branch; a CUDA release
+        that runs on the pinned driver only through minor-version compatibility.
+        """
+        today = today or datetime.date.today()
+        driver = self.nvidia_driver
+        found: list[Advisory] = []
+        if driver.source == "nvidia" and driver.branch:
+            notice = nvidia_releases.lifecycle_notice(driver.branch, today)
+            if notice:
+                found.append(Advisory("nvidia_driver.branch", driver.branch, notice))
+        installed = self._pinned_driver()
+        if installed is None or driver.source == "none":
+            return found
+        for index, release in enumerate(self.cuda.versions):
+            if release not in CUDA_MINIMUM_DRIVER:
+                continue
+            if nvidia_releases.driver_runs(release, installed) == "minor-version compatibility":
                 pinned = driver.version or f"branch {driver.branch}"
-                builder.problem(
-                    f"cuda.versions[{index}]",
-                    release,
-                    f"CUDA {release} needs driver >= {minimum}, but the driver is pinned to "
-                    f"{pinned}",
-                    "a CUDA release the pinned driver runs: "
-                    + ", ".join(
-                        r
-                        for r, m in CUDA_MINIMUM_DRIVER.items()
-                        if version_tuple(m) <= version_tuple(installed)
-                    ),
+                found.append(
+                    Advisory(
+                        f"cuda.versions[{index}]",
+                        release,
+                        f"runs on the pinned driver ({pinned}) only through CUDA minor-version "
+                        f"compatibility: its toolkit bundles {CUDA_MINIMUM_DRIVER[release]}; PTX "
+                        "JIT of its newer PTX and APIs of newer drivers are not available",
+                    )
                 )
+        return found
 
     def _validate_fabric_manager(self, builder: Builder) -> None:
         if not self.needs_fabric_manager:

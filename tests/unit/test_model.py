@@ -148,22 +148,47 @@ BAD_INPUTS = [
     pytest.param(
         {
             "nvidia_driver": {"source": "nvidia", "branch": "535", "version": "535.216.01-1"},
-            "cuda": {"versions": ["12.8"]},
+            "cuda": {"versions": ["13.0"]},
         },
-        "cuda.versions[0] = '12.8': CUDA 12.8 needs driver >= 570.26, but the driver is pinned "
-        "to 535.216.01-1; accepted: a CUDA release the pinned driver runs: 11.8, 12.0, 12.1, 12.2",
+        "cuda.versions[0] = '13.0': CUDA 13.0 needs driver >= 580 (its toolkit bundles "
+        "580.65.06), but the driver is pinned to 535.216.01-1; accepted: a CUDA release the "
+        "pinned driver runs: 12.0, 12.1, 12.2, 12.3, 12.4, 12.5, 12.6, 12.8, 12.9",
         id="cuda-too-new-for-driver",
     ),
     pytest.param(
         {"nvidia_driver": {"source": "nvidia", "branch": "550"}, "cuda": {"versions": ["13.0"]}},
-        "cuda.versions[0] = '13.0': CUDA 13.0 needs driver >= 580.65.06, but the driver is "
-        "pinned to branch 550",
+        "cuda.versions[0] = '13.0': CUDA 13.0 needs driver >= 580 (its toolkit bundles "
+        "580.65.06), but the driver is pinned to branch 550",
         id="cuda-too-new-for-branch",
     ),
     pytest.param(
         {"cuda": {"versions": ["12.7"]}},
-        "cuda.versions[0] = '12.7': unknown CUDA release; accepted: a CUDA release: 11.8",
+        "cuda.versions[0] = '12.7': unknown CUDA release; accepted: a CUDA release: 12.0, 12.1",
         id="unknown-cuda-release",
+    ),
+    pytest.param(
+        {
+            "nvidia_driver": {"source": "nvidia", "branch": "595", "flavour": "proprietary"},
+            "expected_hardware": {"gpu_model": "NVIDIA B200"},
+        },
+        "nvidia_driver.flavour = 'proprietary': expected_hardware.gpu_model 'NVIDIA B200' is a "
+        "Blackwell GPU, which only NVIDIA's open kernel modules support; accepted: open",
+        id="proprietary-modules-on-blackwell",
+    ),
+    pytest.param(
+        {"nvidia_driver": {"source": "nvidia", "branch": "620", "flavour": "proprietary"}},
+        "nvidia_driver.flavour = 'proprietary': branch 620 ships open kernel modules only (from "
+        "620 on); accepted: open",
+        id="proprietary-modules-from-620",
+    ),
+    pytest.param(
+        {
+            "nvidia_driver": {"source": "nvidia", "branch": "580", "flavour": "open"},
+            "expected_hardware": {"gpu_model": "Tesla V100-SXM2-32GB"},
+        },
+        "nvidia_driver.flavour = 'open': expected_hardware.gpu_model 'Tesla V100-SXM2-32GB' "
+        "predates Turing; NVIDIA's open kernel modules do not support it",
+        id="open-modules-before-turing",
     ),
     pytest.param(
         {"cuda": {"versions": ["12.4"], "default": "12.6"}},
