@@ -412,7 +412,9 @@ def parse_ibstat(text: str) -> Result:
     """
     cas: list[_IbstatCa] = []
     before: list[str] = []  # lines before the first CA
-    for line_number, line in enumerate(text.splitlines(), 1):
+    # Split at newlines only: str.splitlines also splits at \x85, \u2028 and others that a
+    # node can put inside a line, and the line numbers named would no longer be the node's.
+    for line_number, line in enumerate(text.split("\n"), 1):
         if not line.strip():
             continue
         head = line[:MAX_LINE_CHARS].rstrip()
@@ -600,7 +602,16 @@ GPU_SHAPE = Record(
         "retired_pages": Maybe(
             Record({"single_bit": _COUNT, "double_bit": _COUNT, "pending": _FLAG})
         ),
-        "nvlink": Maybe(Record({"state": _TEXT, "active": _COUNT, "total": _COUNT})),
+        "nvlink": Maybe(
+            Record(
+                {
+                    "state": _TEXT,
+                    "active": _COUNT,
+                    "total": _COUNT,
+                    "problems": Maybe(ListOf(Str)),
+                }
+            )
+        ),
         "clock_event_reasons": Maybe(ListOf(Str)),
         "pcie": Maybe(
             Record(
@@ -637,6 +648,8 @@ GPU_REPORT_SHAPE = Record(
         "fabric_manager": Maybe(Record({"state": _TEXT})),
         "kernel_module": Maybe(Record({"state": _TEXT, "version": _TEXT})),
         "xid_events": Maybe(Record({"state": _TEXT, "events": ListOf(XID_EVENT_SHAPE)})),
+        # Lines of a tool's output the probe could not read, by tool.
+        "problems": Maybe(Record({"nvlink": Maybe(ListOf(Str))})),
     }
 )
 
