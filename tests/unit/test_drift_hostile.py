@@ -32,9 +32,10 @@ from gpunode.drift.output import (
 )
 from gpunode.drift.rules import evaluate
 from gpunode.probe.gpu_probe import SCHEMA
-from gpunode.probe.parsers import EXIT_MARKER, parse_section
+from gpunode.probe.parsers import parse_section
 
 from .test_drift_rules import desired, healthy_facts, set_path
+from .test_parsers import section_output
 
 # --- item 8: malformed facts ------------------------------------------------------------------
 
@@ -62,7 +63,7 @@ def test_malformed_probe_report_is_an_unreadable_finding_not_a_crash(
 
 
 def probe_output(report: dict[str, Any]) -> list[str]:
-    return [json.dumps(report), f"{EXIT_MARKER}0"]
+    return section_output([json.dumps(report)])
 
 
 @pytest.mark.parametrize(("path", "value", "named"), MALFORMED)
