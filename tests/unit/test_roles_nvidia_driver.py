@@ -17,6 +17,7 @@ from facts.nvidia_packages import (
     parse_nvidia_packages,
     parse_proc_version,
 )
+from gpunode import framing
 from gpunode.expected.packages import DriverPackages, driver_packages_for
 from gpunode.lab.hwsim import hwstate
 from gpunode.model import NvidiaDriver, build_desired_state
@@ -101,6 +102,11 @@ DKMS_OPEN = offered("nvidia-kernel-open-dkms", "550.127.08-1", "550.144.03-1", d
 # --- facts --------------------------------------------------------------------------------
 
 
+def packages_output(parts: dict[str, list[str]]) -> list[str]:
+    """What NvidiaPackages' command prints when each part printed these lines."""
+    return framing.output_of(parts)
+
+
 def test_proc_version_gives_the_loaded_version_and_flavour() -> None:
     assert parse_proc_version(
         "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  550.127.08  Release Build  "
@@ -114,25 +120,34 @@ def test_proc_version_gives_the_loaded_version_and_flavour() -> None:
 
 def test_packages_fact_reads_holds_modules_kernel_and_headers() -> None:
     facts = parse_nvidia_packages(
-        [
-            "@@installed",
-            "hi |nvidia-open|550.127.08-1",
-            "ii |libcuda1|550.127.08-1",
-            "rc |nvidia-kernel-dkms|550.127.08-1",
-            "hn |nvidia-kernel-open-dkms|",
-            "@@loaded",
-            "proc|NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  550.127.08  Release",
-            "@@installed-module",
-            "modinfo|550.144.03|Dual MIT/GPL",
-            "@@kernel",
-            "6.1.0-28-amd64",
-            "@@headers",
-            "status|ii ",
-            "candidate|6.1.119-1",
-            "@@lab",
-            "@@lists",
-            "12",
-        ]
+        packages_output(
+            {
+                "installed": [
+                    "hi |nvidia-open|550.127.08-1",
+                    "ii |libcuda1|550.127.08-1",
+                    "rc |nvidia-kernel-dkms|550.127.08-1",
+                    "hn |nvidia-kernel-open-dkms|",
+                ],
+                "loaded": [
+                    "proc|NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  550.127.08  "
+                    "Release",
+                ],
+                "installed-module": [
+                    "modinfo|550.144.03|Dual MIT/GPL",
+                ],
+                "kernel": [
+                    "6.1.0-28-amd64",
+                ],
+                "headers": [
+                    "status|ii ",
+                    "candidate|6.1.119-1",
+                ],
+                "lab": [],
+                "lists": [
+                    "12",
+                ],
+            }
+        )
     )
     assert facts["packages"] == {"nvidia-open": "550.127.08-1", "libcuda1": "550.127.08-1"}
     # Held: what dpkg's selections say, installed or not (as `apt-mark showhold` lists them).
@@ -155,21 +170,29 @@ def test_packages_fact_reads_holds_modules_kernel_and_headers() -> None:
 
 def test_lab_node_reports_the_simulator_as_loaded_and_the_standin_record_as_installed() -> None:
     facts = parse_nvidia_packages(
-        [
-            "@@loaded",
-            "simulator|590.48.01",
-            "@@installed-module",
-            "lab|590.48.01|open",
-            "@@kernel",
-            "6.18.44-fc-v857",
-            "@@headers",
-            "status|",
-            "candidate|(none)",
-            "@@lab",
-            "/usr/local/sbin/gpunode-lab-hw",
-            "@@lists",
-            "0",
-        ]
+        packages_output(
+            {
+                "loaded": [
+                    "simulator|590.48.01",
+                ],
+                "installed-module": [
+                    "lab|590.48.01|open",
+                ],
+                "kernel": [
+                    "6.18.44-fc-v857",
+                ],
+                "headers": [
+                    "status|",
+                    "candidate|(none)",
+                ],
+                "lab": [
+                    "/usr/local/sbin/gpunode-lab-hw",
+                ],
+                "lists": [
+                    "0",
+                ],
+            }
+        )
     )
     assert facts["loaded_module"] == {
         "version": "590.48.01",
@@ -181,13 +204,25 @@ def test_lab_node_reports_the_simulator_as_loaded_and_the_standin_record_as_inst
     assert facts["lab_simulator"] is True and facts["package_lists"] is False
 
 
+def test_packages_fact_command_runs_here_and_reads_the_running_kernel() -> None:
+    import os
+    import subprocess
+
+    done = subprocess.run(
+        ["sh", "-c", NvidiaPackages().command()], capture_output=True, text=True, check=True
+    )
+    facts = parse_nvidia_packages(done.stdout.splitlines())
+    assert facts["kernel"] == os.uname().release
+    assert facts["headers"]["package"] == f"linux-headers-{os.uname().release}"
+
+
 def test_a_flavour_change_alone_needs_a_reboot_and_no_module_needs_none() -> None:
-    lines = ["@@loaded", "proc|NVIDIA UNIX x86_64 Kernel Module  550.127.08  Tue"]
+    loaded = {"loaded": ["proc|NVIDIA UNIX x86_64 Kernel Module  550.127.08  Tue"]}
     swapped = parse_nvidia_packages(
-        [*lines, "@@installed-module", "modinfo|550.127.08|Dual MIT/GPL"]
+        packages_output(loaded | {"installed-module": ["modinfo|550.127.08|Dual MIT/GPL"]})
     )
     assert swapped["reboot_required"] is True
-    assert parse_nvidia_packages(lines)["reboot_required"] is False
+    assert parse_nvidia_packages(packages_output(loaded))["reboot_required"] is False
 
 
 def test_apt_show_says_which_versions_build_with_dkms() -> None:
