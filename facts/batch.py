@@ -41,7 +41,9 @@ class FactBatch(FactBase):
         parts = []
         for name, cls in self.FACTS.items():
             fact = cls()
-            requires = fact.requires_command()
+            # pyinfra takes requires_command as a method or a plain value; so does a batch.
+            attribute: Any = fact.requires_command
+            requires = attribute() if callable(attribute) else attribute
             parts.append(
                 framing.Part(
                     name,

@@ -18,6 +18,7 @@ from types import ModuleType
 from typing import Any, ClassVar
 
 import pytest
+from pyinfra.api import FactBase
 
 import facts.batch
 import facts.fabric
@@ -357,3 +358,45 @@ def test_a_batch_past_the_total_cap_is_unreadable_from_there(
     assert values["ib"]["state"] == "ok"
     assert values["gpu"]["state"] == "unreadable"
     assert "passed 10000 characters" in values["gpu"]["reason"]
+
+
+class NeedsMissingTool(FactBase[dict[str, Any]]):
+    requires_command = "gpunode-no-such-tool"
+
+    def command(self) -> str:
+        return "gpunode-no-such-tool --list"
+
+    @staticmethod
+    def default() -> dict[str, Any]:
+        return {"state": "absent"}
+
+
+class Exits(FactBase[list[str]]):
+    def command(self) -> str:
+        return "echo 'Failed to connect' >&2; echo half; exit 4"
+
+
+class Says(FactBase[list[str]]):
+    def command(self) -> str:
+        return "echo said; echo noise >&2"
+
+    def process(self, output: list[str]) -> list[str]:  # type: ignore[override]
+        return list(output)
+
+
+class Mixed(FactBatch):
+    FACTS: ClassVar[dict[str, Any]] = {"missing": NeedsMissingTool, "exits": Exits, "says": Says}
+
+
+def test_a_batch_reads_each_fact_as_pyinfra_would_alone() -> None:
+    import subprocess
+
+    done = subprocess.run(["sh", "-c", Mixed().command()], capture_output=True, text=True)
+    values = Mixed().process(done.stdout.splitlines())
+    assert values["missing"] == {"state": "absent"}  # its default, as pyinfra gives it
+    assert values["exits"] == {
+        "state": "unreadable",
+        "reason": "exits: exit status 4: Failed to connect",
+    }
+    assert values["says"] == ["said"]  # stdout only, as pyinfra hands it to process()
+    assert values["complete"] is True
