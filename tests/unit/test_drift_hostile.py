@@ -32,10 +32,11 @@ from gpunode.drift.output import (
 )
 from gpunode.drift.rules import evaluate
 from gpunode.probe.gpu_probe import SCHEMA
-from gpunode.probe.parsers import EXIT_MARKER, parse_section
+from gpunode.probe.parsers import parse_section
 from gpunode.sanitize import MAX_REPORT_TEXT_CHARS
 
 from .test_drift_rules import desired, healthy_facts, set_path
+from .test_parsers import section_output
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 
@@ -67,7 +68,7 @@ def test_malformed_probe_report_is_an_unreadable_finding_not_a_crash(
 
 
 def probe_output(report: dict[str, Any]) -> list[str]:
-    return [json.dumps(report), f"{EXIT_MARKER}0"]
+    return section_output([json.dumps(report)])
 
 
 @pytest.mark.parametrize(("path", "value", "named"), MALFORMED)
@@ -282,7 +283,7 @@ def test_an_unread_hostile_ibstat_line_reaches_the_reports_quoted() -> None:
     lines = ibstat.splitlines()
     lines.insert(3, f"\t{HOSTILE_LINE}")
     facts = copy.deepcopy(healthy_facts())
-    facts["infiniband"] = parse_section("ibstat", [*lines, f"{EXIT_MARKER}0"])
+    facts["infiniband"] = parse_section("ibstat", section_output(lines))
     assert facts["infiniband"]["state"] == "ok"
     result = DriftResult(findings=evaluate("node-1", desired(), facts), checked_hosts=["node-1"])
     unread = next(f for f in result.findings if f.id == "ib.unread_line")

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from gpunode import framing
 from gpunode.drift.findings import Severity
 from gpunode.drift.rules import evaluate
 from gpunode.expected.firewall import render_ruleset
@@ -17,7 +18,13 @@ from gpunode.expected.packages import driver_packages_for
 from gpunode.expected.sshd import expected_effective, render_sshd_config
 from gpunode.model import DesiredState, build_desired_state
 from gpunode.probe.gpu_probe import SCHEMA
-from gpunode.probe.parsers import EXIT_MARKER, parse_section
+from gpunode.probe.parsers import parse_section
+
+
+def framed_output(lines: list[str]) -> list[str]:
+    """What a section command prints when its tool printed ``lines`` and exited 0."""
+    return framing.output_of({"tool": framing.PartOutput("tool", list(lines), [], 0)})
+
 
 DATA = {
     "expected_hardware": {
@@ -306,7 +313,7 @@ def test_an_unread_ibstat_line_is_a_finding_naming_it_and_the_ports_are_still_ch
         "\t\tLink layer: InfiniBand\n"
     )
     facts = healthy_facts()
-    facts["infiniband"] = parse_section("ibstat", [*text.splitlines(), f"{EXIT_MARKER}0"])
+    facts["infiniband"] = parse_section("ibstat", framed_output(text.splitlines()))
     found = {f.id: f for f in evaluate("node-1", desired(), facts)}
     assert {key: f.severity for key, f in found.items()} == {
         "ib.unread_line": Severity.WARNING,
@@ -336,7 +343,7 @@ def test_unread_nvlink_lines_from_the_probe_reach_the_report() -> None:
     facts = healthy_facts()
     report = {"schema": SCHEMA, "kernel_module": {"state": "loaded"}, **facts["gpu"]}
     report["problems"] = {"nvlink": ["line 1 comes before any GPU: 'WARNING: infoROM'"]}
-    facts["gpu"] = parse_section("gpu", [json.dumps(report), f"{EXIT_MARKER}0"])
+    facts["gpu"] = parse_section("gpu", framed_output([json.dumps(report)]))
     found = {f.id: f for f in evaluate("node-1", desired(), facts)}
     assert set(found) == {"nvlink.unread_line"}
     assert "line 1 comes before any GPU: 'WARNING: infoROM'" in found["nvlink.unread_line"].found
