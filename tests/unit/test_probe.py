@@ -26,6 +26,7 @@ from typing import Any
 
 import pytest
 
+from gpunode import framing
 from gpunode.probe import gpu_probe
 from gpunode.probe.gpu_probe import Completed, System, collect
 from gpunode.probe.parsers import parse_section, probe_command
@@ -725,6 +726,6 @@ def test_nvlink_lines_not_read_reach_the_report_before_the_first_gpu_too() -> No
     assert report["gpus"][1]["nvlink"]["state"] == "unreadable"
     assert [gpu["nvlink"]["state"] for gpu in report["gpus"][2:]] == ["ok"] * 6
     assert (
-        parse_section("gpu", [json.dumps(report), "gpunode:exit=0"])["problems"]
+        parse_section("gpu", framing.output_of({"gpu": [json.dumps(report)]}))["problems"]
         == (report["problems"])
     )
