@@ -44,10 +44,15 @@ def _is_operation(obj: object) -> bool:
     return callable(obj) and wrapped is not None and hasattr(wrapped, "is_idempotent")
 
 
+# Where operations live: the roles, and gpunode's run machinery (the run lock).
+OPERATION_FOLDERS = ("roles", "gpunode")
+
+
 def role_operations() -> list[tuple[str, Callable[..., Any]]]:
-    """(module.name, the undecorated function) of every operation defined under roles/."""
+    """(module.name, the undecorated function) of every operation defined under roles/ and
+    gpunode/ (top level)."""
     found = []
-    for module in _modules("roles"):
+    for module in [m for folder in OPERATION_FOLDERS for m in _modules(folder)]:
         for name, obj in vars(module).items():
             if _is_operation(obj) and obj.__module__ == module.__name__:
                 found.append((f"{module.__name__}.{name}", obj.__wrapped__))
@@ -57,7 +62,8 @@ def role_operations() -> list[tuple[str, Callable[..., Any]]]:
 def _decorated_in_source() -> int:
     """How many functions under roles/ carry an ``operation`` decorator, read from the text."""
     count = 0
-    for path in sorted((ROOT / "roles").glob("*.py")):
+    paths = [p for folder in OPERATION_FOLDERS for p in sorted((ROOT / folder).glob("*.py"))]
+    for path in paths:
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.FunctionDef):
                 for decorator in node.decorator_list:
