@@ -2,7 +2,10 @@
 
 pyinfra runs one command per fact. For the nightly drift check over a large fleet the round
 trips, not the commands, are the cost; a FactBatch runs the commands of several facts as one
-shell command, each framed by a marker, and hands each part to that fact's own process().
+shell command (``gpunode.framing``), each in its own part, and hands each part to that fact's
+own process(), as pyinfra would have run the fact alone: the fact's stdout only, its
+``requires_command()`` checked first (missing: the fact's ``default()``, as pyinfra gives),
+a non-zero exit status a failed read.
 """
 
 from __future__ import annotations
@@ -11,11 +14,12 @@ from typing import Any, ClassVar
 
 from pyinfra.api import FactBase
 
-MARKER = "gpunode:batch:"
+from gpunode import framing
+
 # What one node's batch may print: the drift check reads every node in one process, and a
 # node is not trusted to bound its own output. The longest real lines are one-line payloads
 # (the GPU probe's JSON, about 100 kB for 8 GPUs; config files sent base64-encoded, such as a
-# CDI spec); a section holding a longer line, or output past the total, is unreadable.
+# CDI spec); a part holding a longer line, or output past the total, is unreadable.
 MAX_LINE_CHARS = 4 << 20
 MAX_OUTPUT_CHARS = 32 << 20
 
@@ -34,45 +38,40 @@ class FactBatch(FactBase):
     FACTS: ClassVar[dict[str, type[FactBase]]] = {}
 
     def command(self) -> str:
-        parts = [
-            # A subshell per part: one fact's `exit` or `set -e` cannot end the others.
-            f"echo {MARKER}{name}; ( {fact().command()} ) 2>&1"
-            for name, fact in self.FACTS.items()
-        ]
-        return "; ".join(parts) + f"; echo {MARKER}end"
+        parts = []
+        for name, cls in self.FACTS.items():
+            fact = cls()
+            # pyinfra takes requires_command as a method or a plain value; so does a batch.
+            attribute: Any = fact.requires_command
+            requires = attribute() if callable(attribute) else attribute
+            parts.append(
+                framing.Part(
+                    name,
+                    str(fact.command()),
+                    requires=None if requires is None else str(requires),
+                )
+            )
+        return framing.command(parts)
 
     def process(self, output: list[str]) -> dict[str, Any]:
-        sections: dict[str, list[str]] = {}
-        refused: dict[str, str] = {}  # section -> why its output is not read
-        current: list[str] | None = None
-        name = ""
-        complete = False
-        size = 0
-        for line in output:
-            size += len(line) + 1
-            if line.startswith(MARKER):
-                name = line[len(MARKER) :].strip()
-                complete = complete or name == "end"
-                current = sections.setdefault(name, []) if name in self.FACTS else None
-            elif current is None or name in refused:
-                continue
-            elif size > MAX_OUTPUT_CHARS:
-                refused[name] = f"the node's output passed {MAX_OUTPUT_CHARS} characters here"
-            elif len(line) > MAX_LINE_CHARS:
-                refused[name] = f"a line of {len(line)} characters (over {MAX_LINE_CHARS})"
-            else:
-                current.append(line)
-        values: dict[str, Any] = {}
-        for name, fact in self.FACTS.items():
-            if name in refused:
-                values[name] = unreadable(name, f"not read: {refused[name]}")
-                continue
-            if name not in sections:
-                values[name] = unreadable(name, "no output (the batch was cut short)")
-                continue
-            try:
-                values[name] = fact().process(sections[name])
-            except Exception as error:  # a parser bug must not cost the other sections
-                values[name] = unreadable(name, f"could not parse: {error!r}")
-        values["complete"] = complete
+        frame = framing.parse(output, self.FACTS, MAX_LINE_CHARS, MAX_OUTPUT_CHARS)
+        values: dict[str, Any] = {name: self._value(name, frame) for name in self.FACTS}
+        values["complete"] = frame.complete
         return values
+
+    def _value(self, name: str, frame: framing.FrameOutput) -> Any:
+        fact = self.FACTS[name]()
+        part = frame.part(name)
+        if part.problem is not None:
+            return unreadable(name, part.problem)
+        if part.absent:
+            return fact.default()
+        if part.exit_status != 0:
+            detail = " ".join(" ".join(part.stderr or part.lines).split())[:300]
+            return unreadable(name, f"exit status {part.exit_status}: {detail or 'no message'}")
+        if not part.lines:
+            return fact.default()
+        try:
+            return fact.process(part.lines)
+        except Exception as error:  # a parser bug must not cost the other parts
+            return unreadable(name, f"could not parse: {error!r}")

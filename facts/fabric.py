@@ -18,6 +18,8 @@ from typing import Any
 
 from pyinfra.api import FactBase
 
+from gpunode import framing
+
 MARKER = "gpunode:"
 
 # systemd-detect-virt answers "none" outside a container; Docker's and Podman's marker files
@@ -623,22 +625,27 @@ def parse_nccl_settings(lines: list[str]) -> dict[str, dict[str, str] | None]:
     """The NCCL_* settings of /etc/nccl.conf (``NAME=value``) and of the login environment
     (``export NAME=value``, shell-quoted); None for a file that does not exist."""
     files: dict[str, dict[str, str] | None] = dict.fromkeys(NCCL_FILES)
-    current: dict[str, str] | None = None
-    kind = ""
+    frame = framing.parse(lines, NCCL_FILES)
+    for kind in NCCL_FILES:
+        part = frame.part(kind)
+        # Exit status 0: the file is there and was read; otherwise (none, cut short) None.
+        if part.exit_status == 0 and part.problem is None:
+            files[kind] = _nccl_settings(kind, part.lines)
+    return files
+
+
+def _nccl_settings(kind: str, lines: list[str]) -> dict[str, str]:
+    settings: dict[str, str] = {}
     for line in lines:
-        if line.startswith(MARKER):
-            kind, _, state = line[len(MARKER) :].partition("=")
-            current = files[kind] = {} if state == "present" and kind in NCCL_FILES else None
-            continue
         text = line.strip()
-        if current is None or not text or text.startswith("#"):
+        if not text or text.startswith("#"):
             continue
         if kind == "profile":
             text = text.removeprefix("export ").strip()
         name, equals, value = text.partition("=")
         if equals and name.strip().startswith("NCCL_"):
-            current[name.strip()] = _shell_word(value) if kind == "profile" else value.strip()
-    return files
+            settings[name.strip()] = _shell_word(value) if kind == "profile" else value.strip()
+    return settings
 
 
 def _shell_word(text: str) -> str:
@@ -658,10 +665,9 @@ class NcclSettings(FactBase[dict[str, dict[str, str] | None]]):
     """
 
     def command(self) -> str:
-        return "; ".join(
-            # echo after cat: a file without a final newline must not swallow the next marker.
-            f'if [ -f {path} ]; then echo "{MARKER}{kind}=present"; cat {path}; echo; '
-            f'else echo "{MARKER}{kind}=absent"; fi'
+        # A file that does not exist ends its part with a non-zero exit status.
+        return framing.command(
+            framing.Part(kind, f"[ -f {shlex.quote(path)} ] && cat {shlex.quote(path)}")
             for kind, path in NCCL_FILES.items()
         )
 

@@ -13,6 +13,7 @@ from typing import Any
 
 from pyinfra.api import FactBase
 
+from gpunode import framing
 from gpunode.expected.firewall import TABLE
 
 RULESET_PATH = "/etc/gpunode/firewall.nft"
@@ -21,8 +22,8 @@ UNIT_PATH = f"/etc/systemd/system/{UNIT_NAME}"
 ROLLBACK_UNIT = "gpunode-firewall-rollback"
 STATE_DIR = "/var/lib/gpunode"
 
-_SECTION = "gpunode:section="
-_FILE_LOAD_FAILED = "gpunode:file-load-failed"
+# The exit status of the listing parts when there is nothing to list (no table, no file).
+NOTHING = 100
 
 
 def parse_firewall_state(lines: list[str]) -> dict[str, Any]:
@@ -38,18 +39,11 @@ def parse_firewall_state(lines: list[str]) -> dict[str, Any]:
         "file_loads": None,
         "file_load_error": None,
     }
-    sections: dict[str, list[str]] = {}
-    current: list[str] | None = None
-    for line in lines:
-        if line.startswith(_SECTION):
-            current = sections.setdefault(line[len(_SECTION) :], [])
-        elif current is not None:
-            current.append(line)
-        elif "=" in line:
+    frame = framing.parse(lines, ("state", "live", "file_loads"))
+    for line in frame.part("state").lines:
+        if "=" in line:
             key, _, value = line.partition("=")
-            if key == "nft":
-                state["nft"] = value == "present"
-            elif key == "file_sha256" and value:
+            if key == "file_sha256" and value:
                 state["file_sha256"] = value
             elif key == "unit_file":
                 state["unit_file"] = value == "present"
@@ -59,14 +53,14 @@ def parse_firewall_state(lines: list[str]) -> dict[str, Any]:
                 state["rollback_armed"] = value == "yes"
             elif key == "state_file" and value:
                 state["state_files"].append(value)
-    if "live" in sections:
-        state["live"] = _listing(sections["live"])
-    if "file_loads" in sections:
-        loaded = sections["file_loads"]
-        if loaded and loaded[-1] == _FILE_LOAD_FAILED:
-            state["file_load_error"] = "\n".join(loaded[:-1]).strip() or "nft -f failed"
-        else:
-            state["file_loads"] = _listing(loaded)
+    live, loads = frame.part("live"), frame.part("file_loads")
+    state["nft"] = live.complete and not live.absent
+    if live.exit_status == 0 and live.problem is None:
+        state["live"] = _listing(live.lines)
+    if loads.exit_status == 0 and loads.problem is None:
+        state["file_loads"] = _listing(loads.lines)
+    elif loads.exit_status not in (None, NOTHING):
+        state["file_load_error"] = "\n".join(loads.lines).strip() or "nft -f failed"
     return state
 
 
@@ -96,10 +90,8 @@ class FirewallState(FactBase):
 
     def command(self) -> str:
         scratch_load = f"nft -f {RULESET_PATH} && nft -s list table {TABLE}"
-        return "; ".join(
+        state = "; ".join(
             [
-                "nft_bin=$(command -v nft)",
-                'echo "nft=${nft_bin:+present}"',
                 f'if [ -f {RULESET_PATH} ]; then echo "file_sha256=$(sha256sum < {RULESET_PATH}'
                 " | cut -d' ' -f1)\"; fi",
                 f"if [ -f {UNIT_PATH} ]; then echo unit_file=present; fi",
@@ -108,13 +100,22 @@ class FirewallState(FactBase):
                 "echo rollback_armed=yes; fi",
                 f"for path in {STATE_DIR}/firewall.*; do "
                 '[ -e "$path" ] && echo "state_file=$path"; done',
-                'if [ -n "$nft_bin" ]; then '
-                f"if nft list tables | grep -qx 'table {TABLE}'; then "
-                f"echo {_SECTION}live; nft -s list table {TABLE}; fi; "
-                f"if [ -f {RULESET_PATH} ]; then echo {_SECTION}file_loads; "
-                f"unshare --net -- sh -c '{scratch_load}' 2>&1 || echo {_FILE_LOAD_FAILED}; fi; "
-                "fi",
                 "true",
+            ]
+        )
+        live = (
+            f"nft list tables | grep -qx 'table {TABLE}' || exit {NOTHING}; "
+            f"nft -s list table {TABLE}"
+        )
+        # nft's own messages are why the file does not load: stderr is part of the text.
+        file_loads = (
+            f"[ -f {RULESET_PATH} ] || exit {NOTHING}; unshare --net -- sh -c '{scratch_load}' 2>&1"
+        )
+        return framing.command(
+            [
+                framing.Part("state", state),
+                framing.Part("live", live, requires="nft"),
+                framing.Part("file_loads", file_loads, requires="nft"),
             ]
         )
 

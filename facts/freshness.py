@@ -15,6 +15,8 @@ from pyinfra.api import FactBase
 class _YesOrNo(FactBase[bool]):
     """A fact whose command ends by printing yes or no; no output reads as no."""
 
+    abstract = True  # pyinfra's mark for a base: its subclasses are the facts
+
     def process(self, output: list[str]) -> bool:  # type: ignore[override]
         return output[-1].strip() == "yes"
 

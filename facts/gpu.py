@@ -7,7 +7,8 @@ generation renamed (``power_readings`` -> ``gpu_power_readings``, ``clocks_throt
 
 The XML names no MIG profile (its ``mig_devices`` carry instance ids only), so the same command
 (one SSH round trip) also prints ``nvidia-smi mig -lgi``, ``-lci``, ``-lgip``, ``-lgipp`` and the
-compute processes, each after a section marker; the tables are read by their rows only.
+compute processes, each its own part of one ``gpunode.framing`` command, run only when the
+XML report was read; the tables are read by their rows only.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 
 from pyinfra.api import FactBase
 
+from gpunode import framing
 from gpunode.probe import gpu_record
 
 # Far above an 8-GPU node's XML report (about 300 kB) and its MIG listings; a longer output
@@ -24,10 +26,8 @@ from gpunode.probe import gpu_record
 # not handed to the row patterns.
 MAX_OUTPUT_CHARS = 8 << 20
 MAX_LINE_CHARS = 4096
-EXIT_MARKER = "gpunode:nvidia-smi-exit="
-ABSENT_MARKER = "gpunode:nvidia-smi-absent"
-SECTION_MARKER = "gpunode:nvidia-smi-section="
 COMMAND = "nvidia-smi -q -x"
+XML_PART = "xml"  # the framing part of the XML report; the listings' parts are SECTIONS' names
 # Printed after the XML when it was read; nvidia-smi's answers, their exit codes do not matter.
 SECTIONS = {
     "gpu_instances": "nvidia-smi mig -lgi",
@@ -82,12 +82,13 @@ def with_mig_listings(record: dict[str, Any]) -> dict[str, Any]:
 
 def parse_nvidia_smi_xml(lines: list[str]) -> dict[str, Any]:
     """Turn the fact command's output into a report; never raises on bad output."""
-    if lines and lines[-1].strip() == ABSENT_MARKER:
+    xml = framing.parse(lines).part(XML_PART)
+    if xml.absent:
         return {"state": "absent", "reason": "nvidia-smi is not installed", "gpus": []}
-    exit_code = None
-    if lines and lines[-1].startswith(EXIT_MARKER):
-        exit_code = int(lines[-1][len(EXIT_MARKER) :] or -1)
-        lines = lines[:-1]
+    if xml.problem is not None:
+        return _unreadable(f"{COMMAND}: {xml.problem}")
+    exit_code = xml.exit_status
+    lines = xml.lines
     body = "\n".join(lines).strip()
     if exit_code not in (None, 0):
         reason = EXIT_REASONS.get(exit_code, f"exit code {exit_code}")
@@ -121,28 +122,21 @@ def parse_fact_output(lines: list[str]) -> dict[str, Any]:
     size = sum(len(line) + 1 for line in lines)
     if size > MAX_OUTPUT_CHARS:
         return _unreadable(f"{COMMAND} output is {size} characters (over {MAX_OUTPUT_CHARS})")
-    starts = [n for n, line in enumerate(lines) if line.startswith(SECTION_MARKER)]
-    head = lines[: starts[0]] if starts else lines
-    report = parse_nvidia_smi_xml(head)
+    frame = framing.parse(lines, [XML_PART, *SECTIONS], max_line_chars=MAX_LINE_CHARS)
+    report = parse_nvidia_smi_xml(lines)
     if report["state"] != "ok":
         return report
-    sections: dict[str, list[str]] = {}
-    for start, end in zip(starts, [*starts[1:], len(lines)], strict=True):
-        sections[lines[start][len(SECTION_MARKER) :].strip()] = lines[start + 1 : end]
     problems: dict[str, str] = {}
     by_index = {gpu["index"]: gpu for gpu in report["gpus"]}
     for name in SECTIONS:
-        if name not in sections:
+        part = frame.part(name)
+        if part.skipped:
             problems[name] = f"{SECTIONS[name]} was not run"
             continue
-        too_long = next((line for line in sections[name] if len(line) > MAX_LINE_CHARS), None)
-        if too_long is not None:
-            problems[name] = (
-                f"{SECTIONS[name]}: a line of {len(too_long)} characters "
-                f"(over {MAX_LINE_CHARS}): not read"
-            )
+        if part.problem is not None:
+            problems[name] = f"{SECTIONS[name]}: {part.problem}"
             continue
-        problem = SECTION_PARSERS[name](sections[name], by_index)
+        problem = SECTION_PARSERS[name](part.lines, by_index)
         if problem:
             problems[name] = f"{SECTIONS[name]}: {problem}"
     report["listing_problems"] = problems
@@ -276,15 +270,26 @@ class GpuDevices(FactBase):
         }
     """
 
+    def requires_command(self) -> str:
+        return "nvidia-smi"
+
     def command(self) -> str:
-        sections = "".join(
-            f"; echo {SECTION_MARKER}{name}; {command} 2>&1" for name, command in SECTIONS.items()
-        )
-        return (
-            f"command -v nvidia-smi >/dev/null 2>&1 || {{ echo {ABSENT_MARKER}; exit 0; }}; "
-            f"{COMMAND} 2>&1; rc=$?; echo {EXIT_MARKER}$rc; "
-            f'[ "$rc" = 0 ] || exit 0{sections}; exit 0'
-        )
+        # nvidia-smi prints its errors on stdout and stderr alike: both are the part's text.
+        parts = [framing.Part(XML_PART, COMMAND, stderr="merge")] + [
+            framing.Part(name, command, stderr="merge", after=XML_PART)
+            for name, command in SECTIONS.items()
+        ]
+        return framing.command(parts)
+
+    @staticmethod
+    def default() -> dict[str, Any]:
+        # What pyinfra returns when nvidia-smi (requires_command) is not installed.
+        return {
+            "state": "absent",
+            "reason": "nvidia-smi is not installed",
+            "gpus": [],
+            "listing_problems": {},
+        }
 
     def process(self, output: list[str]) -> dict[str, Any]:
         return parse_fact_output(list(output))

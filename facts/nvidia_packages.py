@@ -17,6 +17,7 @@ from typing import Any
 
 from pyinfra.api import FactBase
 
+from gpunode import framing
 from gpunode.model import upstream_version
 
 PROC_VERSION_PATH = "/proc/driver/nvidia/version"
@@ -24,7 +25,8 @@ PROC_VERSION_PATH = "/proc/driver/nvidia/version"
 # Installed packages the fact reports: NVIDIA driver, CUDA and companion packages.
 REPORTED_PACKAGES = r"nvidia|^libcuda|^libnv|^cuda|^datacenter-gpu-manager|^libnccl"
 SEPARATOR = "|"
-SECTION = "@@"
+# The parts of the fact's command (gpunode.framing), in order.
+PARTS = ("installed", "loaded", "installed-module", "kernel", "headers", "lists")
 
 # Module licence strings (modinfo -F license): the open modules are dual-licensed.
 OPEN_MODULE_LICENSE = "Dual MIT/GPL"
@@ -56,14 +58,13 @@ def is_installed(status_abbrev: str) -> bool:
 
 
 def _sections(lines: list[str]) -> dict[str, list[str]]:
-    sections: dict[str, list[str]] = {}
-    current: list[str] | None = None
-    for line in lines:
-        if line.startswith(SECTION):
-            current = sections.setdefault(line[len(SECTION) :].strip(), [])
-        elif current is not None and line.strip():
-            current.append(line.rstrip())
-    return sections
+    """Each part's non-blank lines; a part the output lacks (cut short) is missing."""
+    frame = framing.parse(lines, PARTS)
+    return {
+        name: [line.rstrip() for line in part.lines if line.strip()]
+        for name, part in frame.parts.items()
+        if part.problem is None
+    }
 
 
 def _loaded(lines: list[str]) -> dict[str, Any] | None:
@@ -183,31 +184,35 @@ class NvidiaPackages(FactBase):
 
     def command(self) -> str:
         sep = SEPARATOR
-        return "; ".join(
-            (
-                f"echo '{SECTION}installed'",
+        commands = {
+            "installed": (
                 f"dpkg-query -W -f='${{db:Status-Abbrev}}{sep}${{Package}}{sep}${{Version}}\\n' "
-                f"2>/dev/null | awk -F'{sep}' '$2 ~ /{REPORTED_PACKAGES}/' || true",
-                f"echo '{SECTION}loaded'",
+                f"2>/dev/null | awk -F'{sep}' '$2 ~ /{REPORTED_PACKAGES}/' || true"
+            ),
+            "loaded": (
                 f"if [ -r {PROC_VERSION_PATH} ]; then "
                 f'echo "proc{sep}$(head -n 1 {PROC_VERSION_PATH})"; '
                 "elif command -v nvidia-smi >/dev/null 2>&1; then "
                 f'echo "nvidia-smi{sep}$(nvidia-smi --query-gpu=driver_version '
-                '--format=csv,noheader 2>/dev/null | head -n 1)"; fi',
-                f"echo '{SECTION}installed-module'",
+                '--format=csv,noheader 2>/dev/null | head -n 1)"; fi'
+            ),
+            "installed-module": (
                 'if version=$(modinfo -F version nvidia 2>/dev/null) && [ -n "$version" ]; then '
-                f'echo "modinfo{sep}$version{sep}$(modinfo -F license nvidia 2>/dev/null)"; fi',
-                f"echo '{SECTION}kernel'",
-                "uname -r",
-                f"echo '{SECTION}headers'",
-                "headers=linux-headers-$(uname -r)",
-                "status=$(dpkg-query -W -f='${db:Status-Abbrev}' \"$headers\" 2>/dev/null)",
-                f'echo "status{sep}$status"',
-                f'if [ -d "/lib/modules/$(uname -r)/build" ]; then echo "build_dir{sep}yes"; fi',
-                f"echo '{SECTION}lists'",
-                "ls /var/lib/apt/lists/ 2>/dev/null | grep -c '_Packages$' || true",
-            )
-        )
+                f'echo "modinfo{sep}$version{sep}$(modinfo -F license nvidia 2>/dev/null)"; fi'
+            ),
+            "kernel": "uname -r",
+            "headers": "; ".join(
+                (
+                    "headers=linux-headers-$(uname -r)",
+                    "status=$(dpkg-query -W -f='${db:Status-Abbrev}' \"$headers\" 2>/dev/null)",
+                    f'echo "status{sep}$status"',
+                    'if [ -d "/lib/modules/$(uname -r)/build" ]; then '
+                    f'echo "build_dir{sep}yes"; fi',
+                )
+            ),
+            "lists": "ls /var/lib/apt/lists/ 2>/dev/null | grep -c '_Packages$' || true",
+        }
+        return framing.command(framing.Part(name, commands[name]) for name in PARTS)
 
     def process(self, output: list[str]) -> dict[str, Any]:  # type: ignore[override]
         return parse_nvidia_packages(list(output))

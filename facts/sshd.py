@@ -16,9 +16,11 @@ from typing import Any
 from pyinfra.api import FactBase
 
 from facts.accounts import ACCOUNTS_COMMAND, KEY_FILES, MANAGED_GROUPS, parse_accounts
+from gpunode import framing
 from gpunode.expected.sshd import RSA_HOST_KEY
 
-SECTION = "gpunode:section="
+# The parts of the fact's command (gpunode.framing), in order.
+PARTS = ("effective", "config_sha1", "rsa_bits", "weak_moduli", "socket", "per_user", "accounts")
 USER_MARK = "gpunode:user="
 SSHD_CONFIG = "/etc/ssh/sshd_config"
 MODULI = "/etc/ssh/moduli"
@@ -63,15 +65,10 @@ PER_USER_COMMAND = (
 )
 
 
-def parse_sections(lines: list[str]) -> dict[str, list[str]]:
-    sections: dict[str, list[str]] = {}
-    current: list[str] | None = None
-    for line in lines:
-        if line.startswith(SECTION):
-            current = sections.setdefault(line[len(SECTION) :].strip(), [])
-        elif current is not None:
-            current.append(line)
-    return sections
+def parse_sections(lines: list[str]) -> dict[str, framing.PartOutput]:
+    """Each part of the fact's output; one the output lacks is empty, with its problem."""
+    frame = framing.parse(lines, PARTS)
+    return {name: frame.part(name) for name in PARTS}
 
 
 def parse_effective(lines: list[str]) -> dict[str, list[str]]:
@@ -133,40 +130,37 @@ class SshdState(FactBase):
     """
 
     def command(self) -> str:
-        return " ; ".join(
-            [
-                f"echo {SECTION}effective",
+        commands = {
+            # sshd's complaint is why it could not say: stderr is part of the text.
+            "effective": (
                 "/usr/sbin/sshd -T -C user=root,host=localhost,addr=127.0.0.1,lport=22 2>&1"
-                " || echo gpunode:sshd-T-failed",
-                f"echo {SECTION}config_sha1",
-                f"sha1sum {SSHD_CONFIG} 2>/dev/null | cut -d' ' -f1",
-                f"echo {SECTION}rsa_bits",
-                f"ssh-keygen -l -f {RSA_HOST_KEY}.pub 2>/dev/null | cut -d' ' -f1",
-                f"echo {SECTION}weak_moduli",
-                f"awk '$5 < {MIN_MODULUS_FIELD}' {MODULI} 2>/dev/null | grep -vc '^#' || true",
-                f"echo {SECTION}socket",
-                "systemctl is-enabled ssh.socket 2>/dev/null || true",
-                f"echo {SECTION}per_user",
-                f"( {PER_USER_COMMAND} )",
-                f"echo {SECTION}accounts",
-                f"( {ACCOUNTS_COMMAND} )",
-            ]
-        )
+            ),
+            "config_sha1": f"sha1sum {SSHD_CONFIG} 2>/dev/null | cut -d' ' -f1",
+            "rsa_bits": f"ssh-keygen -l -f {RSA_HOST_KEY}.pub 2>/dev/null | cut -d' ' -f1",
+            "weak_moduli": (
+                f"awk '$5 < {MIN_MODULUS_FIELD}' {MODULI} 2>/dev/null | grep -vc '^#' || true"
+            ),
+            "socket": "systemctl is-enabled ssh.socket 2>/dev/null || true",
+            "per_user": PER_USER_COMMAND,
+            "accounts": ACCOUNTS_COMMAND,
+        }
+        return framing.command(framing.Part(name, commands[name]) for name in PARTS)
 
     def process(self, output: list[str]) -> dict[str, Any]:
         sections = parse_sections(list(output))
-        effective_lines = sections.get("effective", [])
-        failed = "gpunode:sshd-T-failed" in effective_lines
-        rsa = "".join(sections.get("rsa_bits", [])).strip()
-        weak = "".join(sections.get("weak_moduli", [])).strip()
+        effective = sections["effective"]
+        failed = effective.exit_status != 0
+        reason = " ".join(effective.lines) or effective.problem or ""
+        rsa = sections["rsa_bits"].text.strip()
+        weak = sections["weak_moduli"].text.strip()
         return {
-            "effective": {} if failed else parse_effective(effective_lines),
-            "effective_error": " ".join(effective_lines[:-1])[:300] if failed else "",
-            "config_sha1": "".join(sections.get("config_sha1", [])).strip() or None,
+            "effective": {} if failed else parse_effective(effective.lines),
+            "effective_error": reason[:300] if failed else "",
+            "config_sha1": sections["config_sha1"].text.strip() or None,
             "rsa_host_key_bits": int(rsa) if rsa.isdigit() else None,
             "weak_moduli": int(weak) if weak.isdigit() else 0,
-            "socket_enabled": "".join(sections.get("socket", [])).strip()
+            "socket_enabled": sections["socket"].text.strip()
             in ("enabled", "enabled-runtime", "static"),
-            "per_user": parse_per_user(sections.get("per_user", [])),
-            "accounts": parse_accounts(sections.get("accounts", [])),
+            "per_user": parse_per_user(sections["per_user"].lines),
+            "accounts": parse_accounts(sections["accounts"].lines),
         }

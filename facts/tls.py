@@ -14,6 +14,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from pyinfra.api import FactBase
 
+from gpunode import framing
 from gpunode.pki import certificate_names
 
 TLS_DIR = "/etc/gpunode/tls"
@@ -23,46 +24,33 @@ CA_PATH = f"{TLS_DIR}/ca.crt"
 
 CERT_COMMAND = f"openssl x509 -in {CERT_PATH}"
 PUBLIC_KEY_COMMAND = f"openssl pkey -in {KEY_PATH} -pubout"
-MARK = "gpunode:tls:"
+LABELS = {"certificate": (CERT_PATH, CERT_COMMAND), "public-key": (KEY_PATH, PUBLIC_KEY_COMMAND)}
 
 
-def _section(label: str, path: str, command: str) -> str:
-    return (
-        f"echo {MARK}{label}; "
-        f"if [ -e {path} ]; then {command} 2>&1; echo {MARK}exit=$?; "
-        f"else echo {MARK}absent; fi"
-    )
+def _parts() -> list[framing.Part]:
+    """Per label: whether its file exists, then its command, only where it does."""
+    parts = []
+    for label, (path, command) in LABELS.items():
+        parts.append(framing.Part(f"{label}-exists", f"[ -e {path} ]"))
+        # openssl's complaint is why the file is unreadable: stderr is part of the text.
+        parts.append(framing.Part(label, f"{command} 2>&1", after=f"{label}-exists"))
+    return parts
 
 
 def _split(lines: list[str]) -> dict[str, tuple[str, list[str], int | None]] | None:
-    """Section label -> (state 'ok'/'absent'/'failed', body lines, exit code); None if garbled."""
+    """Label -> (state 'ok'/'absent'/'failed', body lines, exit code); None if garbled."""
+    frame = framing.parse(lines, [part.name for part in _parts()])
     sections: dict[str, tuple[str, list[str], int | None]] = {}
-    label: str | None = None
-    body: list[str] = []
-    for line in lines:
-        text = line.rstrip("\r\n")
-        if not text.startswith(MARK):
-            if label is None:
-                return None
-            body.append(text)
-            continue
-        word = text[len(MARK) :]
-        if word in ("certificate", "public-key"):
-            label, body = word, []
-        elif label is None or label in sections:
-            return None
-        elif word == "absent" and not body:
+    for label in LABELS:
+        exists, body = frame.part(f"{label}-exists"), frame.part(label)
+        if body.skipped and exists.exit_status == 1 and not exists.lines:
             sections[label] = ("absent", [], None)
-        elif word.startswith("exit="):
-            try:
-                code = int(word[len("exit=") :])
-            except ValueError:
-                return None
-            sections[label] = ("ok" if code == 0 else "failed", body, code)
+        elif body.exit_status is not None and body.problem is None:
+            code = body.exit_status
+            lines_read = [line.rstrip("\r\n") for line in body.lines]
+            sections[label] = ("ok" if code == 0 else "failed", lines_read, code)
         else:
             return None
-    if set(sections) != {"certificate", "public-key"}:
-        return None
     return sections
 
 
@@ -191,11 +179,7 @@ class NodeCertificate(FactBase):
     """
 
     def command(self) -> str:
-        return (
-            _section("certificate", CERT_PATH, CERT_COMMAND)
-            + "; "
-            + _section("public-key", KEY_PATH, PUBLIC_KEY_COMMAND)
-        )
+        return framing.command(_parts())
 
     def process(self, output: list[str]) -> dict[str, Any]:
         return parse_node_certificate(list(output))

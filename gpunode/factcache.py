@@ -11,7 +11,8 @@ clears that host's values before and after it runs: every operation command (she
 download, Python callback). A no-op run therefore reads each fact once; a run that changes
 things re-reads after each change, as pyinfra does without it.
 
-On top, ``prefetch`` reads many facts in ONE command per host (see ``batch_script``): at
+On top, ``prefetch`` reads many facts in ONE command per host (``batch_script``, framed by
+``gpunode.framing``, each fact as pyinfra would run it alone): at
 the start of a deploy, the facts this host was asked last time (remembered per host under
 ``~/.cache/gpunode/facts/``) are read together and seed the cache.
 
@@ -53,7 +54,7 @@ from pyinfra.api.arguments import CONNECTOR_ARGUMENT_KEYS
 from pyinfra.api.command import StringCommand
 from pyinfra.api.state import StateStage
 
-from gpunode import pyinfra_patches
+from gpunode import framing, pyinfra_patches
 
 CACHED_STAGES = (StateStage.Prepare, StateStage.Execute)
 # Connector arguments that change what a fact command sees (who runs it, where, how).
@@ -438,47 +439,63 @@ def _raw(command: Any) -> str:
     return command.get_raw_value() if isinstance(command, StringCommand) else str(command)
 
 
-def batch_script(facts: list[tuple[Any, dict[str, Any]]], marker: str) -> str:
-    """One shell script printing each fact's output, framed by ``marker`` lines with its
-    exit status, the way pyinfra would have run it alone (``requires_command`` included).
+def batch_parts(facts: list[tuple[Any, dict[str, Any]]]) -> dict[int, framing.Part]:
+    """index -> the framing part that reads ``facts[index]`` as pyinfra would read it alone:
+    its command's stdout (stderr, which pyinfra does not hand to ``process``, dropped), its
+    ``requires_command`` checked first. A fact whose required command is no plain program
+    name cannot be checked that way and has no part: pyinfra reads it on its own.
 
     ``facts`` are (fact instance, arguments); a fact's ``process`` must be called on the same
     instance, since some keep their arguments from ``command`` (pyinfra's Sha1File does).
     """
-    parts = []
-    missing = pyinfra_patches.missing_command_marker()
+    parts = {}
     for index, (fact, kwargs) in enumerate(facts):
         command = _raw(pyinfra_patches.make_command(fact.command, kwargs))
         requires = pyinfra_patches.make_command(fact.requires_command, kwargs)
-        if requires:
-            command = (
-                f"if command -v {_raw(requires)} >/dev/null 2>&1; then ( {command} ); "
-                f"else echo '{missing}'; fi"
+        try:
+            parts[index] = framing.Part(
+                f"fact{index}",
+                command,
+                requires=_raw(requires) if requires else None,
+                stderr="drop",
             )
-        parts.append(
-            f'out=$( ( {command}\n) 2>/dev/null ); status=$?; echo "{marker} {index} $status"; '
-            '[ -n "$out" ] && printf \'%s\\n\' "$out"'
-        )
-    return "\n".join(parts) + "\ntrue\n"  # the script succeeds whatever each fact did
+        except ValueError:
+            continue
+    return parts
 
 
-def parse_batch(lines: list[str], marker: str, count: int) -> dict[int, list[str]]:
-    """index -> output lines, for the facts whose command exited 0."""
-    sections: dict[int, list[str]] = {}
-    current: list[str] | None = None
-    for line in lines:
-        if line.startswith(marker + " "):
-            _, index, status = line.split(" ")
-            current = sections.setdefault(int(index), []) if status == "0" else None
-        elif current is not None:
-            current.append(line)
-    return {index: lines for index, lines in sections.items() if index < count}
+def batch_script(facts: list[tuple[Any, dict[str, Any]]]) -> str:
+    """ONE shell command reading every fact of ``facts`` (see ``batch_parts``)."""
+    return framing.command(batch_parts(facts).values())
+
+
+def parse_batch(lines: list[str], count: int) -> dict[int, framing.PartOutput]:
+    """index -> what that fact's part printed, for the parts whose output came back whole."""
+    frame = framing.parse(lines, [f"fact{index}" for index in range(count)])
+    return {
+        int(name.removeprefix("fact")): part
+        for name, part in frame.parts.items()
+        if part.complete and part.problem is None
+    }
+
+
+def batched_value(fact: Any, part: framing.PartOutput) -> tuple[bool, Any]:
+    """(whether pyinfra would have read a value, the value) for one fact's part: its
+    default where its required command is missing or it printed nothing, its processed
+    stdout where it exited 0; a failed command is no value (pyinfra reads it again, and
+    reports the failure)."""
+    if part.absent:
+        return True, fact.default()
+    if part.exit_status != 0:
+        return False, None
+    return True, fact.process(part.lines) if part.lines else fact.default()
 
 
 def prefetch(state: Any, host: Any) -> None:
     """Read every fact of this host's plan in one command per connector setting; each value
-    seeds the cache. A fact that fails, is missing its tool or cannot be parsed is left for
-    pyinfra to read on its own, with its usual error handling."""
+    seeds the cache. A fact that fails or cannot be parsed is left for pyinfra to read on its
+    own, with its usual error handling; one whose required command is missing gets its
+    default, as pyinfra gives it."""
     groups: dict[str, list[tuple[str, type, dict[str, Any]]]] = {}
     connectors: dict[str, dict[str, Any]] = {}
     for cls, kwargs, record_connector in _load_plan(host.name):
@@ -488,11 +505,9 @@ def prefetch(state: Any, host: Any) -> None:
         key = fact_key(cls, kwargs, record_connector)
         groups.setdefault(group, []).append((key, cls, kwargs))
     for group, entries in groups.items():
-        marker = f"gpunode-prefetch-{secrets.token_hex(8)}"
         instances = [cls() for _, cls, _ in entries]
         script = batch_script(
-            [(fact, kwargs) for fact, (_, _, kwargs) in zip(instances, entries, strict=True)],
-            marker,
+            [(fact, kwargs) for fact, (_, _, kwargs) in zip(instances, entries, strict=True)]
         )
         stats["prefetch_commands"] += 1
         try:
@@ -508,16 +523,15 @@ def prefetch(state: Any, host: Any) -> None:
         if not ok:
             continue
         values = _values.setdefault(host.name, {})
-        missing = pyinfra_patches.missing_command_marker()
-        for index, lines in parse_batch(output.stdout_lines, marker, len(entries)).items():
+        for index, part in parse_batch(output.stdout_lines, len(entries)).items():
             key, fact = entries[index][0], instances[index]
-            if lines == [missing]:
-                continue
             try:
-                values[key] = fact.process(lines) if lines else fact.default()
+                read, value = batched_value(fact, part)
             except Exception:
                 continue
-            stats["prefetched"] += 1
+            if read:
+                values[key] = value
+                stats["prefetched"] += 1
 
 
 def _clearing(execute: Callable[..., Any]) -> Callable[..., Any]:

@@ -4,7 +4,7 @@ gpunode changes how pyinfra 3 runs in two ways, and reads a few of its internals
 
 - The fact cache (gpunode.factcache) reads every fact through its own function in place of
   ``pyinfra.api.facts._get_fact``. It keys a read with pyinfra's ``_handle_fact_kwargs`` and
-  batches reads as pyinfra would run each (``_make_command``, ``_MISSING_COMMAND_MARKER``),
+  batches reads as pyinfra would run each (``_make_command``),
   and it wraps each command class's ``execute`` to forget a host's facts when anything runs.
 - Per-node failures (gpunode.refusal) wrap ``pyinfra.api.operations._run_host_op``, so an
   OperationError raised while one host executes fails that host as a failed command would
@@ -68,10 +68,6 @@ WRITTEN_AGAINST: dict[str, str] = {
     "pyinfra.connectors.util.CommandOutput": "(combined_lines)",
     # run inside another operation (roles.nvidia_driver)
     "pyinfra.operations.server.reboot._inner": "(delay=10, interval=1, reboot_timeout=300)",
-}
-# Private constants read here, with the value they had.
-WRITTEN_AGAINST_VALUES: dict[str, Any] = {
-    "pyinfra.api.facts._MISSING_COMMAND_MARKER": "##PYINFRA_NOCMD##",
 }
 
 # The command classes whose execute runs something on a host.
@@ -171,12 +167,6 @@ def make_command(attribute: Any, kwargs: dict[str, Any]) -> Any:
     arguments) made into what pyinfra runs."""
     _guard()
     return pyinfra_facts._make_command(attribute, dict(kwargs))
-
-
-def missing_command_marker() -> str:
-    """What pyinfra has a fact print when its ``requires_command`` is missing."""
-    _guard()
-    return str(pyinfra_facts._MISSING_COMMAND_MARKER)
 
 
 # --- commands ---------------------------------------------------------------------------------

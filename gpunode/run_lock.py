@@ -95,8 +95,14 @@ def node_run_lock() -> None:
 
 @operation()
 def run_lock_held(lock: dict[str, Any]):
-    """The run lock read when the deploy was loaded is this run's."""
+    """
+    The run lock read when the deploy was loaded is this run's; else the host is refused.
+
+    + lock: the NodeRunLock fact's value read at prepare time (held, holder, error)
+    """
     if lock.get("error"):
         yield refusal(f"{host.name}: no run lock: {lock['error']}")
     elif not lock["held"]:
         yield refusal(lock_refused(lock["holder"], host.name))
+    else:
+        host.noop("this run holds the node's run lock")

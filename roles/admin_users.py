@@ -59,6 +59,9 @@ def sudoers_dropin(path: str, content: str):
     sudo ignores drop-ins whose names contain a dot, so the candidate is written beside the
     target as ``<path>.new`` and only moved into place once ``visudo -c`` accepts it: a
     broken file never becomes active.
+
+    + path: the drop-in's path under ``/etc/sudoers.d`` (no dot in its name, or sudo ignores it)
+    + content: the whole text of the drop-in, written as it is
     """
     wanted_sha1 = hashlib.sha1(content.encode()).hexdigest()
     if host.get_fact(Sha1File, path=path) == wanted_sha1:

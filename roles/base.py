@@ -83,7 +83,13 @@ def package_mirrors_reachable(
 ):
     """Every mirror the coming apt update reads answers from the node, through ``proxy``
     (but for ``direct_hosts``); otherwise the host fails here, before its sources, lists or
-    packages are touched."""
+    packages are touched.
+
+    + urls: the files the update fetches first (each mirror's ``InRelease``), asked for from
+      the node
+    + proxy: the HTTP proxy apt uses (``apt.proxy``); None to ask the mirrors directly
+    + direct_hosts: hosts apt reaches without the proxy (``apt.direct_hosts``)
+    """
     found = host.get_fact(
         MirrorReachability, urls=urls, proxy=proxy, direct_hosts=direct_hosts or []
     )

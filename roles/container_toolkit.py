@@ -71,7 +71,13 @@ DEFAULT_CHECK_IMAGE = "nvidia/cuda:12.8.1-base-ubuntu24.04"
 @operation()
 def engine_runtime(engine: str, set_as_default: bool = False, cdi: bool = True):
     """``engine``'s configuration has the nvidia runtime, is nvidia-by-default exactly when
-    ``set_as_default``, and has CDI enabled when ``cdi``; nothing else in it changes."""
+    ``set_as_default``, and has CDI enabled when ``cdi``; nothing else in it changes.
+
+    + engine: the container engine, ``docker`` or ``containerd`` (a key of ``ENGINE_CONFIGS``)
+    + set_as_default: whether nvidia is the engine's default runtime; when False, a default
+      of nvidia is reverted
+    + cdi: whether the engine's configuration must have CDI enabled
+    """
     path = ENGINE_CONFIGS[engine]
     state = host.get_fact(ContainerRuntimeConfig)[engine]
     if state["error"]:
@@ -99,7 +105,11 @@ def engine_runtime(engine: str, set_as_default: bool = False, cdi: bool = True):
 
 @operation()
 def engine_restarted(engine: str):
-    """``engine`` runs with its current configuration (used with ``_if``: after a change)."""
+    """``engine`` runs with its current configuration (used with ``_if``: after a change).
+
+    + engine: the container engine, ``docker`` or ``containerd``; when its service is not
+      installed there is nothing to restart
+    """
     if not host.get_fact(ContainerRuntimeConfig)["services"][engine]:
         host.noop(
             f"{engine}.service is not installed: {ENGINE_CONFIGS[engine]} is ready for when it is"
@@ -132,7 +142,11 @@ def cdi_spec_stale_reason(
 
 @operation()
 def cdi_spec(toolkit_changing: bool = False):
-    """The CDI spec lists this host's GPUs (by index and UUID) for the loaded driver."""
+    """The CDI spec lists this host's GPUs (by index and UUID) for the loaded driver.
+
+    + toolkit_changing: whether this run changes the Container Toolkit's version (the
+      toolkit operation's ``will_change``): the spec is then generated again
+    """
     gpus = host.get_fact(GpuDevices)
     if gpus["state"] != "ok":
         host.noop(f"CDI spec not generated: {gpus['reason']}")

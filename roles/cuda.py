@@ -143,6 +143,12 @@ def held_packages(
 
     apt is asked what the repository offers only when a package is to be installed: packages
     already at their version need dpkg's word alone.
+
+    + packages: the Debian packages, installed together at the same version
+    + repository_url: the APT repository the version must come from
+    + version: the exact Debian version to install; None to keep or choose one as above
+    + version_suffix: without ``version``, the ending an acceptable version must have (e.g.
+      ``+cuda12.4`` for libnccl2); None accepts any
     """
     dpkg = host.get_fact(DpkgPackageState, packages=list(packages))
     installed = {dpkg[package]["installed"] for package in packages}
@@ -301,7 +307,11 @@ def _write_record(releases: list[str]) -> str:
 @operation()
 def recorded_releases(releases: list[str]):
     """Every release in ``releases`` is in gpunode's record, before anything is installed, so a
-    run that fails half-way still knows what it may remove later."""
+    run that fails half-way still knows what it may remove later.
+
+    + releases: the declared CUDA releases (``cuda.versions``, e.g. ``12.4``), added to the
+      record; releases already recorded stay in it
+    """
     recorded = host.get_fact(CudaToolkitSetup, names=[])["recorded"]
     missing = [release for release in releases if release not in recorded]
     if not missing:
@@ -333,7 +343,11 @@ def _remove_release_shell(release: str) -> str:
 
 @operation()
 def undeclared_releases_removed(declared: list[str]):
-    """No CUDA release that gpunode installed and that is no longer declared stays installed."""
+    """No CUDA release that gpunode installed and that is no longer declared stays installed.
+
+    + declared: the CUDA releases the inventory declares; every other recorded release is
+      removed and the record then holds exactly these
+    """
     recorded = host.get_fact(CudaToolkitSetup, names=[])["recorded"]
     undeclared = [release for release in recorded if release not in declared]
     if not undeclared:
@@ -353,7 +367,11 @@ def _major(release: str) -> str:
 
 @operation()
 def default_toolkit(release: str):
-    """``/usr/local/cuda`` and ``/usr/local/cuda-<major>`` point at ``release``, in manual mode."""
+    """``/usr/local/cuda`` and ``/usr/local/cuda-<major>`` point at ``release``, in manual mode.
+
+    + release: the default CUDA release (e.g. ``12.4``), installed in
+      ``/usr/local/cuda-<release>``
+    """
     wanted = toolkit_dir(release)
     names = ["cuda", f"cuda-{_major(release)}"]
     current = host.get_fact(CudaToolkitSetup, names=names)["alternatives"]

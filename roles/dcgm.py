@@ -27,7 +27,10 @@ EXPORTER_SERVICE = "dcgm-exporter"
 
 @operation()
 def service_enabled_and_running(service: str):
-    """``service`` starts at boot and runs now (its unit may arrive with a package in this run)."""
+    """``service`` starts at boot and runs now (its unit may arrive with a package in this run).
+
+    + service: the systemd service's name, without ``.service``
+    """
     unit = f"{service}.service"
     running = host.get_fact(SystemdStatus, services=[unit]).get(unit, False)
     enabled = host.get_fact(SystemdEnabled, services=[unit]).get(unit, False)

@@ -125,7 +125,13 @@ def fabric_manager_package(
     installed driver's) and held; no other branch's is; the service is enabled, and started
     when the loaded driver is that version.
 
-    ``driver_reboots``: the driver role reboots into its ``driver_version`` if needed."""
+    + branch: the driver branch (``nvidia_driver.branch``, e.g. ``550``) whose package is installed
+    + version: the exact apt version (``fabric_manager.version``, else
+      ``nvidia_driver.version``); None: the installed driver's
+    + driver_reboots: the driver role reboots into its ``driver_version`` if needed
+      (``nvidia_driver.reboot: if-needed``), so the driver loaded after it is that version
+    + driver_version: the driver's declared apt version (``nvidia_driver.version``), or None
+    """
     facts = host.get_fact(NvidiaPackages)
     running = _service_running()
     loaded = loaded_after_driver(facts, driver_reboots, driver_version)
@@ -147,7 +153,13 @@ def fabric_manager_service(
     branch: str, driver_reboots: bool = False, driver_version: str | None = None
 ):
     """nvidia-fabricmanager is enabled, and running while the loaded driver is its version;
-    otherwise it is reported as pending a reboot. ``driver_reboots``: as for the package."""
+    otherwise it is reported as pending a reboot.
+
+    + branch: the driver branch whose ``nvidia-fabricmanager-<branch>`` provides the service
+    + driver_reboots: as for the package: the driver role reboots into ``driver_version`` if
+      needed
+    + driver_version: the driver's declared apt version (``nvidia_driver.version``), or None
+    """
     facts = host.get_fact(NvidiaPackages)
     installed = facts["packages"].get(package_name(branch))
     if installed is None:
@@ -169,7 +181,12 @@ def fabric_manager_service(
 
 @operation()
 def fabric_manager_absent(remove: bool):
-    """No Fabric Manager package is installed (``remove``), or any that is, is reported."""
+    """No Fabric Manager package is installed (``remove``), or any that is, is reported.
+
+    + remove: whether data says for certain that the node has no NVSwitch
+      (``fabric_manager.mode: never``, or ``expected_hardware.nvswitch: false``): only then
+      are installed packages removed, with their holds
+    """
     facts = host.get_fact(NvidiaPackages)
     installed = installed_fabric_manager(facts["packages"])
     if not installed:

@@ -199,6 +199,13 @@ def ruleset(
     """Table inet gpunode is live as rendered from ``firewall``, and loaded at boot from
     /etc/gpunode/firewall.nft. Applied when the file differs or the live table has drifted
     from what the file loads; every apply is confirmed by a new SSH login or rolled back.
+
+    + firewall: the declared firewall (``DesiredState.firewall``) the ruleset is rendered from
+    + ssh_port: sshd's port (``sshd.port``), accepted from ``firewall.admin_networks``
+    + rollback_after_s: seconds after which the armed rollback loads the previous table back,
+      unless a new SSH login confirmed access first (guard 2)
+    + check_ssh_source: whether a ruleset that would drop the current SSH session's source is
+      refused before anything changes (guard 1, ``firewall.ssh_preflight``)
     """
     content = render_ruleset(firewall, ssh_port)
     if check_ssh_source:

@@ -60,7 +60,10 @@ def _mode_of(gpu: dict[str, Any], setting: str, which: str) -> bool | None:
 
 @operation()
 def persistence_mode(enabled: bool = True):
-    """Every GPU has persistence mode ``enabled`` (takes effect at once)."""
+    """Every GPU has persistence mode ``enabled`` (takes effect at once).
+
+    + enabled: whether persistence mode is on (``gpu_settings.persistence_mode``)
+    """
     gpus = _gpus_or_noop()
     if gpus is None:
         return
@@ -76,6 +79,9 @@ def pending_mode(setting: str, enabled: bool):
     """Every GPU has ECC or MIG mode (``setting`` 'ecc' or 'mig') ``enabled``, now or pending.
 
     A GPU whose pending mode already matches is reported as waiting for a reset.
+
+    + setting: which mode, ``ecc`` or ``mig``; GPUs that have no such mode are left out
+    + enabled: whether the mode is on (``gpu_settings.ecc`` or ``gpu_settings.mig``)
     """
     gpus = _gpus_or_noop()
     if gpus is None:
@@ -103,7 +109,10 @@ def pending_mode(setting: str, enabled: bool):
 
 @operation()
 def power_limit(watts: int):
-    """Every GPU's power limit is ``watts``; a value outside a GPU's range is an error."""
+    """Every GPU's power limit is ``watts``; a value outside a GPU's range is an error.
+
+    + watts: the power limit in watts (``gpu_settings.power_limit_w``), the same for every GPU
+    """
     gpus = _gpus_or_noop()
     if gpus is None:
         return
@@ -138,6 +147,9 @@ def application_clocks(memory_mhz: int, graphics_mhz: int):
     A GPU whose driver reports no application clocks (driver 590 on Hopper: "Requested
     functionality has been deprecated") is reported and left alone. A pair that a GPU does not
     list among its supported clocks is an error naming the GPU and what it supports.
+
+    + memory_mhz: the memory clock in MHz (``gpu_settings.application_clocks.memory_mhz``)
+    + graphics_mhz: the graphics clock in MHz, one the GPU supports with ``memory_mhz``
     """
     gpus = _gpus_or_noop()
     if gpus is None:
@@ -255,6 +267,9 @@ def mig_layout(profiles: tuple[str, ...]):
     again only while no compute process runs on that GPU; otherwise it is an error, since
     destroying them kills the workloads. A layout the GPU cannot hold is an error naming the
     GPU and what it offers.
+
+    + profiles: the MIG profile names (``gpu_settings.mig_layout``, e.g. ``3g.40gb``), one per
+      GPU instance; a name given twice makes two instances
     """
     report = _report_or_noop()
     if report is None:

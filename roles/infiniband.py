@@ -130,7 +130,13 @@ def module_decisions(
 
 @operation()
 def modules_loaded(modules: list[str]):
-    """Each of ``modules`` is loaded in the running kernel, or the reason it is not is reported."""
+    """Each of ``modules`` is loaded in the running kernel, or the reason it is not is reported.
+
+    A module the running kernel does not have at all is an error (nvidia_peermem excepted: it
+    comes with the NVIDIA driver).
+
+    + modules: the kernel modules' names (those of ``rdma_modules``)
+    """
     status = host.get_fact(KernelModuleStatus, modules=modules)
     commands, notes, impossible = module_decisions(modules, status)
     if impossible:
@@ -210,7 +216,9 @@ def ipoib_is_live(interface: IpoibInterface, live: dict[str, Any]) -> bool:
 def ipoib_up(interface: IpoibInterface, ipoib_module_loading: bool = False):
     """The IPoIB interface has its address and MTU now, where the interface exists.
 
-    ``ipoib_module_loading``: ib_ipoib is loaded by this run, so the interface may appear.
+    + interface: the declared IPoIB interface (an ``infiniband.ipoib`` entry): name, address
+      with prefix length, MTU
+    + ipoib_module_loading: ib_ipoib is loaded by this run, so the interface may appear
     """
     live = host.get_fact(NetworkInterfaces).get(interface.name)
     if live is None:
@@ -252,7 +260,11 @@ def interfaces_sources_directory():
 
 @operation()
 def stale_ipoib_files_removed(keep: list[str]):
-    """gpunode's IPoIB files are exactly ``keep``; the interfaces of others are taken down."""
+    """gpunode's IPoIB files are exactly ``keep``; the interfaces of others are taken down.
+
+    + keep: paths of the IPoIB files (``ipoib_path``) of the declared interfaces; every other
+      ``gpunode-ipoib-*`` file in /etc/network/interfaces.d is removed
+    """
     present = host.get_fact(FindFiles, path=INTERFACES_DIR, fname=f"{IPOIB_FILE_PREFIX}*")
     stale = sorted(path for path in present or [] if path not in keep)
     if not stale:

@@ -316,6 +316,9 @@ def live_sysctls(values: dict[str, str]):
     """The running kernel holds ``values`` wherever it can be set from here.
 
     Each key that cannot (absent, read-only, another kernel's, locked) is reported with why.
+
+    + values: sysctl key -> wanted value (``sysctl_values``: hardened values, data choices,
+      ``kernel.sysctls`` overrides), set in this order
     """
     report = host.get_fact(SysctlState, keys=list(values))
     commands, notes = plan_sysctls(values, report)
@@ -358,7 +361,10 @@ def render_module_blacklist(modules: list[str]) -> str:
 
 @operation()
 def refused_modules(notes: list[str]):
-    """Report blacklist entries that gpunode refuses; changes nothing."""
+    """Report blacklist entries that gpunode refuses; changes nothing.
+
+    + notes: one line per refused ``kernel.blacklist_modules`` entry, naming the module and why
+    """
     for note in notes:
         host.noop(note)
     yield from ()
@@ -387,7 +393,11 @@ def login_defs_commands(
 
 @operation()
 def login_defs(settings: dict[str, str]):
-    """/etc/login.defs holds each of ``settings``; other lines and comments stay as they are."""
+    """/etc/login.defs holds each of ``settings``; other lines and comments stay as they are.
+
+    + settings: login.defs name -> value (``LOGIN_DEFS``); a line setting the name is
+      replaced, else one is appended
+    """
     current = host.get_fact(LoginDefs)
     commands = login_defs_commands(current, settings)
     if not commands:
@@ -441,7 +451,11 @@ def permission_commands(
 
 @operation()
 def permission_ceilings(ceilings: dict[str, tuple[int, str | None, str | None]]):
-    """Each existing path in ``ceilings`` has at most its mode bits and the given owners."""
+    """Each existing path in ``ceilings`` has at most its mode bits and the given owners.
+
+    + ceilings: path -> (highest mode, owner, group) (``PERMISSION_CEILINGS``); mode bits are
+      only removed, and an owner or group of None is left as it is
+    """
     current = host.get_fact(FileModes, paths=list(ceilings))
     commands = permission_commands(current, ceilings)
     if not commands:

@@ -190,7 +190,11 @@ def _node_names(env: dict[str, str]) -> tuple[list[str], dict[str, list[int]]]:
 
 @operation()
 def nccl_names_checked(env: dict[str, str], declared: list[str]):
-    """The interfaces and HCAs NCCL is told to use exist; reports what they select."""
+    """The interfaces and HCAs NCCL is told to use exist; reports what they select.
+
+    + env: the NCCL variables (``nccl.env``); NCCL_SOCKET_IFNAME and NCCL_IB_HCA are checked
+    + declared: IPoIB interfaces this run configures, which may not exist before it
+    """
     interfaces, hcas = _node_names(env)
     problems = nccl_problems(env, interfaces, hcas, declared, host.name)
     if problems:

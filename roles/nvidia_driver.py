@@ -192,7 +192,11 @@ def headers_error(facts: dict[str, Any]) -> str:
 def kernel_headers(spec: DriverPackages):
     """The running kernel's headers are there (or come with the driver) wherever the driver's
     kernel module must be built with DKMS; otherwise the host stops here, before the nouveau
-    blacklist, the apt pin or any package changes. Changes nothing itself."""
+    blacklist, the apt pin or any package changes. Changes nothing itself.
+
+    + spec: the driver as apt packages (``driver_packages_for``): its kernel module package
+      and version decide whether a module is to be built
+    """
     facts = host.get_fact(NvidiaPackages)
     package = facts["headers"]["package"]
     if not module_pending(spec, facts["packages"]):
@@ -340,6 +344,11 @@ def plan_driver(
 def driver_packages(spec: DriverPackages, persistence_daemon: bool = True):
     """The driver's packages are installed at ``spec``'s version, the other flavour's are gone,
     and every driver package is held. Refuses, before apt runs, a DKMS module without headers.
+
+    + spec: the driver as apt packages (``driver_packages_for``): source, flavour, branch,
+      exact version (None: the newest of the branch), packages to install and to remove
+    + persistence_daemon: whether the install leaves nvidia-persistenced enabled, or disables
+      and stops it, whatever the package's own scripts do (``nvidia_driver.persistence_daemon``)
     """
     facts = host.get_fact(NvidiaPackages)
     pending = module_pending(spec, facts["packages"])
@@ -364,7 +373,11 @@ def driver_packages(spec: DriverPackages, persistence_daemon: bool = True):
 
 @operation()
 def persistence_daemon(enabled: bool = True):
-    """nvidia-persistenced is enabled and running (once its module is loaded), or neither."""
+    """nvidia-persistenced is enabled and running (once its module is loaded), or neither.
+
+    + enabled: whether it is enabled and running, or disabled and stopped
+      (``nvidia_driver.persistence_daemon``)
+    """
     facts = host.get_fact(NvidiaPackages)
     if "nvidia-persistenced" not in facts["packages"]:
         host.noop("nvidia-persistenced is not installed yet: the driver install sets it up")

@@ -478,6 +478,9 @@ def cache_volume(cache: NvmeCache):
 
     Drives are read again right before anything is written; a drive that holds data and is
     not allowed to be wiped stops the run.
+
+    + cache: the declared cache (``DesiredState.nvme_cache``): which drives, filesystem, and
+      whether drives that hold data may be wiped
     """
     try:
         plan = plan_cache(cache, gather_cache_facts(cache), host.name)
@@ -542,7 +545,12 @@ def filesystem_uuid(cache: NvmeCache, probe: dict[str, Any] | None) -> str | Non
 @operation()
 def cache_fstab(cache: NvmeCache, paths: list[str]):
     """/etc/fstab mounts the cache's filesystem by UUID at the mount point, and nothing else
-    there: noatime, nofail and a device timeout, so boot never hangs on a dead drive."""
+    there: noatime, nofail and a device timeout, so boot never hangs on a dead drive.
+
+    + cache: the declared cache: mount point, filesystem and device timeout
+    + paths: the chosen drives' device paths (from the plan made at prepare time); with
+      several, the filesystem is on the gpunode RAID0 array built from them
+    """
     probe, _ = current_target(paths)
     uuid = filesystem_uuid(cache, probe)
     if uuid is None:
@@ -564,7 +572,14 @@ def cache_fstab(cache: NvmeCache, paths: list[str]):
 
 @operation()
 def cache_mounted(cache: NvmeCache, paths: list[str]):
-    """The cache's filesystem is mounted (noatime) at the mount point, from its fstab entry."""
+    """The cache's filesystem is mounted (noatime) at the mount point, from its fstab entry.
+
+    Something else mounted there is an error.
+
+    + cache: the declared cache (its mount point)
+    + paths: the chosen drives' device paths (from the plan made at prepare time); with
+      several, the filesystem is on the gpunode RAID0 array built from them
+    """
     probe, _ = current_target(paths)
     mount = host.get_fact(MountPoint, path=cache.mount_point)
     mount_point = shlex.quote(cache.mount_point)
@@ -602,7 +617,11 @@ def mdadm_conf_command(line: str, uuid: str) -> str:
 
 @operation()
 def cache_array_config(cache: NvmeCache, paths: list[str]):
-    """/etc/mdadm/mdadm.conf names the gpunode array (and the initramfs has that copy)."""
+    """/etc/mdadm/mdadm.conf names the gpunode array (and the initramfs has that copy).
+
+    + cache: the declared cache
+    + paths: the device paths of the drives the array is built from (at least two)
+    """
     _, array = current_target(paths)
     uuid = array.get("uuid") if array else None
     if uuid is None:

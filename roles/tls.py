@@ -150,6 +150,12 @@ def node_certificate(
 
     Issued anew only when missing, unreadable, for other names or another key, from another
     CA, or inside the renewal window.
+
+    + wanted: the names, validity and renewal window the certificate must have
+      (``wanted_certificate``: the inventory name plus ``tls.names``/``tls.ip_addresses``)
+    + authority: the gpunode CA that signs it; None in a dry run before the CA exists (the
+      certificate is then reported as due)
+    + now: the time the renewal window is judged at; None: the current time (UTC)
     """
     report = host.get_fact(NodeCertificate)
     ca_certificate = authority.certificate if authority else None

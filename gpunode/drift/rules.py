@@ -37,12 +37,33 @@ REBOOT = "reboot the node (drain first)"
 CHECK_CABLE = "check the cable and the switch port"
 RESET_GPU = "drain and reset the GPU (nvidia-smi -r) or reboot"
 
+REPORT_BUG = "report a gpunode bug with this host's facts; check the node by hand meanwhile"
+
 CRIT, WARN, INFO = Severity.CRITICAL, Severity.WARNING, Severity.INFO
 
 
 def _unreadable(name: str, section: Section) -> Iterator[tuple[str, Severity, str, str, str]]:
     reason = section.get("reason") or section.get("state") or "no data"
     yield f"{name}.unreadable", WARN, f"{name} facts readable", f"unreadable: {reason}", RUN_DEPLOY
+
+
+# How many unread lines one finding shows: enough to see what changed, few enough for a table.
+MAX_UNREAD_LINES_SHOWN = 5
+
+
+def _unread_lines(name: str, command: str, problems: Any) -> Iterator[tuple]:
+    """One finding for every line of ``command``'s output the parser could not read.
+
+    Their data is kept and checked; these lines are not, so someone must look at them. The
+    lines are node text: the parser quotes them (repr) and cuts them, the facts and the
+    finding clean them again (``gpunode.sanitize``).
+    """
+    if not problems:
+        return
+    shown = "; ".join(str(problem) for problem in problems[:MAX_UNREAD_LINES_SHOWN])
+    more = len(problems) - MAX_UNREAD_LINES_SHOWN
+    found = f"{len(problems)} not read: {shown}" + (f" (and {more} more)" if more > 0 else "")
+    yield f"{name}.unread_line", WARN, f"every line of {command} read", found, REPORT_BUG
 
 
 def gpu_rules(desired: DesiredState, facts: dict[str, Any]) -> Iterator[tuple]:
@@ -60,6 +81,9 @@ def gpu_rules(desired: DesiredState, facts: dict[str, Any]) -> Iterator[tuple]:
         yield from _unreadable("gpu", report)
         return
     gpus = report.get("gpus", [])
+    yield from _unread_lines(
+        "nvlink", "nvidia-smi nvlink -s", (report.get("problems") or {}).get("nvlink")
+    )
     if expected.gpu_count is not None and len(gpus) != expected.gpu_count:
         yield "gpu.count", CRIT, f"{expected.gpu_count} GPUs", f"{len(gpus)} GPUs", HARDWARE_TICKET
     pinned = desired.nvidia_driver.driver_version
@@ -180,13 +204,17 @@ def infiniband_rules(desired: DesiredState, facts: dict[str, Any]) -> Iterator[t
         else:
             yield from _unreadable("ib", section)
         return
+    yield from _unread_lines("ib", "ibstat", section.get("problems"))
     ports = [p for p in section.get("ports", []) if p.get("link_layer") == "InfiniBand"]
     if len(ports) != expected.ib_port_count:
         expected_text = f"{expected.ib_port_count} InfiniBand ports"
         yield "ib.count", CRIT, expected_text, f"{len(ports)} ports", HARDWARE_TICKET
     for port in ports:
         name = f"{port.get('ca')}/{port.get('port')}"
-        if port.get("state") != "Active" or port.get("physical_state") != "LinkUp":
+        if port.get("state") is None or port.get("physical_state") is None:
+            # A port whose state lines were not read is no down port: ib.unread_line says why.
+            yield f"ib.port:{name}", WARN, "Active / LinkUp", "state not read", REPORT_BUG
+        elif port.get("state") != "Active" or port.get("physical_state") != "LinkUp":
             found = f"{port.get('state')} / {port.get('physical_state')}"
             yield (
                 f"ib.port:{name}",
@@ -500,9 +528,6 @@ RULES: tuple[Rule, ...] = (
     nvme_cache_rules,
     access_rules,
 )
-
-
-REPORT_BUG = "report a gpunode bug with this host's facts; check the node by hand meanwhile"
 
 
 def evaluate(host: str, desired: DesiredState, facts: Any) -> list[Finding]:

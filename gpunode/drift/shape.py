@@ -46,6 +46,7 @@ SECTION_SHAPES: dict[str, Shape] = {
                     }
                 )
             ),
+            "problems": Maybe(ListOf(Str)),
         }
     ),
     "nvme": Record({**_STATE, "devices": ListOf(Record({}))}),

@@ -621,11 +621,15 @@ def read_gpus(system: System, nvml: Any, nvml_origin: str) -> tuple[Result, Resu
     return parse_nvidia_smi_xml(completed.stdout), nvml_state
 
 
-def add_nvlink_status(system: System, gpus: list[Result]) -> None:
-    """NVLink states from ``nvidia-smi nvlink -s`` for GPUs whose report had none."""
+def add_nvlink_status(system: System, gpus: list[Result]) -> list[str]:
+    """NVLink states from ``nvidia-smi nvlink -s`` for GPUs whose report had none.
+
+    Returns the lines of its output that were not read (those before the first GPU too), for
+    the report's ``problems``; the GPUs they belong to say so in their own ``nvlink``.
+    """
     wanting = [gpu for gpu in gpus if gpu.get("nvlink") is None]
     if not wanting:
-        return
+        return []
     completed = system.run(["nvidia-smi", "nvlink", "-s"])
     # Output cut short by an error (non-zero exit) is still read: the GPUs it lists are kept,
     # the others carry the failure. No output at all with exit 0 means no GPU has NVLink.
@@ -659,6 +663,7 @@ def add_nvlink_status(system: System, gpus: list[Result]) -> None:
                 "state": "unreadable",
                 "reason": f"{missing}: {failure['reason']}" if failure else missing,
             }
+    return list(status.get("problems", [])) if status["state"] == "ok" else []
 
 
 def kernel_module(system: System, gpu_section: Result, nvml_state: Result) -> Result:
@@ -754,8 +759,9 @@ def collect(system: System, nvml: Any, nvml_origin: str, xid_since: datetime | N
     """The whole report; every section says itself whether it could be read."""
     gpu_section, nvml_state = read_gpus(system, nvml, nvml_origin)
     gpus = list(gpu_section.get("gpus", []))
+    problems: Result = {}
     if gpu_section["state"] == "ok":
-        add_nvlink_status(system, gpus)
+        problems["nvlink"] = add_nvlink_status(system, gpus)
     module = kernel_module(system, gpu_section, nvml_state)
     installed, installed_source = installed_driver(system)
     userspace = gpu_section.get("driver_version") or gpu_section.get("nvml_library_version")
@@ -785,6 +791,7 @@ def collect(system: System, nvml: Any, nvml_origin: str, xid_since: datetime | N
         ),
         "fabric_manager": fabric_manager(system),
         "xid_events": xid_events(system, since, gpus),
+        "problems": problems,  # tool -> the lines of its output not read
     }
 
 

@@ -511,7 +511,9 @@ def parse_nvlink_status(text: str, empty_ok: bool = False) -> Result:
         if gpus:
             gpus[-1]["problems"].append(message)
 
-    for line_number, line in enumerate(text.splitlines(), 1):
+    # Newlines only: str.splitlines also splits inside a line (at \x85, \u2028...), and the
+    # line numbers named would no longer be the node's.
+    for line_number, line in enumerate(text.split("\n"), 1):
         if not line.strip():
             continue
         if len(line) > MAX_LINE_CHARS:

@@ -19,7 +19,7 @@ and are re-exported):
 - ``parse_gpu_report``: the JSON document of the probe (``gpu_probe``).
 
 Sections: ``SECTION_COMMANDS`` maps a section name to one shell command that frames its tool's
-output (stderr lines prefixed, exit status last, or a marker that the tool is absent);
+output with ``gpunode.framing`` (stderr apart, exit status last, or the tool absent);
 ``parse_section(name, lines)`` turns that output into the parser's result. A composite fact
 can run several sections as ONE command with ``combined_command(names)`` and split the
 result with ``parse_combined(lines)``.
@@ -36,8 +36,9 @@ import shlex
 import sys
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
+from gpunode import framing
 from gpunode.probe import gpu_probe, gpu_record
 from gpunode.probe.gpu_probe import SCHEMA, XID_COMMAND, nvidia_smi_failure, parse_xid_events
 from gpunode.probe.gpu_record import (
@@ -76,10 +77,6 @@ NVME_COMMAND = "nvme list -o json"
 IB_FLAPS_COMMAND = "journalctl -t systemd-networkd -t kernel -o short"
 PROBE_COMMAND = "gpu_probe (python3 -)"
 
-EXIT_MARKER = "gpunode:exit="
-STDERR_MARKER = "gpunode:stderr:"
-ABSENT_MARKER = "gpunode:absent="
-SECTION_MARKER = "gpunode:section="
 LOG_WINDOW = "-24h"  # journalctl's relative --since, on the node's own clock
 
 # Node output is read on the control side, in the gevent loop that serves every host: what
@@ -412,7 +409,9 @@ def parse_ibstat(text: str) -> Result:
     """
     cas: list[_IbstatCa] = []
     before: list[str] = []  # lines before the first CA
-    for line_number, line in enumerate(text.splitlines(), 1):
+    # Split at newlines only: str.splitlines also splits at \x85, \u2028 and others that a
+    # node can put inside a line, and the line numbers named would no longer be the node's.
+    for line_number, line in enumerate(text.split("\n"), 1):
         if not line.strip():
             continue
         head = line[:MAX_LINE_CHARS].rstrip()
@@ -600,7 +599,16 @@ GPU_SHAPE = Record(
         "retired_pages": Maybe(
             Record({"single_bit": _COUNT, "double_bit": _COUNT, "pending": _FLAG})
         ),
-        "nvlink": Maybe(Record({"state": _TEXT, "active": _COUNT, "total": _COUNT})),
+        "nvlink": Maybe(
+            Record(
+                {
+                    "state": _TEXT,
+                    "active": _COUNT,
+                    "total": _COUNT,
+                    "problems": Maybe(ListOf(Str)),
+                }
+            )
+        ),
         "clock_event_reasons": Maybe(ListOf(Str)),
         "pcie": Maybe(
             Record(
@@ -637,6 +645,8 @@ GPU_REPORT_SHAPE = Record(
         "fabric_manager": Maybe(Record({"state": _TEXT})),
         "kernel_module": Maybe(Record({"state": _TEXT, "version": _TEXT})),
         "xid_events": Maybe(Record({"state": _TEXT, "events": ListOf(XID_EVENT_SHAPE)})),
+        # Lines of a tool's output the probe could not read, by tool.
+        "problems": Maybe(Record({"nvlink": Maybe(ListOf(Str))})),
     }
 )
 
@@ -674,56 +684,19 @@ def parse_gpu_report(text: str) -> Result:
 
 
 def framed(command: str, program: str) -> str:
-    """``command`` with its output framed for ``split_framed``, as one POSIX sh command.
-
-    stdout passes through; stderr is captured and printed after it, each line prefixed; the
+    """``command`` as one POSIX sh command framed by ``gpunode.framing`` (one part, named
+    after ``program``): stdout passes through, stderr is captured and printed after it, the
     exit status comes last, so output cut short shows as such. If ``program`` is not
-    installed only the absent marker is printed. The shell always exits 0: pyinfra fails a
-    fact whose command fails, and a failure here is data.
+    installed the part is reported absent. The shell always exits 0: pyinfra fails a fact
+    whose command fails, and a failure here is data.
     """
-    return (
-        'PATH="$PATH:/usr/sbin:/sbin"; '
-        f"if command -v {program} >/dev/null 2>&1; then "
-        f"{{ gpunode_err=$({{ {command}; }} 2>&1 1>&3 3>&-); gpunode_rc=$?; }} 3>&1; "
-        f'[ -z "$gpunode_err" ] || printf "%s\\n" "$gpunode_err" | sed "s/^/{STDERR_MARKER}/"; '
-        f'echo "{EXIT_MARKER}$gpunode_rc"; '
-        f"else echo {ABSENT_MARKER}{program}; fi"
-    )
+    return framing.command([framing.Part(program, command, requires=program)])
 
 
-class Framed(NamedTuple):
-    stdout: list[str]
-    stderr: list[str]
-    exit_code: int | None  # None: the output ended before the exit status (cut short)
-    absent: str | None  # the program that is not installed
-
-
-def split_framed(lines: Iterable[str]) -> Framed:
-    stdout: list[str] = []
-    stderr: list[str] = []
-    exit_code = None
-    missing = None
-    for line in lines:
-        if exit_code is not None:  # anything after the exit status: not one whole section
-            return Framed(stdout, stderr, None, None)
-        # A tool whose last line has no newline leaves a marker glued to its end.
-        before, marker, after = line.partition(STDERR_MARKER)
-        if marker:
-            if before:
-                stdout.append(before)
-            stderr.append(after)
-            continue
-        before, marker, after = line.partition(EXIT_MARKER)
-        if marker and re.fullmatch(r"[0-9]+", after):
-            if before:
-                stdout.append(before)
-            exit_code = int(after)
-            continue
-        if line.startswith(ABSENT_MARKER) and not stdout:
-            missing = line[len(ABSENT_MARKER) :]
-            continue
-        stdout.append(line)
-    return Framed(stdout, stderr, exit_code, missing)
+def framed_part(command: str, program: str) -> framing.Part:
+    """The part ``framed`` runs, for a fact that frames it and leaves the check that
+    ``program`` is installed to pyinfra (``requires_command``) or to a FactBatch."""
+    return framing.Part(program, command)
 
 
 def _find_pynvml() -> Path | None:
@@ -843,52 +816,57 @@ def parse_section(name: str, lines: Iterable[str]) -> Result:
     size = sum(len(line) + 1 for line in lines)
     if size > MAX_OUTPUT_CHARS:
         return unreadable(title, f"output is {size} characters (over {MAX_OUTPUT_CHARS}): not read")
-    output = split_framed(lines)
-    if output.absent is not None:
-        return absent(title, f"{output.absent} is not installed")
-    if output.exit_code is None:
-        if not output.stdout and not output.stderr:
+    if not any(line.strip() for line in lines):
+        return unreadable(title, "empty output")
+    frame = framing.parse(lines)
+    if not frame.framed:
+        return unreadable(title, "output is not framed (no frame header): not read")
+    if len(frame.parts) != 1:
+        return unreadable(title, f"{len(frame.parts)} parts in the output, not one (truncated?)")
+    (output,) = frame.parts.values()
+    if output.absent:
+        return absent(title, f"{output.name} is not installed")
+    if output.exit_status is None:
+        if not output.lines and not output.stderr:
             return unreadable(title, "empty output")
         return unreadable(title, "output ends without the command's exit status (truncated)")
-    if output.exit_code != 0:
+    if output.exit_status != 0:
         if name in NVIDIA_SMI_SECTIONS:
             return nvidia_smi_failure(
-                title, output.exit_code, "\n".join(output.stdout + output.stderr)
+                title, output.exit_status, "\n".join(output.lines + output.stderr)
             )
-        detail = " ".join(" ".join(output.stderr or output.stdout).split())[:300]
-        return unreadable(title, f"exit code {output.exit_code}: {detail or 'no message'}")
+        detail = " ".join(" ".join(output.stderr or output.lines).split())[:300]
+        return unreadable(title, f"exit code {output.exit_status}: {detail or 'no message'}")
     if name in JOURNAL_SECTIONS and any(JOURNAL_NOT_READABLE in line for line in output.stderr):
         return unreadable(title, "the system journal is not readable by this user (run as root)")
-    result = SECTION_PARSERS[name]("\n".join(output.stdout))
+    result = SECTION_PARSERS[name]("\n".join(output.lines))
     if output.stderr and result.get("state") == "ok":
         result["stderr"] = output.stderr
     return result
 
 
 def combined_command(names: Iterable[str] | None = None) -> str:
-    """Several sections as ONE shell command (one SSH round trip); see ``parse_combined``."""
+    """Several sections as ONE shell command (one SSH round trip); see ``parse_combined``.
+    Each section is a part whose output is that section's own framed output."""
     chosen = list(SECTION_COMMANDS if names is None else names)
     unknown = [name for name in chosen if name not in SECTION_COMMANDS]
     if unknown:
         raise ValueError(f"unknown sections {unknown}; known: {', '.join(SECTION_COMMANDS)}")
-    return "; ".join(f"echo {SECTION_MARKER}{name}; {SECTION_COMMANDS[name]}" for name in chosen)
+    return framing.command(framing.Part(name, SECTION_COMMANDS[name]) for name in chosen)
 
 
 def parse_combined(lines: Iterable[str], names: Iterable[str] | None = None) -> dict[str, Result]:
     """The output of ``combined_command(names)`` -> each section's result by name."""
     chosen = list(SECTION_COMMANDS if names is None else names)
-    outputs: dict[str, list[str]] = {}
-    current: list[str] | None = None
-    for line in lines:
-        if line.startswith(SECTION_MARKER) and line[len(SECTION_MARKER) :] in chosen:
-            current = outputs.setdefault(line[len(SECTION_MARKER) :], [])
-        elif current is not None:
-            current.append(line)
-    return {
-        name: parse_section(name, outputs[name])
-        if name in outputs
-        else unreadable(
-            SECTION_TITLES.get(name, name), "section missing from the output (cut short)"
-        )
-        for name in chosen
-    }
+    frame = framing.parse(lines, chosen)
+    results = {}
+    for name in chosen:
+        part = frame.part(name)
+        title = SECTION_TITLES.get(name, name)
+        if name not in frame.parts:
+            results[name] = unreadable(title, "section missing from the output (cut short)")
+        elif part.problem is not None:
+            results[name] = unreadable(title, part.problem)
+        else:
+            results[name] = parse_section(name, part.lines)
+    return results

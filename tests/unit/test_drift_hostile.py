@@ -32,9 +32,13 @@ from gpunode.drift.output import (
 )
 from gpunode.drift.rules import evaluate
 from gpunode.probe.gpu_probe import SCHEMA
-from gpunode.probe.parsers import EXIT_MARKER, parse_section
+from gpunode.probe.parsers import parse_section
+from gpunode.sanitize import MAX_REPORT_TEXT_CHARS
 
 from .test_drift_rules import desired, healthy_facts, set_path
+from .test_parsers import section_output
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 
 # --- item 8: malformed facts ------------------------------------------------------------------
 
@@ -46,6 +50,8 @@ MALFORMED = [
                  "gpu.xid_events.events[0]: 79 is not an object", id="xid-event-is-a-number"),
     pytest.param("gpu.gpus.1.ecc_mode", "on",
                  "gpu.gpus[1].ecc_mode: 'on' is not an object", id="ecc-mode-is-text"),
+    pytest.param("gpu.problems.nvlink", [5],
+                 "gpu.problems.nvlink[0]: 5 is not a string", id="unread-line-is-a-number"),
 ]  # fmt: skip
 
 
@@ -62,7 +68,7 @@ def test_malformed_probe_report_is_an_unreadable_finding_not_a_crash(
 
 
 def probe_output(report: dict[str, Any]) -> list[str]:
-    return [json.dumps(report), f"{EXIT_MARKER}0"]
+    return section_output([json.dumps(report)])
 
 
 @pytest.mark.parametrize(("path", "value", "named"), MALFORMED)
@@ -265,3 +271,40 @@ def test_json_report_of_hostile_text_is_valid_json() -> None:
     result = findings_for_gpu_name(FORGED + "\ud800\x00")
     data = json.loads(render_json(result))
     assert all("\x1b" not in f["found"] and "\x00" not in f["found"] for f in data["findings"])
+
+
+# --- lines the parsers could not read, in the reports -----------------------------------------
+
+HOSTILE_LINE = "\x1b[2J\x1b[H\x85node-9  critical  new  ib.fake  all  fine\u2028none"
+
+
+def test_an_unread_hostile_ibstat_line_reaches_the_reports_quoted() -> None:
+    ibstat = (FIXTURES / "ibstat/ibstat.47.0.a100.all.active.0").read_text(encoding="utf-8")
+    lines = ibstat.splitlines()
+    lines.insert(3, f"\t{HOSTILE_LINE}")
+    facts = copy.deepcopy(healthy_facts())
+    facts["infiniband"] = parse_section("ibstat", section_output(lines))
+    assert facts["infiniband"]["state"] == "ok"
+    result = DriftResult(findings=evaluate("node-1", desired(), facts), checked_hosts=["node-1"])
+    unread = next(f for f in result.findings if f.id == "ib.unread_line")
+    assert "line 4 not understood: '\\t\\x1b[2J\\x1b[H\\x85node-9" in unread.found
+    table = render_table(result)
+    assert "\x1b" not in table and "\x85" not in table and "\u2028" not in table
+    rows = table.splitlines()
+    assert len(rows) == 1 + len(result.findings) + 1
+    assert not any(row.startswith("node-9") for row in rows)
+    ElementTree.fromstring(render_junit(result))
+    json.loads(render_json(result))
+
+
+def test_unread_lines_a_probe_reports_are_cleaned_and_capped() -> None:
+    """The probe runs on the node: its problem lines are raw node text, as many as it likes."""
+    facts = copy.deepcopy(healthy_facts())
+    facts["gpu"]["problems"] = {"nvlink": [HOSTILE_LINE * 1000] * 10000}
+    result = DriftResult(findings=evaluate("node-1", desired(), facts), checked_hosts=["node-1"])
+    (unread,) = result.findings
+    assert unread.id == "nvlink.unread_line"
+    assert unread.found.startswith("10000 not read: \\x1b[2J\\x1b[H\\x85node-9")
+    assert len(unread.found) <= MAX_REPORT_TEXT_CHARS
+    assert unread.found.isprintable()
+    assert len(render_table(result).splitlines()) == 3

@@ -4,17 +4,27 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import json
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 
+from gpunode import framing
 from gpunode.drift.findings import Severity
 from gpunode.drift.rules import evaluate
 from gpunode.expected.firewall import render_ruleset
 from gpunode.expected.packages import driver_packages_for
 from gpunode.expected.sshd import expected_effective, render_sshd_config
 from gpunode.model import DesiredState, build_desired_state
+from gpunode.probe.gpu_probe import SCHEMA
+from gpunode.probe.parsers import parse_section
+
+
+def framed_output(lines: list[str]) -> list[str]:
+    """What a section command prints when its tool printed ``lines`` and exited 0."""
+    return framing.output_of({"tool": framing.PartOutput("tool", list(lines), [], 0)})
+
 
 DATA = {
     "expected_hardware": {
@@ -71,6 +81,7 @@ def healthy_facts() -> dict[str, Any]:
             "fabric_manager": {"state": "active"},
             "xid_events": {"state": "ok", "events": []},
             "gpus": [healthy_gpu(0), healthy_gpu(1)],
+            "problems": {"nvlink": []},
         },
         "infiniband": {
             "state": "ok",
@@ -95,6 +106,7 @@ def healthy_facts() -> dict[str, Any]:
                     "link_layer": "Ethernet",
                 }
             ],
+            "problems": [],
         },
         "nvme": {"state": "ok", "devices": [{"serial": "a"}, {"serial": "b"}]},
         "sshd": {
@@ -203,6 +215,13 @@ FAULTS = [
                  {"ib.port:mlx5_1/1": Severity.CRITICAL}, id="ib-port-down"),
     pytest.param(set_path("infiniband.ports.0.rate", 200),
                  {"ib.rate:mlx5_0/1": Severity.WARNING}, id="ib-half-rate"),
+    pytest.param(set_path("infiniband.problems", ["line 9 not understood: '\\tPort 1 :'"]),
+                 {"ib.unread_line": Severity.WARNING}, id="ibstat-line-not-read"),
+    pytest.param(set_path("infiniband.ports.1", {"ca": "mlx5_1", "port": 1, "rate": 400,
+                                                 "link_layer": "InfiniBand"}),
+                 {"ib.port:mlx5_1/1": Severity.WARNING}, id="ib-port-state-not-read"),
+    pytest.param(set_path("gpu.problems.nvlink", ["line 1 comes before any GPU: 'x'"]),
+                 {"nvlink.unread_line": Severity.WARNING}, id="nvlink-line-not-read"),
     pytest.param(set_path("nvme.devices", [{"serial": "a"}]),
                  {"nvme.count": Severity.CRITICAL}, id="nvme-missing"),
     pytest.param(set_path("sshd.effective.passwordauthentication", ["yes"]),
@@ -279,3 +298,52 @@ def test_nothing_expected_means_nothing_checked() -> None:
     facts["gpu"] = {"state": "absent"}
     # Defaults: no firewall wanted, so a live table is only worth knowing about.
     assert findings(facts, desired({})) == {"firewall.table": Severity.INFO}
+
+
+# --- lines a parser could not read -----------------------------------------------------------
+
+
+def test_an_unread_ibstat_line_is_a_finding_naming_it_and_the_ports_are_still_checked() -> None:
+    text = (
+        "CA 'mlx5_0'\n\tCA type: MT4129\n\tNumber of ports: 1\n\tFirmware version: 28.39.1002\n"
+        "\tPort 1:\n\t\tState: Active\n\t\tPhysical state: LinkUp\n\t\tRate: 400\n"
+        "\t\tLink layer: InfiniBand\n\t\t\tFEC mode: RS-FEC (544,514)\n"
+        "CA 'mlx5_1'\n\tCA type: MT4129\n\tNumber of ports: 1\n\tFirmware version: 28.39.1002\n"
+        "\tPort 1:\n\t\tState: Down\n\t\tPhysical state: Polling\n\t\tRate: 10\n"
+        "\t\tLink layer: InfiniBand\n"
+    )
+    facts = healthy_facts()
+    facts["infiniband"] = parse_section("ibstat", framed_output(text.splitlines()))
+    found = {f.id: f for f in evaluate("node-1", desired(), facts)}
+    assert {key: f.severity for key, f in found.items()} == {
+        "ib.unread_line": Severity.WARNING,
+        "ib.port:mlx5_1/1": Severity.CRITICAL,  # the readable port is still judged
+    }
+    unread = found["ib.unread_line"]
+    assert (
+        unread.found == "1 not read: line 10 not understood: '\\t\\t\\tFEC mode: RS-FEC (544,514)'"
+    )
+    assert unread.expected == "every line of ibstat read"
+
+
+def test_the_unread_lines_shown_are_capped_and_counted() -> None:
+    from gpunode.drift.rules import MAX_UNREAD_LINES_SHOWN
+
+    facts = healthy_facts()
+    lines = [f"line {n} not understood: 'x{n}'" for n in range(1, 9)]
+    facts["gpu"]["problems"] = {"nvlink": lines}
+    (finding,) = evaluate("node-1", desired(), facts)
+    assert finding.id == "nvlink.unread_line"
+    shown = lines[:MAX_UNREAD_LINES_SHOWN]
+    assert finding.found == f"8 not read: {'; '.join(shown)} (and 3 more)"
+    assert "'x6'" not in finding.found
+
+
+def test_unread_nvlink_lines_from_the_probe_reach_the_report() -> None:
+    facts = healthy_facts()
+    report = {"schema": SCHEMA, "kernel_module": {"state": "loaded"}, **facts["gpu"]}
+    report["problems"] = {"nvlink": ["line 1 comes before any GPU: 'WARNING: infoROM'"]}
+    facts["gpu"] = parse_section("gpu", framed_output([json.dumps(report)]))
+    found = {f.id: f for f in evaluate("node-1", desired(), facts)}
+    assert set(found) == {"nvlink.unread_line"}
+    assert "line 1 comes before any GPU: 'WARNING: infoROM'" in found["nvlink.unread_line"].found

@@ -15,7 +15,7 @@ from pyinfra.api import FactBase
 from pyinfra.facts.files import File, FindInFile, Sha1File
 from pyinfra.facts.server import Which
 
-from gpunode import factcache, pyinfra_patches
+from gpunode import factcache
 
 
 class NeedsMissingTool(FactBase[str]):
@@ -69,26 +69,43 @@ def test_a_batch_reads_what_each_fact_reads_alone(files: dict[str, str]) -> None
         (Which, {"command": "sh"}),
     ]
     instances = [(cls(), kwargs) for cls, kwargs in facts]
-    marker = "gpunode-prefetch-test"
-    sections = factcache.parse_batch(
-        sh(factcache.batch_script(instances, marker)), marker, len(facts)
-    )
-    assert sorted(sections) == list(range(len(facts)))
+    parts = factcache.parse_batch(sh(factcache.batch_script(instances)), len(facts))
+    assert sorted(parts) == list(range(len(facts)))
     for index, (fact, _) in enumerate(instances):
         cls, kwargs = facts[index]
-        lines = sections[index]
-        batched = fact.process(lines) if lines else fact.default()
+        read, batched = factcache.batched_value(fact, parts[index])
+        assert read
         assert batched == alone(cls, kwargs), cls.__name__
-    assert instances[0][0].process(sections[0]) is not None  # the config's hash was read
+    assert instances[0][0].process(parts[0].lines) is not None  # the config's hash was read
 
 
-def test_failed_and_missing_tool_facts_are_left_for_pyinfra() -> None:
+def test_failed_facts_are_left_for_pyinfra_and_missing_tools_give_the_default() -> None:
     instances = [(Fails(), {}), (NeedsMissingTool(), {}), (NoFinalNewline(), {})]
-    marker = "gpunode-prefetch-test"
-    sections = factcache.parse_batch(sh(factcache.batch_script(instances, marker)), marker, 3)
-    assert 0 not in sections  # exit 3: pyinfra reads it itself and reports the failure
-    assert sections[1] == [pyinfra_patches.missing_command_marker()]
-    assert sections[2] == ["one", "two"]  # the next marker is not glued to the last line
+    parts = factcache.parse_batch(sh(factcache.batch_script(instances)), 3)
+    assert parts[0].exit_status == 3  # pyinfra reads it itself and reports the failure
+    assert factcache.batched_value(instances[0][0], parts[0]) == (False, None)
+    assert parts[1].absent  # as pyinfra's get_fact does on MissingCommandError
+    assert factcache.batched_value(instances[1][0], parts[1]) == (
+        True,
+        NeedsMissingTool().default(),
+    )
+    assert parts[2].lines == ["one", "two"]  # the next marker is not glued to the last line
+
+
+def test_a_batch_cut_short_leaves_the_unfinished_facts_for_pyinfra() -> None:
+    instances = [(NoFinalNewline(), {}), (Fails(), {}), (NoFinalNewline(), {})]
+    lines = sh(factcache.batch_script(instances))
+    cut = lines[: lines.index("partial") + 1]
+    parts = factcache.parse_batch(cut, 3)
+    assert sorted(parts) == [0]
+
+
+def test_a_required_command_that_is_no_program_name_is_left_for_pyinfra() -> None:
+    class OddRequirement(NeedsMissingTool):
+        requires_command = "tool --with-arguments"
+
+    instances = [(OddRequirement(), {}), (NoFinalNewline(), {})]
+    assert sorted(factcache.batch_parts(instances)) == [1]
 
 
 def test_plans_never_hold_credentials(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -9,6 +9,7 @@ import pytest
 
 import facts.fabric
 from facts.fabric import Mounts, NcclSettings, parse_mounts, parse_nccl_settings
+from gpunode import framing
 
 
 def run(command: str) -> list[str]:
@@ -49,20 +50,22 @@ def test_nccl_settings_read_from_both_files(
         "conf": {"NCCL_DEBUG": "WARN", "NCCL_IB_HCA": "mlx5_0:1,mlx5_1"},
         "profile": {"NCCL_SOCKET_IFNAME": "^docker,lo"},
     }
+    conf.write_text("gpunode:profile=present\n##gpunode-frame:0123456789abcdef:done\nNCCL_X=1")
+    forged = NcclSettings().process(run(NcclSettings().command()))  # markers are file text
+    assert forged["conf"] == {"NCCL_X": "1"}
+    assert forged["profile"] == {"NCCL_SOCKET_IFNAME": "^docker,lo"}
     conf.unlink()
     assert NcclSettings().process(run(NcclSettings().command()))["conf"] is None
 
 
 def test_nccl_conf_values_are_literal_and_profile_values_shell_words() -> None:
     settings = parse_nccl_settings(
-        [
-            "gpunode:conf=present",
-            "NCCL_DEBUG_SUBSYS='INIT'",
-            "  # a comment",
-            "gpunode:profile=present",
-            "export NCCL_DEBUG_SUBSYS='INIT'",
-            "export NCCL_BROKEN='unbalanced",
-        ]
+        framing.output_of(
+            {
+                "conf": ["NCCL_DEBUG_SUBSYS='INIT'", "  # a comment"],
+                "profile": ["export NCCL_DEBUG_SUBSYS='INIT'", "export NCCL_BROKEN='unbalanced"],
+            }
+        )
     )
     assert settings == {
         "conf": {"NCCL_DEBUG_SUBSYS": "'INIT'"},

@@ -8,21 +8,26 @@ from pathlib import Path
 import pytest
 
 from facts.gpu import (
-    ABSENT_MARKER,
-    EXIT_MARKER,
-    SECTION_MARKER,
     SECTIONS,
+    XML_PART,
     GpuDevices,
     parse_fact_output,
     parse_nvidia_smi_xml,
 )
+from gpunode import framing
+from gpunode.framing import PartOutput
 from gpunode.probe import gpu_probe, gpu_record
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "nvidia-smi-xml"
 
 
+def xml_output(lines: list[str], exit_code: int = 0) -> list[str]:
+    """What the fact command prints when ``nvidia-smi -q -x`` printed ``lines``."""
+    return framing.output_of({XML_PART: PartOutput(XML_PART, lines, [], exit_code)})
+
+
 def lines_of(name: str, exit_code: int = 0) -> list[str]:
-    return [*(FIXTURES / name).read_text().splitlines(), f"{EXIT_MARKER}{exit_code}"]
+    return xml_output((FIXTURES / name).read_text().splitlines(), exit_code)
 
 
 XML_FIXTURES = sorted(path.name for path in FIXTURES.glob("*.xml"))
@@ -72,10 +77,9 @@ def test_v11_captures_use_the_older_power_readings(name: str, product: str, limi
 
 
 def test_driver_not_loaded_is_unreadable_with_reason() -> None:
-    output = [
-        "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.",
-        f"{EXIT_MARKER}9",
-    ]
+    output = xml_output(
+        ["NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver."], 9
+    )
     report = parse_nvidia_smi_xml(output)
     assert report["state"] == "unreadable"
     assert report["reason"].startswith("nvidia-smi -q -x failed: NVIDIA driver is not loaded")
@@ -85,26 +89,70 @@ def test_driver_not_loaded_is_unreadable_with_reason() -> None:
 @pytest.mark.parametrize(
     ("output", "reason"),
     [
-        ([f"{EXIT_MARKER}0"], "nvidia-smi -q -x printed nothing"),
-        (["<nvidia_smi_log><gpu id='x'>", f"{EXIT_MARKER}0"], "not well-formed XML, truncated"),
-        (["<html></html>", f"{EXIT_MARKER}0"], "root element is <html>, not <nvidia_smi_log>"),
+        ([], "nvidia-smi -q -x printed nothing"),
+        (["<nvidia_smi_log><gpu id='x'>"], "not well-formed XML, truncated"),
+        (["<html></html>"], "root element is <html>, not <nvidia_smi_log>"),
     ],
     ids=["empty", "truncated", "wrong-document"],
 )
 def test_bad_output_is_unreadable_never_an_empty_ok(output: list[str], reason: str) -> None:
-    report = parse_nvidia_smi_xml(output)
+    report = parse_nvidia_smi_xml(xml_output(output))
     assert report["state"] == "unreadable"
     assert reason in report["reason"]
 
 
 def test_missing_tool_is_absent() -> None:
-    assert parse_nvidia_smi_xml([ABSENT_MARKER])["state"] == "absent"
+    absent = framing.output_of({XML_PART: PartOutput(XML_PART, absent=True)})
+    assert parse_nvidia_smi_xml(absent)["state"] == "absent"
+    # pyinfra (and a fact batch) check requires_command and give default() without it.
+    assert GpuDevices().requires_command() == "nvidia-smi"
+    assert GpuDevices.default()["state"] == "absent"
+    assert GpuDevices.default()["gpus"] == []
 
 
-def test_fact_command_reports_exit_code_and_absence() -> None:
-    command = GpuDevices().command()
-    assert "nvidia-smi -q -x" in command
-    assert EXIT_MARKER in command and ABSENT_MARKER in command
+FAKE_NVIDIA_SMI = """#!/bin/sh
+echo "$*" >> "$GPUNODE_TEST_LOG"
+case "$*" in
+  "-q -x") cat "$GPUNODE_TEST_XML"; exit "$GPUNODE_TEST_RC" ;;
+  mig*) echo "No MIG-enabled devices found." ;;
+esac
+"""
+
+
+def run_fact_command(tmp_path: Path, exit_code: int) -> tuple[list[str], list[str]]:
+    """(the fact command's output, the nvidia-smi calls) with a stand-in nvidia-smi."""
+    import os
+    import subprocess
+
+    tool = tmp_path / "bin" / "nvidia-smi"
+    tool.parent.mkdir()
+    tool.write_text(FAKE_NVIDIA_SMI)
+    tool.chmod(0o755)
+    log = tmp_path / "calls"
+    log.touch()
+    env = {
+        **os.environ,
+        "PATH": f"{tool.parent}:/usr/bin:/bin",
+        "GPUNODE_TEST_LOG": str(log),
+        "GPUNODE_TEST_XML": str(FIXTURES / "a100-sxm4-v12.xml"),
+        "GPUNODE_TEST_RC": str(exit_code),
+    }
+    done = subprocess.run(
+        ["sh", "-c", GpuDevices().command()], capture_output=True, text=True, env=env, check=True
+    )
+    return done.stdout.splitlines(), log.read_text().splitlines()
+
+
+def test_fact_command_reads_the_report_and_the_listings(tmp_path: Path) -> None:
+    output, calls = run_fact_command(tmp_path, 0)
+    assert calls == [
+        "-q -x",
+        *(command.removeprefix("nvidia-smi ") for command in SECTIONS.values()),
+    ]
+    report = parse_fact_output(output)
+    assert report["state"] == "ok"
+    assert report["listing_problems"] == {}
+    assert len(report["gpus"]) == 1
 
 
 # --- application clocks ---------------------------------------------------------------------
@@ -128,7 +176,7 @@ def test_deprecated_application_clocks_read_as_none_with_the_drivers_words() -> 
     start, end = text.index("<applications_clocks>"), text.index("</applications_clocks>")
     clocks = text[start:end]
     reworded = re.sub(r">\d+ MHz<", f">{DEPRECATED}<", clocks)
-    lines = [*(text[:start] + reworded + text[end:]).splitlines(), f"{EXIT_MARKER}0"]
+    lines = xml_output((text[:start] + reworded + text[end:]).splitlines())
     (gpu,) = parse_nvidia_smi_xml(lines)["gpus"]
     assert gpu["application_clocks_mhz"] is None
     assert gpu["application_clocks_note"] == DEPRECATED
@@ -184,15 +232,21 @@ GPU  0 Profile ID  0 Placement : {0}:8
 """
 
 
-def fact_output(**sections: str) -> list[str]:
-    """The fact command's output: the A100 capture, then each section after its marker."""
-    lines = lines_of("a100-sxm4-v12.xml")
+def fact_output(**sections: str | None) -> list[str]:
+    """The fact command's output: the A100 capture, then each section's part (None: the
+    section was skipped)."""
+    xml = (FIXTURES / "a100-sxm4-v12.xml").read_text().splitlines()
+    parts: dict[str, PartOutput] = {XML_PART: PartOutput(XML_PART, xml, [], 0)}
     for name, text in sections.items():
-        lines += [f"{SECTION_MARKER}{name}", *text.splitlines()]
-    return lines
+        parts[name] = (
+            PartOutput(name, skipped=True)
+            if text is None
+            else PartOutput(name, text.splitlines(), [], 0)
+        )
+    return framing.output_of(parts)
 
 
-def all_sections(**overrides: str) -> dict[str, str]:
+def all_sections(**overrides: str | None) -> dict[str, str | None]:
     uuid = parse_nvidia_smi_xml(lines_of("a100-sxm4-v12.xml"))["gpus"][0]["uuid"]
     sections = {
         "gpu_instances": LGI,
@@ -261,7 +315,7 @@ def test_nothing_listed_is_no_instances_not_a_problem(nothing: str) -> None:
 def test_an_unreadable_listing_is_named_never_taken_for_an_empty_one() -> None:
     failed = "Failed to display GPU instances: Insufficient Permissions"
     sections = all_sections(gpu_instances=failed, compute_apps="No devices were found")
-    del sections["mig_placements"]
+    sections["mig_placements"] = None
     problems = parse_fact_output(fact_output(**sections))["listing_problems"]
     assert problems == {
         "gpu_instances": f"nvidia-smi mig -lgi: unexpected line {failed!r}",
@@ -275,11 +329,8 @@ def test_an_unreadable_listing_is_named_never_taken_for_an_empty_one() -> None:
     }
 
 
-def test_no_mig_listing_is_run_when_the_xml_report_failed() -> None:
-    command = GpuDevices().command()
-    xml_part, _, listings = command.partition('[ "$rc" = 0 ] || exit 0')
-    assert "nvidia-smi -q -x" in xml_part and "mig -lgi" not in xml_part
-    for section, listing in SECTIONS.items():
-        assert f"echo {SECTION_MARKER}{section}; {listing} 2>&1" in listings
-    report = parse_fact_output(["NVIDIA-SMI has failed", f"{EXIT_MARKER}9"])
+def test_no_mig_listing_is_run_when_the_xml_report_failed(tmp_path: Path) -> None:
+    output, calls = run_fact_command(tmp_path, 9)
+    assert calls == ["-q -x"]
+    report = parse_fact_output(output)
     assert report["state"] == "unreadable"

@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import json
 import re
+import shlex
 import subprocess
 import xml.etree.ElementTree as ElementTree
 from collections.abc import Callable
@@ -18,11 +19,10 @@ from typing import Any
 
 import pytest
 
+from gpunode import framing
+from gpunode.framing import PartOutput
 from gpunode.probe.parsers import (
-    ABSENT_MARKER,
-    EXIT_MARKER,
     SECTION_COMMANDS,
-    STDERR_MARKER,
     combined_command,
     framed,
     parse_combined,
@@ -36,7 +36,6 @@ from gpunode.probe.parsers import (
     parse_query_text,
     parse_section,
     parse_xid_events,
-    split_framed,
 )
 from lab.hwsim import nvidia_smi, nvme, profiles
 from lab.hwsim.hwstate import SHARE_ENV
@@ -890,17 +889,26 @@ def run_sh(command: str) -> list[str]:
     return done.stdout.splitlines()
 
 
+def section_output(
+    lines: list[str], stderr: list[str] | None = None, exit_code: int | None = 0
+) -> list[str]:
+    """What a section command prints when its tool printed ``lines`` (and ``stderr``) and
+    exited ``exit_code`` (None: the output was cut before the exit status)."""
+    part = PartOutput("tool", list(lines), list(stderr or []), exit_code)
+    return framing.output_of({"tool": part}, complete=exit_code is not None)
+
+
 def test_framing_keeps_stdout_prefixes_stderr_and_ends_with_the_exit_status() -> None:
     lines = run_sh(framed("echo out1; echo err1 >&2; printf out2; exit 3", "sh"))
     # stdout's last line had no newline: the first marker is glued to it, and still found.
-    assert lines == ["out1", f"out2{STDERR_MARKER}err1", f"{EXIT_MARKER}3"]
-    output = split_framed(lines)
-    assert (output.stdout, output.stderr, output.exit_code) == (["out1", "out2"], ["err1"], 3)
+    assert lines[3].startswith("out2##gpunode-frame:") and lines[3].endswith(":stderr:err1")
+    (output,) = framing.parse(lines).parts.values()
+    assert (output.lines, output.stderr, output.exit_status) == (["out1", "out2"], ["err1"], 3)
 
 
 def test_framing_reports_a_missing_program() -> None:
     lines = run_sh(framed("no-such-tool --list", "no-such-tool"))
-    assert lines == [f"{ABSENT_MARKER}no-such-tool"]
+    assert framing.parse(lines).parts["no-such-tool"].absent
     result = parse_section("ibstat", lines)
     assert (result["state"], result["command"]) == ("absent", "ibstat")
     assert "not installed" in result["reason"]
@@ -908,14 +916,16 @@ def test_framing_reports_a_missing_program() -> None:
 
 def test_section_output_cut_short_is_unreadable() -> None:
     lines = read("ibstat/ibstat.47.0.h100.all.active.0").splitlines()
-    result = parse_section("ibstat", lines)  # no exit status line: the output was cut
+    result = parse_section("ibstat", section_output(lines, exit_code=None))  # the output was cut
     assert result["state"] == "unreadable" and "truncated" in result["reason"]
-    assert parse_section("ibstat", [*lines, f"{EXIT_MARKER}0"])["state"] == "ok"
+    assert parse_section("ibstat", section_output(lines))["state"] == "ok"
     assert parse_section("ibstat", [])["reason"] == "empty output"
+    unframed = parse_section("ibstat", lines)  # no frame: nothing of it is taken as read
+    assert unframed["state"] == "unreadable" and "not framed" in unframed["reason"]
 
 
 def test_failed_tool_is_unreadable_with_its_message() -> None:
-    lines = [f"{STDERR_MARKER}ibpanic: [77] main: can't init UMAD library", f"{EXIT_MARKER}255"]
+    lines = section_output([], ["ibpanic: [77] main: can't init UMAD library"], 255)
     result = parse_section("ibstat", lines)
     assert result["state"] == "unreadable"
     assert result["reason"] == "exit code 255: ibpanic: [77] main: can't init UMAD library"
@@ -924,24 +934,26 @@ def test_failed_tool_is_unreadable_with_its_message() -> None:
 def test_nvidia_smi_exit_codes_are_named() -> None:
     not_loaded = parse_section(
         "nvlink",
-        [
-            "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.",
-            f"{EXIT_MARKER}9",
-        ],
+        section_output(
+            ["NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver."], [], 9
+        ),
     )
     assert not_loaded["state"] == "driver_not_loaded"
     assert "NVIDIA driver is not loaded" in not_loaded["reason"]
     fell_off = parse_section(
-        "nvidia_smi_xml", ["Unable to determine the device handle", f"{EXIT_MARKER}15"]
+        "nvidia_smi_xml", section_output(["Unable to determine the device handle"], [], 15)
     )
     assert fell_off["state"] == "unreadable" and "fallen off the bus" in fell_off["reason"]
     mismatch = parse_section(
         "nvidia_smi_xml",
-        [
-            "Failed to initialize NVML: Driver/library version mismatch",
-            "NVML library version: 550.90",
-            f"{EXIT_MARKER}18",
-        ],
+        section_output(
+            [
+                "Failed to initialize NVML: Driver/library version mismatch",
+                "NVML library version: 550.90",
+            ],
+            [],
+            18,
+        ),
     )
     assert mismatch["nvml_library_version"] == "550.90"
     assert "driver/library version mismatch" in mismatch["reason"]
@@ -949,11 +961,11 @@ def test_nvidia_smi_exit_codes_are_named() -> None:
 
 def test_journal_sections_refuse_a_partial_journal() -> None:
     hint = "Hint: You are currently not seeing messages from other users and the system."
-    result = parse_section("xid", [f"{STDERR_MARKER}{hint}", f"{EXIT_MARKER}0"])
+    result = parse_section("xid", section_output([], [hint]))
     assert result["state"] == "unreadable" and "run as root" in result["reason"]
-    empty = parse_section("xid", [f"{EXIT_MARKER}0"])
+    empty = parse_section("xid", section_output([]))
     assert (empty["state"], empty["events"], empty["lines_read"]) == ("ok", [], 0)
-    flaps = parse_section("ib_flaps", [f"{EXIT_MARKER}0"])
+    flaps = parse_section("ib_flaps", section_output([]))
     assert (flaps["state"], flaps["total_flaps"]) == ("ok", 0)
 
 
@@ -962,25 +974,28 @@ def test_unknown_section_is_unreadable() -> None:
 
 
 def test_combined_output_is_split_by_section() -> None:
-    lines = [
-        "gpunode:section=ibstat",
-        *read("ibstat/ibstat.47.0.a100.all.active.0").splitlines(),
-        f"{EXIT_MARKER}0",
-        "gpunode:section=nvme",
-        f"{ABSENT_MARKER}nvme",
-    ]
+    ibstat = section_output(read("ibstat/ibstat.47.0.a100.all.active.0").splitlines())
+    nvme = framing.output_of({"nvme": PartOutput("nvme", absent=True)})
+    lines = framing.output_of({"ibstat": ibstat, "nvme": nvme}, complete=False)
     results = parse_combined(lines, ["ibstat", "nvme", "nvlink"])
     assert results["ibstat"]["state"] == "ok" and len(results["ibstat"]["ports"]) == 9
     assert results["nvme"]["state"] == "absent"
     assert results["nvlink"]["state"] == "unreadable" and "missing" in results["nvlink"]["reason"]
 
 
-def test_combined_command_is_each_section_after_its_marker() -> None:
+def test_combined_command_runs_each_section_in_its_own_part(tmp_path: Path) -> None:
+    fixture = FIXTURES / "ibstat" / "ibstat.47.0.a100.all.active.0"
+    (tmp_path / "ibstat").write_text(f"#!/bin/sh\ncat {shlex.quote(str(fixture))}\nexit 0\n")
+    (tmp_path / "nvme").write_text("#!/bin/sh\necho 'nvme: no such command' >&2\nexit 1\n")
+    for tool in ("ibstat", "nvme"):
+        (tmp_path / tool).chmod(0o755)
+    env = {"PATH": f"{tmp_path}:/usr/bin:/bin"}  # the stand-ins come first
     command = combined_command(["ibstat", "nvme"])
-    assert command == (
-        f"echo gpunode:section=ibstat; {SECTION_COMMANDS['ibstat']}; "
-        f"echo gpunode:section=nvme; {SECTION_COMMANDS['nvme']}"
-    )
+    done = subprocess.run(["sh", "-c", command], capture_output=True, text=True, env=env)
+    results = parse_combined(done.stdout.splitlines(), ["ibstat", "nvme"])
+    assert results["ibstat"]["state"] == "ok" and len(results["ibstat"]["ports"]) == 9
+    assert results["nvme"]["state"] == "unreadable"
+    assert results["nvme"]["reason"] == "exit code 1: nvme: no such command"
     with pytest.raises(ValueError, match="unknown sections"):
         combined_command(["ibstat", "disks"])
 
@@ -1011,7 +1026,7 @@ def test_nvlink_message_lines_of_real_captures_are_states(
 
 def test_empty_nvlink_output_after_exit_0_is_no_nvlink_through_the_section() -> None:
     """gpud's A10 capture is empty: with the exit status 0 framed, that is an answer."""
-    lines = [*read("nvlink/nvidia-smi.nvlink.status.a10").splitlines(), f"{EXIT_MARKER}0"]
+    lines = section_output(read("nvlink/nvidia-smi.nvlink.status.a10").splitlines())
     result = parse_section("nvlink", lines)
     assert (result["state"], result["gpus"]) == ("ok", [])
 

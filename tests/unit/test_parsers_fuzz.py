@@ -16,10 +16,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from gpunode.framing import PREFIX
 from gpunode.probe.parsers import (
-    EXIT_MARKER,
     SECTION_COMMANDS,
-    STDERR_MARKER,
     parse_gpu_report,
     parse_ib_flaps,
     parse_ibstat,
@@ -193,16 +192,24 @@ def test_random_probe_reports(report: Any) -> None:
     check(parse_gpu_report(json.dumps(report)))
 
 
+TAG = f"{PREFIX}0123456789abcdef:"
+PART_NAME = st.sampled_from(["ibstat", "nvme", "x", ""]) | st.text(max_size=8)
 SECTION_LINE = st.one_of(
     st.text(max_size=60),
-    st.builds(lambda n: f"{EXIT_MARKER}{n}", st.integers(min_value=0, max_value=300)),
-    st.builds(lambda text: f"{STDERR_MARKER}{text}", st.text(max_size=30)),
-    st.just("gpunode:absent=ibstat"),
+    st.builds(
+        lambda name, n: f"{TAG}exit:{name}:{n}", PART_NAME, st.integers(min_value=-3, max_value=300)
+    ),
+    st.builds(lambda text: f"{TAG}stderr:{text}", st.text(max_size=30)),
+    st.builds(lambda name: f"{TAG}absent:{name}", PART_NAME),
+    st.builds(lambda name: f"{TAG}part:{name}", PART_NAME),
+    st.builds(lambda text: f"{TAG}{text}", st.text(max_size=12)),
+    st.just(f"{TAG}done"),
+    st.just(f"{TAG}begin"),
 )
 
 
 @pytest.mark.parametrize("name", list(SECTION_COMMANDS))
 @FUZZ
-@given(lines=st.lists(SECTION_LINE, max_size=20))
-def test_random_section_output(name: str, lines: list[str]) -> None:
-    check(parse_section(name, lines))
+@given(lines=st.lists(SECTION_LINE, max_size=20), header=st.booleans())
+def test_random_section_output(name: str, lines: list[str], header: bool) -> None:
+    check(parse_section(name, [f"{TAG}begin", *lines] if header else lines))

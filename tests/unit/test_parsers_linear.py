@@ -18,19 +18,21 @@ from types import ModuleType
 from typing import Any, ClassVar
 
 import pytest
+from pyinfra.api import FactBase
 
 import facts.batch
 import facts.fabric
 import facts.gpu
 import facts.hardware
+import gpunode.framing
 import gpunode.probe.gpu_probe
 import gpunode.probe.gpu_record
 import gpunode.probe.parsers
 from facts.batch import FactBatch
 from facts.hardware import InfinibandPorts
+from gpunode import framing
 from gpunode.probe.gpu_probe import MAX_LINE_CHARS, parse_nvlink_status, parse_xid_events
 from gpunode.probe.parsers import (
-    EXIT_MARKER,
     MAX_OUTPUT_CHARS,
     parse_ib_flaps,
     parse_ibstat,
@@ -39,7 +41,7 @@ from gpunode.probe.parsers import (
     parse_section,
 )
 
-from .test_parsers import read
+from .test_parsers import read, section_output
 
 CONTROL_SIDE_MODULES = [
     gpunode.probe.parsers,
@@ -49,6 +51,7 @@ CONTROL_SIDE_MODULES = [
     facts.fabric,
     facts.hardware,
     facts.batch,
+    gpunode.framing,
 ]
 
 # --- a static check of the patterns -----------------------------------------------------------
@@ -271,7 +274,7 @@ def test_a_rate_that_is_not_a_number_is_unreadable_not_text() -> None:
 
 def test_the_issue_ibstat_line_through_the_fact_keeps_the_port() -> None:
     text = read(IBSTAT).replace("\t\tRate: 400", LONG_RATE, 1)
-    result = InfinibandPorts().process([*text.splitlines(), f"{EXIT_MARKER}0"])
+    result = InfinibandPorts().process(section_output(text.splitlines()))
     assert result["state"] == "ok"
     assert result["ports"][0]["rate"] is None
 
@@ -323,7 +326,7 @@ def test_an_over_long_syslog_line_is_read_by_its_head() -> None:
 
 
 def test_section_output_over_the_total_cap_is_unreadable() -> None:
-    lines = ["x" * 1000] * (MAX_OUTPUT_CHARS // 1000 + 1) + [f"{EXIT_MARKER}0"]
+    lines = section_output(["x" * 1000] * (MAX_OUTPUT_CHARS // 1000 + 1))
     result = parse_section("ibstat", lines)
     assert result["state"] == "unreadable"
     assert f"(over {MAX_OUTPUT_CHARS})" in result["reason"]
@@ -336,15 +339,10 @@ class Echo(FactBatch):
 
 
 def test_a_batch_section_with_an_over_long_line_is_unreadable_and_the_others_read() -> None:
-    ibstat = read(IBSTAT).splitlines()
-    output = [
-        f"{facts.batch.MARKER}ib",
-        *ibstat,
-        f"{EXIT_MARKER}0",
-        f"{facts.batch.MARKER}gpu",
-        "{" + " " * (facts.batch.MAX_LINE_CHARS + 1),
-        f"{facts.batch.MARKER}end",
-    ]
+    ibstat = section_output(read(IBSTAT).splitlines())
+    output = framing.output_of(
+        {"ib": ibstat, "gpu": ["{" + " " * (facts.batch.MAX_LINE_CHARS + 1)]}
+    )
     values = Echo().process(output)
     assert values["ib"]["state"] == "ok"
     assert values["gpu"]["state"] == "unreadable"
@@ -356,16 +354,51 @@ def test_a_batch_past_the_total_cap_is_unreadable_from_there(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(facts.batch, "MAX_OUTPUT_CHARS", 10_000)
-    ibstat = read(IBSTAT).splitlines()
-    output = [
-        f"{facts.batch.MARKER}ib",
-        *ibstat,
-        f"{EXIT_MARKER}0",
-        f"{facts.batch.MARKER}gpu",
-        *(["x" * 1000] * 20),
-        f"{facts.batch.MARKER}end",
-    ]
+    ibstat = section_output(read(IBSTAT).splitlines())
+    output = framing.output_of({"ib": ibstat, "gpu": ["x" * 1000] * 20})
     values = Echo().process(output)
     assert values["ib"]["state"] == "ok"
     assert values["gpu"]["state"] == "unreadable"
     assert "passed 10000 characters" in values["gpu"]["reason"]
+
+
+class NeedsMissingTool(FactBase[dict[str, Any]]):
+    requires_command = "gpunode-no-such-tool"
+
+    def command(self) -> str:
+        return "gpunode-no-such-tool --list"
+
+    @staticmethod
+    def default() -> dict[str, Any]:
+        return {"state": "absent"}
+
+
+class Exits(FactBase[list[str]]):
+    def command(self) -> str:
+        return "echo 'Failed to connect' >&2; echo half; exit 4"
+
+
+class Says(FactBase[list[str]]):
+    def command(self) -> str:
+        return "echo said; echo noise >&2"
+
+    def process(self, output: list[str]) -> list[str]:  # type: ignore[override]
+        return list(output)
+
+
+class Mixed(FactBatch):
+    FACTS: ClassVar[dict[str, Any]] = {"missing": NeedsMissingTool, "exits": Exits, "says": Says}
+
+
+def test_a_batch_reads_each_fact_as_pyinfra_would_alone() -> None:
+    import subprocess
+
+    done = subprocess.run(["sh", "-c", Mixed().command()], capture_output=True, text=True)
+    values = Mixed().process(done.stdout.splitlines())
+    assert values["missing"] == {"state": "absent"}  # its default, as pyinfra gives it
+    assert values["exits"] == {
+        "state": "unreadable",
+        "reason": "exits: exit status 4: Failed to connect",
+    }
+    assert values["says"] == ["said"]  # stdout only, as pyinfra hands it to process()
+    assert values["complete"] is True

@@ -16,7 +16,8 @@ from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from facts.tls import parse_node_certificate
-from gpunode import pki
+from gpunode import framing, pki
+from gpunode.framing import PartOutput
 from gpunode.model import Tls
 from gpunode.pki import CaError, CertificateAuthority, CsrRefused, PkiError, WantedCertificate
 
@@ -413,21 +414,28 @@ def test_certificate_never_outlives_its_ca(authority: CertificateAuthority) -> N
 # --- when to re-issue -----------------------------------------------------------------------------
 
 
+def tls_part(label: str, lines: list[str] | None, exit_code: int = 0) -> dict[str, PartOutput]:
+    """The two parts of the NodeCertificate fact for one file: it exists, and what its
+    openssl command printed (None: the file does not exist, the command did not run)."""
+    if lines is None:
+        return {
+            f"{label}-exists": PartOutput(f"{label}-exists", [], [], 1),
+            label: PartOutput(label, skipped=True),
+        }
+    return {
+        f"{label}-exists": PartOutput(f"{label}-exists", [], [], 0),
+        label: PartOutput(label, lines, [], exit_code),
+    }
+
+
 def fact_output(certificate: x509.Certificate | None, key: PrivateKey | None) -> list[str]:
     """What the NodeCertificate fact command prints for this certificate and key."""
-    lines = ["gpunode:tls:certificate"]
-    if certificate is None:
-        lines.append("gpunode:tls:absent")
-    else:
-        lines += certificate.public_bytes(serialization.Encoding.PEM).decode().splitlines()
-        lines.append("gpunode:tls:exit=0")
-    lines.append("gpunode:tls:public-key")
-    if key is None:
-        lines.append("gpunode:tls:absent")
-    else:
-        lines += public_pem(key).decode().splitlines()
-        lines.append("gpunode:tls:exit=0")
-    return lines
+    pem = certificate.public_bytes(serialization.Encoding.PEM).decode() if certificate else None
+    public = public_pem(key).decode() if key is not None else None
+    return framing.output_of(
+        tls_part("certificate", pem.splitlines() if pem is not None else None)
+        | tls_part("public-key", public.splitlines() if public is not None else None)
+    )
 
 
 @pytest.fixture
@@ -456,8 +464,10 @@ def test_no_certificate_is_issued(authority: CertificateAuthority) -> None:
 
 
 def test_an_unreadable_certificate_is_issued_anew(authority: CertificateAuthority) -> None:
-    lines = ["gpunode:tls:certificate", "Could not read certificate", "gpunode:tls:exit=1"]
-    lines += fact_output(None, node_key())[2:]
+    lines = framing.output_of(
+        tls_part("certificate", ["Could not read certificate"], exit_code=1)
+        | tls_part("public-key", public_pem(node_key()).decode().splitlines())
+    )
     assert "unreadable: `openssl x509 -in /etc/gpunode/tls/node.crt` failed" in str(
         reason(authority, lines)
     )

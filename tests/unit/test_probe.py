@@ -26,6 +26,7 @@ from typing import Any
 
 import pytest
 
+from gpunode import framing
 from gpunode.probe import gpu_probe
 from gpunode.probe.gpu_probe import Completed, System, collect
 from gpunode.probe.parsers import parse_section, probe_command
@@ -695,3 +696,36 @@ def test_nvlink_status_cut_short_by_an_error_keeps_the_gpus_it_listed() -> None:
     assert lost["state"] == "unreadable"
     assert lost["reason"].startswith(f"{report['gpus'][1]['uuid']} is missing from the output")
     assert "exit code 15" in lost["reason"]
+
+
+def test_nvlink_lines_not_read_reach_the_report_before_the_first_gpu_too() -> None:
+    """What nvidia-smi prints that the parser does not know is named in the report's
+    ``problems``, the line before any GPU included; the GPUs keep their links."""
+    node = FakeNode(hardware())
+    listing = node.run(["nvidia-smi", "nvlink", "-s"]).stdout
+    lines = listing.splitlines()
+    second = next(n for n, line in enumerate(lines) if line.startswith("GPU 1:"))
+    lines.insert(second + 1, "\t Link 0: 26.562 GB/s, degraded")
+    text = "WARNING: infoROM is corrupted at gpu 0000:18:00.0\n" + "\n".join(lines) + "\n"
+
+    def smi(argv: list[str]) -> Completed:
+        if argv[1:] == ["nvlink", "-s"]:
+            return Completed(0, text, "")
+        node.commands.pop("nvidia-smi")
+        try:
+            return node.run(argv)
+        finally:
+            node.commands["nvidia-smi"] = smi
+
+    node.commands["nvidia-smi"] = smi
+    report = collect(node, None, "not shipped", None)
+    assert report["problems"]["nvlink"] == [
+        "line 1 comes before any GPU: 'WARNING: infoROM is corrupted at gpu 0000:18:00.0'",
+        f"line {second + 3}: unknown link state '26.562 GB/s, degraded'",
+    ]
+    assert report["gpus"][1]["nvlink"]["state"] == "unreadable"
+    assert [gpu["nvlink"]["state"] for gpu in report["gpus"][2:]] == ["ok"] * 6
+    assert (
+        parse_section("gpu", framing.output_of({"gpu": [json.dumps(report)]}))["problems"]
+        == (report["problems"])
+    )

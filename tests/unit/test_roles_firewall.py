@@ -11,8 +11,16 @@ from pyinfra.api import OperationError
 from pyinfra.api.command import FileUploadCommand, FunctionCommand
 
 import roles.firewall as role
-from facts.firewall import FirewallState, SshClient, parse_firewall_state, parse_ssh_client
+from facts.firewall import (
+    NOTHING,
+    FirewallState,
+    SshClient,
+    parse_firewall_state,
+    parse_ssh_client,
+)
+from gpunode import framing
 from gpunode.expected.firewall import render_ruleset
+from gpunode.framing import PartOutput
 from gpunode.model import Firewall, FirewallRule
 from roles.firewall import absent, ruleset, ssh_cut_reason
 
@@ -441,23 +449,19 @@ def test_disabled_with_only_leftover_rollback_state_removes_it() -> None:
 
 
 def test_firewall_state_fact_parses_live_and_file_listings() -> None:
-    output = [
-        "nft=present",
-        "file_sha256=abc",
-        "unit_file=present",
-        "unit_enabled=enabled",
-        "state_file=/var/lib/gpunode/firewall.previous.nft",
-        "gpunode:section=live",
-        "table inet gpunode {",
-        "\tchain input {",
-        "\t}",
-        "}",
-        "gpunode:section=file_loads",
-        "table inet gpunode {",
-        "\tchain input {",
-        "\t}",
-        "}",
-    ]
+    table = ["table inet gpunode {", "\tchain input {", "\t}", "}"]
+    output = framing.output_of(
+        {
+            "state": [
+                "file_sha256=abc",
+                "unit_file=present",
+                "unit_enabled=enabled",
+                "state_file=/var/lib/gpunode/firewall.previous.nft",
+            ],
+            "live": table,
+            "file_loads": table,
+        }
+    )
     parsed = parse_firewall_state(output)
     assert parsed["nft"] is True
     assert parsed["file_sha256"] == "abc"
@@ -470,19 +474,36 @@ def test_firewall_state_fact_parses_live_and_file_listings() -> None:
 
 
 def test_firewall_state_fact_on_a_bare_node() -> None:
-    parsed = parse_firewall_state(["nft=", "unit_enabled="])
+    parsed = parse_firewall_state(
+        framing.output_of(
+            {
+                "state": ["unit_enabled="],
+                "live": PartOutput("live", absent=True),
+                "file_loads": PartOutput("file_loads", absent=True),
+            }
+        )
+    )
     assert parsed == state(nft=False)
+
+
+def test_no_table_and_no_file_are_no_listings() -> None:
+    nothing = {"live": PartOutput("live", exit_status=NOTHING)}
+    nothing["file_loads"] = PartOutput("file_loads", exit_status=NOTHING)
+    parsed = parse_firewall_state(framing.output_of({"state": [], **nothing}))
+    assert parsed == state(nft=True)
 
 
 def test_file_that_does_not_load_is_reported_not_compared() -> None:
     parsed = parse_firewall_state(
-        [
-            "nft=present",
-            "file_sha256=abc",
-            "gpunode:section=file_loads",
-            "/etc/gpunode/firewall.nft:3:1-5: Error: syntax error",
-            "gpunode:file-load-failed",
-        ]
+        framing.output_of(
+            {
+                "state": ["file_sha256=abc"],
+                "live": PartOutput("live", exit_status=NOTHING),
+                "file_loads": PartOutput(
+                    "file_loads", ["/etc/gpunode/firewall.nft:3:1-5: Error: syntax error"], [], 1
+                ),
+            }
+        )
     )
     assert parsed["file_loads"] is None
     assert parsed["file_load_error"] == "/etc/gpunode/firewall.nft:3:1-5: Error: syntax error"

@@ -17,6 +17,7 @@ from facts.nvidia_packages import (
     parse_nvidia_packages,
     parse_proc_version,
 )
+from gpunode import framing
 from gpunode.expected.packages import DriverPackages, driver_packages_for
 from gpunode.model import NvidiaDriver, build_desired_state
 from lab import REBOOT_COMMAND
@@ -105,6 +106,11 @@ DKMS_OPEN = offered("nvidia-kernel-open-dkms", "550.127.08-1", "550.144.03-1", d
 # --- facts --------------------------------------------------------------------------------
 
 
+def packages_output(parts: dict[str, list[str]]) -> list[str]:
+    """What NvidiaPackages' command prints when each part printed these lines."""
+    return framing.output_of(parts)
+
+
 def test_proc_version_gives_the_loaded_version_and_flavour() -> None:
     assert parse_proc_version(
         "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  550.127.08  Release Build  "
@@ -118,24 +124,32 @@ def test_proc_version_gives_the_loaded_version_and_flavour() -> None:
 
 def test_packages_fact_reads_holds_modules_kernel_and_headers() -> None:
     facts = parse_nvidia_packages(
-        [
-            "@@installed",
-            "hi |nvidia-open|550.127.08-1",
-            "ii |libcuda1|550.127.08-1",
-            "rc |nvidia-kernel-dkms|550.127.08-1",
-            "hn |nvidia-kernel-open-dkms|",
-            "@@loaded",
-            "proc|NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  550.127.08  Release",
-            "@@installed-module",
-            "modinfo|550.144.03|Dual MIT/GPL",
-            "@@kernel",
-            "6.1.0-28-amd64",
-            "@@headers",
-            "status|ii ",
-            "@@lab",
-            "@@lists",
-            "12",
-        ]
+        packages_output(
+            {
+                "installed": [
+                    "hi |nvidia-open|550.127.08-1",
+                    "ii |libcuda1|550.127.08-1",
+                    "rc |nvidia-kernel-dkms|550.127.08-1",
+                    "hn |nvidia-kernel-open-dkms|",
+                ],
+                "loaded": [
+                    "proc|NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  550.127.08  "
+                    "Release",
+                ],
+                "installed-module": [
+                    "modinfo|550.144.03|Dual MIT/GPL",
+                ],
+                "kernel": [
+                    "6.1.0-28-amd64",
+                ],
+                "headers": [
+                    "status|ii ",
+                ],
+                "lists": [
+                    "12",
+                ],
+            }
+        )
     )
     assert facts["packages"] == {"nvidia-open": "550.127.08-1", "libcuda1": "550.127.08-1"}
     # Held: what dpkg's selections say, installed or not (as `apt-mark showhold` lists them).
@@ -157,18 +171,25 @@ def test_packages_fact_reads_holds_modules_kernel_and_headers() -> None:
 
 def test_nvidia_smi_stands_in_where_procfs_does_not_show_the_driver() -> None:
     facts = parse_nvidia_packages(
-        [
-            "@@loaded",
-            "nvidia-smi|590.48.01",
-            "@@installed-module",
-            "modinfo|590.48.01|Dual MIT/GPL",
-            "@@kernel",
-            "6.18.44-fc-v857",
-            "@@headers",
-            "status|",
-            "@@lists",
-            "0",
-        ]
+        packages_output(
+            {
+                "loaded": [
+                    "nvidia-smi|590.48.01",
+                ],
+                "installed-module": [
+                    "modinfo|590.48.01|Dual MIT/GPL",
+                ],
+                "kernel": [
+                    "6.18.44-fc-v857",
+                ],
+                "headers": [
+                    "status|",
+                ],
+                "lists": [
+                    "0",
+                ],
+            }
+        )
     )
     assert facts["loaded_module"] == {
         "version": "590.48.01",
@@ -187,17 +208,31 @@ def test_nvidia_smi_stands_in_where_procfs_does_not_show_the_driver() -> None:
 
 def test_nvidia_smi_without_a_driver_to_talk_to_means_none_is_loaded() -> None:
     failed = "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver."
-    facts = parse_nvidia_packages(["@@loaded", f"nvidia-smi|{failed}", "@@kernel", "6.1.0-28"])
+    facts = parse_nvidia_packages(
+        packages_output({"loaded": [f"nvidia-smi|{failed}"], "kernel": ["6.1.0-28"]})
+    )
     assert facts["loaded_module"] is None
 
 
+def test_packages_fact_command_runs_here_and_reads_the_running_kernel() -> None:
+    import os
+    import subprocess
+
+    done = subprocess.run(
+        ["sh", "-c", NvidiaPackages().command()], capture_output=True, text=True, check=True
+    )
+    facts = parse_nvidia_packages(done.stdout.splitlines())
+    assert facts["kernel"] == os.uname().release
+    assert facts["headers"]["package"] == f"linux-headers-{os.uname().release}"
+
+
 def test_a_flavour_change_alone_needs_a_reboot_and_no_module_needs_none() -> None:
-    lines = ["@@loaded", "proc|NVIDIA UNIX x86_64 Kernel Module  550.127.08  Tue"]
+    loaded = {"loaded": ["proc|NVIDIA UNIX x86_64 Kernel Module  550.127.08  Tue"]}
     swapped = parse_nvidia_packages(
-        [*lines, "@@installed-module", "modinfo|550.127.08|Dual MIT/GPL"]
+        packages_output(loaded | {"installed-module": ["modinfo|550.127.08|Dual MIT/GPL"]})
     )
     assert swapped["reboot_required"] is True
-    assert parse_nvidia_packages(lines)["reboot_required"] is False
+    assert parse_nvidia_packages(packages_output(loaded))["reboot_required"] is False
 
 
 def test_apt_show_says_which_versions_build_with_dkms() -> None:
@@ -359,7 +394,9 @@ def test_a_converged_driver_never_asks_apt() -> None:
 
 
 def test_a_kernel_release_that_is_no_package_name_names_no_headers_package() -> None:
-    facts = parse_nvidia_packages(["@@kernel", "6.1.0-28-amd64; rm -rf /", "@@headers", "status|"])
+    facts = parse_nvidia_packages(
+        packages_output({"kernel": ["6.1.0-28-amd64; rm -rf /"], "headers": ["status|"]})
+    )
     assert facts["headers"]["package"] is None
     assert headers_need(nvidia_550(), facts, DKMS_OPEN) == "missing"
 

@@ -8,7 +8,9 @@ from typing import Any
 from pyinfra.api import FunctionCommand
 
 from facts.sshd import SshdState, parse_effective, parse_per_user
+from gpunode import framing
 from gpunode.expected.sshd import CIPHERS, expected_effective, render_sshd_config
+from gpunode.framing import PartOutput
 from gpunode.model import DesiredState, Sshd, build_desired_state
 from roles.sshd import hardened_sshd, lockout_risks, login_group_guard
 
@@ -148,3 +150,26 @@ def test_fact_evaluates_sshd_per_user_from_a_non_local_address() -> None:
     command = SshdState().command()
     assert '/usr/sbin/sshd -T -C "user=$u,host=$addr,addr=$addr,lport=$lport"' in command
     assert "SSH_CONNECTION" in command and "addr=192.0.2.1" in command
+
+
+def test_fact_reads_each_part_and_names_a_failed_sshd_t() -> None:
+    parts: dict[str, PartOutput | list[str]] = {
+        "effective": ["passwordauthentication no", "port 22"],
+        "config_sha1": ["0123abcd"],
+        "rsa_bits": ["4096"],
+        "weak_moduli": ["0"],
+        "socket": ["disabled"],
+        "per_user": [],
+        "accounts": [],
+    }
+    parsed = SshdState().process(framing.output_of(parts))
+    assert parsed["effective"] == {"passwordauthentication": ["no"], "port": ["22"]}
+    assert (parsed["config_sha1"], parsed["rsa_host_key_bits"]) == ("0123abcd", 4096)
+    assert parsed["socket_enabled"] is False and parsed["effective_error"] == ""
+    parts["effective"] = PartOutput("effective", ["/etc/ssh/sshd_config line 3: bad"], [], 255)
+    failed = SshdState().process(framing.output_of(parts))
+    assert failed["effective"] == {}
+    assert failed["effective_error"] == "/etc/ssh/sshd_config line 3: bad"
+    assert failed["rsa_host_key_bits"] == 4096  # the other parts are still read
+    cut = SshdState().process(framing.output_of({"effective": parts["effective"]}, complete=False))
+    assert cut["config_sha1"] is None and cut["effective"] == {}

@@ -17,7 +17,8 @@ from pyinfra.connectors.util import CommandOutput, OutputLine
 from pyinfra.facts.files import File, Link
 
 from facts.tls import NodeCertificate, parse_node_certificate
-from gpunode import pki
+from gpunode import framing, pki
+from gpunode.framing import PREFIX
 from gpunode.model import Tls
 from gpunode.pki import CertificateAuthority, WantedCertificate
 from roles.tls import (
@@ -30,6 +31,7 @@ from roles.tls import (
 )
 
 from .fakehost import commands_of, fake_host
+from .test_pki import tls_part
 
 NOW = datetime.datetime(2025, 6, 1, 12, 0, tzinfo=datetime.UTC)
 WANTED = pki.wanted_certificate(
@@ -59,18 +61,11 @@ def public_pem(key: ec.EllipticCurvePrivateKey) -> str:
 
 
 def fact_lines(certificate: x509.Certificate | None, public_key_pem: str | None) -> list[str]:
-    lines = ["gpunode:tls:certificate"]
-    if certificate is None:
-        lines.append("gpunode:tls:absent")
-    else:
-        lines += certificate.public_bytes(serialization.Encoding.PEM).decode().splitlines()
-        lines.append("gpunode:tls:exit=0")
-    lines.append("gpunode:tls:public-key")
-    if public_key_pem is None:
-        lines.append("gpunode:tls:absent")
-    else:
-        lines += [*public_key_pem.splitlines(), "gpunode:tls:exit=0"]
-    return lines
+    pem = certificate.public_bytes(serialization.Encoding.PEM).decode() if certificate else None
+    return framing.output_of(
+        tls_part("certificate", pem.splitlines() if pem is not None else None)
+        | tls_part("public-key", public_key_pem.splitlines() if public_key_pem else None)
+    )
 
 
 def operation_output(operation: Any, facts: dict[type, Any], **kwargs: Any) -> tuple[list, list]:
@@ -123,14 +118,10 @@ def test_fact_reports_nothing_there() -> None:
 
 
 def test_fact_reports_a_failing_command_as_unreadable_naming_it() -> None:
-    lines = [
-        "gpunode:tls:certificate",
-        "Could not read certificate from /etc/gpunode/tls/node.crt",
-        "gpunode:tls:exit=1",
-        "gpunode:tls:public-key",
-        "Could not read key from /etc/gpunode/tls/node.key",
-        "gpunode:tls:exit=1",
-    ]
+    lines = framing.output_of(
+        tls_part("certificate", ["Could not read certificate from /etc/gpunode/tls/node.crt"], 1)
+        | tls_part("public-key", ["Could not read key from /etc/gpunode/tls/node.key"], 1)
+    )
     report = parse_node_certificate(lines, now=NOW)
     assert report["state"] == "unreadable"
     assert report["reason"] == (
@@ -141,17 +132,20 @@ def test_fact_reports_a_failing_command_as_unreadable_naming_it() -> None:
     assert "`openssl pkey -in /etc/gpunode/tls/node.key -pubout` failed" in report["key_reason"]
 
 
+TOKEN = "0123456789abcdef"
+CERTIFICATE_ONLY = framing.output_of(tls_part("certificate", []), token=TOKEN, complete=False)
+
+
 @pytest.mark.parametrize(
     "lines",
     [
         [],
         ["sudo: a password is required"],
-        ["gpunode:tls:certificate", "gpunode:tls:exit=0"],  # no key section
-        ["gpunode:tls:certificate", "gpunode:tls:exit=x", "gpunode:tls:public-key"],
-        ["gpunode:tls:certificate", "garbage", "gpunode:tls:exit=0", "gpunode:tls:public-key",
-         "gpunode:tls:absent"],
+        CERTIFICATE_ONLY,  # no key section
+        [*CERTIFICATE_ONLY[:-1], f"{PREFIX}{TOKEN}:exit:certificate:x"],  # a garbled status
+        framing.output_of(tls_part("certificate", ["garbage"]) | tls_part("public-key", None)),
     ],
-)  # fmt: skip
+)
 def test_fact_turns_garbage_into_an_unreadable_state(lines: list[str]) -> None:
     report = parse_node_certificate(lines, now=NOW)
     assert report["state"] == "unreadable"
@@ -207,7 +201,9 @@ def test_certificate_for_other_names_is_reissued_for_the_existing_key(
 
 
 def test_unreadable_key_is_made_anew(authority: CertificateAuthority) -> None:
-    lines = [*fact_lines(None, None)[:-1], "Could not read key", "gpunode:tls:exit=1"]
+    lines = framing.output_of(
+        tls_part("certificate", None) | tls_part("public-key", ["Could not read key"], 1)
+    )
     report = parse_node_certificate(lines, now=NOW)
     commands, _ = operation_output(
         node_certificate, {NodeCertificate: report}, wanted=WANTED, authority=authority, now=NOW
