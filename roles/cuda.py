@@ -43,6 +43,7 @@ from facts.container_runtime import (
     versions_from,
 )
 from facts.freshness import FileNewerThan
+from gpunode import framing
 from gpunode.model import Cuda, DesiredState, version_tuple
 from gpunode.refusal import NodeRefused
 
@@ -252,6 +253,10 @@ def nccl_version_suffix(desired: DesiredState) -> str:
 # --- CUDA releases ---------------------------------------------------------------------------
 
 
+ALTERNATIVE_PART = "alternative."
+RECORDED_PART = "recorded"
+
+
 class CudaToolkitSetup(FactBase):
     """
     The /usr/local/cuda alternatives and the CUDA releases gpunode manages on this host.
@@ -266,32 +271,33 @@ class CudaToolkitSetup(FactBase):
     """
 
     def command(self, names: list[str]) -> str:
-        queries = "".join(
-            f"echo @@alternative {shlex.quote(name)}; "
-            f"update-alternatives --query {shlex.quote(name)} 2>/dev/null; "
+        # One framed part per alternative (gpunode's own names), then the recorded releases.
+        parts = [
+            framing.Part(
+                f"{ALTERNATIVE_PART}{name}",
+                f"LC_ALL=C update-alternatives --query {shlex.quote(name)}",
+                stderr="drop",
+            )
             for name in names
-        )
-        return f"export LC_ALL=C; {queries}echo @@recorded; cat {RECORD_PATH} 2>/dev/null; true"
+        ]
+        parts.append(framing.Part(RECORDED_PART, f"cat {RECORD_PATH}", stderr="drop"))
+        return framing.command(parts)
 
     def process(self, output: list[str]) -> dict[str, Any]:
+        frame = framing.parse(output)
         alternatives: dict[str, dict[str, str | None]] = {}
-        recorded: list[str] = []
-        section = ""
-        for line in output:
-            if line.startswith("@@alternative "):
-                section = line.split(" ", 1)[1].strip()
-                alternatives[section] = {"status": None, "value": None}
-            elif line == "@@recorded":
-                section = "@@recorded"
-            elif section == "@@recorded":
-                if line.strip():
-                    recorded.append(line.strip())
-            elif section:
+        for part_name, part in frame.parts.items():
+            if not part_name.startswith(ALTERNATIVE_PART):
+                continue
+            entry: dict[str, str | None] = {"status": None, "value": None}
+            for line in part.lines:
                 key, _, value = line.partition(":")
                 if key in ("Status", "Value"):
-                    alternatives[section][key.lower()] = value.strip()
-        # An alternative update-alternatives does not know has no Status line.
-        alternatives = {name: entry for name, entry in alternatives.items() if entry["status"]}
+                    entry[key.lower()] = value.strip()
+            # An alternative update-alternatives does not know has no Status line.
+            if entry["status"]:
+                alternatives[part_name[len(ALTERNATIVE_PART) :]] = entry
+        recorded = [line.strip() for line in frame.part(RECORDED_PART).lines if line.strip()]
         return {"alternatives": alternatives, "recorded": recorded}
 
 

@@ -12,6 +12,7 @@ from pyinfra.api import DeployError, OperationError
 
 from facts.apt import AptIndexedRepositories
 from facts.container_runtime import AptPackagePolicy, DpkgPackageState, parse_apt_policy
+from gpunode import framing
 from gpunode.model import CUDA_MINIMUM_DRIVER, build_desired_state
 from gpunode.refusal import NodeRefused
 from lab.standin import catalogue
@@ -354,8 +355,7 @@ def test_apt_policy_of_an_unknown_package_is_empty() -> None:
 
 
 def test_alternatives_fact() -> None:
-    output = [
-        "@@alternative cuda",
+    query = [
         "Name: cuda",
         "Link: /usr/local/cuda",
         "Status: manual",
@@ -364,14 +364,35 @@ def test_alternatives_fact() -> None:
         "",
         "Alternative: /usr/local/cuda-12.4",
         "Priority: 124",
-        "@@alternative cuda-13",
-        "@@recorded",
-        "12.4",
-        "12.8",
     ]
+    output = framing.output_of(
+        {
+            "alternative.cuda": query,
+            # update-alternatives knows no such name: it prints nothing and exits 2.
+            "alternative.cuda-13": framing.PartOutput("alternative.cuda-13", [], [], 2),
+            # A recorded release that looks like a marker is a line like any other.
+            "recorded": ["12.4", "12.8", "@@recorded"],
+        }
+    )
     assert CudaToolkitSetup().process(output) == {
         "alternatives": {"cuda": {"status": "manual", "value": "/usr/local/cuda-12.4"}},
-        "recorded": ["12.4", "12.8"],
+        "recorded": ["12.4", "12.8", "@@recorded"],
+    }
+
+
+def test_alternatives_fact_command_runs_as_framed_parts() -> None:
+    # This machine has neither the alternative nor gpunode's record: both read as absent.
+    command = CudaToolkitSetup().command(["no-such-alternative-gpunode"])
+    done = subprocess.run(["sh", "-c", command], capture_output=True, text=True, check=False)
+    assert done.returncode == 0 and done.stderr == ""
+    frame = framing.parse(done.stdout.splitlines())
+    assert frame.complete and set(frame.parts) == {
+        "alternative.no-such-alternative-gpunode",
+        "recorded",
+    }
+    assert CudaToolkitSetup().process(done.stdout.splitlines()) == {
+        "alternatives": {},
+        "recorded": [],
     }
 
 
