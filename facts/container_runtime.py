@@ -24,6 +24,7 @@ from typing import Any
 from pyinfra.api import FactBase
 
 from facts.apt import INDEXED_REPOSITORIES_COMMAND, parse_index_targets
+from gpunode import framing
 
 DOCKER_CONFIG = "/etc/docker/daemon.json"
 CONTAINERD_CONFIG = "/etc/containerd/config.toml"
@@ -199,7 +200,6 @@ class ContainerRuntimeConfig(FactBase):
 
 # --- apt package state ------------------------------------------------------------------------
 
-SECTION = "@@gpunode:"
 _VERSION_LINE = re.compile(r"^ (\*\*\*| {3}) (\S+) (-?[0-9]+)$")
 _SOURCE_LINE = re.compile(r"^ {8}(-?[0-9]+) (\S+)(?: (.*))?$")
 
@@ -270,20 +270,19 @@ class DpkgPackageState(FactBase):
 
     def command(self, packages: list[str]) -> str:
         names = " ".join(shlex.quote(package) for package in packages)
-        return (
-            f"echo {SECTION}requested {names}; "
-            f"LC_ALL=C dpkg-query -W -f={DPKG_QUERY} {names} 2>/dev/null; true"
+        return framing.command(
+            [
+                framing.Part("requested", f"printf '%s\\n' {names}"),
+                framing.Part(
+                    "dpkg", f"LC_ALL=C dpkg-query -W -f={DPKG_QUERY} {names}", stderr="drop"
+                ),
+            ]
         )
 
     def process(self, output: list[str]) -> dict[str, dict[str, Any]]:  # type: ignore[override]
-        requested: list[str] = []
-        lines = []
-        for line in output:
-            if line.startswith(f"{SECTION}requested"):
-                requested = line.split()[1:]
-            else:
-                lines.append(line)
-        found = parse_dpkg_state(lines)
+        frame = framing.parse(output, ("requested", "dpkg"))
+        requested = [line.strip() for line in frame.part("requested").lines if line.strip()]
+        found = parse_dpkg_state(frame.part("dpkg").lines)
         return {
             name: found.get(name) or {"installed": None, "held": False}
             for name in dict.fromkeys([*requested, *found])
@@ -292,6 +291,9 @@ class DpkgPackageState(FactBase):
 
 def empty_package_state() -> dict[str, Any]:
     return {"installed": None, "held": False, "candidate": None, "versions": []}
+
+
+POLICY_PARTS = ("files", "policy", "dpkg", "requested")
 
 
 class AptPackagePolicy(FactBase):
@@ -318,27 +320,22 @@ class AptPackagePolicy(FactBase):
 
     def command(self, packages: list[str]) -> str:
         names = " ".join(shlex.quote(package) for package in packages)
-        return (
-            f"export LC_ALL=C; echo {SECTION}files; {INDEXED_REPOSITORIES_COMMAND} 2>/dev/null; "
-            f"echo {SECTION}policy; apt-cache policy {names} 2>/dev/null; "
-            f"echo {SECTION}dpkg; dpkg-query -W -f={DPKG_QUERY} {names} 2>/dev/null; true; "
-            f"echo {SECTION}requested {names}"
+        return framing.command(
+            [
+                framing.Part("files", f"LC_ALL=C {INDEXED_REPOSITORIES_COMMAND}", stderr="drop"),
+                framing.Part("policy", f"LC_ALL=C apt-cache policy {names}", stderr="drop"),
+                framing.Part(
+                    "dpkg", f"LC_ALL=C dpkg-query -W -f={DPKG_QUERY} {names}", stderr="drop"
+                ),
+                framing.Part("requested", f"printf '%s\\n' {names}"),
+            ]
         )
 
     def process(self, output: list[str]) -> dict[str, Any]:
-        sections: dict[str, list[str]] = {}
-        current: list[str] = []
-        requested: list[str] = []
-        for line in output:
-            if line.startswith(SECTION):
-                name, _, rest = line[len(SECTION) :].partition(" ")
-                if name == "requested":
-                    requested = rest.split()
-                current = sections.setdefault(name, [])
-                continue
-            current.append(line)
-        policy = parse_apt_policy(sections.get("policy", []))
-        dpkg = parse_dpkg_state(sections.get("dpkg", []))
+        frame = framing.parse(output, POLICY_PARTS)
+        requested = [line.strip() for line in frame.part("requested").lines if line.strip()]
+        policy = parse_apt_policy(frame.part("policy").lines)
+        dpkg = parse_dpkg_state(frame.part("dpkg").lines)
         packages = {}
         for name in dict.fromkeys([*requested, *policy, *dpkg]):
             state = empty_package_state()
@@ -346,7 +343,7 @@ class AptPackagePolicy(FactBase):
             state.update(dpkg.get(name, {}))
             packages[name] = state
         return {
-            "indexed_urls": parse_index_targets(sections.get("files", [])),
+            "indexed_urls": parse_index_targets(frame.part("files").lines),
             "packages": packages,
         }
 

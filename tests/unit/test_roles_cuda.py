@@ -320,21 +320,24 @@ cuda-toolkit-12-4:
 
 
 def test_apt_policy_fact_parses_versions_sources_and_holds() -> None:
-    output = [
-        "@@gpunode:files",
-        # apt-get indextargets --format '$(REPO_URI)' 'Created-By: Packages': one line per
-        # index file (a Debian suite has one per component)
-        f"{CUDA_URL}/",
-        f"{DEBIAN_URL}/",
-        f"{DEBIAN_URL}/",
-        "E: something apt says that is no URL",
-        "@@gpunode:policy",
-        *POLICY_OUTPUT,
-        "@@gpunode:dpkg",
-        "libnccl2 hold installed 2.26.2-1+cuda12.8",
-        "libnvidia-container1 deinstall config-files 1.17.4-1",
-        "@@gpunode:requested libnccl2 cuda-toolkit-12-4 dcgm-exporter libnvidia-container1",
-    ]
+    output = framing.output_of(
+        {
+            # apt-get indextargets --format '$(REPO_URI)' 'Created-By: Packages': one line per
+            # index file (a Debian suite has one per component)
+            "files": [
+                f"{CUDA_URL}/",
+                f"{DEBIAN_URL}/",
+                f"{DEBIAN_URL}/",
+                "E: something apt says that is no URL",
+            ],
+            "policy": POLICY_OUTPUT,
+            "dpkg": [
+                "libnccl2 hold installed 2.26.2-1+cuda12.8",
+                "libnvidia-container1 deinstall config-files 1.17.4-1",
+            ],
+            "requested": ["libnccl2", "cuda-toolkit-12-4", "dcgm-exporter", "libnvidia-container1"],
+        }
+    )
     fact = AptPackagePolicy().process(output)
     assert fact["indexed_urls"] == sorted([CUDA_URL, DEBIAN_URL])
     packages = fact["packages"]
@@ -594,15 +597,26 @@ def test_a_package_to_install_asks_apt_what_is_offered() -> None:
 
 def test_dpkg_state_fact_names_every_requested_package() -> None:
     fact = DpkgPackageState().process(
-        [
-            "@@gpunode:requested libnccl2 cuda-toolkit-12-4",
-            "libnccl2 hold installed 2.26.2-1+cuda12.8",
-        ]
+        framing.output_of(
+            {
+                "requested": ["libnccl2", "cuda-toolkit-12-4"],
+                "dpkg": ["libnccl2 hold installed 2.26.2-1+cuda12.8"],
+            }
+        )
     )
     assert fact == {
         "libnccl2": {"installed": "2.26.2-1+cuda12.8", "held": True},
         "cuda-toolkit-12-4": {"installed": None, "held": False},
     }
+
+
+def test_dpkg_state_fact_command_reads_this_machines_dpkg() -> None:
+    command = DpkgPackageState().command(["dpkg", "no-such-package-gpunode"])
+    done = subprocess.run(["sh", "-c", command], capture_output=True, text=True, check=False)
+    fact = DpkgPackageState().process(done.stdout.splitlines())
+    assert set(fact) == {"dpkg", "no-such-package-gpunode"}
+    assert fact["dpkg"]["installed"] and fact["dpkg"]["held"] is False
+    assert fact["no-such-package-gpunode"] == {"installed": None, "held": False}
 
 
 def test_indexed_repositories_fact_keeps_urls_only() -> None:
