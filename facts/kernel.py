@@ -69,6 +69,27 @@ class SysctlState(FactBase):
         # Keys come from validated data (dotted names, maybe a '*' glob); the unquoted
         # expansion below is deliberate so that globs match every interface.
         quoted = " ".join(shlex.quote(key) for key in keys)
+        sep = FIELD_SEPARATOR
+        # A node reads some sixty keys. The shell finds each key's files with builtins only
+        # (IFS splitting, not a tr per key) and one awk reads every value, instead of four
+        # programs per key. awk's getline fails where a file cannot be opened (a write-only
+        # key), as tr failed there; a file that opens but cannot be read (stable_secret
+        # before it is set) makes mawk give up altogether, and then every value is read
+        # again one tr each, as before.
+        slow_read = (
+            'if [ -z "$path" ]; then echo "$key|$name"; continue; fi; '
+            'if value=$(tr "\\t\\n" "  " < "$path" 2>/dev/null); then :; '
+            "else access=unreadable; value=; fi; "
+            'echo "$key|$name|$access|$value"'
+        )
+        read_values = (
+            "awk -F'|' -v OFS='|' '"
+            "NF != 4 { print; next } "
+            '{ value = ""; while ((status = (getline line < $4)) > 0) '
+            '{ gsub(/\\t/, " ", line); value = value line " " } close($4); '
+            'if (status < 0) { $3 = "unreadable"; value = "" } $4 = value; print }'
+            "'"
+        )
         return (
             "virt=$(systemd-detect-virt --container 2>/dev/null); "
             # Without systemd's answer, Docker's and Podman's marker files still tell.
@@ -77,18 +98,24 @@ class SysctlState(FactBase):
             "  elif [ -e /run/.containerenv ]; then virt=podman; else virt=none; fi; "
             "fi; "
             f'echo "{CONTAINER_PREFIX}$virt"; '
-            f"for key in {quoted}; do "
-            '  found=0; for path in /proc/sys/$(echo "$key" | tr . /); do '
+            f"files=$(for key in {quoted}; do "
+            # The dots become slashes with the glob off, so a '*' is matched below, against
+            # /proc/sys, never against the working directory.
+            '  set -f; IFS=.; set -- $key; IFS=/; pattern="/proc/sys/$*"; unset IFS; set +f; '
+            "  found=0; for path in $pattern; do "
             '    [ -e "$path" ] || continue; found=1; '
-            '    name=$(echo "${path#/proc/sys/}" | tr / .); '
+            '    set -f; IFS=/; set -- ${path#/proc/sys/}; IFS=.; name="$*"; unset IFS; set +f; '
             '    if [ -w "$path" ]; then access=rw; else access=ro; fi; '
-            '    if value=$(tr "\\t\\n" "  " < "$path" 2>/dev/null); then :; '
-            "    else access=unreadable; value=; fi; "
-            f'    echo "$key{FIELD_SEPARATOR}$name{FIELD_SEPARATOR}$access'
-            f'{FIELD_SEPARATOR}$value"; '
+            f'    echo "$key{sep}$name{sep}$access{sep}$path"; '
             "  done; "
-            f'  [ $found = 1 ] || echo "$key{FIELD_SEPARATOR}missing"; '
-            "done"
+            f'  [ $found = 1 ] || echo "$key{sep}missing"; '
+            "done); "
+            f'if values=$(printf "%s\\n" "$files" | {read_values}); then '
+            'printf "%s\\n" "$values"; '
+            "else "
+            f'printf "%s\\n" "$files" | while IFS="{sep}" read -r key name access path; do '
+            f"{slow_read}; done; "
+            "fi"
         )
 
     def process(self, output: list[str]) -> dict[str, Any]:  # type: ignore[override]

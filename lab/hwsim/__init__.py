@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from . import hwstate
+from . import hwstate, modinfo
 from .profiles import PROFILES, initial_state
 
 __all__ = ["DIVERTED_PATHS", "PROFILES", "initial_state", "node_files"]
@@ -74,10 +74,26 @@ def node_files(profile: str, hostname: str) -> dict[str, tuple[bytes, int]]:
 
 
 def _wrapper(command: str, module: str) -> bytes:
-    # -P: the caller's working directory must not shadow the package.
-    return (
-        "#!/bin/sh\n"
-        f"# gpunode lab double of {Path(command).name}, from lab.hwsim.\n"
+    # -P: the caller's working directory must not shadow the package. -S: the doubles are
+    # standard library only, and every no-op deploy starts them a dozen times.
+    run = (
         f"exec /usr/bin/env PYTHONPATH={NODE_LIBRARY} "
-        f'/usr/bin/python3 -P -m {NODE_PACKAGE}.{module} "$@"\n'
+        f'/usr/bin/python3 -S -P -m {NODE_PACKAGE}.{module} "$@"\n'
+    )
+    dispatch = ""
+    if module == "modinfo":
+        # Only calls about the NVIDIA module are the double's (modinfo.answer); any other
+        # goes straight to the real modinfo, without a Python start-up that costs more than
+        # modinfo itself. Without a real one, the double says the module is not found.
+        reals = " ".join(modinfo.REAL_MODINFO)
+        dispatch = (
+            f'case "$#:$1:$3" in\n'
+            f"  1:{modinfo.MODULE}:|3:-F:{modinfo.MODULE}) ;;\n"
+            f'  *) for real in {reals}; do [ -x "$real" ] && exec "$real" "$@"; done ;;\n'
+            "esac\n"
+        )
+    return (
+        f"#!/bin/sh\n# gpunode lab double of {Path(command).name}, from lab.hwsim.\n"
+        + dispatch
+        + run
     ).encode()

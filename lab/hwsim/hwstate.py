@@ -21,7 +21,6 @@ import contextlib
 import fcntl
 import json
 import os
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -64,6 +63,9 @@ def mutate() -> Iterator[State]:
 
 
 def _write_atomically(path: Path, text: str) -> None:
+    # Imported here: only writers need it, and every query command's start-up would pay.
+    import tempfile
+
     with tempfile.NamedTemporaryFile(
         "w", encoding="utf-8", dir=path.parent, prefix=f".{path.name}.", delete=False
     ) as temporary:

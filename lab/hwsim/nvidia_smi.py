@@ -46,8 +46,7 @@ import sys
 import time
 import xml.etree.ElementTree as ElementTree
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from . import hwstate
 from .hwstate import State
@@ -857,8 +856,9 @@ def _table_row(left: str, middle: str, right: str) -> str:
 # --- --query-gpu ------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class QueryCatalogue:
+# NamedTuples, not dataclasses: importing dataclasses (and inspect with it) is a large part
+# of the start-up every nvidia-smi call pays.
+class QueryCatalogue(NamedTuple):
     canonical: dict[str, str]  # every accepted name or alias -> canonical field name
     headers: dict[str, str]  # canonical field name -> header, with its unit where it has one
 
@@ -904,12 +904,14 @@ def _is_rule(line: str) -> bool:
     return len(line) >= 40 and set(line) == {"#"}
 
 
-@dataclass(frozen=True)
 class QueryRow:
-    state: State
-    gpu: State
-    index: int
-    count: int
+    """One GPU's row of a --query-gpu answer (a plain class: ``index`` and ``count`` are
+    tuple methods, so not a NamedTuple)."""
+
+    __slots__ = ("count", "gpu", "index", "state")
+
+    def __init__(self, state: State, gpu: State, index: int, count: int) -> None:
+        self.state, self.gpu, self.index, self.count = state, gpu, index, count
 
 
 def _mode_value(mode: str) -> str:

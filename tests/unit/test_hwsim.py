@@ -790,3 +790,30 @@ def test_modinfo_without_a_standin_driver_finds_no_nvidia_module(
     missing = node.run("modinfo", "-F", "version", "nvidia")
     assert missing.returncode != 0 and missing.stdout == ""
     assert "nvidia" in missing.stderr and "not found" in missing.stderr
+
+
+def test_modinfo_wrapper_starts_python_only_for_the_nvidia_module(tmp_path: Path) -> None:
+    # The shipped wrapper, with its real modinfo and its python3 replaced by scripts that
+    # say they ran: any other module goes to the real modinfo, the NVIDIA one to the double.
+    from lab.hwsim import modinfo
+
+    real, python = tmp_path / "real-modinfo", tmp_path / "python3"
+    real.write_text('#!/bin/sh\necho "real $*"\n')
+    python.write_text('#!/bin/sh\necho "double $*"\n')
+    wrapper = tmp_path / "modinfo"
+    content = node_files("a100", "lab-node-1")["/usr/local/sbin/modinfo"][0].decode()
+    content = content.replace(" ".join(modinfo.REAL_MODINFO), str(real))
+    wrapper.write_text(content.replace("/usr/bin/python3", str(python)))
+    for script in (real, python, wrapper):
+        script.chmod(0o755)
+
+    def run(*args: str) -> str:
+        return subprocess.run(
+            [wrapper, *args], capture_output=True, text=True, check=True
+        ).stdout.strip()
+
+    assert run("-n", "ib_umad") == "real -n ib_umad"
+    assert run("-F", "version", "ib_ipoib") == "real -F version ib_ipoib"
+    assert run("-n", "nvidia") == "real -n nvidia", "a call the double does not answer"
+    assert run("-F", "version", "nvidia").endswith("gpunode_lab_hw.modinfo -F version nvidia")
+    assert run("nvidia").startswith("double ")

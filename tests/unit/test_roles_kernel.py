@@ -295,6 +295,30 @@ def test_fact_command_reads_this_machine_proc_sys() -> None:
     assert parsed["container"]
 
 
+def test_fact_command_reads_every_value_again_when_awk_gives_up(tmp_path: Path) -> None:
+    # mawk stops at the first file that opens but cannot be read (EIO from an unset
+    # stable_secret); the command then reads each value on its own, as it did before awk.
+    # An awk that always fails stands in for that here: the report must be the same.
+    failing = tmp_path / "awk"
+    failing.write_text("#!/bin/sh\nexit 2\n")
+    failing.chmod(0o755)
+    fact = SysctlState()
+    command = fact.command(
+        keys=["kernel.ostype", "gpunode.no_such_key", "net.ipv4.conf.*.forwarding"]
+    )
+    fast = subprocess.run(["sh", "-c", command], capture_output=True, text=True, check=True)
+    slow = subprocess.run(
+        ["sh", "-c", f'PATH="{tmp_path}:$PATH"; {command}'],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    parsed = fact.process(slow.stdout.splitlines())
+    assert parsed == fact.process(fast.stdout.splitlines())
+    assert parsed["keys"]["kernel.ostype"] == [entry("kernel.ostype", "Linux", writable=False)]
+    assert parsed["keys"]["gpunode.no_such_key"] == []
+
+
 # --- modules -------------------------------------------------------------------------------
 
 
