@@ -8,21 +8,24 @@ XIDs, ECC, row remapping and throttling between nightly drift checks.
 from __future__ import annotations
 
 from io import StringIO
-from pathlib import Path
 
-import pynvml
 from pyinfra import host
 from pyinfra.api import deploy
 from pyinfra.operations import files, systemd
 
-import gpunode.probe.gpu_probe as gpu_probe
-import gpunode.probe.gpu_record as gpu_record
 from facts.freshness import UnitsNeedDaemonReload
 from gpunode.model import DesiredState
+from gpunode.probe.parsers import PROBE_INSTALL_DIR, installed_probe_files
 
-INSTALL_DIR = "/usr/local/lib/gpunode-probe"
+# The drift check runs this copy when its checksums are its own probe's (probe_command).
+INSTALL_DIR = PROBE_INSTALL_DIR
 UNIT = "gpunode-gpu-metrics"
 METRICS_FILE = "gpunode_gpu.prom"
+PROBE_FILE_NAMES = {
+    "gpu_probe.py": "GPU probe",
+    "gpu_record.py": "GPU record parser (the probe loads it from beside itself)",
+    "pynvml.py": "pynvml (pure Python, shipped so the node needs no pip)",
+}
 
 
 def render_units(textfile_dir: str, interval_minutes: int) -> tuple[str, str]:
@@ -53,24 +56,14 @@ def gpu_metrics(desired: DesiredState) -> None:
         systemd.daemon_reload(name="Reload systemd after removing units", _if=timer.did_change)
         return
     files.directory(name=f"Directory {INSTALL_DIR}", path=INSTALL_DIR, mode="755")
-    files.put(
-        name="GPU probe",
-        src=str(Path(gpu_probe.__file__)),
-        dest=f"{INSTALL_DIR}/gpu_probe.py",
-        mode="644",
-    )
-    files.put(
-        name="GPU record parser (the probe loads it from beside itself)",
-        src=str(Path(gpu_record.__file__)),
-        dest=f"{INSTALL_DIR}/gpu_record.py",
-        mode="644",
-    )
-    files.put(
-        name="pynvml (pure Python, shipped so the node needs no pip)",
-        src=str(Path(pynvml.__file__)),
-        dest=f"{INSTALL_DIR}/pynvml.py",
-        mode="644",
-    )
+    # Exactly the files the drift check verifies before it runs the installed copy.
+    for file_name, source in installed_probe_files().items():
+        files.put(
+            name=PROBE_FILE_NAMES.get(file_name, file_name),
+            src=str(source),
+            dest=f"{INSTALL_DIR}/{file_name}",
+            mode="644",
+        )
     files.directory(name=f"Directory {wanted.textfile_dir}", path=wanted.textfile_dir, mode="755")
     service, timer_text = render_units(wanted.textfile_dir, wanted.interval_minutes)
     service_op = files.put(

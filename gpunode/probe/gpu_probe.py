@@ -542,8 +542,18 @@ def collect_nvml(nvml: Any) -> Result:
             nvml.nvmlShutdown()
 
 
-def load_pynvml(search: Iterable[str] = (PYNVML_DIR,)) -> tuple[Any, str]:
-    """pynvml (shipped by the fact, or installed) and where it came from; (None, why) if none."""
+def _beside_this_file() -> tuple[str, ...]:
+    # Installed as a script (roles.gpu_metrics), pynvml.py lies beside this file.
+    here = os.path.dirname(globals().get("__file__") or "")
+    return (here,) if os.path.isabs(here) else ()
+
+
+def load_pynvml(search: Iterable[str] | None = None) -> tuple[Any, str]:
+    """pynvml (shipped by the fact, or installed) and where it came from; (None, why) if none.
+
+    ``search``: directories that may hold pynvml.py; default: beside this file, PYNVML_DIR."""
+    if search is None:
+        search = (*_beside_this_file(), PYNVML_DIR)
     shipped = sys.modules.get("pynvml")
     if shipped is not None:
         return shipped, getattr(shipped, "__file__", None) or "shipped"

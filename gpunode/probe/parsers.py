@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import base64
 import functools
+import hashlib
 import json
 import lzma
 import re
@@ -699,6 +700,10 @@ def framed_part(command: str, program: str) -> framing.Part:
     return framing.Part(program, command)
 
 
+# Where roles.gpu_metrics installs the probe (and the pure-Python pynvml beside it).
+PROBE_INSTALL_DIR = "/usr/local/lib/gpunode-probe"
+
+
 def _find_pynvml() -> Path | None:
     """pynvml.py (NVIDIA's nvidia-ml-py) on the control side, found without importing it."""
     for entry in sys.path:
@@ -741,12 +746,40 @@ def _probe_payload(ship_pynvml: bool) -> str:
     return base64.b64encode(lzma.compress(program, preset=9 | lzma.PRESET_EXTREME)).decode()
 
 
-def probe_command(xid_since: str | None = None, ship_pynvml: bool = True) -> str:
-    """ONE shell command that runs the probe from its source: nothing installed on the node.
+def installed_probe_files(ship_pynvml: bool = True) -> dict[str, Path]:
+    """What ``roles.gpu_metrics`` installs in ``PROBE_INSTALL_DIR``: file name -> source here."""
+    files = {
+        "gpu_probe.py": Path(gpu_probe.__file__),
+        "gpu_record.py": Path(gpu_record.__file__),
+    }
+    pynvml_path = _find_pynvml() if ship_pynvml else None
+    if pynvml_path is not None:
+        files["pynvml.py"] = pynvml_path
+    return files
 
-    The program travels xz-compressed and base64-encoded inside the command (about 70 kB
-    with pynvml, under Linux's 128 kB limit on one argument); ``python3 -c`` unpacks it from
-    stdin with the standard library alone.
+
+@functools.cache
+def _installed_checksums(ship_pynvml: bool, installed_dir: str) -> str:
+    """``sha256sum -c`` input naming the installed copies of this very probe."""
+    return "".join(
+        f"{hashlib.sha256(source.read_bytes()).hexdigest()}  {installed_dir}/{name}\n"
+        for name, source in installed_probe_files(ship_pynvml).items()
+    )
+
+
+def probe_command(
+    xid_since: str | None = None,
+    ship_pynvml: bool = True,
+    installed_dir: str = PROBE_INSTALL_DIR,
+) -> str:
+    """ONE shell command that runs the probe: the node's installed copy where it is this very
+    probe (``roles.gpu_metrics`` installs it; every file's sha256 is checked first), else the
+    probe from its source, carried in the command: nothing need be installed on the node.
+
+    The installed copy spares the node unpacking and compiling ~400 kB of source on every
+    check. The program travels xz-compressed and base64-encoded inside the command (about
+    70 kB with pynvml, under Linux's 128 kB limit on one argument); ``python3 -c`` unpacks it
+    from stdin with the standard library alone.
     """
     arguments = ""
     if xid_since is not None:
@@ -757,7 +790,14 @@ def probe_command(xid_since: str | None = None, ship_pynvml: bool = True) -> str
         "import base64,lzma,sys;"
         'exec(compile(lzma.decompress(base64.b64decode(sys.stdin.read())),"gpu_probe","exec"))'
     )
-    return framed(f"printf '%s\\n' {payload} | python3 -I -c '{unpack}'{arguments}", "python3")
+    shipped = f"printf '%s\\n' {payload} | python3 -I -c '{unpack}'{arguments}"
+    if not ship_pynvml:
+        # The installed copy would find the installed pynvml, which this caller declined.
+        return framed(shipped, "python3")
+    checksums = shlex.quote(_installed_checksums(ship_pynvml, installed_dir))
+    installed = f"python3 -I {shlex.quote(installed_dir + '/gpu_probe.py')}{arguments}"
+    verified = f"printf '%s' {checksums} | sha256sum -c --status - 2>/dev/null"
+    return framed(f"if {verified}; then {installed}; else {shipped}; fi", "python3")
 
 
 def _nvidia_smi(arguments: str) -> str:

@@ -29,7 +29,7 @@ import pytest
 from gpunode import framing
 from gpunode.probe import gpu_probe
 from gpunode.probe.gpu_probe import Completed, System, collect
-from gpunode.probe.parsers import parse_section, probe_command
+from gpunode.probe.parsers import installed_probe_files, parse_section, probe_command
 from lab.hwsim import COMMANDS, NODE_LIBRARY, node_files, nvidia_smi, profiles
 from lab.hwsim.hwstate import DEFAULT_SHARE_DIR, DEFAULT_STATE_PATH, SHARE_ENV, STATE_ENV
 
@@ -729,3 +729,51 @@ def test_nvlink_lines_not_read_reach_the_report_before_the_first_gpu_too() -> No
         parse_section("gpu", framing.output_of({"gpu": [json.dumps(report)]}))["problems"]
         == (report["problems"])
     )
+
+
+def logging_python(root: Path) -> Path:
+    """A ``python3`` first in the lab root's PATH that records its arguments, then runs the
+    system's python3 (as on a node)."""
+    system_path = [p for p in os.environ["PATH"].split(":") if not p.startswith(sys.prefix)]
+    real = next(
+        Path(directory) / "python3"
+        for directory in system_path
+        if (Path(directory) / "python3").is_file()
+    )
+    log = root / "python3.log"
+    wrapper = root / "bin" / "python3"
+    wrapper.write_text(f'#!/bin/sh\necho "$*" >> {log}\nexec {real} "$@"\n')
+    wrapper.chmod(0o755)
+    return log
+
+
+def install_probe(directory: Path) -> None:
+    directory.mkdir(parents=True)
+    for name, source in installed_probe_files().items():
+        (directory / name).write_bytes(source.read_bytes())
+
+
+def test_the_installed_probe_runs_where_it_is_this_very_probe(lab_root: Path) -> None:
+    installed = lab_root / "usr/local/lib/gpunode-probe"
+    install_probe(installed)
+    log = logging_python(lab_root)
+    command = probe_command(installed_dir=str(installed))
+    report = parse_section("gpu", run_command(command, lab_root))
+    assert (report["state"], report["gpu_count"]) == ("ok", 8)
+    assert report["nvml"]["module"].endswith("pynvml.py"), report["nvml"]
+    assert log.read_text().splitlines() == [f"-I {installed}/gpu_probe.py"]
+
+
+def test_an_installed_probe_that_differs_is_not_run(lab_root: Path) -> None:
+    installed = lab_root / "usr/local/lib/gpunode-probe"
+    install_probe(installed)
+    with (installed / "gpu_record.py").open("a") as changed:
+        changed.write("# edited on the node\n")
+    log = logging_python(lab_root)
+    report = parse_section(
+        "gpu", run_command(probe_command(installed_dir=str(installed)), lab_root)
+    )
+    assert (report["state"], report["gpu_count"]) == ("ok", 8)
+    assert report["nvml"]["module"] == "pynvml.py (shipped)"
+    [call] = log.read_text().splitlines()
+    assert call.startswith("-I -c "), call
