@@ -1,6 +1,6 @@
 """What a no-op costs on a converged lab: deploy wall time, node CPU, SSH commands, drift CPU.
 
-    .venv/bin/python bench/noop.py [--repeat 3] [--no-converge]
+    .venv/bin/python bench/noop.py [--repeat 3] [--no-converge] [--before REV]
 
 On the lab as it is (``gpunode lab up`` first; GPUNODE_LAB_NAME / GPUNODE_LAB_SUBNET pick
 it), converges every node twice with deploys/gpu_node.py (``--no-converge`` skips that, for
@@ -11,6 +11,10 @@ a lab already converged), then measures, best of ``--repeat`` runs each:
   CPU of each node (its container's cgroup CPU time over the run), SSH commands per host
   (bench/counted_pyinfra.py) and how many operations changed something (must be 0);
 - ``gpunode drift inventories/lab.py``: the same figures per host.
+
+``--before REV`` measures a checkout of REV first (a temporary git worktree, its own code and
+fact plans, the same lab), then this checkout, and prints both tables: before and after from
+one run of the bench.
 
 Targets (issue 13): gpu_node.py no-op on 2 nodes <= 3 s; harden.py no-op on 1 node <= 1.5 s;
 node-side CPU of a no-op <= 0.5 s per node; drift node-side CPU <= 150 ms per host.
@@ -35,6 +39,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = Path(__file__).resolve().parent
@@ -83,12 +88,24 @@ class Run:
     output: str = field(repr=False)
 
 
-def timed(command: list[str], containers: dict[str, str], counts_path: str) -> Run:
+def checkout_env(checkout: Path, plans: Path) -> dict[str, str]:
+    """The environment that runs ``checkout``'s code (not the virtualenv's install)."""
+    return {
+        **os.environ,
+        "PYTHONPATH": str(checkout),
+        "GPUNODE_BENCH_CHECKOUT": str(checkout),
+        "GPUNODE_FACT_PLAN_DIR": str(plans),
+    }
+
+
+def timed(
+    command: list[str], containers: dict[str, str], counts_path: str, checkout: Path, env: dict
+) -> Run:
     before = {name: container_cpu_s(container) for name, container in containers.items()}
     started, started_cpu = time.monotonic(), children_cpu_s()
     run = subprocess.run(
-        command, cwd=ROOT, capture_output=True, text=True,
-        env={**os.environ, "GPUNODE_BENCH_COUNTS": counts_path},
+        command, cwd=checkout, capture_output=True, text=True,
+        env={**env, "GPUNODE_BENCH_COUNTS": counts_path},
     )  # fmt: skip
     wall, cpu = time.monotonic() - started, children_cpu_s() - started_cpu
     node_cpu = {name: container_cpu_s(c) - before[name] for name, c in containers.items()}
@@ -119,11 +136,14 @@ def drift() -> list[str]:
     return [PYTHON, __file__, "--counted-drift", "drift", INVENTORY, "--json"]
 
 
-def best_of(repeat: int, command: list[str], containers: dict[str, str], ok: set[int]) -> Run:
+def best_of(
+    repeat: int, command: list[str], containers: dict[str, str], ok: set[int],
+    checkout: Path, env: dict,
+) -> Run:  # fmt: skip
     runs = []
     with tempfile.TemporaryDirectory() as tmp:
         for _ in range(repeat):
-            run = timed(command, containers, f"{tmp}/counts.json")
+            run = timed(command, containers, f"{tmp}/counts.json", checkout, env)
             if run.returncode not in ok:
                 raise SystemExit(f"{' '.join(command)} failed ({run.returncode}):\n{run.output}")
             runs.append(run)
@@ -143,6 +163,12 @@ def main() -> None:
     if sys.argv[1:2] == ["--counted-drift"]:
         # `gpunode drift ...` in this process, its SSH commands counted as for pyinfra.
         sys.path.insert(0, str(BENCH))
+        # The measured checkout's gpunode, ahead of this one's.
+        sys.path.insert(0, os.environ.get("GPUNODE_BENCH_CHECKOUT", str(ROOT)))
+        for name in [
+            module for module in sys.modules if module.split(".")[0] in ("gpunode", "lab")
+        ]:
+            del sys.modules[name]
         import counted_pyinfra  # noqa: F401  (counts on import, writes them at exit)
 
         from gpunode.cli import main as gpunode_main
@@ -152,29 +178,50 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--no-converge", action="store_true", help="the lab is converged")
+    parser.add_argument("--before", metavar="REV", help="also measure this git revision, first")
     args = parser.parse_args()
     lab = Lab()
     nodes = lab.nodes()
     if not nodes:
         raise SystemExit("no lab nodes: run `gpunode lab up --nodes 2` first")
-    os.environ.setdefault("GPUNODE_FACT_PLAN_DIR", str(lab.state_dir / "fact-plans"))
-    # This checkout's code, not whichever one the virtual environment was installed from.
-    os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
+    # Every checkout drives the same lab: its state directory, name and subnet.
+    os.environ["GPUNODE_LAB_DIR"] = str(lab.state_dir)
+    os.environ["GPUNODE_LAB_NAME"] = lab.name
+    os.environ["GPUNODE_LAB_SUBNET"] = lab.network_prefix.rsplit(".", 1)[1]
+    if args.before:
+        with tempfile.TemporaryDirectory() as tmp:
+            old = Path(tmp) / "before"
+            subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(old),
+                            args.before], check=True, capture_output=True)  # fmt: skip
+            try:
+                measure(f"before: {args.before}", old, lab, nodes, args, Path(tmp) / "plans")
+            finally:
+                subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(old)],
+                               check=False, capture_output=True)  # fmt: skip
+    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
+                          capture_output=True, text=True, check=False).stdout.strip()  # fmt: skip
+    measure(f"after: this checkout ({head})", ROOT, lab, nodes, args,
+            lab.state_dir / "fact-plans")  # fmt: skip
+
+
+def measure(title: str, checkout: Path, lab: Lab, nodes: list, args: Any, plans: Path) -> None:
+    env = checkout_env(checkout, plans)
     containers = {node.name: node.container for node in nodes}
     names = [node.name for node in nodes]
     if not args.no_converge:
         for _ in range(2):
-            converge = subprocess.run(pyinfra("deploys/gpu_node.py"), cwd=ROOT,
+            converge = subprocess.run(pyinfra("deploys/gpu_node.py"), cwd=checkout, env=env,
                                       capture_output=True, text=True)  # fmt: skip
             if converge.returncode != 0:
                 raise SystemExit(f"converging failed:\n{converge.stdout}{converge.stderr}")
     first = names[0]
-    full = best_of(args.repeat, pyinfra("deploys/gpu_node.py"), containers, {0})
+    full = best_of(args.repeat, pyinfra("deploys/gpu_node.py"), containers, {0}, checkout, env)
     harden = best_of(
         args.repeat, pyinfra("deploys/harden.py", "--limit", first), {first: containers[first]},
-        {0},
+        {0}, checkout, env,
     )  # fmt: skip
-    check = best_of(args.repeat, drift(), containers, {0, 1})
+    check = best_of(args.repeat, drift(), containers, {0, 1}, checkout, env)
+    print(f"== {title}")
     print(f"best of {args.repeat}; node CPU and SSH commands per node ({'/'.join(names)})")
     print(f"{'what':<26} {'hosts':>5} {'wall s':>7} {'control ms':>12} {'node CPU ms':>15} "
           f"{'SSH cmds':>12} {'changed':>8}   target")  # fmt: skip
@@ -182,6 +229,7 @@ def main() -> None:
     print(row(f"deploys/harden.py ({first})", 1, harden, [first]))
     print(row("gpunode drift", len(nodes), check, names))
     print("('changed': operations that changed something, 0 for a no-op; findings for drift)")
+    sys.stdout.flush()
 
 
 if __name__ == "__main__":
