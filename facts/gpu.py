@@ -28,6 +28,15 @@ MAX_OUTPUT_CHARS = 8 << 20
 MAX_LINE_CHARS = 4096
 COMMAND = "nvidia-smi -q -x"
 XML_PART = "xml"  # the framing part of the XML report; the listings' parts are SECTIONS' names
+# One query says whether any GPU has MIG enabled (now or pending): only then are the four MIG
+# listings read, so a node without MIG pays one nvidia-smi call, not four, on every read.
+# Exit 0: some GPU has MIG; 1: none has; 2: the query failed (the listings are then unread).
+MIG_GATE_PART = "mig_enabled"
+MIG_GATE = (
+    "modes=$(nvidia-smi --query-gpu=mig.mode.current,mig.mode.pending --format=csv,noheader) "
+    '|| exit 2; case "$modes" in *Enabled*) exit 0 ;; *) exit 1 ;; esac'
+)
+MIG_LISTING_SECTIONS = ("gpu_instances", "compute_instances", "mig_profiles", "mig_placements")
 # Printed after the XML when it was read; nvidia-smi's answers, their exit codes do not matter.
 SECTIONS = {
     "gpu_instances": "nvidia-smi mig -lgi",
@@ -122,7 +131,10 @@ def parse_fact_output(lines: list[str]) -> dict[str, Any]:
     size = sum(len(line) + 1 for line in lines)
     if size > MAX_OUTPUT_CHARS:
         return _unreadable(f"{COMMAND} output is {size} characters (over {MAX_OUTPUT_CHARS})")
-    frame = framing.parse(lines, [XML_PART, *SECTIONS], max_line_chars=MAX_LINE_CHARS)
+    frame = framing.parse(
+        lines, [XML_PART, MIG_GATE_PART, *SECTIONS], max_line_chars=MAX_LINE_CHARS
+    )
+    no_mig = frame.part(MIG_GATE_PART).exit_status == 1
     report = parse_nvidia_smi_xml(lines)
     if report["state"] != "ok":
         return report
@@ -130,6 +142,8 @@ def parse_fact_output(lines: list[str]) -> dict[str, Any]:
     by_index = {gpu["index"]: gpu for gpu in report["gpus"]}
     for name in SECTIONS:
         part = frame.part(name)
+        if part.skipped and no_mig and name in MIG_LISTING_SECTIONS:
+            continue  # no GPU has MIG enabled: there is nothing to list
         if part.skipped:
             problems[name] = f"{SECTIONS[name]} was not run"
             continue
@@ -275,8 +289,17 @@ class GpuDevices(FactBase):
 
     def command(self) -> str:
         # nvidia-smi prints its errors on stdout and stderr alike: both are the part's text.
-        parts = [framing.Part(XML_PART, COMMAND, stderr="merge")] + [
-            framing.Part(name, command, stderr="merge", after=XML_PART)
+        parts = [
+            framing.Part(XML_PART, COMMAND, stderr="merge"),
+            framing.Part(MIG_GATE_PART, MIG_GATE, stderr="drop", after=XML_PART),
+        ]
+        parts += [
+            framing.Part(
+                name,
+                command,
+                stderr="merge",
+                after=MIG_GATE_PART if name in MIG_LISTING_SECTIONS else XML_PART,
+            )
             for name, command in SECTIONS.items()
         ]
         return framing.command(parts)

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from facts.gpu import (
+    MIG_LISTING_SECTIONS,
     SECTIONS,
     XML_PART,
     GpuDevices,
@@ -115,11 +116,16 @@ echo "$*" >> "$GPUNODE_TEST_LOG"
 case "$*" in
   "-q -x") cat "$GPUNODE_TEST_XML"; exit "$GPUNODE_TEST_RC" ;;
   mig*) echo "No MIG-enabled devices found." ;;
+  --query-gpu=mig.mode.current,mig.mode.pending*)
+    [ "$GPUNODE_TEST_MIG" = fail ] && { echo "Failed to initialize NVML"; exit 9; }
+    echo "$GPUNODE_TEST_MIG" ;;
 esac
 """
 
 
-def run_fact_command(tmp_path: Path, exit_code: int) -> tuple[list[str], list[str]]:
+def run_fact_command(
+    tmp_path: Path, exit_code: int, mig: str = "[N/A], [N/A]"
+) -> tuple[list[str], list[str]]:
     """(the fact command's output, the nvidia-smi calls) with a stand-in nvidia-smi."""
     import os
     import subprocess
@@ -136,6 +142,7 @@ def run_fact_command(tmp_path: Path, exit_code: int) -> tuple[list[str], list[st
         "GPUNODE_TEST_LOG": str(log),
         "GPUNODE_TEST_XML": str(FIXTURES / "a100-sxm4-v12.xml"),
         "GPUNODE_TEST_RC": str(exit_code),
+        "GPUNODE_TEST_MIG": mig,
     }
     done = subprocess.run(
         ["sh", "-c", GpuDevices().command()], capture_output=True, text=True, env=env, check=True
@@ -143,16 +150,42 @@ def run_fact_command(tmp_path: Path, exit_code: int) -> tuple[list[str], list[st
     return done.stdout.splitlines(), log.read_text().splitlines()
 
 
-def test_fact_command_reads_the_report_and_the_listings(tmp_path: Path) -> None:
-    output, calls = run_fact_command(tmp_path, 0)
+MIG_QUERY = "--query-gpu=mig.mode.current,mig.mode.pending --format=csv,noheader"
+COMPUTE_APPS = SECTIONS["compute_apps"].removeprefix("nvidia-smi ")
+
+
+def test_fact_command_without_mig_reads_no_mig_listing(tmp_path: Path) -> None:
+    output, calls = run_fact_command(tmp_path, 0, mig="Disabled, Disabled")
+    assert calls == ["-q -x", MIG_QUERY, COMPUTE_APPS]
+    report = parse_fact_output(output)
+    assert report["state"] == "ok"
+    assert report["listing_problems"] == {}
+    assert len(report["gpus"]) == 1
+    assert report["gpus"][0]["gpu_instances"] == []
+
+
+@pytest.mark.parametrize("modes", ["Enabled, Enabled", "Disabled, Enabled"])
+def test_fact_command_reads_the_report_and_the_listings(tmp_path: Path, modes: str) -> None:
+    # MIG on now, or pending (enabled, awaiting a reset): the listings are read.
+    output, calls = run_fact_command(tmp_path, 0, mig=modes)
     assert calls == [
         "-q -x",
+        MIG_QUERY,
         *(command.removeprefix("nvidia-smi ") for command in SECTIONS.values()),
     ]
     report = parse_fact_output(output)
     assert report["state"] == "ok"
     assert report["listing_problems"] == {}
     assert len(report["gpus"]) == 1
+
+
+def test_a_failed_mig_query_leaves_the_listings_unread_and_says_so(tmp_path: Path) -> None:
+    output, calls = run_fact_command(tmp_path, 0, mig="fail")
+    assert calls == ["-q -x", MIG_QUERY, COMPUTE_APPS]
+    report = parse_fact_output(output)
+    assert report["state"] == "ok"
+    assert set(report["listing_problems"]) == set(MIG_LISTING_SECTIONS)
+    assert report["listing_problems"]["gpu_instances"] == "nvidia-smi mig -lgi was not run"
 
 
 # --- application clocks ---------------------------------------------------------------------
