@@ -675,14 +675,12 @@ def test_the_probe_installed_as_roles_gpu_metrics_lays_it_out_runs(
     assert "gpunode_gpu_count 8" in text
 
 
-def test_nvlink_status_cut_short_by_an_error_keeps_the_gpus_it_listed() -> None:
-    """Partial output, then an error and a non-zero exit: listed GPUs keep their links."""
-    node = FakeNode(hardware())
-    first_gpu = node.run(["nvidia-smi", "nvlink", "-s"]).stdout.split("GPU 1:")[0]
+def answer_nvlink_status(node: FakeNode, answer: Completed) -> None:
+    """``nvidia-smi nvlink -s`` on ``node`` answers ``answer``; every other call is the double's."""
 
     def smi(argv: list[str]) -> Completed:
         if argv[1:] == ["nvlink", "-s"]:
-            return Completed(15, first_gpu, "Unable to determine the device handle for GPU1")
+            return answer
         node.commands.pop("nvidia-smi")
         try:
             return node.run(argv)
@@ -690,6 +688,16 @@ def test_nvlink_status_cut_short_by_an_error_keeps_the_gpus_it_listed() -> None:
             node.commands["nvidia-smi"] = smi
 
     node.commands["nvidia-smi"] = smi
+
+
+def test_nvlink_status_cut_short_by_an_error_keeps_the_gpus_it_listed() -> None:
+    """Partial output, then an error and a non-zero exit: listed GPUs keep their links."""
+    node = FakeNode(hardware())
+    first_gpu = node.run(["nvidia-smi", "nvlink", "-s"]).stdout.split("GPU 1:")[0]
+
+    answer_nvlink_status(
+        node, Completed(15, first_gpu, "Unable to determine the device handle for GPU1")
+    )
     report = collect(node, None, "not shipped", None)
     kept, lost = report["gpus"][0]["nvlink"], report["gpus"][1]["nvlink"]
     assert (kept["state"], kept["active"], kept["total"]) == ("ok", 18, 18)
@@ -708,16 +716,7 @@ def test_nvlink_lines_not_read_reach_the_report_before_the_first_gpu_too() -> No
     lines.insert(second + 1, "\t Link 0: 26.562 GB/s, degraded")
     text = "WARNING: infoROM is corrupted at gpu 0000:18:00.0\n" + "\n".join(lines) + "\n"
 
-    def smi(argv: list[str]) -> Completed:
-        if argv[1:] == ["nvlink", "-s"]:
-            return Completed(0, text, "")
-        node.commands.pop("nvidia-smi")
-        try:
-            return node.run(argv)
-        finally:
-            node.commands["nvidia-smi"] = smi
-
-    node.commands["nvidia-smi"] = smi
+    answer_nvlink_status(node, Completed(0, text, ""))
     report = collect(node, None, "not shipped", None)
     assert report["problems"]["nvlink"] == [
         "line 1 comes before any GPU: 'WARNING: infoROM is corrupted at gpu 0000:18:00.0'",
