@@ -653,6 +653,12 @@ class NvidiaDriver:
         accepts="an apt package version such as '550.127.08-1'",
     )  # fmt: skip
     flavour: Literal["open", "proprietary"] = setting("open", "kernel module flavour")
+    stack: Literal["compute", "full"] = setting(
+        "compute",
+        "compute: NVIDIA's headless compute-only install (nvidia-driver-cuda and the kernel "
+        "module); full: its nvidia-open / cuda-drivers stack with the desktop parts "
+        "(nvidia source only)",
+    )
     reboot: Literal["never", "if-needed"] = setting(
         "never", "reboot when the loaded module differs from the installed one"
     )
@@ -673,6 +679,12 @@ class NvidiaDriver:
                         "set source to 'debian' or 'nvidia', or remove the key",
                     )
             return
+        if self.source == "debian" and self.stack == "full":
+            builder.problem(
+                f"{path}.stack", self.stack,
+                "the debian source installs Debian's headless compute set only",
+                "stack: compute, or source: nvidia for NVIDIA's full stack",
+            )  # fmt: skip
         if self.source == "nvidia" and self.branch is None:
             builder.problem(
                 f"{path}.branch", None, "missing for source 'nvidia'", "a branch such as '550'"
@@ -743,9 +755,73 @@ class FabricManager:
 
 @dataclass(frozen=True)
 class Dcgm:
-    enabled: bool = setting(False, "install datacenter-gpu-manager, run nvidia-dcgm")
-    version: str | None = setting(None, "exact apt version", pattern=APT_VERSION)
-    exporter: bool = setting(False, "run dcgm-exporter")
+    """DCGM and its Prometheus exporter from NVIDIA's repository, pinned and held."""
+
+    enabled: bool = setting(False, "install DCGM and run nvidia-dcgm")
+    major: Literal[3, 4] | None = setting(
+        None,
+        "DCGM major release: 4 (datacenter-gpu-manager-4-*) or 3 (datacenter-gpu-manager); "
+        "defaults to the version's, else 4",
+    )
+    version: str | None = setting(
+        None, "exact apt version of DCGM's packages, e.g. '1:4.7.0-1'", pattern=APT_VERSION,
+        accepts="an apt package version such as '1:4.7.0-1'",
+    )  # fmt: skip
+    cuda_major: Literal[12, 13] | None = setting(
+        None,
+        "CUDA major of DCGM 4's CUDA part (datacenter-gpu-manager-4-cudaN); defaults to the "
+        "newest CUDA major the pinned driver branch runs",
+    )
+    exporter: bool = setting(
+        False, "install datacenter-gpu-manager-exporter (DCGM 4) and run its service"
+    )
+    exporter_version: str | None = setting(
+        None, "exact apt version of the exporter, e.g. '4.9.0-1'", pattern=APT_VERSION,
+        accepts="an apt package version such as '4.9.0-1'",
+    )  # fmt: skip
+
+    @property
+    def upstream(self) -> str | None:
+        return upstream_version(self.version) if self.version else None
+
+    @property
+    def release_major(self) -> int:
+        if self.major is not None:
+            return self.major
+        if self.upstream and self.upstream.split(".")[0] == "3":
+            return 3
+        return 4
+
+    def validate(self, builder: Builder, path: str) -> None:
+        major = self.release_major
+        if self.upstream and not self.upstream.startswith(f"{major}."):
+            builder.problem(
+                f"{path}.version", self.version, f"not a DCGM {major} release",
+                f"a version of DCGM {major} (e.g. '1:{major}.x.y-1'), or leave {path}.major "
+                "unset",
+            )  # fmt: skip
+        if self.exporter and major == 3:
+            builder.problem(
+                f"{path}.exporter", True,
+                "NVIDIA's repository ships the exporter (datacenter-gpu-manager-exporter) "
+                "with DCGM 4 only",
+                f"{path}.major: 4, or exporter: false",
+            )  # fmt: skip
+        if self.exporter_version and not self.exporter:
+            builder.problem(
+                f"{path}.exporter_version", self.exporter_version,
+                "set while exporter is false, so it would be ignored",
+                "exporter: true, or remove the key",
+            )  # fmt: skip
+        if self.exporter_version and self.upstream:
+            exporter = upstream_version(self.exporter_version)
+            if nvidia_releases.exporter_pairs_with(exporter, self.upstream) is False:
+                paired = ", ".join(nvidia_releases.DCGM_EXPORTER_PAIRS[exporter])
+                builder.problem(
+                    f"{path}.exporter_version", self.exporter_version,
+                    f"DCGM Exporter {exporter} is paired with DCGM {paired}, not {self.upstream}",
+                    f"the exporter release paired with DCGM {self.upstream}, or DCGM {paired}",
+                )  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -980,11 +1056,43 @@ class DesiredState:
             return bool(self.expected_hardware.nvswitch)
         return self.fabric_manager.mode == "always"
 
+    @property
+    def dcgm_cuda_major(self) -> int | None:
+        """The CUDA major of DCGM 4's CUDA part: data's, else the newest the pinned NVIDIA
+        branch runs, else the newest of the declared toolkits; None when nothing says."""
+        if self.dcgm.cuda_major is not None:
+            return self.dcgm.cuda_major
+        driver = self.nvidia_driver
+        if driver.source == "nvidia" and driver.branch:
+            known = nvidia_releases.BRANCHES.get(driver.branch)
+            if known is not None:
+                return known.max_cuda_major
+            # An unlisted branch: the newest major whose minor-version floor it reaches.
+            branch = nvidia_releases.version_key(driver.branch)
+            return max(
+                (
+                    major
+                    for major, floor in nvidia_releases.MINOR_VERSION_COMPATIBILITY.items()
+                    if branch >= nvidia_releases.version_key(floor)[:1]
+                ),
+                default=None,
+            )
+        if self.cuda.versions:
+            return max(int(release.split(".")[0]) for release in self.cuda.versions)
+        return None
+
     def validate(self, builder: Builder, path: str) -> None:
         self._validate_admins(builder)
         self._validate_cuda_against_driver(builder)
         self._validate_kernel_module_flavour(builder)
         self._validate_fabric_manager(builder)
+        if self.dcgm.enabled and self.dcgm.release_major == 4 and self.dcgm_cuda_major is None:
+            builder.problem(
+                "dcgm.cuda_major", None,
+                "DCGM 4 comes in a part per CUDA major, and neither an NVIDIA driver branch nor "
+                "cuda.versions says which",
+                "12 or 13 (the CUDA major the node's driver runs)",
+            )  # fmt: skip
         model = self.expected_hardware.gpu_model
         if self.gpu_settings.mig and model and not any(m in model for m in MIG_CAPABLE_MODELS):
             builder.problem(

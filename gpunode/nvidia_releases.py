@@ -194,3 +194,81 @@ def architecture_of(model: str) -> Literal["pre-turing", "blackwell", "other"]:
     if _names(model, PRE_TURING_MODELS):
         return "pre-turing"
     return "other"
+
+
+# --- how NVIDIA's apt repositories name the packages, by era -------------------------------
+#
+# Read on 2026-12-01 from:
+#
+# - Driver: NVIDIA Driver Installation Guide, "Recent Updates" ("Version locking packages for
+#   Ubuntu / Debian ... Driver pinning packages have been introduced for Debian and Ubuntu to
+#   track specific driver branches", "we suggest to install the pinning package prior to
+#   installing the driver"; "Starting with branch 590, the Ubuntu packages will be renamed by
+#   removing the branch designation from the package name", Table 4: "cuda-drivers-580 ->
+#   will be removed") and "Version locking" (https://docs.nvidia.com/datacenter/tesla/
+#   driver-installation-guide/version-locking.html, examples for branch 590); its Debian
+#   section installs ``nvidia-open`` or ``cuda-drivers`` (full), and ``nvidia-driver-cuda``
+#   with ``nvidia-kernel-open-dkms`` or ``nvidia-kernel-dkms`` (compute-only, headless).
+# - Fabric Manager: the CUDA repositories' package lists as captured in public build scripts
+#   (branch-suffixed ``nvidia-fabricmanager-<branch>`` up to 575; from 580 the unsuffixed
+#   ``nvidia-fabricmanager`` with ``libnvidia-nscq``, whose version is the driver's).
+# - DCGM: NVIDIA DCGM documentation, "Install DCGM" (DCGM 4: ``datacenter-gpu-manager-4-core``
+#   and ``datacenter-gpu-manager-4-cuda<major>`` for the CUDA major of the driver; DCGM 3 was
+#   ``datacenter-gpu-manager``), "Install DCGM Exporter" (https://docs.nvidia.com/datacenter/
+#   dcgm/latest/installation/install-dcgm-exporter.html: the package
+#   ``datacenter-gpu-manager-exporter``; "DCGM Exporter releases pair a DCGM version with an
+#   exporter version ... Run DCGM Exporter with the DCGM version paired with that exporter
+#   release"; metrics on port 9400).
+# - Exporter pairs: DCGM Exporter 4.9.0 release notes (github.com/NVIDIA/dcgm-exporter,
+#   mirrored at newreleases.io: "tested with DCGM 4.7.0 and 4.7.1 and ships with DCGM 4.7.0");
+#   4.8.3 with DCGM 4.6.0 (the exporter's package build for Ubuntu 24.04 at
+#   packages.microsoft.com, Build-Depends "datacenter-gpu-manager-4-core (= 1:4.6.0-1)").
+# - Container Toolkit: "Support for Container Device Interface", toolkit documentation 1.20.1
+#   (https://docs.nvidia.com/datacenter/cloud-native/container-toolkit/1.20.1/cdi-support.html):
+#   "As of NVIDIA Container Toolkit v1.18.0, the CDI specification is automatically generated
+#   and updated by a systemd service called nvidia-cdi-refresh ... at /var/run/cdi/nvidia.yaml";
+#   the units ship in ``nvidia-container-toolkit-base`` (NVIDIA/nvidia-container-toolkit
+#   pull request 1229, packaging/debian/nvidia-container-toolkit-base.postinst).
+
+# From this branch on a branch is locked with ``nvidia-driver-pinning-<branch>`` and the
+# metapackages carry no branch in their names.
+PINNING_PACKAGE_FROM_BRANCH = "590"
+# From this branch on Fabric Manager is ``nvidia-fabricmanager`` + ``libnvidia-nscq``.
+UNSUFFIXED_FABRIC_MANAGER_FROM_BRANCH = "580"
+# From this release on the toolkit writes and refreshes the CDI spec itself.
+CDI_REFRESH_FROM_TOOLKIT = "1.18.0"
+CDI_REFRESH_SPEC = "/var/run/cdi/nvidia.yaml"
+CDI_REFRESH_UNITS = ("nvidia-cdi-refresh.path", "nvidia-cdi-refresh.service")
+# DCGM Exporter release -> the DCGM releases it is paired with.
+DCGM_EXPORTER_PAIRS: dict[str, tuple[str, ...]] = {
+    "4.8.3": ("4.6.0",),
+    "4.9.0": ("4.7.0", "4.7.1"),
+}
+DCGM_EXPORTER_PORT = 9400
+
+PackagingEra = Literal["branch-suffixed", "pinning-package"]
+
+
+def packaging_era(branch: str) -> PackagingEra:
+    """How NVIDIA's repository names ``branch``'s driver packages."""
+    if version_key(branch) >= version_key(PINNING_PACKAGE_FROM_BRANCH):
+        return "pinning-package"
+    return "branch-suffixed"
+
+
+def fabric_manager_suffixed(branch: str) -> bool:
+    return version_key(branch) < version_key(UNSUFFIXED_FABRIC_MANAGER_FROM_BRANCH)
+
+
+def toolkit_refreshes_cdi(version: str) -> bool:
+    """Whether Container Toolkit ``version`` (an apt version) keeps the CDI spec itself."""
+    return version_key(version.split(":", 1)[-1].split("-", 1)[0]) >= version_key(
+        CDI_REFRESH_FROM_TOOLKIT
+    )
+
+
+def exporter_pairs_with(exporter: str, dcgm: str) -> bool | None:
+    """Whether exporter release ``exporter`` is paired with DCGM release ``dcgm`` (upstream
+    versions, e.g. 4.9.0 and 4.7.0); None when gpunode's table does not know the exporter."""
+    paired = DCGM_EXPORTER_PAIRS.get(exporter)
+    return None if paired is None else dcgm in paired

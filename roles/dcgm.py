@@ -1,10 +1,18 @@
-"""DCGM: datacenter-gpu-manager pinned and held, nvidia-dcgm enabled and running; dcgm-exporter.
+"""DCGM: its packages pinned and held, nvidia-dcgm enabled and running; DCGM's exporter.
 
-``dcgm.version`` pins the package exactly; without it the package is held at the version first
-installed. NVIDIA's package installs ``nvidia-dcgm.service`` without enabling it, so gpunode
-enables and starts it. ``dcgm.exporter`` adds NVIDIA's ``dcgm-exporter`` package (service
-``dcgm-exporter``) from the same repository; a repository that does not carry it is an error
-naming the package and the repository URL, never a silent skip.
+DCGM 4 (``dcgm.major``, the default) is NVIDIA's ``datacenter-gpu-manager-4-core`` with the
+part built for the node's CUDA major (``datacenter-gpu-manager-4-cuda12`` / ``-cuda13``:
+``DesiredState.dcgm_cuda_major``); DCGM 3 is the single ``datacenter-gpu-manager``. The
+packages move together at ``dcgm.version``; without it they are held at the version first
+installed. NVIDIA's packages install ``nvidia-dcgm.service`` without enabling it, so gpunode
+enables and starts it.
+
+``dcgm.exporter`` adds ``datacenter-gpu-manager-exporter`` from the same repository (DCGM 4
+only; its release is paired with a DCGM release, which validation checks where gpunode knows
+the pair) and runs its service, listening on port 9400. A repository that does not carry a
+package is an error naming the package and the repository URL, before anything changes, never
+a silent skip. A node moving from DCGM 3 to 4 has ``datacenter-gpu-manager`` removed in the
+same apt run (the packages conflict), its hold lifted first.
 
 ``dcgm.enabled: false`` leaves DCGM as found: gpunode does not remove a DCGM it may not have
 installed.
@@ -16,13 +24,13 @@ from pyinfra import host
 from pyinfra.api import deploy, operation
 from pyinfra.facts.systemd import SystemdEnabled, SystemdStatus
 
+from facts.container_runtime import DpkgPackageState
+from gpunode.expected.packages import DCGM3_PACKAGE, DCGM_EXPORTER_PACKAGE, dcgm_packages
 from gpunode.model import DesiredState
 from roles.cuda import held_packages, require_offered
 
-DCGM_PACKAGE = "datacenter-gpu-manager"
 DCGM_SERVICE = "nvidia-dcgm"
-EXPORTER_PACKAGE = "dcgm-exporter"
-EXPORTER_SERVICE = "dcgm-exporter"
+EXPORTER_SERVICE = "nvidia-dcgm-exporter"
 
 
 @operation()
@@ -42,6 +50,25 @@ def service_enabled_and_running(service: str):
         host.noop(f"{unit} is enabled and running")
 
 
+@operation()
+def dcgm3_replaced(packages: list[str]):
+    """DCGM 3's ``datacenter-gpu-manager`` is gone before DCGM 4's packages arrive (they
+    conflict, and a held package would stop apt).
+
+    + packages: DCGM 4's packages that replace it
+    """
+    state = host.get_fact(DpkgPackageState, packages=[DCGM3_PACKAGE])[DCGM3_PACKAGE]
+    if not state["installed"]:
+        host.noop(f"{DCGM3_PACKAGE} (DCGM 3) is not installed")
+        return
+    if state["held"]:
+        yield f"apt-mark unhold {DCGM3_PACKAGE}"
+    yield (
+        "DEBIAN_FRONTEND=noninteractive apt-get remove -y -q --allow-change-held-packages "
+        f"{DCGM3_PACKAGE}"
+    )
+
+
 @deploy("DCGM")
 def dcgm(desired: DesiredState) -> None:
     settings = desired.dcgm
@@ -49,20 +76,26 @@ def dcgm(desired: DesiredState) -> None:
         host.noop("dcgm.enabled is false: DCGM left as found")
         return
     url = desired.apt.cuda_repo_url
+    packages = list(dcgm_packages(settings.release_major, desired.dcgm_cuda_major))
     # Checked before anything changes: a missing exporter must not leave a half-done run.
-    require_offered([DCGM_PACKAGE], url, version=settings.version)
+    require_offered(packages, url, version=settings.version)
     if settings.exporter:
-        require_offered([EXPORTER_PACKAGE], url)
+        require_offered([DCGM_EXPORTER_PACKAGE], url, version=settings.exporter_version)
+    if settings.release_major != 3:
+        dcgm3_replaced(name=f"{DCGM3_PACKAGE} (DCGM 3) replaced by DCGM 4", packages=packages)
     held_packages(
-        name=f"{DCGM_PACKAGE} {settings.version or '(unpinned)'}, held",
-        packages=[DCGM_PACKAGE],
+        name=f"{' '.join(packages)} {settings.version or '(unpinned)'}, held",
+        packages=packages,
         repository_url=url,
         version=settings.version,
     )
     service_enabled_and_running(name=f"{DCGM_SERVICE} enabled and running", service=DCGM_SERVICE)
     if settings.exporter:
         held_packages(
-            name=f"{EXPORTER_PACKAGE}, held", packages=[EXPORTER_PACKAGE], repository_url=url
+            name=f"{DCGM_EXPORTER_PACKAGE} {settings.exporter_version or '(unpinned)'}, held",
+            packages=[DCGM_EXPORTER_PACKAGE],
+            repository_url=url,
+            version=settings.exporter_version,
         )
         service_enabled_and_running(
             name=f"{EXPORTER_SERVICE} enabled and running", service=EXPORTER_SERVICE

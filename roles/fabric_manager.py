@@ -3,7 +3,8 @@
 What results:
 
 * Nodes that need it (``DesiredState.needs_fabric_manager``; the ``nvidia`` driver source, as
-  validation enforces): ``nvidia-fabricmanager-<branch>`` installed at exactly the driver's
+  validation enforces): Fabric Manager's packages (``nvidia-fabricmanager-<branch>`` up to
+  575, ``nvidia-fabricmanager`` with ``libnvidia-nscq`` from 580) installed at exactly the driver's
   version (``fabric_manager.version``, else ``nvidia_driver.version``, else the installed
   driver's), held, and covered by the driver role's apt pin. The ``nvidia-fabricmanager``
   service is enabled, so it comes up with the boot that loads the matching module, and started
@@ -28,6 +29,7 @@ from pyinfra.api import deploy, operation
 from pyinfra.facts.systemd import SystemdEnabled, SystemdStatus
 
 from facts.nvidia_packages import NvidiaPackages
+from gpunode.expected.packages import fabric_manager_packages
 from gpunode.model import DesiredState, upstream_version
 from roles.nvidia_driver import APT_INSTALL, installed_driver_version
 
@@ -37,6 +39,8 @@ FABRIC_MANAGER_PACKAGE = re.compile(
     r"(nvidia-fabricmanager(-[0-9]{3})?|libnvidia-nscq(-[0-9]{3})?|"
     r"cuda-drivers-fabricmanager(-[0-9]{3})?)"
 )
+# Fabric Manager's own packages (not the combined metapackages), either naming era.
+OWN_PACKAGE = re.compile(r"(nvidia-fabricmanager|libnvidia-nscq)(-[0-9]{3})?")
 # The driver's apt version on the node (nvidia-driver comes with both flavours), for a first
 # install whose version data leaves open: the driver role installs it earlier in the run.
 INSTALLED_DRIVER_VERSION = "$(dpkg-query -W -f='${Version}' nvidia-driver)"
@@ -48,7 +52,8 @@ def _words(names: Iterable[str]) -> str:
 
 
 def package_name(branch: str) -> str:
-    return f"nvidia-fabricmanager-{branch}"
+    """The package that ships the ``nv-fabricmanager`` daemon for ``branch``."""
+    return fabric_manager_packages(branch)[0]
 
 
 def installed_fabric_manager(packages: dict[str, str]) -> dict[str, str]:
@@ -76,26 +81,24 @@ def plan_fabric_manager(
     installed driver's), hold it, enable it and start it once the loaded driver matches."""
     packages: dict[str, str] = facts["packages"]
     held = set(facts["held"])
-    name = package_name(branch)
+    names = fabric_manager_packages(branch)
     version = version or installed_driver_version(packages)
-    installed = packages.get(name)
+    # Another branch's, or the other naming era's (580 moved to unsuffixed names).
     others = sorted(
-        other
-        for other in packages
-        if re.fullmatch(r"nvidia-fabricmanager-[0-9]{3}", other) and other != name
+        other for other in packages if OWN_PACKAGE.fullmatch(other) and other not in names
     )
     matches = version is not None and loaded == upstream_version(version)
-    if installed is not None and installed == version and name in held and not others:
+    in_place = all(packages.get(name) == version and name in held for name in names)
+    if version is not None and in_place and not others:
         return [], []
-    to_unhold = sorted(held & ({name} | set(others)))
+    to_unhold = sorted(held & (set(names) | set(others)))
     commands = [f"apt-mark unhold {_words(to_unhold)}"] if to_unhold else []
     # The installed driver's version is read on the node when no version is pinned.
     wanted = shlex.quote(version) if version else INSTALLED_DRIVER_VERSION
     removals = _words(f"{other}-" for other in others)
-    commands.append(
-        f"{APT_INSTALL} {shlex.quote(name)}={wanted}" + (f" {removals}" if removals else "")
-    )
-    commands.append(f"apt-mark hold {shlex.quote(name)}")
+    installs = " ".join(f"{shlex.quote(name)}={wanted}" for name in names)
+    commands.append(f"{APT_INSTALL} {installs}" + (f" {removals}" if removals else ""))
+    commands.append(f"apt-mark hold {_words(names)}")
     commands.append(f"systemctl enable {SERVICE}")
     notes = []
     if matches:
@@ -121,9 +124,10 @@ def fabric_manager_package(
     driver_reboots: bool = False,
     driver_version: str | None = None,
 ):
-    """``nvidia-fabricmanager-<branch>`` is installed at exactly ``version`` (None: the
-    installed driver's) and held; no other branch's is; the service is enabled, and started
-    when the loaded driver is that version.
+    """``branch``'s Fabric Manager packages (``nvidia-fabricmanager-<branch>`` up to 575;
+    ``nvidia-fabricmanager`` and ``libnvidia-nscq`` from 580) are installed at exactly
+    ``version`` (None: the installed driver's) and held; no other branch's are; the service is
+    enabled, and started when the loaded driver is that version.
 
     + branch: the driver branch (``nvidia_driver.branch``, e.g. ``550``) whose package is installed
     + version: the exact apt version (``fabric_manager.version``, else
@@ -155,7 +159,7 @@ def fabric_manager_service(
     """nvidia-fabricmanager is enabled, and running while the loaded driver is its version;
     otherwise it is reported as pending a reboot.
 
-    + branch: the driver branch whose ``nvidia-fabricmanager-<branch>`` provides the service
+    + branch: the driver branch whose Fabric Manager package provides the service
     + driver_reboots: as for the package: the driver role reboots into ``driver_version`` if
       needed
     + driver_version: the driver's declared apt version (``nvidia_driver.version``), or None

@@ -12,8 +12,13 @@ What results on a node whose ``nvidia_driver.source`` is not ``none``:
   ``apt upgrade`` nor unattended-upgrades moves it. Only a changed version (or branch, or
   flavour) in data changes it: unhold, install the exact versions, hold again. Without a
   version in data, an installed release of the branch stays until data names one.
-* Sources: ``nvidia`` installs ``nvidia-open`` (open modules) or ``cuda-drivers`` (proprietary)
-  with ``nvidia-driver-cuda``, as NVIDIA's Debian guide does; ``debian`` installs the headless
+* Sources: ``nvidia`` installs, as NVIDIA's Debian guide does, the compute-only (headless) set
+  ``nvidia-driver-cuda`` with the kernel module (``stack: compute``, the default), or the full
+  stack ``nvidia-open`` (open modules) / ``cuda-drivers`` (proprietary) with ``nvidia-driver``
+  and ``nvidia-driver-cuda`` (``stack: full``). From branch 590 on NVIDIA locks a branch with
+  ``nvidia-driver-pinning-<branch>``: it is installed before the driver, held with it, and
+  another branch's is removed; the exact pin below still decides the version. ``debian``
+  installs the headless
   compute set of Debian non-free (kernel module, ``nvidia-smi``, ``libcuda1``, and
   ``nvidia-persistenced`` when wanted), never Debian's X11 ``nvidia-driver`` metapackage. For
   the ``debian`` source a missing version resolves at prepare time to the installed one, else
@@ -77,6 +82,8 @@ DRIVER_FAMILY = (
     r"xserver-xorg-video-nvidia|lib(gl1|glx|egl|gles)[a-z0-9-]*-nvidia)"
 )
 FABRIC_MANAGER_FAMILY = r"^(nvidia-fabricmanager|libnvidia-nscq|cuda-drivers-fabricmanager)"
+# NVIDIA's branch lock packages (from 590 on; see gpunode/nvidia_releases.py).
+PINNING_PACKAGE = re.compile(r"nvidia-driver-pinning-[0-9]{3}")
 # Every kernel module package either source ships (proprietary and open).
 KERNEL_MODULE_PACKAGES = (
     "nvidia-kernel-dkms",
@@ -263,12 +270,17 @@ def driver_in_place(spec: DriverPackages, packages: dict[str, str], held: set[st
         return None
     if any(name in packages for name in stale_packages(spec, packages)):
         return None
+    if spec.pinning and spec.pinning not in packages:
+        return None
     to_hold = driver_family(packages, version) | set(spec.unversioned)
+    if spec.pinning:
+        to_hold.add(spec.pinning)
     return version if to_hold <= held else None
 
 
 def stale_packages(spec: DriverPackages, packages: dict[str, str]) -> list[str]:
-    """Installed packages of the other flavour, and other branches' cuda-drivers-NNN."""
+    """Installed packages of the other flavour, other branches' cuda-drivers-NNN, and other
+    branches' pinning packages (they would lock apt onto their branch)."""
     stale = [name for name in spec.conflicting if name in packages]
     if spec.source == "nvidia":
         stale += sorted(
@@ -277,7 +289,14 @@ def stale_packages(spec: DriverPackages, packages: dict[str, str]) -> list[str]:
             if re.fullmatch(r"cuda-drivers-[0-9]{3}", name)
             and name != f"cuda-drivers-{spec.branch}"
         )
+        stale += stale_pinning(spec, packages)
     return stale
+
+
+def stale_pinning(spec: DriverPackages, packages: dict[str, str]) -> list[str]:
+    return sorted(
+        name for name in packages if PINNING_PACKAGE.fullmatch(name) and name != spec.pinning
+    )
 
 
 def hold_command(spec: DriverPackages) -> str:
@@ -290,8 +309,9 @@ def hold_command(spec: DriverPackages) -> str:
         f"grep -E {shlex.quote(DRIVER_FAMILY)} | grep -vE {shlex.quote(FABRIC_MANAGER_FAMILY)} | "
         "xargs -r apt-mark hold"
     )
-    if spec.unversioned:
-        hold += f" && apt-mark hold {' '.join(spec.unversioned)}"
+    own_versions = (*spec.unversioned, *([spec.pinning] if spec.pinning else []))
+    if own_versions:
+        hold += f" && apt-mark hold {' '.join(own_versions)}"
     return hold
 
 
@@ -316,10 +336,17 @@ def plan_driver(
             | set(spec.versioned)
             | set(spec.unversioned)
             | set(spec.conflicting)
+            | set(stale_pinning(spec, packages))
+            | ({spec.pinning} if spec.pinning else set())
         )
     )
     if to_unhold:
         commands.append(f"apt-mark unhold {' '.join(map(shlex.quote, to_unhold))}")
+    if spec.pinning and spec.pinning not in packages:
+        # NVIDIA: install the pinning package before the driver, so that apt resolves the
+        # driver inside the branch from the start. It replaces another branch's.
+        removals = [f"{name}-" for name in stale_pinning(spec, packages)]
+        commands.append(f"{APT_INSTALL} {' '.join(map(shlex.quote, [spec.pinning, *removals]))}")
     suffix = f"={spec.version}" if spec.version else ""
     names = [f"{name}{suffix}" for name in spec.versioned] + list(spec.unversioned)
     module_change = module_pending(spec, packages)

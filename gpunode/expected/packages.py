@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+import gpunode.nvidia_releases as nvidia_releases
 from gpunode.model import NvidiaDriver
 
 # The container toolkit's packages, all at container_runtime.toolkit_version.
@@ -35,6 +36,9 @@ class DriverPackages:
     versioned: tuple[str, ...]  # installed at exactly ``version``
     unversioned: tuple[str, ...] = ()  # from other source packages, with their own versions
     conflicting: tuple[str, ...] = ()  # the other flavour's
+    stack: Literal["compute", "full"] = "compute"
+    # NVIDIA's branch lock (from 590), installed before the driver and held with it.
+    pinning: str | None = None
 
     @property
     def pin(self) -> str:
@@ -51,22 +55,45 @@ def module_package(wanted: NvidiaDriver) -> str:
     return "nvidia-open-kernel-dkms" if wanted.flavour == "open" else "nvidia-kernel-dkms"
 
 
+def pinning_package(branch: str | None) -> str | None:
+    """NVIDIA's branch lock package for ``branch``, where its packaging era has one."""
+    if branch is None or nvidia_releases.packaging_era(branch) != "pinning-package":
+        return None
+    return f"nvidia-driver-pinning-{branch}"
+
+
+def full_stack_metapackages(flavour: str, branch: str | None) -> tuple[str, ...]:
+    """NVIDIA's full-install metapackages: ``nvidia-open`` or ``cuda-drivers``, and up to the
+    branch-suffixed era the proprietary one's ``cuda-drivers-<branch>`` too."""
+    if flavour == "open":
+        return ("nvidia-open",)
+    if branch is not None and nvidia_releases.packaging_era(branch) == "branch-suffixed":
+        return ("cuda-drivers", f"cuda-drivers-{branch}")
+    return ("cuda-drivers",)
+
+
 def driver_packages_for(wanted: NvidiaDriver, version: str | None) -> DriverPackages:
     """The packages for ``wanted`` at ``version`` (the resolved one for the debian source)."""
     module = module_package(wanted)
     source: Literal["debian", "nvidia"] = "nvidia" if wanted.source == "nvidia" else "debian"
     if source == "nvidia":
-        common = (module, "nvidia-driver", "nvidia-driver-cuda")
-        if wanted.flavour == "open":
-            return DriverPackages(
-                source, "open", wanted.branch, version, module, ("nvidia-open", *common),
-                conflicting=("cuda-drivers", f"cuda-drivers-{wanted.branch}",
-                             "nvidia-kernel-dkms"),
+        open_flavour = wanted.flavour == "open"
+        other_module = "nvidia-kernel-dkms" if open_flavour else "nvidia-kernel-open-dkms"
+        other_flavour = "proprietary" if open_flavour else "open"
+        # The other flavour's metapackages would pull the other kernel module back in.
+        conflicting = (*full_stack_metapackages(other_flavour, wanted.branch), other_module)
+        if wanted.stack == "full":
+            versioned: tuple[str, ...] = (
+                *full_stack_metapackages(wanted.flavour, wanted.branch),
+                module, "nvidia-driver", "nvidia-driver-cuda",
             )  # fmt: skip
+        else:
+            # NVIDIA's compute-only (headless) install: no X, no desktop libraries.
+            versioned = ("nvidia-driver-cuda", module)
         return DriverPackages(
-            source, "proprietary", wanted.branch, version, module,
-            ("cuda-drivers", f"cuda-drivers-{wanted.branch}", *common),
-            conflicting=("nvidia-open", "nvidia-kernel-open-dkms"),
+            source, wanted.flavour, wanted.branch, version, module, versioned,
+            conflicting=conflicting, stack=wanted.stack,
+            pinning=pinning_package(wanted.branch),
         )  # fmt: skip
     # Debian: the headless compute set; nvidia-persistenced has its own source and version.
     other = "nvidia-kernel-dkms" if wanted.flavour == "open" else "nvidia-open-kernel-dkms"
@@ -76,3 +103,25 @@ def driver_packages_for(wanted: NvidiaDriver, version: str | None) -> DriverPack
         unversioned=("nvidia-persistenced",) if wanted.persistence_daemon else (),
         conflicting=(other,),
     )  # fmt: skip
+
+
+# --- Fabric Manager, DCGM ---------------------------------------------------------------------
+
+
+def fabric_manager_packages(branch: str) -> tuple[str, ...]:
+    """Fabric Manager's packages for ``branch``, all at the driver's version."""
+    if nvidia_releases.fabric_manager_suffixed(branch):
+        return (f"nvidia-fabricmanager-{branch}",)
+    return ("nvidia-fabricmanager", "libnvidia-nscq")
+
+
+DCGM3_PACKAGE = "datacenter-gpu-manager"
+DCGM_EXPORTER_PACKAGE = "datacenter-gpu-manager-exporter"
+
+
+def dcgm_packages(major: int, cuda_major: int | None) -> tuple[str, ...]:
+    """DCGM's packages: DCGM 3's one package, or DCGM 4's core and its CUDA-major part."""
+    if major == 3:
+        return (DCGM3_PACKAGE,)
+    core = f"datacenter-gpu-manager-{major}-core"
+    return (core, f"datacenter-gpu-manager-{major}-cuda{cuda_major}") if cuda_major else (core,)

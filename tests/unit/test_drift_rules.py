@@ -37,7 +37,12 @@ DATA = {
         "nvme_count": 2,
     },
     "gpu_settings": {"persistence_mode": True, "ecc": True},
-    "nvidia_driver": {"source": "nvidia", "branch": "570", "version": "570.195.03-1"},
+    "nvidia_driver": {
+        "source": "nvidia",
+        "branch": "570",
+        "version": "570.195.03-1",
+        "stack": "full",
+    },
     "firewall": {"enabled": True},
     "tls": {"enabled": True},
     "container_runtime": {"engines": ["docker"]},

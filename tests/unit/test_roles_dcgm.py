@@ -10,7 +10,11 @@ from pyinfra.facts.systemd import SystemdEnabled, SystemdStatus
 
 from facts.container_runtime import AptPackagePolicy, DpkgPackageState
 from roles.cuda import held_packages, require_offered
-from roles.dcgm import DCGM_PACKAGE, EXPORTER_PACKAGE, service_enabled_and_running
+from gpunode.expected.packages import DCGM3_PACKAGE as DCGM_PACKAGE
+from gpunode.expected.packages import DCGM_EXPORTER_PACKAGE as EXPORTER_PACKAGE
+from gpunode.expected.packages import dcgm_packages
+from gpunode.model import build_desired_state
+from roles.dcgm import dcgm3_replaced, service_enabled_and_running
 
 from .fakehost import commands_of, dpkg_of, fake_host
 
@@ -102,7 +106,7 @@ def test_dcgm_at_its_pin_is_a_noop() -> None:
 def test_missing_exporter_is_refused_before_anything_changes() -> None:
     with fake_host(dcgm_policy()), pytest.raises(DeployError) as error:
         require_offered([EXPORTER_PACKAGE], CUDA_URL)
-    assert f"dcgm-exporter is not offered by {CUDA_URL}" in str(error.value)
+    assert f"datacenter-gpu-manager-exporter is not offered by {CUDA_URL}" in str(error.value)
     assert "Nothing was changed" in str(error.value)
 
 
@@ -129,5 +133,100 @@ def test_exporter_of_an_unindexed_repository_is_checked_on_the_node() -> None:
         packages=[EXPORTER_PACKAGE],
         repository_url=CUDA_URL,
     )
-    assert f"gpunode: dcgm-exporter is not offered by {CUDA_URL}" in commands[0]
+    assert f"gpunode: datacenter-gpu-manager-exporter is not offered by {CUDA_URL}" in commands[0]
     assert "exit 1" in commands[0]
+
+
+# --- DCGM 4 -----------------------------------------------------------------------------------
+
+
+def test_dcgm4_is_its_core_and_the_part_for_the_cuda_major() -> None:
+    assert dcgm_packages(4, 13) == (
+        "datacenter-gpu-manager-4-core",
+        "datacenter-gpu-manager-4-cuda13",
+    )
+    assert dcgm_packages(4, 12)[1] == "datacenter-gpu-manager-4-cuda12"
+    assert dcgm_packages(3, 12) == ("datacenter-gpu-manager",)
+
+
+@pytest.mark.parametrize(
+    ("data", "cuda_major"),
+    [
+        ({"nvidia_driver": {"source": "nvidia", "branch": "580"}}, 13),
+        ({"nvidia_driver": {"source": "nvidia", "branch": "570"}}, 12),
+        ({"nvidia_driver": {"source": "nvidia", "branch": "630"}}, 13),  # not in the table yet
+        ({"nvidia_driver": {"source": "debian"}, "cuda": {"versions": ["12.4"]}}, 12),
+        ({"nvidia_driver": {"source": "nvidia", "branch": "580"}, "dcgm": {"cuda_major": 12}}, 12),
+    ],
+)
+def test_the_cuda_major_of_dcgm4_follows_the_driver_then_the_toolkits(
+    data: dict[str, Any], cuda_major: int
+) -> None:
+    state, problems = build_desired_state(data)
+    assert problems == []
+    assert state.dcgm_cuda_major == cuda_major
+
+
+def test_dcgm4_without_any_cuda_major_is_refused_naming_the_key() -> None:
+    _, problems = build_desired_state({"dcgm": {"enabled": True}})
+    assert [problem.key for problem in problems] == ["dcgm.cuda_major"]
+
+
+@pytest.mark.parametrize(
+    ("dcgm", "key", "reason"),
+    [
+        ({"version": "1:3.3.9", "major": 4}, "dcgm.version", "not a DCGM 4 release"),
+        ({"version": "1:3.3.9", "exporter": True}, "dcgm.exporter", "with DCGM 4 only"),
+        ({"exporter_version": "4.9.0-1"}, "dcgm.exporter_version", "exporter is false"),
+        (
+            {"version": "1:4.6.0-1", "exporter": True, "exporter_version": "4.9.0-1"},
+            "dcgm.exporter_version",
+            "DCGM Exporter 4.9.0 is paired with DCGM 4.7.0, 4.7.1, not 4.6.0",
+        ),
+    ],
+)
+def test_dcgm_data_that_cannot_be_installed_as_asked_is_refused(
+    dcgm: dict[str, Any], key: str, reason: str
+) -> None:
+    data = {
+        "nvidia_driver": {"source": "nvidia", "branch": "580"},
+        "dcgm": {"enabled": True, **dcgm},
+    }
+    _, problems = build_desired_state(data)
+    assert [(problem.key, reason in problem.reason) for problem in problems] == [(key, True)]
+
+
+def test_dcgm3_by_its_version_and_a_known_exporter_pair_are_accepted() -> None:
+    _, problems = build_desired_state(
+        {
+            "nvidia_driver": {"source": "nvidia", "branch": "580"},
+            "dcgm": {"enabled": True, "version": "1:3.3.9"},
+        }
+    )
+    assert problems == []
+    state, problems = build_desired_state(
+        {
+            "nvidia_driver": {"source": "nvidia", "branch": "580"},
+            "dcgm": {
+                "enabled": True, "version": "1:4.7.0-1", "exporter": True,
+                "exporter_version": "4.9.0-1",
+            },
+        }
+    )  # fmt: skip
+    assert problems == []
+    assert state.dcgm.release_major == 4
+
+
+def test_dcgm3_is_removed_with_its_hold_before_dcgm4_arrives() -> None:
+    facts = {DpkgPackageState: dpkg_of({DCGM_PACKAGE: {"installed": "1:3.3.9", "held": True}})}
+    commands, _ = commands_of(dcgm3_replaced, facts, packages=list(dcgm_packages(4, 13)))
+    assert commands[0] == "apt-mark unhold datacenter-gpu-manager"
+    assert commands[1].endswith("apt-get remove -y -q --allow-change-held-packages "
+                                "datacenter-gpu-manager")  # fmt: skip
+
+
+def test_no_dcgm3_means_nothing_to_replace() -> None:
+    facts = {DpkgPackageState: dpkg_of({DCGM_PACKAGE: {"installed": None, "held": False}})}
+    commands, noops = commands_of(dcgm3_replaced, facts, packages=list(dcgm_packages(4, 13)))
+    assert commands == []
+    assert noops == ["datacenter-gpu-manager (DCGM 3) is not installed"]

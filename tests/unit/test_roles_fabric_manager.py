@@ -207,3 +207,63 @@ def test_source_none_leaves_fabric_manager_alone() -> None:
         [],
         ["Fabric Manager left alone: nvidia_driver.source is 'none'"],
     )
+
+
+# --- from 580: unsuffixed nvidia-fabricmanager with libnvidia-nscq ----------------------------
+
+
+def node_580(installed: dict[str, str] | None = None, held: tuple[str, ...] = ()) -> dict[str, Any]:
+    facts = node(installed=installed, held=held, loaded="580.95.05")
+    facts["packages"]["nvidia-kernel-open-dkms"] = "580.95.05-1"
+    facts["installed_module"] = {"version": "580.95.05", "flavour": "open", "source": "modinfo"}
+    return facts
+
+
+def test_from_580_fabric_manager_is_unsuffixed_with_nscq_at_the_driver_version() -> None:
+    commands, _ = commands_of(
+        fabric_manager_package,
+        {NvidiaPackages: node_580(), SystemdStatus: {UNIT: False}},
+        branch="580",
+        version="580.95.05-1",
+    )
+    assert commands[:2] == [
+        f"{APT_INSTALL} nvidia-fabricmanager=580.95.05-1 libnvidia-nscq=580.95.05-1",
+        "apt-mark hold nvidia-fabricmanager libnvidia-nscq",
+    ]
+
+
+def test_moving_from_570_to_580_replaces_the_suffixed_packages() -> None:
+    old = {"nvidia-fabricmanager-570": "570.195.03-1", "libnvidia-nscq-570": "570.195.03-1"}
+    commands, _ = commands_of(
+        fabric_manager_package,
+        {NvidiaPackages: node_580(installed=old, held=tuple(old)), SystemdStatus: {UNIT: True}},
+        branch="580",
+        version="580.95.05-1",
+    )
+    assert commands[0] == "apt-mark unhold libnvidia-nscq-570 nvidia-fabricmanager-570"
+    assert commands[1].endswith(
+        "libnvidia-nscq=580.95.05-1 libnvidia-nscq-570- nvidia-fabricmanager-570-"
+    )
+
+
+def test_unsuffixed_fabric_manager_at_its_version_and_held_is_left_alone() -> None:
+    installed = {"nvidia-fabricmanager": "580.95.05-1", "libnvidia-nscq": "580.95.05-1"}
+    commands, noops = commands_of(
+        fabric_manager_package,
+        {NvidiaPackages: node_580(installed, held=tuple(installed)), SystemdStatus: {UNIT: True}},
+        branch="580",
+        version="580.95.05-1",
+    )
+    assert commands == []
+    assert noops == ["nvidia-fabricmanager 580.95.05-1 installed and held"]
+    # nscq unheld (by hand): the pair is installed and held again.
+    commands, _ = commands_of(
+        fabric_manager_package,
+        {
+            NvidiaPackages: node_580(installed, held=("nvidia-fabricmanager",)),
+            SystemdStatus: {UNIT: True},
+        },
+        branch="580",
+        version="580.95.05-1",
+    )
+    assert "apt-mark hold nvidia-fabricmanager libnvidia-nscq" in commands

@@ -54,7 +54,8 @@ def driver(**data: Any) -> NvidiaDriver:
 
 
 def nvidia_550(version: str | None = "550.127.08-1", **more: Any) -> DriverPackages:
-    wanted = driver(source="nvidia", branch="550", version=version, **more)
+    """NVIDIA's full stack of branch 550 (the compute-only default has tests of its own)."""
+    wanted = driver(source="nvidia", branch="550", version=version, **{"stack": "full", **more})
     return driver_packages_for(wanted, wanted.version)
 
 
@@ -533,7 +534,7 @@ def test_flavour_switch_removes_the_other_flavour() -> None:
 def test_another_branchs_metapackage_goes_with_a_branch_change() -> None:
     names = ("cuda-drivers", "cuda-drivers-550", "nvidia-kernel-dkms", "nvidia-driver")
     facts = node(installed=at("550.144.03-1", names), held=names, module="550.144.03")
-    wanted = driver(source="nvidia", branch="570", flavour="proprietary")
+    wanted = driver(source="nvidia", branch="570", flavour="proprietary", stack="full")
     spec = driver_packages_for(wanted, None)
     commands, _ = commands_of(
         driver_packages, {NvidiaPackages: facts, AptPackageVersions: {}}, spec=spec
@@ -743,3 +744,94 @@ def test_simulated_reboot_loads_the_driver_the_standin_package_installed(
     (tmp_path / "installed-driver-version").write_text("550.144.03\n")
     hwstate.reboot(state)
     assert json.loads(json.dumps(state))["driver_version"] == "550.144.03"
+
+
+# --- packaging eras: compute-only by default, NVIDIA's pinning packages from 590 -------------
+
+COMPUTE_595 = ("nvidia-driver-cuda", "nvidia-kernel-open-dkms", "libcuda1", "nvidia-smi")
+
+
+def test_the_default_is_nvidias_compute_only_install() -> None:
+    spec = driver_packages_for(driver(source="nvidia", branch="580"), "580.95.05-1")
+    assert spec.stack == "compute"
+    assert spec.versioned == ("nvidia-driver-cuda", "nvidia-kernel-open-dkms")
+    # 580 is the last branch of the branch-suffixed era: no pinning package.
+    assert spec.pinning is None
+    assert set(spec.conflicting) == {"cuda-drivers", "cuda-drivers-580", "nvidia-kernel-dkms"}
+
+
+def test_from_590_the_branch_is_locked_with_its_pinning_package() -> None:
+    spec = driver_packages_for(driver(source="nvidia", branch="595"), "595.71.05-1")
+    assert spec.pinning == "nvidia-driver-pinning-595"
+    full = driver_packages_for(
+        driver(source="nvidia", branch="595", stack="full", flavour="proprietary"), None
+    )
+    # No branch-suffixed metapackage exists from 590 on.
+    assert full.versioned[:2] == ("cuda-drivers", "nvidia-kernel-dkms")
+    assert full.pinning == "nvidia-driver-pinning-595"
+
+
+def test_first_install_of_the_new_era_installs_the_pinning_package_first() -> None:
+    spec = driver_packages_for(driver(source="nvidia", branch="595"), "595.71.05-1")
+    facts = node(headers="available")
+    commands, _ = commands_of(
+        driver_packages,
+        {
+            NvidiaPackages: facts,
+            AptPackageVersions: {**HEADERS, **offered(spec.module, "595.71.05-1")},
+        },
+        spec=spec,
+    )
+    assert commands[0] == f"{APT_INSTALL} nvidia-driver-pinning-595"
+    assert commands[1] == (
+        f"{APT_INSTALL} nvidia-driver-cuda=595.71.05-1 nvidia-kernel-open-dkms=595.71.05-1"
+    )
+    assert commands[2].endswith(
+        "| xargs -r apt-mark hold && apt-mark hold nvidia-driver-pinning-595"
+    )
+
+
+def test_crossing_from_580_to_595_upgrades_in_one_run_and_holds_again() -> None:
+    installed = at("580.95.05-1", COMPUTE_595)
+    facts = node(installed=installed, held=tuple(installed), module="580.95.05")
+    spec = driver_packages_for(driver(source="nvidia", branch="595"), "595.71.05-1")
+    commands, _ = commands_of(
+        driver_packages,
+        {NvidiaPackages: facts, AptPackageVersions: offered(spec.module, "595.71.05-1")},
+        spec=spec,
+    )
+    assert commands[0].startswith("apt-mark unhold ") and "nvidia-kernel-open-dkms" in commands[0]
+    assert commands[1] == f"{APT_INSTALL} nvidia-driver-pinning-595"
+    assert commands[2].startswith(f"{APT_INSTALL} nvidia-driver-cuda=595.71.05-1 ")
+    assert "apt-mark hold nvidia-driver-pinning-595" in commands[3]
+
+
+def test_going_back_to_580_removes_the_595_pinning_package() -> None:
+    installed = {**at("595.71.05-1", COMPUTE_595), "nvidia-driver-pinning-595": "595.71.05-1"}
+    facts = node(installed=installed, held=tuple(installed), module="595.71.05")
+    spec = driver_packages_for(driver(source="nvidia", branch="580"), "580.95.05-1")
+    commands, _ = commands_of(
+        driver_packages,
+        {NvidiaPackages: facts, AptPackageVersions: offered(spec.module, "580.95.05-1")},
+        spec=spec,
+    )
+    assert "nvidia-driver-pinning-595" in commands[0]  # unheld
+    assert commands[1].endswith(" nvidia-driver-pinning-595-")
+    assert "nvidia-driver-pinning" not in commands[2]  # the hold: 580 has none
+
+
+def test_a_pinned_held_595_driver_with_its_pinning_package_is_left_alone() -> None:
+    installed = {**at("595.71.05-1", COMPUTE_595), "nvidia-driver-pinning-595": "595.71.05-1"}
+    facts = node(installed=installed, held=tuple(installed), module="595.71.05")
+    spec = driver_packages_for(driver(source="nvidia", branch="595"), "595.71.05-1")
+    commands, noops = commands_of(
+        driver_packages, {NvidiaPackages: facts, AptPackageVersions: {}}, spec=spec
+    )
+    assert commands == []
+    assert noops[0].endswith("installed, pinned and held")
+    unheld = node(installed=installed, held=tuple(set(installed) - {"nvidia-driver-pinning-595"}),
+                  module="595.71.05")  # fmt: skip
+    commands, _ = commands_of(
+        driver_packages, {NvidiaPackages: unheld, AptPackageVersions: {}}, spec=spec
+    )
+    assert "apt-mark hold nvidia-driver-pinning-595" in commands[-2]

@@ -23,7 +23,7 @@ def test_debian_driver_alone_needs_no_nvidia_repository() -> None:
 def test_what_needs_the_cuda_repository() -> None:
     assert needed({"nvidia_driver": {"source": "nvidia", "branch": "550"}})["nvidia-cuda"]
     assert needed({"cuda": {"versions": ["12.4"]}})["nvidia-cuda"]
-    assert needed({"dcgm": {"enabled": True}})["nvidia-cuda"]
+    assert needed({"dcgm": {"enabled": True, "cuda_major": 12}})["nvidia-cuda"]
 
 
 def test_container_engines_need_the_toolkit_repository() -> None:
