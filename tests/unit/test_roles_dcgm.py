@@ -9,11 +9,11 @@ from pyinfra.api import DeployError
 from pyinfra.facts.systemd import SystemdEnabled, SystemdStatus
 
 from facts.container_runtime import AptPackagePolicy, DpkgPackageState
-from roles.cuda import held_packages, require_offered
 from gpunode.expected.packages import DCGM3_PACKAGE as DCGM_PACKAGE
 from gpunode.expected.packages import DCGM_EXPORTER_PACKAGE as EXPORTER_PACKAGE
 from gpunode.expected.packages import dcgm_packages
 from gpunode.model import build_desired_state
+from roles.cuda import held_packages, require_offered
 from roles.dcgm import dcgm3_replaced, service_enabled_and_running
 
 from .fakehost import commands_of, dpkg_of, fake_host
