@@ -25,10 +25,11 @@ from pyinfra.api import FactBase
 
 from facts.apt import INDEXED_REPOSITORIES_COMMAND, parse_index_targets
 from gpunode import framing
+from gpunode.nvidia_releases import CDI_REFRESH_SPEC  # kept by the toolkit itself from 1.18 on
 
 DOCKER_CONFIG = "/etc/docker/daemon.json"
 CONTAINERD_CONFIG = "/etc/containerd/config.toml"
-CDI_SPEC = "/etc/cdi/nvidia.yaml"
+CDI_SPEC = "/etc/cdi/nvidia.yaml"  # written by gpunode for Container Toolkit 1.17 and older
 NVIDIA_RUNTIME = "nvidia"
 NVIDIA_RUNTIME_EXECUTABLE = "nvidia-container-runtime"
 ENGINE_SERVICES = ("docker", "containerd")
@@ -148,6 +149,7 @@ class ContainerRuntimeConfig(FactBase):
                        "default_runtime": None, "cdi_enabled": False},
             "containerd": {...same keys...},
             "cdi_spec": {"present": True, "uuids": ["GPU-..."], "driver_version": "550.127.08"},
+            "cdi_refresh_spec": {...the same keys, for /var/run/cdi/nvidia.yaml...},
             "services": {"docker": False, "containerd": False},  # unit files installed
             "nvidia_ctk_version": "1.17.4",  # or None when nvidia-ctk is not installed
             "kernel_driver_loaded": False,  # /proc/driver/nvidia/version exists
@@ -156,7 +158,7 @@ class ContainerRuntimeConfig(FactBase):
 
     def command(self) -> str:
         # Files travel base64-encoded: one line each, whatever they hold.
-        paths = " ".join((DOCKER_CONFIG, CONTAINERD_CONFIG, CDI_SPEC))
+        paths = " ".join((DOCKER_CONFIG, CONTAINERD_CONFIG, CDI_SPEC, CDI_REFRESH_SPEC))
         services = " ".join(ENGINE_SERVICES)
         return (
             f"for f in {paths}; do "
@@ -192,6 +194,7 @@ class ContainerRuntimeConfig(FactBase):
             "docker": parse_docker_config(files.get(DOCKER_CONFIG)),
             "containerd": parse_containerd_config(files.get(CONTAINERD_CONFIG)),
             "cdi_spec": parse_cdi_spec(files.get(CDI_SPEC)),
+            "cdi_refresh_spec": parse_cdi_spec(files.get(CDI_REFRESH_SPEC)),
             "services": services,
             "nvidia_ctk_version": ctk_version,
             "kernel_driver_loaded": kernel_driver,

@@ -18,10 +18,17 @@ installing docker or containerd is not gpunode's job, and whoever installs it la
 NVIDIA runtime ready. The engine is restarted only when its configuration changed and its unit
 exists; otherwise the run says why it did not restart it.
 
-The CDI spec (``/etc/cdi/nvidia.yaml``, device names by index and by UUID) is generated when it
-is missing, names other GPUs than the GPU fact, was made for another driver, or the toolkit
-version changes in this run. Generating needs a loaded driver; without readable GPUs the run
-reports why it skipped.
+The CDI spec: from Container Toolkit 1.18 on the toolkit keeps it itself (its
+``nvidia-cdi-refresh`` path and service units write ``/var/run/cdi/nvidia.yaml`` whenever the
+driver or the toolkit changes), so gpunode keeps those units enabled, has the service run again
+when the spec does not list this host's GPUs for the loaded driver, and removes the
+``/etc/cdi/nvidia.yaml`` it wrote for an older toolkit: a second spec for the same devices can
+disagree with the toolkit's. Up to 1.17 gpunode writes ``/etc/cdi/nvidia.yaml`` (device names
+by index and by UUID) when it is missing, names other GPUs than the GPU fact, was made for
+another driver, or the toolkit version changes in this run. Which release decides: the pinned
+version, else the installed one, else (a first install without a pin) the newest the
+repository offers. Generating needs a loaded driver; without readable GPUs the run reports why
+it skipped.
 
 ``gpu_container_check`` runs a CUDA container with all GPUs requested through the docker Python
 SDK and compares the GPUs it sees with the host's. It is a separate deploy, not part of the
@@ -36,19 +43,23 @@ from typing import Any
 
 from pyinfra import host
 from pyinfra.api import OperationError, deploy, operation
+from pyinfra.facts.systemd import SystemdEnabled
 from pyinfra.operations import python
 
 from facts.container_runtime import (
+    CDI_REFRESH_SPEC,
     CDI_SPEC,
     CONTAINERD_CONFIG,
     DOCKER_CONFIG,
     NVIDIA_RUNTIME,
+    AptPackagePolicy,
     ContainerRuntimeConfig,
 )
 from facts.freshness import UnitOlderThanFile
 from facts.gpu import GpuDevices
-from gpunode.expected.packages import TOOLKIT_PACKAGES
+from gpunode.expected.packages import TOOLKIT_PACKAGES, toolkit_keeps_cdi_spec
 from gpunode.model import DesiredState
+from gpunode.nvidia_releases import CDI_REFRESH_UNITS
 from roles.cuda import held_packages, require_offered
 
 ENGINE_CONFIGS = {"docker": DOCKER_CONFIG, "containerd": CONTAINERD_CONFIG}
@@ -161,6 +172,50 @@ def cdi_spec(toolkit_changing: bool = False):
     yield CDI_GENERATE
 
 
+CDI_REFRESH_SERVICE = "nvidia-cdi-refresh.service"
+
+
+@operation()
+def cdi_refresh(toolkit_changing: bool = False):
+    """The toolkit's own CDI spec (Container Toolkit 1.18 and later) is kept by its enabled
+    refresh units, lists this host's GPUs for the loaded driver, and is the only spec.
+
+    + toolkit_changing: whether this run changes the Container Toolkit's version: the refresh
+      service then runs again
+    """
+    config = host.get_fact(ContainerRuntimeConfig)
+    if config["cdi_spec"]["present"]:
+        # gpunode wrote it for a toolkit before 1.18; the toolkit's own one replaces it.
+        yield f"rm -f {CDI_SPEC}"
+    enabled = host.get_fact(SystemdEnabled, services=list(CDI_REFRESH_UNITS))
+    disabled = [unit for unit in CDI_REFRESH_UNITS if not enabled.get(unit)]
+    if disabled:
+        yield f"systemctl enable {' '.join(disabled)}"
+    gpus = host.get_fact(GpuDevices)
+    if gpus["state"] != "ok":
+        host.noop(f"CDI spec not checked: {gpus['reason']}")
+        return
+    reason = cdi_spec_stale_reason(config["cdi_refresh_spec"], gpus, toolkit_changing)
+    if reason is not None:
+        yield f"systemctl restart {CDI_REFRESH_SERVICE}"
+    elif not disabled and not config["cdi_spec"]["present"]:
+        host.noop(
+            f"{CDI_REFRESH_SPEC} (nvidia-cdi-refresh) lists the {len(gpus['gpus'])} GPUs of "
+            f"driver {config['cdi_refresh_spec']['driver_version']}"
+        )
+
+
+def toolkit_keeps_cdi(version: str | None) -> bool:
+    """Whether the toolkit this run leaves installed keeps the CDI spec itself. apt is asked
+    only for a first install without a pin: what it installs is then its newest."""
+    installed = host.get_fact(ContainerRuntimeConfig)["nvidia_ctk_version"]
+    if version or installed:
+        return toolkit_keeps_cdi_spec(version, installed)
+    policy = host.get_fact(AptPackagePolicy, packages=[TOOLKIT_PACKAGES[0]])
+    newest = (policy["packages"].get(TOOLKIT_PACKAGES[0]) or {}).get("candidate")
+    return toolkit_keeps_cdi_spec(newest, None)
+
+
 @deploy("NVIDIA Container Toolkit")
 def container_toolkit(desired: DesiredState) -> None:
     runtime = desired.container_runtime
@@ -193,7 +248,14 @@ def container_toolkit(desired: DesiredState) -> None:
             engine=engine,
             _if=restart_needed(configured, outdated),
         )
-    if runtime.cdi:
+    if not runtime.cdi:
+        return
+    if toolkit_keeps_cdi(runtime.toolkit_version):
+        cdi_refresh(
+            name=f"CDI spec {CDI_REFRESH_SPEC} kept by nvidia-cdi-refresh",
+            toolkit_changing=toolkit.will_change,
+        )
+    else:
         cdi_spec(name=f"CDI spec {CDI_SPEC}", toolkit_changing=toolkit.will_change)
 
 

@@ -16,9 +16,14 @@ from typing import Any
 from gpunode.drift.findings import HARDWARE_TICKET, RUN_DEPLOY, Finding, Severity
 from gpunode.drift.shape import checked_facts
 from gpunode.expected.firewall import TABLE, render_ruleset
-from gpunode.expected.packages import TOOLKIT_PACKAGES, driver_packages_for
+from gpunode.expected.packages import (
+    TOOLKIT_PACKAGES,
+    driver_packages_for,
+    toolkit_keeps_cdi_spec,
+)
 from gpunode.expected.sshd import expected_effective, render_sshd_config
 from gpunode.model import DesiredState
+from gpunode.nvidia_releases import CDI_REFRESH_SPEC
 from gpunode.sanitize import clean_tree
 
 Section = dict[str, Any]
@@ -360,14 +365,21 @@ def container_runtime_rules(desired: DesiredState, facts: dict[str, Any]) -> Ite
             found = str(config.get("default_runtime"))
             yield f"runtime.{engine}.default", WARN, "nvidia", found, RUN_DEPLOY
     if runtime.cdi:
-        spec = section.get("cdi_spec") or {}
+        # Which toolkit: the pinned, else the installed; unknown, the spec gpunode writes.
+        version = runtime.toolkit_version or section.get("nvidia_ctk_version")
+        own = version is not None and toolkit_keeps_cdi_spec(version, None)
+        path = CDI_REFRESH_SPEC if own else "/etc/cdi/nvidia.yaml"
+        spec = section.get("cdi_refresh_spec" if own else "cdi_spec") or {}
+        if own and (section.get("cdi_spec") or {}).get("present"):
+            # Two specs for the same devices: engines may pick the one that is wrong.
+            yield "runtime.cdi.second_spec", WARN, "no /etc/cdi/nvidia.yaml", "present", RUN_DEPLOY
         gpus = (facts.get("gpu") or {}).get("gpus") or []
         uuids = sorted(gpu.get("uuid") for gpu in gpus if gpu.get("uuid"))
         # A GPU missing from the box is a hardware finding; a spec still listing it is not news.
         expected_count = desired.expected_hardware.gpu_count
         complete = expected_count is None or len(uuids) == expected_count
         if not spec.get("present"):
-            yield "runtime.cdi", WARN, "CDI spec /etc/cdi/nvidia.yaml", "missing", RUN_DEPLOY
+            yield "runtime.cdi", WARN, f"CDI spec {path}", "missing", RUN_DEPLOY
         elif complete and uuids and sorted(spec.get("uuids") or []) != uuids:
             yield "runtime.cdi", WARN, "CDI spec lists every GPU", "stale", RUN_DEPLOY
 

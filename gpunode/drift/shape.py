@@ -18,6 +18,7 @@ _FLAG = Maybe(Bool)
 _STATE = {"state": _TEXT, "reason": _TEXT}
 _EFFECTIVE = MapOf(ListOf(Str))  # sshd -T: keyword -> values; or {"error": [message]}
 _ENGINE = Maybe(Record({"error": _TEXT, "nvidia_runtime": _FLAG, "default_runtime": _TEXT}))
+_CDI_SPEC = Maybe(Record({"present": _FLAG, "uuids": Maybe(ListOf(Str))}))
 _MOUNT = Record({"source": _TEXT, "fstype": _TEXT, "options": Maybe(ListOf(Str))})
 _ACCOUNT = Record(
     {
@@ -77,7 +78,9 @@ SECTION_SHAPES: dict[str, Shape] = {
             **_STATE,
             "docker": _ENGINE,
             "containerd": _ENGINE,
-            "cdi_spec": Maybe(Record({"present": _FLAG, "uuids": Maybe(ListOf(Str))})),
+            "cdi_spec": _CDI_SPEC,
+            "cdi_refresh_spec": _CDI_SPEC,
+            "nvidia_ctk_version": _TEXT,
         }
     ),
     "nccl": Record({**_STATE, "conf": Maybe(MapOf(Str)), "profile": Maybe(MapOf(Str))}),

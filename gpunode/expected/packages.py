@@ -21,6 +21,14 @@ TOOLKIT_PACKAGES = (
 )
 
 
+def toolkit_keeps_cdi_spec(pinned: str | None, installed_ctk: str | None) -> bool:
+    """Whether the Container Toolkit keeps the CDI spec itself (1.18 and later: the
+    ``nvidia-cdi-refresh`` units write ``/var/run/cdi/nvidia.yaml``): by the pinned version,
+    else the installed ``nvidia-ctk``'s; with neither, the newest toolkit, which does."""
+    version = pinned or installed_ctk
+    return version is None or nvidia_releases.toolkit_refreshes_cdi(version)
+
+
 # --- the driver's packages ----------------------------------------------------------------
 
 

@@ -352,3 +352,22 @@ def test_unread_nvlink_lines_from_the_probe_reach_the_report() -> None:
     found = {f.id: f for f in evaluate("node-1", desired(), facts)}
     assert set(found) == {"nvlink.unread_line"}
     assert "line 1 comes before any GPU: 'WARNING: infoROM'" in found["nvlink.unread_line"].found
+
+
+def test_a_toolkit_that_keeps_its_own_cdi_spec_is_checked_there() -> None:
+    facts = copy.deepcopy(healthy_facts())
+    runtime = facts["container_runtime"]
+    runtime["nvidia_ctk_version"] = "1.18.2"
+    # The spec gpunode wrote for 1.17 is still there, the toolkit's own is missing.
+    assert findings(facts) == {
+        "runtime.cdi": Severity.WARNING,
+        "runtime.cdi.second_spec": Severity.WARNING,
+    }
+    found = {f.id: f for f in evaluate("node-1", desired(), facts)}
+    assert "/var/run/cdi/nvidia.yaml" in found["runtime.cdi"].expected
+    runtime["cdi_refresh_spec"] = {"present": True, "uuids": ["GPU-0", "GPU-1"]}
+    runtime["cdi_spec"] = {"present": False, "uuids": []}
+    assert findings(facts) == {}
+    # A pin of 1.17 means gpunode's own spec, whatever nvidia-ctk says.
+    pinned = dict(DATA, container_runtime={"engines": ["docker"], "toolkit_version": "1.17.8-1"})
+    assert "runtime.cdi" in findings(facts, desired(pinned))

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from pyinfra.api import OperationError
+from pyinfra.facts.systemd import SystemdEnabled
 
 from facts.container_runtime import (
     ContainerRuntimeConfig,
@@ -19,11 +20,13 @@ from facts.container_runtime import (
     parse_docker_config,
 )
 from facts.gpu import GpuDevices
+from gpunode.expected.packages import toolkit_keeps_cdi_spec
 from gpunode.model import build_desired_state
 from lab.standin import nvidia_ctk
 from roles.container_toolkit import (
     CDI_GENERATE,
     REVERT_DEFAULT,
+    cdi_refresh,
     cdi_spec,
     check_gpu_container,
     engine_restarted,
@@ -127,6 +130,7 @@ def test_runtime_fact_decodes_every_file() -> None:
         line("/etc/docker/daemon.json", docker_json(OTHER_SETTINGS)),
         "file /etc/containerd/config.toml -",
         line("/etc/cdi/nvidia.yaml", spec_yaml(UUIDS)),
+        line("/var/run/cdi/nvidia.yaml", spec_yaml(UUIDS[:1])),
         "service docker yes",
         "service containerd no",
         "nvidia-ctk NVIDIA Container Toolkit CLI version 1.17.4",
@@ -136,6 +140,7 @@ def test_runtime_fact_decodes_every_file() -> None:
     assert fact["docker"]["nvidia_runtime"] is True
     assert fact["containerd"]["present"] is False
     assert fact["cdi_spec"]["uuids"] == UUIDS
+    assert fact["cdi_refresh_spec"]["uuids"] == UUIDS[:1]
     assert fact["services"] == {"docker": True, "containerd": False}
     assert fact["nvidia_ctk_version"] == "1.17.4"
     assert fact["kernel_driver_loaded"] is False
@@ -150,14 +155,17 @@ def runtime_fact(
     spec: str | None = None,
     services: tuple[str, ...] = (),
     kernel_driver: bool = False,
+    refresh_spec: str | None = None,
+    ctk_version: str | None = "1.17.4",
 ) -> dict[type, Any]:
     return {
         ContainerRuntimeConfig: {
             "docker": parse_docker_config(docker),
             "containerd": parse_containerd_config(containerd),
             "cdi_spec": parse_cdi_spec(spec),
+            "cdi_refresh_spec": parse_cdi_spec(refresh_spec),
             "services": {"docker": "docker" in services, "containerd": "containerd" in services},
-            "nvidia_ctk_version": "1.17.4",
+            "nvidia_ctk_version": ctk_version,
             "kernel_driver_loaded": kernel_driver,
         }
     }
@@ -290,6 +298,73 @@ def test_no_readable_gpu_skips_the_spec_with_the_reason() -> None:
     commands, noops = cdi_commands(None, unreadable)
     assert commands == []
     assert noops == ["CDI spec not generated: driver not loaded"]
+
+
+# --- CDI spec kept by the toolkit (1.18 and later) -----------------------------------------
+
+REFRESH_UNITS = ("nvidia-cdi-refresh.path", "nvidia-cdi-refresh.service")
+
+
+def refresh_commands(
+    gpus: dict[type, Any],
+    refresh_spec: str | None = None,
+    old_spec: str | None = None,
+    enabled: tuple[str, ...] = REFRESH_UNITS,
+    toolkit_changing: bool = False,
+) -> tuple[list[str], list[str]]:
+    facts = {
+        **runtime_fact(spec=old_spec, refresh_spec=refresh_spec, ctk_version="1.18.2"),
+        **gpus,
+        SystemdEnabled: {unit: unit in enabled for unit in REFRESH_UNITS},
+    }
+    return commands_of(cdi_refresh, facts, toolkit_changing=toolkit_changing)
+
+
+def test_a_current_toolkit_spec_with_its_units_enabled_is_a_noop() -> None:
+    commands, noops = refresh_commands(gpus_fact(UUIDS), refresh_spec=spec_yaml(UUIDS))
+    assert commands == []
+    assert noops == [
+        f"/var/run/cdi/nvidia.yaml (nvidia-cdi-refresh) lists the 2 GPUs of driver {DRIVER}"
+    ]
+
+
+def test_the_spec_gpunode_wrote_for_an_older_toolkit_is_removed() -> None:
+    commands, _ = refresh_commands(
+        gpus_fact(UUIDS), refresh_spec=spec_yaml(UUIDS), old_spec=spec_yaml(UUIDS)
+    )
+    assert commands == ["rm -f /etc/cdi/nvidia.yaml"]
+
+
+@pytest.mark.parametrize(
+    ("refresh_spec", "gpus", "toolkit_changing"),
+    [
+        (None, gpus_fact(UUIDS), False),  # not written (yet)
+        (spec_yaml(UUIDS[:1]), gpus_fact(UUIDS), False),  # a GPU came
+        (spec_yaml(UUIDS), gpus_fact(UUIDS, driver="580.95.05"), False),  # new driver loaded
+        (spec_yaml(UUIDS), gpus_fact(UUIDS), True),  # the toolkit changes in this run
+    ],
+)
+def test_a_stale_toolkit_spec_is_refreshed_by_its_own_service(
+    refresh_spec: str | None, gpus: dict[type, Any], toolkit_changing: bool
+) -> None:
+    commands, _ = refresh_commands(gpus, refresh_spec, toolkit_changing=toolkit_changing)
+    assert commands == ["systemctl restart nvidia-cdi-refresh.service"]
+    assert not any("nvidia-ctk cdi generate" in command for command in commands)
+
+
+def test_disabled_refresh_units_are_enabled_again() -> None:
+    commands, _ = refresh_commands(
+        gpus_fact(UUIDS), refresh_spec=spec_yaml(UUIDS), enabled=("nvidia-cdi-refresh.service",)
+    )
+    assert commands == ["systemctl enable nvidia-cdi-refresh.path"]
+
+
+def test_which_toolkit_keeps_its_own_spec() -> None:
+    assert toolkit_keeps_cdi_spec("1.18.0-1", None)
+    assert toolkit_keeps_cdi_spec("1.20.1-1", "1.17.4")  # the pin decides
+    assert not toolkit_keeps_cdi_spec("1.17.8-1", "1.18.2")
+    assert toolkit_keeps_cdi_spec(None, "1.19.1")
+    assert not toolkit_keeps_cdi_spec(None, "1.17.4")
 
 
 # --- GPU container check ---------------------------------------------------------------------
