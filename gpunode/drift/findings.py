@@ -63,10 +63,11 @@ class DriftResult:
 
     @property
     def exit_code(self) -> int:
-        """0 no drift, 1 drift found, 2 some hosts could not be checked."""
+        """0 no drift, 1 drift found, 2 some hosts could not be checked. Info findings (what
+        an operator should know, e.g. a driver branch past its end of life) are no drift."""
         if self.unreachable:
             return 2
-        return 1 if self.findings else 0
+        return 1 if any(f.severity != Severity.INFO for f in self.findings) else 0
 
     def sorted_findings(self) -> list[Finding]:
         return sorted(self.findings, key=lambda f: (f.host, f.severity.rank, f.id))

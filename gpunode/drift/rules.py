@@ -9,6 +9,7 @@ checks (Azure aznhc, LBNL NHC, DCGM) named in the project's reference notes.
 
 from __future__ import annotations
 
+import datetime
 import hashlib
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -542,7 +543,22 @@ RULES: tuple[Rule, ...] = (
 )
 
 
-def evaluate(host: str, desired: DesiredState, facts: Any) -> list[Finding]:
+def advisory_findings(
+    host: str, desired: DesiredState, today: datetime.date | None
+) -> list[Finding]:
+    """The desired state's advisories (``DesiredState.advisories``) as info findings: a pinned
+    driver branch past its end of life or a new feature branch, a toolkit that runs on the
+    pinned driver only through minor-version compatibility. Dated by ``today``."""
+    return [
+        Finding(f"advisory:{advisory.key}", host, INFO, f"{advisory.key} = {advisory.value}",
+                advisory.message, "review the inventory's pin")
+        for advisory in desired.advisories(today)
+    ]  # fmt: skip
+
+
+def evaluate(
+    host: str, desired: DesiredState, facts: Any, today: datetime.date | None = None
+) -> list[Finding]:
     """Every rule over one host's facts, never raising.
 
     The facts come from the node: their text is cleaned once (``gpunode.sanitize``), then
@@ -566,4 +582,4 @@ def evaluate(host: str, desired: DesiredState, facts: Any) -> list[Finding]:
                 Finding(f"drift.rule_failed:{name}", host, WARN, f"{name} evaluates", found,
                         REPORT_BUG)
             )  # fmt: skip
-    return findings
+    return findings + advisory_findings(host, desired, today)

@@ -39,8 +39,8 @@ DATA = {
     "gpu_settings": {"persistence_mode": True, "ecc": True},
     "nvidia_driver": {
         "source": "nvidia",
-        "branch": "570",
-        "version": "570.195.03-1",
+        "branch": "580",
+        "version": "580.95.05-1",
         "stack": "full",
     },
     "firewall": {"enabled": True},
@@ -81,8 +81,8 @@ def healthy_facts() -> dict[str, Any]:
         "complete": True,
         "gpu": {
             "state": "ok",
-            "driver_version": "570.195.03",
-            "driver_versions": {"mismatch": False, "installed_package": "570.195.03"},
+            "driver_version": "580.95.05",
+            "driver_versions": {"mismatch": False, "installed_package": "580.95.05"},
             "fabric_manager": {"state": "active"},
             "xid_events": {"state": "ok", "events": []},
             "gpus": [healthy_gpu(0), healthy_gpu(1)],
@@ -132,7 +132,7 @@ def healthy_facts() -> dict[str, Any]:
             "cdi_spec": {"present": True, "uuids": ["GPU-0", "GPU-1"]},
         },
         "packages": {
-            "packages": {name: "570.195.03-1" for name in DRIVER_PACKAGES},
+            "packages": {name: "580.95.05-1" for name in DRIVER_PACKAGES},
             "held": sorted(DRIVER_PACKAGES),
         },
         "nccl": {"conf": dict(NCCL_ENV), "profile": dict(NCCL_ENV)},
@@ -180,7 +180,7 @@ FAULTS = [
                  {"gpu.model:1": Severity.CRITICAL}, id="wrong-gpu-model"),
     pytest.param(set_path("gpu", {"state": "driver_not_loaded", "reason": "exit 9"}),
                  {"gpu.driver_loaded": Severity.CRITICAL}, id="driver-not-loaded"),
-    pytest.param(set_path("gpu.driver_version", "570.124.06"),
+    pytest.param(set_path("gpu.driver_version", "580.82.07"),
                  {"driver.version": Severity.CRITICAL, "node.reboot_required": Severity.WARNING},
                  id="driver-upgraded-by-hand-not-loaded"),
     pytest.param(set_path("gpu.driver_versions.mismatch", True),
@@ -241,7 +241,7 @@ FAULTS = [
                  {"tls.expiry": Severity.WARNING}, id="certificate-near-expiry"),
     pytest.param(set_path("tls.days_to_expiry", 3),
                  {"tls.expiry": Severity.CRITICAL}, id="certificate-about-to-expire"),
-    pytest.param(set_path("packages.packages.nvidia-open", "570.124.06-1"),
+    pytest.param(set_path("packages.packages.nvidia-open", "580.82.07-1"),
                  {"packages.version:nvidia-open": Severity.CRITICAL}, id="package-changed-by-hand"),
     pytest.param(set_path("packages.held", ["nvidia-driver"]),
                  {f"packages.hold:{name}": Severity.WARNING
@@ -371,3 +371,26 @@ def test_a_toolkit_that_keeps_its_own_cdi_spec_is_checked_there() -> None:
     # A pin of 1.17 means gpunode's own spec, whatever nvidia-ctk says.
     pinned = dict(DATA, container_runtime={"engines": ["docker"], "toolkit_version": "1.17.8-1"})
     assert "runtime.cdi" in findings(facts, desired(pinned))
+
+
+def test_a_pin_past_its_end_of_life_is_an_info_finding_and_no_drift() -> None:
+    import datetime
+
+    from gpunode.drift.findings import DriftResult
+
+    eol = dict(DATA, nvidia_driver={**DATA["nvidia_driver"], "branch": "570",
+                                    "version": "570.195.03-1"})  # fmt: skip
+    found = evaluate("node-1", desired(eol), healthy_facts(), today=datetime.date(2026, 12, 1))
+    advisories = [f for f in found if f.id.startswith("advisory:")]
+    assert [(f.id, f.severity) for f in advisories] == [
+        ("advisory:nvidia_driver.branch", Severity.INFO)
+    ]
+    assert "reached its end of life in February 2026" in advisories[0].found
+    # The same pin before its end of life: nothing to say.
+    before = evaluate("node-1", desired(eol), healthy_facts(), today=datetime.date(2026, 1, 1))
+    assert not [f for f in before if f.id.startswith("advisory:")]
+    # Info alone is no drift: the nightly check exits 0; with anything else it exits 1 (here
+    # the facts' packages are 580's, not the pinned 570's).
+    assert DriftResult(findings=advisories, checked_hosts=["node-1"]).exit_code == 0
+    drift = [f for f in found if f.severity != Severity.INFO]
+    assert drift and DriftResult(findings=advisories + drift).exit_code == 1
