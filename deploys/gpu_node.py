@@ -22,6 +22,7 @@ from roles.fabric_manager import fabric_manager
 from roles.gpu_metrics import gpu_metrics
 from roles.gpu_settings import gpu_settings
 from roles.hardening import node_hardening
+from roles.imex import imex
 from roles.infiniband import infiniband
 from roles.nccl import nccl
 from roles.nvidia_driver import nvidia_driver
@@ -34,6 +35,7 @@ with converging() as desired:
     nvidia_repositories(desired=desired)
     nvidia_driver(desired=desired)
     fabric_manager(desired=desired)
+    imex(desired=desired)
     cuda_toolkits(desired=desired)
     container_toolkit(desired=desired)
     dcgm(desired=desired)

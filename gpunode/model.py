@@ -751,6 +751,26 @@ class FabricManager:
         None, "exact apt version; must equal the driver version", pattern=DRIVER_APT_VERSION,
         accepts="an apt package version such as '550.127.08-1'",
     )  # fmt: skip
+    nvlsm_version: str | None = setting(
+        None, "exact apt version of nvlsm (Blackwell NVSwitch systems); default: held as "
+        "first installed", pattern=APT_VERSION,
+        accepts="an apt package version such as '2025.10.14-1'",
+    )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Imex:
+    """NVIDIA IMEX on multi-node NVLink systems (GB200/GB300 NVL72): the service, its domain's
+    nodes and the IMEX channels the driver does not create by itself."""
+
+    mode: Literal["auto", "always", "never"] = setting(
+        "auto", "auto: run IMEX where expected_hardware.gpu_model is a GB200/GB300 NVL72 tray"
+    )
+    nodes: tuple[str, ...] = setting(
+        (), "IP addresses of every node of the NVLink domain (nodes_config.cfg)",
+        check=check_ip_address, accepts="IP addresses",
+    )  # fmt: skip
+    channels: int = setting(1, "IMEX channels to create at boot (channel0 upwards)", min=1, max=64)
 
 
 @dataclass(frozen=True)
@@ -1035,6 +1055,7 @@ class DesiredState:
     cuda: Cuda = setting(Cuda(), "CUDA toolkits")
     container_runtime: ContainerRuntime = setting(ContainerRuntime(), "container toolkit")
     fabric_manager: FabricManager = setting(FabricManager(), "Fabric Manager")
+    imex: Imex = setting(Imex(), "IMEX (multi-node NVLink)")
     dcgm: Dcgm = setting(Dcgm(), "DCGM")
     gpu_settings: GpuSettings = setting(GpuSettings(), "GPU settings")
     nccl: Nccl = setting(Nccl(), "NCCL")
@@ -1081,7 +1102,37 @@ class DesiredState:
             return max(int(release.split(".")[0]) for release in self.cuda.versions)
         return None
 
+    @property
+    def needs_nvlsm(self) -> bool:
+        hardware = self.expected_hardware
+        return self.needs_fabric_manager and nvidia_releases.needs_nvlsm(
+            hardware.gpu_model, hardware.nvswitch
+        )
+
+    @property
+    def needs_imex(self) -> bool:
+        if self.imex.mode == "auto":
+            return nvidia_releases.multi_node_nvlink(self.expected_hardware.gpu_model)
+        return self.imex.mode == "always"
+
+    def _validate_imex(self, builder: Builder) -> None:
+        if not self.needs_imex:
+            return
+        if self.nvidia_driver.source != "nvidia":
+            builder.problem(
+                "imex.mode", self.imex.mode,
+                "IMEX is only in NVIDIA's repository and must match its driver, but "
+                f"nvidia_driver.source is {self.nvidia_driver.source!r}",
+                "nvidia_driver.source: nvidia, or imex.mode: never",
+            )  # fmt: skip
+        if not self.imex.nodes:
+            builder.problem(
+                "imex.nodes", [], "IMEX needs every node of its NVLink domain",
+                "the IP addresses of the domain's nodes (the NVL72 rack's compute trays)",
+            )  # fmt: skip
+
     def validate(self, builder: Builder, path: str) -> None:
+        self._validate_imex(builder)
         self._validate_admins(builder)
         self._validate_cuda_against_driver(builder)
         self._validate_kernel_module_flavour(builder)

@@ -272,3 +272,30 @@ def exporter_pairs_with(exporter: str, dcgm: str) -> bool | None:
     versions, e.g. 4.9.0 and 4.7.0); None when gpunode's table does not know the exporter."""
     paired = DCGM_EXPORTER_PAIRS.get(exporter)
     return None if paired is None else dcgm in paired
+
+
+# --- NVLink fabric services by hardware generation ------------------------------------------
+#
+# Read on 2026-12-01: NVIDIA Fabric Manager User Guide (Blackwell-generation NVSwitch systems
+# run the NVLink Subnet Manager, package ``nvlsm``, beside Fabric Manager); NVIDIA IMEX Guide,
+# "Getting Started" (https://docs.nvidia.com/multi-node-nvlink-systems/imex-guide/
+# gettingstarted.html: "The IMEX installation package will install the required core
+# components and register the service as a systemd service called nvidia-imex"; supported:
+# "NVIDIA GB200 NVL72") and "IMEX Channels" (imexchannels.html: "Users are expected to create
+# the IMEX channels, as they are not created by default"; "IMEX channels will not persist
+# through a reboot"; created with mknod on the major of ``nvidia-caps-imex-channels`` in
+# /proc/devices). The nodes file is /etc/nvidia-imex/nodes_config.cfg, one address a line.
+
+# Multi-node NVLink (NVL72) compute trays: each node runs IMEX for its NVLink domain.
+MULTI_NODE_NVLINK_MODELS = ("GB200", "GB300")
+IMEX_NODES_CONFIG = "/etc/nvidia-imex/nodes_config.cfg"
+IMEX_CHANNEL_DIR = "/dev/nvidia-caps-imex-channels"
+
+
+def needs_nvlsm(model: str | None, nvswitch: bool | None) -> bool:
+    """NVSwitch systems of the Blackwell generation run the NVLink Subnet Manager."""
+    return bool(nvswitch) and model is not None and architecture_of(model) == "blackwell"
+
+
+def multi_node_nvlink(model: str | None) -> bool:
+    return model is not None and _names(model, MULTI_NODE_NVLINK_MODELS)

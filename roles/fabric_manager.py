@@ -10,6 +10,9 @@ What results:
   service is enabled, so it comes up with the boot that loads the matching module, and started
   only while the loaded driver is that version: Fabric Manager refuses any other. Until then it
   is reported as pending a reboot.
+* Blackwell-generation NVSwitch systems (``expected_hardware.gpu_model`` a Blackwell GPU and
+  ``nvswitch`` true) also get the NVLink Subnet Manager, ``nvlsm``: its own (calver) version,
+  ``fabric_manager.nvlsm_version`` or held at the version first installed.
 * Nodes that do not need it: never installed. An installed one is removed (with its hold) only
   where data says so for certain: ``fabric_manager.mode: never``, or ``auto`` with
   ``expected_hardware.nvswitch: false``. With ``nvswitch`` unknown it is reported and left, as
@@ -31,9 +34,11 @@ from pyinfra.facts.systemd import SystemdEnabled, SystemdStatus
 from facts.nvidia_packages import NvidiaPackages
 from gpunode.expected.packages import fabric_manager_packages
 from gpunode.model import DesiredState, upstream_version
+from roles.cuda import held_packages
 from roles.nvidia_driver import APT_INSTALL, installed_driver_version
 
 SERVICE = "nvidia-fabricmanager.service"
+NVLSM_PACKAGE = "nvlsm"
 # Fabric Manager packages of every branch (NSCQ and the combined metapackages too).
 FABRIC_MANAGER_PACKAGE = re.compile(
     r"(nvidia-fabricmanager(-[0-9]{3})?|libnvidia-nscq(-[0-9]{3})?|"
@@ -244,3 +249,11 @@ def fabric_manager(desired: DesiredState) -> None:
         driver_reboots=reboots,
         driver_version=driver.version,
     )
+    if desired.needs_nvlsm:
+        # Blackwell NVSwitch systems: the NVLink Subnet Manager, a calver package of its own.
+        held_packages(
+            name=f"{NVLSM_PACKAGE} {desired.fabric_manager.nvlsm_version or '(unpinned)'}, held",
+            packages=[NVLSM_PACKAGE],
+            repository_url=desired.apt.cuda_repo_url,
+            version=desired.fabric_manager.nvlsm_version,
+        )

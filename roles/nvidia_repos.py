@@ -60,6 +60,7 @@ def nvidia_repositories_for(desired: DesiredState) -> list[NvidiaRepository]:
         or desired.dcgm.enabled
         or desired.nccl.install_libnccl
         or (desired.needs_fabric_manager and desired.nvidia_driver.source != "none")
+        or desired.needs_imex
     )
     return [
         NvidiaRepository(

@@ -133,3 +133,11 @@ def dcgm_packages(major: int, cuda_major: int | None) -> tuple[str, ...]:
         return (DCGM3_PACKAGE,)
     core = f"datacenter-gpu-manager-{major}-core"
     return (core, f"datacenter-gpu-manager-{major}-cuda{cuda_major}") if cuda_major else (core,)
+
+
+def imex_packages(branch: str) -> tuple[str, ...]:
+    """IMEX's package for ``branch``, at the driver's version (suffixed like Fabric Manager's
+    up to 575)."""
+    if nvidia_releases.fabric_manager_suffixed(branch):
+        return (f"nvidia-imex-{branch}",)
+    return ("nvidia-imex",)
