@@ -778,7 +778,15 @@ def _systemd_scripts(unit: str, enable: bool) -> dict[str, str]:
     fi
 """
     else:
-        configure = f"""    deb-systemd-helper update-state '{unit}' >/dev/null || true
+        # debhelper's postinst-systemd-dont-enable: the unmask undoes the mask another package's
+        # postrm left on the same unit (DCGM 3 -> DCGM 4 both ship nvidia-dcgm.service).
+        configure = f"""    if deb-systemd-helper debian-installed '{unit}'; then
+        deb-systemd-helper unmask '{unit}' >/dev/null || true
+        if deb-systemd-helper --quiet was-enabled '{unit}'; then
+            deb-systemd-helper enable '{unit}' >/dev/null || true
+        fi
+    fi
+    deb-systemd-helper update-state '{unit}' >/dev/null || true
     if [ -d /run/systemd/system ]; then
         systemctl --system daemon-reload >/dev/null || true
     fi

@@ -227,8 +227,10 @@ def test_dcgm4_and_its_exporter_come_in_the_recorded_pairs():
     for package in exporters.values():
         units = [f.path for f in package.files if "/systemd/" in f.path]
         assert units == ["/lib/systemd/system/nvidia-dcgm-exporter.service"]
-        # Installed, not enabled: the maintainer scripts never enable it.
-        assert "enable" not in package.scripts["postinst"].replace("was-enabled", "")
+        # Installed, not enabled (re-enabled only where the admin had it enabled), not started.
+        postinst = package.scripts["postinst"]
+        assert "systemctl enable" not in postinst and "deb-systemd-invoke" not in postinst
+        assert "deb-systemd-helper --quiet was-enabled" in postinst
 
 
 @pytest.mark.parametrize(
