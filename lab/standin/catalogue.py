@@ -985,8 +985,8 @@ exit 1
 """
 
 
-# The unit's contents are the lab's (NVIDIA's was not seen): a forking daemon reading
-# config.cfg, as the IMEX guide describes the service.
+# NVIDIA's unit was not seen; this is the one sites that replace it write (world.toml
+# imex-unit-copies), which they model on the packaged one.
 IMEX_UNIT = """\
 [Unit]
 Description=NVIDIA IMEX service
@@ -998,7 +998,6 @@ User=root
 PrivateTmp=false
 Type=forking
 TimeoutStartSec=infinity
-PIDFile=/var/run/nvidia-imex/nvidia-imex.pid
 ExecStart=/usr/bin/nvidia-imex -c /etc/nvidia-imex/config.cfg
 LimitCORE=infinity
 
