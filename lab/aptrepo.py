@@ -9,6 +9,11 @@ versions and dependencies; tiny contents), laid out and signed the way NVIDIA pu
   ``Packages.gz``, ``Release``, ``Release.gpg``, ``InRelease`` and the ``.deb`` files side by
   side), used as ``deb [signed-by=...] URL/cuda/debian12/x86_64/ /``; its armored public key is
   served beside them as ``<keyid>.pub``, as NVIDIA serves ``3bf863cc.pub``.
+- ``cuda/debian13/x86_64/``: the same for Debian 13, with the same packages (no source seen says
+  NVIDIA's Debian 13 packages differ) and signed with the same key, as NVIDIA signs both with
+  one. ``REPOSITORIES`` (and ``sources()`` by default) are Debian 12's pair; the Debian 13 CUDA
+  repository is ``CUDA_REPOSITORIES["debian13"]``, ``sources(..., distribution="debian13")``
+  and ``server.cuda_url_for("debian13")``.
 - ``libnvidia-container/stable/deb/amd64/``: the same for the Container Toolkit repository
   (``nvidia.github.io/libnvidia-container/stable/deb/$(ARCH)``); its armored key is
   ``libnvidia-container/gpgkey``.
@@ -33,6 +38,7 @@ Usage, from a test or from ``gpunode lab`` (the lab host is the bridge gateway, 
     repo = aptrepo.build_repository(lab.state_dir / "aptrepo")     # seconds once, then cached
     with aptrepo.serve(repo.directory, lab.gateway, port=aptrepo.DEFAULT_PORT) as server:
         server.cuda_url            # http://10.213.N.1:8089/cuda/debian12/x86_64
+        server.cuda_url_for("debian13")  # http://10.213.N.1:8089/cuda/debian13/x86_64
         server.container_url       # http://10.213.N.1:8089/libnvidia-container/stable/deb/amd64
         repo.sources(server.base_url)   # {file name in sources.list.d: one-line source}
         repo.cuda_keyring          # copy to the node's /usr/share/keyrings/
@@ -66,13 +72,16 @@ from typing import Any
 
 from lab.standin import (
     CUDA_REPO,
+    CUDA_REPOSITORY_PATHS,
     LIBNVIDIA_CONTAINER_REPO,
     StandinPackage,
     catalogue,
 )
 
 DEFAULT_PORT = 8089
-CUDA_PATH = "cuda/debian12/x86_64"
+BUILT_ARCHITECTURES = ("amd64",)  # world.toml lists sbsa paths too; only amd64 is built
+DEFAULT_DISTRIBUTION = "debian12"
+CUDA_PATH = CUDA_REPOSITORY_PATHS[DEFAULT_DISTRIBUTION]  # cuda/debian12/x86_64
 CONTAINER_PATH = "libnvidia-container/stable/deb/amd64"
 KEYRINGS_DIR = "keyrings"
 CUDA_KEYRING = "cuda-archive-keyring.gpg"
@@ -102,18 +111,28 @@ class Repository:
     key_uid: str
     keyring: str  # file name under keyrings/
     sources_file: str  # the file name NVIDIA's instructions use in sources.list.d
+    distribution: str = DEFAULT_DISTRIBUTION  # the Debian release it is for
 
 
-REPOSITORIES = (
-    Repository(
+def _cuda_repository(distribution: str) -> Repository:
+    return Repository(
         name=CUDA_REPO,
-        path=CUDA_PATH,
+        path=CUDA_REPOSITORY_PATHS[distribution],
         origin="NVIDIA",
         label="NVIDIA CUDA",
         key_uid="gpunode lab CUDA stand-in repository <cudatools@nvidia.com>",
         keyring=CUDA_KEYRING,
-        sources_file="cuda-debian12-x86_64.list",
-    ),
+        sources_file=f"cuda-{distribution}-x86_64.list",
+        distribution=distribution,
+    )
+
+
+# Debian release -> its CUDA repository (one package set, one key).
+CUDA_REPOSITORIES = {name: _cuda_repository(name) for name in CUDA_REPOSITORY_PATHS}
+
+# The Debian 12 pair: what a Debian 12 node's sources name.
+REPOSITORIES = (
+    CUDA_REPOSITORIES[DEFAULT_DISTRIBUTION],
     Repository(
         name=LIBNVIDIA_CONTAINER_REPO,
         path=CONTAINER_PATH,
@@ -124,13 +143,27 @@ REPOSITORIES = (
         sources_file="nvidia-container-toolkit.list",
     ),
 )
+# Every repository a build writes: the Debian 12 pair, then the other releases' CUDA ones.
+ALL_REPOSITORIES = (
+    *REPOSITORIES,
+    *(r for name, r in CUDA_REPOSITORIES.items() if name != DEFAULT_DISTRIBUTION),
+)
 
 
 def repository_urls(base_url: str) -> dict[str, str]:
-    """Repository name -> its URL under a server at ``base_url`` (e.g. http://10.213.N.1:8089)."""
+    """Repository name -> its URL under a server at ``base_url`` (e.g. http://10.213.N.1:8089),
+    for Debian 12 (``cuda_repository_url`` gives another release's CUDA repository)."""
     return {
         repository.name: f"{base_url.rstrip('/')}/{repository.path}" for repository in REPOSITORIES
     }
+
+
+def cuda_repository_url(base_url: str, distribution: str = DEFAULT_DISTRIBUTION) -> str:
+    """The CUDA repository's URL for one Debian release (``debian12``, ``debian13``)."""
+    if distribution not in CUDA_REPOSITORIES:
+        known = ", ".join(CUDA_REPOSITORIES)
+        raise AptRepoError(f"no CUDA repository for {distribution!r} (known: {known})")
+    return f"{base_url.rstrip('/')}/{CUDA_REPOSITORIES[distribution].path}"
 
 
 class AptRepoError(RuntimeError):
@@ -159,6 +192,9 @@ class RepoInfo:
     def cuda_dir(self) -> Path:
         return self.directory / CUDA_PATH
 
+    def cuda_dir_for(self, distribution: str) -> Path:
+        return self.directory / CUDA_REPOSITORIES[distribution].path
+
     @property
     def container_dir(self) -> Path:
         return self.directory / CONTAINER_PATH
@@ -174,14 +210,21 @@ class RepoInfo:
     def versions(self, name: str) -> list[str]:
         return [package.version for package in self.packages if package.name == name]
 
-    def sources(self, base_url: str, keyring_dir: str = "/usr/share/keyrings") -> dict[str, str]:
-        """sources.list.d file name -> its one-line source, for a server at ``base_url``."""
+    def sources(
+        self,
+        base_url: str,
+        keyring_dir: str = "/usr/share/keyrings",
+        distribution: str = DEFAULT_DISTRIBUTION,
+    ) -> dict[str, str]:
+        """sources.list.d file name -> its one-line source, for a server at ``base_url``: the
+        CUDA repository of ``distribution`` and the Container Toolkit's."""
+        chosen = (CUDA_REPOSITORIES[distribution], *REPOSITORIES[1:])
         return {
             repository.sources_file: (
                 f"deb [signed-by={keyring_dir}/{repository.keyring}] "
                 f"{base_url.rstrip('/')}/{repository.path}/ /\n"
             )
-            for repository in REPOSITORIES
+            for repository in chosen
         }
 
 
@@ -214,7 +257,7 @@ def _build(directory: Path, packages: list[StandinPackage], content_hash: str) -
     staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=directory))
     try:
         _build_debs(staging, packages)
-        for repository in REPOSITORIES:
+        for repository in ALL_REPOSITORIES:
             _write_indexes(staging / repository.path, repository)
         fingerprints = _sign(staging)
         refs = tuple(
@@ -273,7 +316,7 @@ def _load_state(directory: Path, content_hash: str) -> RepoInfo | None:
         return None
     refs = tuple(PackageRef(**raw) for raw in state["packages"])
     needed = [directory / ref.filename for ref in refs]
-    for repository in REPOSITORIES:
+    for repository in ALL_REPOSITORIES:
         needed += [
             directory / repository.path / name
             for name in ("Packages", "Packages.gz", "Release", "Release.gpg", "InRelease")
@@ -296,12 +339,22 @@ def _replace_managed_entries(staging: Path, directory: Path) -> None:
 
 
 def _build_debs(root: Path, packages: Sequence[StandinPackage]) -> None:
-    for repository in REPOSITORIES:
+    for repository in ALL_REPOSITORIES:
         (root / repository.path).mkdir(parents=True)
     trees = root / ".trees"
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
         list(pool.map(lambda package: _build_deb(package, root, trees), packages))
     shutil.rmtree(trees)
+    # The other Debian releases' CUDA repositories hold the same .debs: hard links.
+    default = _repository_dir(root, CUDA_REPO)
+    for repository in ALL_REPOSITORIES[len(REPOSITORIES) :]:
+        for package in packages:
+            if package.repository == repository.name:
+                os.link(default / package.filename, root / repository.path / package.filename)
+
+
+def _repository_dir(root: Path, name: str) -> Path:
+    return root / next(r for r in REPOSITORIES if r.name == name).path
 
 
 def _build_deb(package: StandinPackage, root: Path, trees: Path) -> None:
@@ -336,7 +389,7 @@ def _write_indexes(repo_dir: Path, repository: Repository) -> None:
     options = {
         "Origin": repository.origin,
         "Label": repository.label,
-        "Architectures": "amd64",
+        "Architectures": " ".join(BUILT_ARCHITECTURES),
         "Description": f"gpunode lab stand-in: {repository.label}",
     }
     arguments = ["apt-ftparchive"]
@@ -353,7 +406,7 @@ def _sign(root: Path) -> dict[str, str]:
     fingerprints = {}
     try:
         (root / KEYRINGS_DIR).mkdir()
-        for repository in REPOSITORIES:
+        for repository in REPOSITORIES:  # one key per repository name
             _run(
                 [
                     "gpg",
@@ -370,6 +423,8 @@ def _sign(root: Path) -> dict[str, str]:
             )
             fingerprint = _fingerprint(repository.key_uid, env)
             fingerprints[repository.name] = fingerprint
+        for repository in ALL_REPOSITORIES:
+            fingerprint = fingerprints[repository.name]
             repo_dir = root / repository.path
             gpg = [
                 "gpg",
@@ -397,7 +452,7 @@ def _sign(root: Path) -> dict[str, str]:
             )
             (root / KEYRINGS_DIR / repository.keyring).write_bytes(
                 _run_bytes(["gpg", "--batch", "--export", fingerprint], env=env)
-            )
+            )  # the same key for every path of one name: rewritten identically
             armored = _run(["gpg", "--batch", "--armor", "--export", fingerprint], env=env)
             if repository.name == CUDA_REPO:
                 (repo_dir / f"{fingerprint[-8:].lower()}.pub").write_text(armored)
@@ -486,6 +541,10 @@ class RepoServer:
     @property
     def cuda_url(self) -> str:
         return repository_urls(self.base_url)[CUDA_REPO]
+
+    def cuda_url_for(self, distribution: str) -> str:
+        """The CUDA repository's URL for ``debian12`` or ``debian13``."""
+        return cuda_repository_url(self.base_url, distribution)
 
     @property
     def container_url(self) -> str:

@@ -1,38 +1,54 @@
-"""The stand-in package catalogue: names, versions and dependencies of NVIDIA's apt repositories.
+"""The stand-in package catalogue: names, versions and dependencies of NVIDIA's apt repositories,
+generated from the data file ``world.toml`` beside this module.
 
-Two repositories, laid out and named as NVIDIA publishes them:
+``world.toml`` records every release and every package template (control fields and the real
+package's relations, with ``{placeholders}``) and, for each, where it comes from: a
+``[sources.KEY]`` entry (URL where one was seen, the date it was read, what it says) or
+``assumed`` with the reason. Where the stand-in departs from the real relations (no ``dkms``, no
+X/GL libraries, no InfiniBand userspace: the lab stays hermetic and the packages tiny) the data
+lists the departure; ``tests/unit/test_standin_catalogue.py`` checks the built relations are
+exactly the recorded ones minus/plus those. This module adds only what the data cannot say: the
+tiny contents (scripts, systemd units, maintainer scripts), keyed by each template's ``id``.
 
-- ``CUDA_REPO``: NVIDIA's Debian 12 CUDA repository (``compute/cuda/repos/debian12/x86_64``):
-  the driver for branches 550 and 570 (two releases each, ``DRIVER_VERSIONS``) in both kernel
-  module flavours, Fabric Manager, DCGM, CUDA toolkits 12.4 and 12.8 (two updates each), the
-  ``cuda`` metapackage and NCCL.
+Repositories, laid out and named as NVIDIA publishes them:
+
+- ``CUDA_REPO``: NVIDIA's CUDA repository, served for Debian 12 and Debian 13
+  (``compute/cuda/repos/debian12/x86_64`` and ``debian13/x86_64``, the same package set): the
+  driver for branches 550, 570, 580 and 595 (two releases each, ``DRIVER_VERSIONS``) in both
+  kernel module flavours, Fabric Manager, NSCQ, IMEX, NVLSM, DCGM 3 and 4 with the exporter,
+  CUDA toolkits 12.4, 12.8, 12.9, 13.0 and 13.1, the ``cuda`` metapackage and NCCL.
 - ``LIBNVIDIA_CONTAINER_REPO``: the NVIDIA Container Toolkit repository
-  (``libnvidia-container/stable/deb/amd64``), two releases (``CONTAINER_TOOLKIT_VERSIONS``).
+  (``libnvidia-container/stable/deb/amd64``), ``CONTAINER_TOOLKIT_VERSIONS``.
 
 Dependency shapes follow the real repositories, including the parts that bite:
 
 - NVIDIA's Debian packaging of the driver (same names as Debian's ``nvidia-graphics-drivers``):
   ``nvidia-driver`` needs ``nvidia-kernel-dkms (= V) | nvidia-kernel-V``; both kernel module
-  packages (``nvidia-kernel-dkms`` proprietary, ``nvidia-kernel-open-dkms`` open) provide
-  ``nvidia-kernel-V`` and conflict with each other; ``libcuda1`` *recommends* the kernel module,
-  so a userspace-only install needs ``--no-install-recommends``.
+  packages provide ``nvidia-kernel-V`` and conflict with each other; ``libcuda1`` *recommends*
+  the kernel module, so a userspace-only install needs ``--no-install-recommends``.
 - NVIDIA's installation guide for Debian: ``nvidia-open`` (open modules) or ``cuda-drivers``
   (proprietary) for a full install; ``nvidia-driver-cuda`` plus ``nvidia-kernel-open-dkms`` or
-  ``nvidia-kernel-dkms`` for a compute-only node.
+  ``nvidia-kernel-dkms`` for a compute-only node (no ``nvidia-driver``).
+- Two packaging eras. Up to 580 ``cuda-drivers`` depends on the branch's ``cuda-drivers-<b>``;
+  from 590 on there are no branch-suffixed metapackages and ``cuda-drivers`` / ``nvidia-open``
+  track the newest driver unless ``nvidia-driver-pinning-<b>`` (580 and 595 here; Provides,
+  Conflicts and Replaces ``nvidia-driver-pinning``) installs an apt preferences file pinning the
+  branch at priority 1000. Fabric Manager is ``nvidia-fabricmanager-<b>`` (provides, replaces and
+  conflicts with ``nvidia-fabricmanager``) up to 570 and plain ``nvidia-fabricmanager`` +
+  ``libnvidia-nscq`` (+ ``nvidia-imex``) at the driver's version from 580.
 - Metapackages require ``>=`` versions (``cuda-drivers-550`` is satisfied by the 570 driver,
   ``cuda-toolkit-12-4=12.4.0-1`` pulls the newest ``cuda-nvcc-12-4``) while the driver's own
   packages require ``=``: installing an old release needs apt preferences (or every package
   named with its version), exactly as on the real repository.
-- ``nvidia-container-toolkit`` needs ``nvidia-container-toolkit-base (= V)`` and
-  ``libnvidia-container-tools (>= V), (<< 2.0.0)`` (NVIDIA/nvidia-container-toolkit
-  ``packaging/debian/control``); ``nvidia-fabricmanager-<branch>`` provides, replaces and
-  conflicts with ``nvidia-fabricmanager`` (NVIDIA/apt-packaging-fabric-manager).
-- ``cuda`` -> ``cuda-12-X`` -> ``cuda-runtime-12-X`` -> ``cuda-drivers``: installing ``cuda``
-  installs a driver; ``cuda-toolkit-12-X`` does not.
+- ``cuda`` -> ``cuda-X-Y`` -> ``cuda-runtime-X-Y`` -> ``cuda-drivers (>= the release's
+  driver)``: installing ``cuda`` installs a driver; ``cuda-toolkit-X-Y`` does not.
+- DCGM 4 (``datacenter-gpu-manager-4-core`` and ``-4-cuda12`` / ``-4-cuda13``, epoch 1)
+  replaces DCGM 3 (``datacenter-gpu-manager``); ``datacenter-gpu-manager-exporter`` comes in the
+  release paired with each DCGM 4 release and ships ``nvidia-dcgm-exporter.service``.
+- Container Toolkit 1.18 and later: ``nvidia-container-toolkit-base`` ships
+  ``nvidia-cdi-refresh.service`` / ``.path`` and its postinst enables them, as NVIDIA's does.
 
-Departures, all to keep the lab hermetic and the packages tiny: no dependency on ``dkms``,
-``systemd-coredump`` or X/GL libraries (the lab node has none and must not fetch them);
-libraries are not shipped (only ``/usr/share/doc/<package>/README.gpunode-lab``), so nothing
+Libraries are not shipped (only ``/usr/share/doc/<package>/README.gpunode-lab``), so nothing
 triggers ``ldconfig``; DKMS is never invoked. The kernel module packages record what a reboot
 would load instead: ``INSTALLED_DRIVER_VERSION_PATH`` (e.g. ``550.127.08``) and
 ``INSTALLED_KERNEL_MODULE_FLAVOUR_PATH`` (``open`` or ``proprietary``), removed again when the
@@ -44,10 +60,11 @@ What the stand-in programs do:
   On lab nodes the GPU simulator owns that path (dpkg diversion) and this copy lands at
   ``/usr/bin/nvidia-smi.distrib``.
 - ``nvidia-persistenced`` (enabled and started on install, like Debian's package),
-  ``nv-fabricmanager`` and ``nv-hostengine`` (``nvidia-fabricmanager``, ``nvidia-dcgm``:
-  installed but not enabled, as NVIDIA's packages do): ``daemon.py``. Fabric Manager refuses to
-  start unless the loaded driver (``nvidia-smi``) has exactly its version.
-- ``nvidia-ctk`` (``nvidia-container-toolkit-base``): ``nvidia_ctk.py``.
+  ``nv-fabricmanager``, ``nv-hostengine`` (DCGM 3 and 4), ``nvidia-imex`` and ``dcgm-exporter``
+  (installed but not enabled): ``daemon.py``. Fabric Manager refuses to start unless the loaded
+  driver (``nvidia-smi``) has exactly its version; the exporter serves a few ``DCGM_FI_DEV_*``
+  metrics of the simulated GPUs on ``:9400``.
+- ``nvidia-ctk`` (``nvidia-container-toolkit-base``): ``nvidia_ctk.py``, behaving as its release.
 - ``nvcc --version``, ``dcgmi --version`` / ``discovery -l``, ``nvidia-container-cli
   --version``, ``nvidia-container-runtime`` (runs ``runc`` when present): short shell scripts.
 """
@@ -57,6 +74,8 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import tomllib
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -70,13 +89,49 @@ INSTALLED_KERNEL_MODULE_FLAVOUR_PATH = "/var/lib/gpunode-lab/installed-kernel-mo
 CUDA_MAINTAINER = "cudatools <cudatools@nvidia.com>"
 CONTAINER_MAINTAINER = "NVIDIA CORPORATION <cudatools@nvidia.com>"
 HERE = Path(__file__).resolve().parent
+WORLD_PATH = HERE / "world.toml"
 PYTHON_SHEBANG = "#!/usr/bin/python3 -I\n"  # -I: the script's directory must not shadow stdlib
 
-# Driver releases in the repository, oldest first, two per branch.
-DRIVER_VERSIONS = ("550.127.08", "550.144.03", "570.124.06", "570.195.03")
-DCGM_VERSIONS = ("1:3.3.8", "1:3.3.9")
-CONTAINER_TOOLKIT_VERSIONS = ("1.17.4-1", "1.17.8-1")
-NCCL_VERSIONS = ("2.21.5-1+cuda12.4", "2.25.1-1+cuda12.8", "2.26.2-1+cuda12.8")
+RELATION_FIELDS = ("depends", "recommends", "provides", "conflicts", "replaces", "breaks")
+# The families of package templates, and the repository each one's packages are published in.
+FAMILY_REPOSITORY = {
+    "driver": CUDA_REPO,
+    "nvlsm": CUDA_REPO,
+    "dcgm3": CUDA_REPO,
+    "dcgm4": CUDA_REPO,
+    "dcgm-exporter": CUDA_REPO,
+    "cuda-common": CUDA_REPO,
+    "cuda-toolkit": CUDA_REPO,
+    "nccl": CUDA_REPO,
+    "container-toolkit": LIBNVIDIA_CONTAINER_REPO,
+}
+# A family's package version when its template names none.
+FAMILY_VERSION = {"driver": "{deb}", "cuda-toolkit": "{deb}"}
+
+
+def load_world(path: Path = WORLD_PATH) -> dict[str, Any]:
+    """The data file, parsed."""
+    with path.open("rb") as stream:
+        return tomllib.load(stream)
+
+
+WORLD = load_world()
+
+
+@dataclass(frozen=True)
+class DriverBranch:
+    """One driver branch: its releases and which packaging era each part of it is in."""
+
+    branch: str
+    releases: tuple[str, ...]
+    metas: str  # "suffixed": cuda-drivers-<branch> exists; "unsuffixed": from 590 on
+    fabricmanager: str  # "suffixed": nvidia-fabricmanager-<branch>; "unsuffixed": from 580 on
+    pinning: bool  # nvidia-driver-pinning-<branch> exists
+
+    @property
+    def flags(self) -> frozenset[str]:
+        flags = {f"metas-{self.metas}", f"fabricmanager-{self.fabricmanager}"}
+        return frozenset(flags | ({"pinning"} if self.pinning else set()))
 
 
 @dataclass(frozen=True)
@@ -95,44 +150,60 @@ class CudaToolkit:
         return ".".join(self.release.split(".")[:2])
 
     @property
+    def major(self) -> str:
+        return self.release.split(".")[0]
+
+    @property
     def dashed(self) -> str:
         return self.major_minor.replace(".", "-")
 
 
-CUDA_TOOLKITS = (
-    CudaToolkit(
-        "12.4.0",
-        "12.4.99",
-        "12.4.99",
-        "550.54.14",
-        "Tue_Feb_27_16:19:38_PST_2024",
-        "cuda_12.4.r12.4/compiler.33961263_0",
-    ),
-    CudaToolkit(
-        "12.4.1",
-        "12.4.131",
-        "12.4.127",
-        "550.54.15",
-        "Thu_Mar_28_02:18:24_PDT_2024",
-        "cuda_12.4.r12.4/compiler.34097967_0",
-    ),
-    CudaToolkit(
-        "12.8.0",
-        "12.8.61",
-        "12.8.57",
-        "570.86.10",
-        "Wed_Jan_15_19:20:09_PST_2025",
-        "cuda_12.8.r12.8/compiler.35404655_0",
-    ),
-    CudaToolkit(
-        "12.8.1",
-        "12.8.93",
-        "12.8.90",
-        "570.124.06",
-        "Fri_Feb_21_20:23:50_PST_2025",
-        "cuda_12.8.r12.8/compiler.35583870_0",
-    ),
+@dataclass(frozen=True)
+class DcgmRelease:
+    """A DCGM 4 release and the exporter release NVIDIA pairs with it."""
+
+    version: str  # e.g. 1:4.5.3-1
+    exporter: str  # e.g. 4.8.2-1
+
+
+def _version_key(version: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in re.findall(r"\d+", version))
+
+
+DRIVER_BRANCHES = tuple(
+    DriverBranch(
+        str(raw["branch"]),
+        tuple(raw["releases"]),
+        raw["metas"],
+        raw["fabricmanager"],
+        bool(raw["pinning"]),
+    )
+    for raw in WORLD["driver_branch"]
 )
+# Driver releases in the repository, oldest first, two per branch.
+DRIVER_VERSIONS = tuple(version for branch in DRIVER_BRANCHES for version in branch.releases)
+DCGM_VERSIONS = tuple(WORLD["dcgm3"]["versions"])
+DCGM4_RELEASES = tuple(DcgmRelease(raw["version"], raw["exporter"]) for raw in WORLD["dcgm4"])
+DCGM4_VERSIONS = tuple(release.version for release in DCGM4_RELEASES)
+DCGM_EXPORTER_VERSIONS = tuple(release.exporter for release in DCGM4_RELEASES)
+CONTAINER_TOOLKIT_VERSIONS = tuple(WORLD["container_toolkit"]["versions"])
+CDI_REFRESH_FROM = WORLD["container_toolkit"]["cdi_refresh_from"]
+NCCL_VERSIONS = tuple(WORLD["nccl"]["versions"])
+NVLSM_VERSIONS = tuple(WORLD["nvlsm"]["versions"])
+CUDA_TOOLKITS = tuple(
+    CudaToolkit(
+        raw["release"],
+        raw["nvcc"],
+        raw["cudart"],
+        raw["minimum_driver"],
+        raw["nvcc_built_on"],
+        raw["nvcc_build"],
+    )
+    for raw in WORLD["cuda_toolkit"]
+)
+# Debian release -> path of the CUDA repository for it; the first is the default (debian12).
+CUDA_REPOSITORY_PATHS: dict[str, str] = dict(WORLD["repositories"]["cuda"])
+ARCHITECTURE_PATHS: dict[str, str] = dict(WORLD["repositories"]["architectures"])
 
 
 @dataclass(frozen=True)
@@ -202,431 +273,305 @@ class StandinPackage:
         )
 
 
+# --- generation from the data ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Generated:
+    """One built package with the data template and release context it was generated from."""
+
+    template: dict[str, Any]
+    context: dict[str, str]
+    package: StandinPackage
+
+
+def render(text: str, context: dict[str, str]) -> str:
+    """A template string with its ``{placeholders}`` filled; an unknown one raises KeyError."""
+    return text.format_map(context)
+
+
+def real_relations(template: dict[str, Any], context: dict[str, str]) -> dict[str, list[str]]:
+    """The relations the real package declares, as the data records them."""
+    return {
+        name: [render(item, context) for item in template.get(name, [])] for name in RELATION_FIELDS
+    }
+
+
+def standin_relations(template: dict[str, Any], context: dict[str, str]) -> dict[str, list[str]]:
+    """The real relations with the data's listed departures applied (remove, then add)."""
+    relations = real_relations(template, context)
+    departures = template.get("departures", {})
+    for name in RELATION_FIELDS:
+        change = departures.get(name, {})
+        removed = {render(item, context) for item in change.get("remove", [])}
+        relations[name] = [item for item in relations[name] if item not in removed]
+        relations[name] += [render(item, context) for item in change.get("add", [])]
+    return relations
+
+
+def _contexts(family: str) -> Iterator[tuple[dict[str, str], frozenset[str]]]:
+    """Each release of ``family``: its placeholder values and its era flags."""
+    if family == "driver":
+        for branch in DRIVER_BRANCHES:
+            for version in branch.releases:
+                context = {"version": version, "deb": f"{version}-1", "branch": branch.branch}
+                yield context, branch.flags
+    elif family == "cuda-toolkit":
+        for toolkit in CUDA_TOOLKITS:
+            yield _toolkit_context(toolkit), frozenset()
+    elif family == "cuda-common":
+        majors: dict[str, CudaToolkit] = {}
+        for toolkit in CUDA_TOOLKITS:
+            newest = majors.get(toolkit.major)
+            if newest is None or _version_key(toolkit.cudart) > _version_key(newest.cudart):
+                majors[toolkit.major] = toolkit
+        newest_major = max(majors, key=int)
+        for major, toolkit in majors.items():
+            flags = frozenset({"newest-major"} if major == newest_major else set())
+            yield {"major": major, "cudart": toolkit.cudart}, flags
+    elif family == "dcgm3":
+        for version in DCGM_VERSIONS:
+            yield {"version": version}, frozenset()
+    elif family == "dcgm4":
+        for release in DCGM4_RELEASES:
+            yield {"version": release.version, "exporter": release.exporter}, frozenset()
+    elif family == "dcgm-exporter":
+        for release in DCGM4_RELEASES:
+            yield {"version": release.exporter, "dcgm": release.version}, frozenset()
+    elif family == "container-toolkit":
+        for version in CONTAINER_TOOLKIT_VERSIONS:
+            yield {"version": version, "upstream": version.rsplit("-", 1)[0]}, frozenset()
+    elif family == "nccl":
+        for version in NCCL_VERSIONS:
+            yield {"version": version}, frozenset()
+    elif family == "nvlsm":
+        for version in NVLSM_VERSIONS:
+            yield {"version": version}, frozenset()
+    else:
+        raise ValueError(f"world.toml: unknown package family {family!r}")
+
+
+def _toolkit_context(toolkit: CudaToolkit) -> dict[str, str]:
+    return {
+        "release": toolkit.release,
+        "deb": f"{toolkit.release}-1",
+        "dashed": toolkit.dashed,
+        "dotted": toolkit.major_minor,
+        "major": toolkit.major,
+        "nvcc": toolkit.nvcc,
+        "cudart": toolkit.cudart,
+        "minimum_driver": toolkit.minimum_driver,
+    }
+
+
+def generated() -> list[Generated]:
+    """Every stand-in package, with the template and context it came from (data order)."""
+    results: list[Generated] = []
+    for template in WORLD["package"]:
+        family = template["family"]
+        when = frozenset(template.get("when", []))
+        for context, flags in _contexts(family):
+            if not when <= flags:
+                continue
+            relations = standin_relations(template, context)
+            version = template.get("version", FAMILY_VERSION.get(family, "{version}"))
+            package = StandinPackage(
+                name=render(template["name"], context),
+                version=render(version, context),
+                repository=FAMILY_REPOSITORY[family],
+                summary=render(template["summary"], context),
+                section=template.get("section", "utils"),
+                architecture=template.get("architecture", "amd64"),
+                depends=tuple(relations["depends"]),
+                recommends=tuple(relations["recommends"]),
+                provides=tuple(relations["provides"]),
+                conflicts=tuple(relations["conflicts"]),
+                replaces=tuple(relations["replaces"]),
+                breaks=tuple(relations["breaks"]),
+            )
+            contents = CONTENTS.get(template["id"])
+            if contents is not None:
+                files, scripts = contents(context)
+                package = replace(package, files=tuple(files), scripts=scripts)
+            results.append(Generated(template, context, _with_readme(package)))
+    return results
+
+
 def catalogue() -> list[StandinPackage]:
     """Every stand-in package of both repositories."""
-    packages: list[StandinPackage] = []
-    for version in DRIVER_VERSIONS:
-        packages += _driver_packages(version)
-        packages += _fabricmanager_packages(version)
-    for dcgm_version in DCGM_VERSIONS:
-        packages.append(_dcgm_package(dcgm_version))
-    packages += _cuda_packages()
-    for nccl_version in NCCL_VERSIONS:
-        packages += _nccl_packages(nccl_version)
-    for toolkit_version in CONTAINER_TOOLKIT_VERSIONS:
-        packages += _container_toolkit_packages(toolkit_version)
-    return [_with_readme(package) for package in packages]
+    return [item.package for item in generated()]
 
 
-# --- driver --------------------------------------------------------------------------------
+# --- contents, per template id -----------------------------------------------------------------
+
+Contents = tuple[list[PackageFile], dict[str, str]]
 
 
-def _driver_packages(version: str) -> list[StandinPackage]:
-    deb = f"{version}-1"
-    exact = f"(= {deb})"
-    at_least = f"(>= {version})"
-    branch = version.split(".")[0]
-    kernel_virtual = f"nvidia-kernel-{version}"
+def _kernel_module_contents(flavour: str) -> Callable[[dict[str, str]], Contents]:
+    def contents(context: dict[str, str]) -> Contents:
+        version = context["version"]
+        files = [PackageFile(f"/usr/src/nvidia-{version}/dkms.conf", _dkms_conf(version))]
+        return files, _kernel_module_scripts(version, flavour)
 
-    def cuda(name: str, summary: str, **fields: Any) -> StandinPackage:
-        return StandinPackage(name, deb, CUDA_REPO, summary, **fields)
+    return contents
 
-    def kernel_module(name: str, flavour: str, other: str, summary: str) -> StandinPackage:
-        return cuda(
-            name,
-            summary,
-            section="kernel",
-            depends=(f"nvidia-kernel-support {exact}", f"firmware-nvidia-gsp {exact}"),
-            provides=(kernel_virtual,),
-            conflicts=(other,),
-            files=(PackageFile(f"/usr/src/nvidia-{version}/dkms.conf", _dkms_conf(version)),),
-            scripts=_kernel_module_scripts(version, flavour),
-        )
 
-    return [
-        cuda(
-            "firmware-nvidia-gsp",
-            "NVIDIA GSP firmware",
-            section="kernel",
-            files=(
-                PackageFile(
-                    f"/lib/firmware/nvidia/{version}/README.gpunode-lab",
-                    "GSP firmware placeholder (gpunode lab stand-in).\n",
-                ),
-            ),
-        ),
-        cuda(
-            "nvidia-kernel-support",
-            "NVIDIA binary kernel module support files",
-            section="kernel",
-            provides=("nvidia-kernel-support--v1",),
-        ),
-        kernel_module(
-            "nvidia-kernel-dkms",
-            "proprietary",
-            "nvidia-kernel-open-dkms",
-            "NVIDIA binary kernel module DKMS source",
-        ),
-        kernel_module(
-            "nvidia-kernel-open-dkms",
-            "open",
-            "nvidia-kernel-dkms",
-            "NVIDIA binary kernel module DKMS source open flavor",
-        ),
-        cuda(
-            "libnvidia-ml1",
-            "NVIDIA Management Library (NVML) runtime library",
-            section="libs",
-            depends=("libc6",),
-        ),
-        cuda(
-            "libcuda1",
-            "NVIDIA CUDA Driver Library",
-            section="libs",
-            depends=("libc6",),
-            recommends=(f"nvidia-kernel-dkms {exact} | {kernel_virtual}",),
-        ),
-        cuda(
-            "nvidia-smi",
-            "NVIDIA System Management Interface",
-            depends=(f"libnvidia-ml1 {exact}",),
-            files=(PackageFile("/usr/bin/nvidia-smi", _nvidia_smi_script(version), 0o755),),
-        ),
-        cuda(
-            "nvidia-persistenced",
-            "daemon to maintain persistent software state in the NVIDIA driver",
-            depends=("libc6",),
-            files=(
-                PackageFile(
-                    "/usr/bin/nvidia-persistenced", _python_standin("daemon.py", version), 0o755
-                ),
-                PackageFile("/lib/systemd/system/nvidia-persistenced.service", PERSISTENCED_UNIT),
-            ),
-            scripts=_systemd_scripts("nvidia-persistenced.service", enable=True),
-        ),
-        cuda(
-            "nvidia-modprobe",
-            "utility to load NVIDIA kernel modules and create device nodes",
-            depends=("libc6",),
-            files=(
-                PackageFile("/usr/bin/nvidia-modprobe", _nvidia_modprobe_script(version), 0o755),
-            ),
-        ),
-        cuda(
-            "nvidia-driver-libs",
-            "NVIDIA metapackage (OpenGL/GLX/EGL/GLES libraries)",
-            section="libs",
-        ),
-        cuda(
-            "nvidia-driver-cuda",
-            "NVIDIA driver CUDA integration components",
-            depends=(
-                f"libcuda1 {exact}",
-                f"libnvidia-ml1 {exact}",
-                f"nvidia-smi {exact}",
-                f"nvidia-persistenced {exact}",
-                f"nvidia-modprobe {exact}",
-            ),
-        ),
-        cuda(
-            "nvidia-driver",
-            "NVIDIA metapackage",
-            section="metapackages",
-            depends=(
-                f"nvidia-driver-libs {exact}",
-                f"nvidia-kernel-dkms {exact} | {kernel_virtual}",
-            ),
-            recommends=(f"nvidia-smi {exact}", f"nvidia-persistenced {exact}"),
-        ),
-        # Kernel module first: apt then picks the open flavour for nvidia-driver's alternative.
-        cuda(
-            "nvidia-open",
-            "NVIDIA Driver meta-package, Open GPU kernel modules, latest version",
-            section="metapackages",
-            depends=(
-                f"nvidia-kernel-open-dkms {at_least}",
-                f"nvidia-driver {at_least}",
-                f"nvidia-driver-cuda {at_least}",
-            ),
-        ),
-        cuda(
-            f"cuda-drivers-{branch}",
-            f"CUDA Driver meta-package, branch-specific ({branch})",
-            section="metapackages",
-            depends=(
-                f"nvidia-kernel-dkms {at_least}",
-                f"nvidia-driver {at_least}",
-                f"nvidia-driver-cuda {at_least}",
-            ),
-        ),
-        cuda(
-            "cuda-drivers",
-            "CUDA Driver meta-package, proprietary kernel modules",
-            section="metapackages",
-            depends=(f"cuda-drivers-{branch} {exact}",),
-        ),
+def _gsp_contents(context: dict[str, str]) -> Contents:
+    path = f"/lib/firmware/nvidia/{context['version']}/README.gpunode-lab"
+    return [PackageFile(path, "GSP firmware placeholder (gpunode lab stand-in).\n")], {}
+
+
+def _nvidia_smi_contents(context: dict[str, str]) -> Contents:
+    script = _nvidia_smi_script(context["version"])
+    return [PackageFile("/usr/bin/nvidia-smi", script, 0o755)], {}
+
+
+def _persistenced_contents(context: dict[str, str]) -> Contents:
+    daemon = _python_standin("daemon.py", context["version"])
+    files = [
+        PackageFile("/usr/bin/nvidia-persistenced", daemon, 0o755),
+        PackageFile("/lib/systemd/system/nvidia-persistenced.service", PERSISTENCED_UNIT),
     ]
+    return files, _systemd_scripts("nvidia-persistenced.service", enable=True)
 
 
-def _fabricmanager_packages(version: str) -> list[StandinPackage]:
-    deb = f"{version}-1"
-    branch = version.split(".")[0]
-    fabricmanager = f"nvidia-fabricmanager-{branch}"
-    nscq = f"libnvidia-nscq-{branch}"
-    return [
-        StandinPackage(
-            nscq,
-            deb,
-            CUDA_REPO,
-            "NVSwitch Configuration and Query library",
-            section="libs",
-            depends=("libc6",),
-            provides=("libnvidia-nscq",),
-            conflicts=("libnvidia-nscq",),
-            replaces=("libnvidia-nscq",),
-        ),
-        StandinPackage(
-            fabricmanager,
-            deb,
-            CUDA_REPO,
-            "Fabric Manager for NVSwitch based systems.",
-            depends=("libc6 (>= 2.2.1)",),
-            provides=("nvidia-fabricmanager",),
-            conflicts=("nvidia-fabricmanager",),
-            replaces=("nvidia-fabricmanager",),
-            files=(
-                PackageFile(
-                    "/usr/bin/nv-fabricmanager", _python_standin("daemon.py", version), 0o755
-                ),
-                PackageFile("/lib/systemd/system/nvidia-fabricmanager.service", FABRICMANAGER_UNIT),
-                PackageFile("/usr/share/nvidia/nvswitch/fabricmanager.cfg", FABRICMANAGER_CFG),
-            ),
-            scripts=_systemd_scripts("nvidia-fabricmanager.service", enable=False),
-        ),
-        StandinPackage(
-            f"cuda-drivers-fabricmanager-{branch}",
-            deb,
-            CUDA_REPO,
-            f"Meta-package for FM and Driver ({branch})",
-            section="metapackages",
-            depends=(
-                f"cuda-drivers-{branch} (= {deb})",
-                f"{fabricmanager} (= {deb})",
-                f"{nscq} (= {deb})",
-            ),
-        ),
-        StandinPackage(
-            "cuda-drivers-fabricmanager",
-            deb,
-            CUDA_REPO,
-            "Meta-package for FM and Driver",
-            section="metapackages",
-            depends=(f"cuda-drivers-fabricmanager-{branch} (= {deb})",),
-        ),
+def _modprobe_contents(context: dict[str, str]) -> Contents:
+    script = _nvidia_modprobe_script(context["version"])
+    return [PackageFile("/usr/bin/nvidia-modprobe", script, 0o755)], {}
+
+
+def _pinning_contents(context: dict[str, str]) -> Contents:
+    branch = context["branch"]
+    path = f"/etc/apt/preferences.d/nvidia-driver-pinning-{branch}"
+    return [PackageFile(path, _pinning_preferences(branch))], {}
+
+
+def _fabricmanager_contents(context: dict[str, str]) -> Contents:
+    daemon = _python_standin("daemon.py", context["version"])
+    files = [
+        PackageFile("/usr/bin/nv-fabricmanager", daemon, 0o755),
+        PackageFile("/lib/systemd/system/nvidia-fabricmanager.service", FABRICMANAGER_UNIT),
+        PackageFile("/usr/share/nvidia/nvswitch/fabricmanager.cfg", FABRICMANAGER_CFG),
     ]
+    return files, _systemd_scripts("nvidia-fabricmanager.service", enable=False)
 
 
-def _dcgm_package(version: str) -> StandinPackage:
-    upstream = version.split(":", 1)[-1]
-    return StandinPackage(
-        "datacenter-gpu-manager",
-        version,
-        CUDA_REPO,
-        "NVIDIA® Datacenter GPU Management Tools",
-        depends=("libc6",),
-        files=(
-            PackageFile("/usr/bin/nv-hostengine", _python_standin("daemon.py", upstream), 0o755),
-            PackageFile("/usr/bin/dcgmi", _dcgmi_script(upstream), 0o755),
-            PackageFile("/lib/systemd/system/nvidia-dcgm.service", DCGM_UNIT),
-        ),
-        scripts=_systemd_scripts("nvidia-dcgm.service", enable=False),
-    )
-
-
-# --- CUDA toolkit, cuda metapackage, NCCL ---------------------------------------------------
-
-
-def _cuda_packages() -> list[StandinPackage]:
-    packages: list[StandinPackage] = []
-    newest_cudart = CUDA_TOOLKITS[-1].cudart
-    for common in ("cuda-toolkit-config-common", "cuda-toolkit-12-config-common"):
-        packages.append(
-            StandinPackage(
-                common,
-                f"{newest_cudart}-1",
-                CUDA_REPO,
-                "Common config package for CUDA Toolkit",
-                section="devel",
-                architecture="all",
-            )
-        )
-    for toolkit in CUDA_TOOLKITS:
-        packages += _cuda_toolkit_packages(toolkit)
-    return packages
-
-
-def _cuda_toolkit_packages(toolkit: CudaToolkit) -> list[StandinPackage]:
-    dashed, dotted, release = toolkit.dashed, toolkit.major_minor, toolkit.release
-    prefix = f"/usr/local/cuda-{dotted}"
-    deb = f"{release}-1"
-
-    def cuda(name: str, version: str, summary: str, **fields: Any) -> StandinPackage:
-        return StandinPackage(name, version, CUDA_REPO, summary, section="devel", **fields)
-
-    return [
-        cuda(
-            f"cuda-toolkit-{dashed}-config-common",
-            f"{toolkit.cudart}-1",
-            "Common config package for CUDA Toolkit",
-            architecture="all",
-            scripts=_cuda_alternatives_scripts(dotted),
-        ),
-        cuda(
-            f"cuda-cudart-{dashed}",
-            f"{toolkit.cudart}-1",
-            "CUDA Runtime native Libraries",
-            depends=(
-                f"cuda-toolkit-{dashed}-config-common",
-                "cuda-toolkit-12-config-common",
-                "cuda-toolkit-config-common",
-            ),
-            files=(
-                PackageFile(
-                    f"{prefix}/targets/x86_64-linux/lib/README.gpunode-lab",
-                    "CUDA runtime libraries placeholder (gpunode lab stand-in).\n",
-                ),
-            ),
-        ),
-        cuda(
-            f"cuda-nvcc-{dashed}",
-            f"{toolkit.nvcc}-1",
-            "CUDA nvcc",
-            depends=(f"cuda-cudart-{dashed} (>= {toolkit.cudart})",),
-            files=(PackageFile(f"{prefix}/bin/nvcc", _nvcc_script(toolkit), 0o755),),
-        ),
-        cuda(
-            f"cuda-toolkit-{dashed}",
-            deb,
-            f"CUDA Toolkit {dotted} meta-package",
-            depends=(
-                f"cuda-nvcc-{dashed} (>= {toolkit.nvcc})",
-                f"cuda-cudart-{dashed} (>= {toolkit.cudart})",
-            ),
-            files=(PackageFile(f"{prefix}/version.json", _cuda_version_json(toolkit)),),
-        ),
-        cuda(
-            f"cuda-runtime-{dashed}",
-            deb,
-            f"CUDA Runtime {dotted} meta-package",
-            depends=(
-                f"cuda-cudart-{dashed} (>= {toolkit.cudart})",
-                f"cuda-drivers (>= {toolkit.minimum_driver})",
-            ),
-        ),
-        cuda(
-            f"cuda-{dashed}",
-            deb,
-            f"CUDA {dotted} meta-package",
-            depends=(
-                f"cuda-runtime-{dashed} (>= {release})",
-                f"cuda-toolkit-{dashed} (>= {release})",
-            ),
-        ),
-        cuda(
-            "cuda-toolkit",
-            deb,
-            "CUDA Toolkit meta-package",
-            depends=(f"cuda-toolkit-{dashed} (>= {release})",),
-        ),
-        cuda("cuda", deb, "CUDA meta-package", depends=(f"cuda-{dashed} (>= {release})",)),
+def _imex_contents(context: dict[str, str]) -> Contents:
+    version = context["version"]
+    files = [
+        PackageFile("/usr/bin/nvidia-imex", _python_standin("daemon.py", version), 0o755),
+        PackageFile("/usr/bin/nvidia-imex-ctl", _imex_ctl_script(version), 0o755),
+        PackageFile("/lib/systemd/system/nvidia-imex.service", IMEX_UNIT),
+        PackageFile("/etc/nvidia-imex/config.cfg", IMEX_CONFIG),
+        PackageFile("/etc/nvidia-imex/nodes_config.cfg", IMEX_NODES_CONFIG),
     ]
+    return files, _systemd_scripts("nvidia-imex.service", enable=False)
 
 
-def _nccl_packages(version: str) -> list[StandinPackage]:
-    return [
-        StandinPackage(
-            "libnccl2",
-            version,
-            CUDA_REPO,
-            "NVIDIA Collective Communication Library (NCCL) Runtime",
-            section="libs",
-        ),
-        StandinPackage(
-            "libnccl-dev",
-            version,
-            CUDA_REPO,
-            "NVIDIA Collective Communication Library (NCCL) Development Files",
-            section="libdevel",
-            depends=(f"libnccl2 (= {version})",),
-        ),
+def _dcgm_contents(context: dict[str, str]) -> Contents:
+    upstream = context["version"].split(":", 1)[-1].rsplit("-", 1)[0]
+    files = [
+        PackageFile("/usr/bin/nv-hostengine", _python_standin("daemon.py", upstream), 0o755),
+        PackageFile("/usr/bin/dcgmi", _dcgmi_script(upstream), 0o755),
+        PackageFile("/lib/systemd/system/nvidia-dcgm.service", DCGM_UNIT),
     ]
+    return files, _systemd_scripts("nvidia-dcgm.service", enable=False)
 
 
-# --- NVIDIA Container Toolkit ----------------------------------------------------------------
-
-
-def _container_toolkit_packages(version: str) -> list[StandinPackage]:
-    upstream = version.rsplit("-", 1)[0]
-
-    def package(name: str, summary: str, **fields: Any) -> StandinPackage:
-        return StandinPackage(name, version, LIBNVIDIA_CONTAINER_REPO, summary, **fields)
-
-    return [
-        package(
-            "libnvidia-container1",
-            "NVIDIA container runtime library",
-            section="libs",
-            depends=("libc6",),
-        ),
-        package(
-            "libnvidia-container-tools",
-            "NVIDIA container runtime library (command-line tools)",
-            depends=(f"libnvidia-container1 (>= {version})", "libc6"),
-            files=(
-                PackageFile(
-                    "/usr/bin/nvidia-container-cli", _container_cli_script(upstream), 0o755
-                ),
-            ),
-        ),
-        package(
-            "nvidia-container-toolkit-base",
-            "NVIDIA Container Toolkit Base",
-            breaks=("nvidia-container-toolkit (<= 1.10.0-1)",),
-            replaces=("nvidia-container-toolkit (<= 1.10.0-1)",),
-            files=(
-                PackageFile(
-                    "/usr/bin/nvidia-ctk", _python_standin("nvidia_ctk.py", upstream), 0o755
-                ),
-                PackageFile(
-                    "/usr/bin/nvidia-container-runtime", _container_runtime_script(upstream), 0o755
-                ),
-                PackageFile(
-                    "/usr/bin/nvidia-cdi-hook", _noop_script("nvidia-cdi-hook", upstream), 0o755
-                ),
-            ),
-            scripts={"postinst": TOOLKIT_BASE_POSTINST, "postrm": TOOLKIT_BASE_POSTRM},
-        ),
-        package(
-            "nvidia-container-toolkit",
-            "NVIDIA Container toolkit",
-            depends=(
-                f"nvidia-container-toolkit-base (= {version})",
-                f"libnvidia-container-tools (>= {version})",
-                "libnvidia-container-tools (<< 2.0.0)",
-                "libseccomp2",
-            ),
-            breaks=("nvidia-container-runtime (<= 3.5.0-1)", "nvidia-container-runtime-hook"),
-            replaces=("nvidia-container-runtime (<= 3.5.0-1)", "nvidia-container-runtime-hook"),
-            files=(
-                PackageFile(
-                    "/usr/bin/nvidia-container-runtime-hook",
-                    _noop_script("nvidia-container-runtime-hook", upstream),
-                    0o755,
-                ),
-            ),
-            scripts={"postinst": TOOLKIT_POSTINST, "postrm": TOOLKIT_POSTRM},
-        ),
+def _exporter_contents(context: dict[str, str]) -> Contents:
+    upstream = context["version"].rsplit("-", 1)[0]
+    files = [
+        PackageFile("/usr/bin/dcgm-exporter", _python_standin("daemon.py", upstream), 0o755),
+        PackageFile("/etc/dcgm-exporter/default-counters.csv", EXPORTER_COUNTERS),
+        PackageFile("/lib/systemd/system/nvidia-dcgm-exporter.service", EXPORTER_UNIT),
     ]
+    return files, _systemd_scripts("nvidia-dcgm-exporter.service", enable=False)
+
+
+def _alternatives_contents(context: dict[str, str]) -> Contents:
+    return [], _cuda_alternatives_scripts(context["dotted"])
+
+
+def _toolkit_of(context: dict[str, str]) -> CudaToolkit:
+    return next(t for t in CUDA_TOOLKITS if t.release == context["release"])
+
+
+def _cudart_contents(context: dict[str, str]) -> Contents:
+    path = f"/usr/local/cuda-{context['dotted']}/targets/x86_64-linux/lib/README.gpunode-lab"
+    return [PackageFile(path, "CUDA runtime libraries placeholder (gpunode lab stand-in).\n")], {}
+
+
+def _nvcc_contents(context: dict[str, str]) -> Contents:
+    path = f"/usr/local/cuda-{context['dotted']}/bin/nvcc"
+    return [PackageFile(path, _nvcc_script(_toolkit_of(context)), 0o755)], {}
+
+
+def _toolkit_meta_contents(context: dict[str, str]) -> Contents:
+    path = f"/usr/local/cuda-{context['dotted']}/version.json"
+    return [PackageFile(path, _cuda_version_json(_toolkit_of(context)))], {}
+
+
+def _container_tools_contents(context: dict[str, str]) -> Contents:
+    script = _container_cli_script(context["upstream"])
+    return [PackageFile("/usr/bin/nvidia-container-cli", script, 0o755)], {}
+
+
+def cdi_refresh_shipped(upstream: str) -> bool:
+    """Whether this Container Toolkit release's -base package ships the nvidia-cdi-refresh units."""
+    return _version_key(upstream) >= _version_key(CDI_REFRESH_FROM)
+
+
+def _toolkit_base_contents(context: dict[str, str]) -> Contents:
+    upstream = context["upstream"]
+    files = [
+        PackageFile("/usr/bin/nvidia-ctk", _python_standin("nvidia_ctk.py", upstream), 0o755),
+        PackageFile(
+            "/usr/bin/nvidia-container-runtime", _container_runtime_script(upstream), 0o755
+        ),
+        PackageFile("/usr/bin/nvidia-cdi-hook", _noop_script("nvidia-cdi-hook", upstream), 0o755),
+    ]
+    if not cdi_refresh_shipped(upstream):
+        return files, {"postinst": TOOLKIT_BASE_POSTINST, "postrm": TOOLKIT_BASE_POSTRM}
+    files += [
+        PackageFile("/lib/systemd/system/nvidia-cdi-refresh.service", CDI_REFRESH_SERVICE),
+        PackageFile("/lib/systemd/system/nvidia-cdi-refresh.path", CDI_REFRESH_PATH),
+        PackageFile("/etc/nvidia-container-toolkit/nvidia-cdi-refresh.env", CDI_REFRESH_ENV),
+    ]
+    return files, {
+        "postinst": TOOLKIT_BASE_POSTINST_CDI_REFRESH,
+        "prerm": TOOLKIT_BASE_PRERM_CDI_REFRESH,
+        "postrm": TOOLKIT_BASE_POSTRM,
+    }
+
+
+def _toolkit_contents(context: dict[str, str]) -> Contents:
+    hook = _noop_script("nvidia-container-runtime-hook", context["upstream"])
+    files = [PackageFile("/usr/bin/nvidia-container-runtime-hook", hook, 0o755)]
+    return files, {"postinst": TOOLKIT_POSTINST, "postrm": TOOLKIT_POSTRM}
+
+
+CONTENTS: dict[str, Callable[[dict[str, str]], Contents]] = {
+    "firmware-nvidia-gsp": _gsp_contents,
+    "nvidia-kernel-dkms": _kernel_module_contents("proprietary"),
+    "nvidia-kernel-open-dkms": _kernel_module_contents("open"),
+    "nvidia-smi": _nvidia_smi_contents,
+    "nvidia-persistenced": _persistenced_contents,
+    "nvidia-modprobe": _modprobe_contents,
+    "nvidia-driver-pinning": _pinning_contents,
+    "nvidia-fabricmanager-branch": _fabricmanager_contents,
+    "nvidia-fabricmanager": _fabricmanager_contents,
+    "nvidia-imex": _imex_contents,
+    "datacenter-gpu-manager": _dcgm_contents,
+    "datacenter-gpu-manager-4-core": _dcgm_contents,
+    "datacenter-gpu-manager-exporter": _exporter_contents,
+    "cuda-toolkit-minor-config-common": _alternatives_contents,
+    "cuda-cudart": _cudart_contents,
+    "cuda-nvcc": _nvcc_contents,
+    "cuda-toolkit-minor": _toolkit_meta_contents,
+    "libnvidia-container-tools": _container_tools_contents,
+    "nvidia-container-toolkit-base": _toolkit_base_contents,
+    "nvidia-container-toolkit": _toolkit_contents,
+}
 
 
 # --- file contents ----------------------------------------------------------------------------
@@ -833,7 +778,15 @@ def _systemd_scripts(unit: str, enable: bool) -> dict[str, str]:
     fi
 """
     else:
-        configure = f"""    deb-systemd-helper update-state '{unit}' >/dev/null || true
+        # debhelper's postinst-systemd-dont-enable: the unmask undoes the mask another package's
+        # postrm left on the same unit (DCGM 3 -> DCGM 4 both ship nvidia-dcgm.service).
+        configure = f"""    if deb-systemd-helper debian-installed '{unit}'; then
+        deb-systemd-helper unmask '{unit}' >/dev/null || true
+        if deb-systemd-helper --quiet was-enabled '{unit}'; then
+            deb-systemd-helper enable '{unit}' >/dev/null || true
+        fi
+    fi
+    deb-systemd-helper update-state '{unit}' >/dev/null || true
     if [ -d /run/systemd/system ]; then
         systemctl --system daemon-reload >/dev/null || true
     fi
@@ -1001,6 +954,188 @@ TOOLKIT_POSTRM = """\
 set -e
 if [ "$1" = purge ] && [ -L /usr/bin/nvidia-container-toolkit ]; then
     rm /usr/bin/nvidia-container-toolkit
+fi
+exit 0
+"""
+
+
+# --- the new era's contents -------------------------------------------------------------------
+
+
+def _pinning_preferences(branch: str) -> str:
+    # Priority 1000 is sourced (cuda-repo-ubuntu2404-capture); the globs are the lab's guess at
+    # "the driver's packages" (NVIDIA's file was not seen): a version pin leaves every package
+    # without a <branch>.* version (the container toolkit's, DCGM's) at its default priority.
+    return (
+        f"# nvidia-driver-pinning-{branch}: track driver branch {branch} (gpunode lab stand-in).\n"
+        "Package: nvidia-* libnvidia-* libcuda* libnv* firmware-nvidia-gsp* cuda-drivers*\n"
+        f"Pin: version {branch}.*\n"
+        "Pin-Priority: 1000\n"
+    )
+
+
+def _imex_ctl_script(version: str) -> str:
+    return f"""#!/bin/sh
+# gpunode lab stand-in for nvidia-imex-ctl {version}.
+case "$1" in
+    -v|--version) echo "IMEX version is: {version}"; exit 0 ;;
+esac
+echo "nvidia-imex-ctl: the gpunode lab stand-in only answers --version" >&2
+exit 1
+"""
+
+
+# NVIDIA's unit was not seen; this is the one sites that replace it write (world.toml
+# imex-unit-copies), which they model on the packaged one.
+IMEX_UNIT = """\
+[Unit]
+Description=NVIDIA IMEX service
+After=network-online.target
+Requires=network-online.target
+
+[Service]
+User=root
+PrivateTmp=false
+Type=forking
+TimeoutStartSec=infinity
+ExecStart=/usr/bin/nvidia-imex -c /etc/nvidia-imex/config.cfg
+LimitCORE=infinity
+
+[Install]
+WantedBy=multi-user.target
+"""
+
+IMEX_CONFIG = """\
+# gpunode lab stand-in of the IMEX configuration.
+LOG_LEVEL=4
+LOG_FILE_NAME=/var/log/nvidia-imex.log
+SERVER_PORT=50000
+IMEX_NODE_CONFIG_FILE=/etc/nvidia-imex/nodes_config.cfg
+"""
+
+IMEX_NODES_CONFIG = "# One IP address per line: the nodes of this IMEX domain.\n"
+
+# NVIDIA/dcgm-exporter packaging/config-files/systemd/nvidia-dcgm-exporter.service (its
+# license header left out).
+EXPORTER_UNIT = """\
+[Unit]
+Description=NVIDIA DCGM-exporter service
+Wants=nvidia-dcgm.service
+After=nvidia-dcgm.service
+
+[Service]
+User=root
+PrivateTmp=false
+
+StandardOutput=append:/var/dcgm-exporter.log
+StandardError=append:/var/dcgm-exporter.log
+
+ExecStart=/usr/bin/dcgm-exporter -f /etc/dcgm-exporter/default-counters.csv
+
+Restart=on-abort
+
+[Install]
+WantedBy=multi-user.target
+"""
+
+# The fields the stand-in exporter serves (dcgm-exporter's CSV format: field, type, help).
+EXPORTER_COUNTERS = """\
+# Format
+# If line starts with a '#' it is considered a comment
+# DCGM FIELD, Prometheus metric type, help message
+DCGM_FI_DEV_GPU_TEMP, gauge, GPU temperature (in C).
+DCGM_FI_DEV_POWER_USAGE, gauge, Power draw (in W).
+DCGM_FI_DEV_GPU_UTIL, gauge, GPU utilization (in %).
+DCGM_FI_DEV_FB_USED, gauge, Framebuffer memory used (in MiB).
+"""
+
+# NVIDIA/nvidia-container-toolkit deployments/systemd/ (license headers left out).
+CDI_REFRESH_SERVICE = """\
+[Unit]
+Description=Refresh NVIDIA CDI specification file
+ConditionPathExists=|/usr/bin/nvidia-smi
+ConditionPathExists=|/usr/sbin/nvidia-smi
+ConditionPathExists=/usr/bin/nvidia-ctk
+After=multi-user.target
+
+[Service]
+Type=oneshot
+# Values from Environment will be replaced if defined in EnvironmentFile
+Environment=NVIDIA_CTK_CDI_OUTPUT_FILE_PATH=/var/run/cdi/nvidia.yaml
+EnvironmentFile=-/etc/nvidia-container-toolkit/nvidia-cdi-refresh.env
+ExecCondition=/usr/bin/grep -qE '/(nvidia|nvidia-current)\\\\.ko' /lib/modules/%v/modules.dep
+ExecStart=/usr/bin/nvidia-ctk cdi generate
+CapabilityBoundingSet=CAP_SYS_MODULE CAP_SYS_ADMIN CAP_MKNOD
+RemainAfterExit=yes
+
+[Install]
+WantedBy=multi-user.target
+"""
+
+CDI_REFRESH_PATH = """\
+[Unit]
+Description=Trigger CDI refresh on NVIDIA driver install / uninstall events
+
+[Path]
+PathChanged=/lib/modules/%v/modules.dep
+PathChanged=/lib/modules/%v/modules.dep.bin
+
+[Install]
+WantedBy=multi-user.target
+"""
+
+CDI_REFRESH_ENV = """\
+# This file can be used to override the configuration of the
+#   nvidia-ctk cdi generate
+# command invoked by the nvidia-cdi-refresh.service.
+#
+# ENVVAR=value
+#
+# NVIDIA_CTK_CDI_OUTPUT_FILE_PATH=/var/run/cdi/nvidia.yaml
+"""
+
+# packaging/debian/nvidia-container-toolkit-base.postinst of 1.18 and later.
+TOOLKIT_BASE_POSTINST_CDI_REFRESH = """\
+#!/bin/sh
+set -e
+case "$1" in
+    configure)
+        /usr/bin/nvidia-ctk --quiet config \\
+            --config-file=/etc/nvidia-container-runtime/config.toml --in-place
+        if command -v systemctl >/dev/null 2>&1; then
+          SYSTEMD_STATE=$(systemctl is-system-running 2>/dev/null || true)
+          case "$SYSTEMD_STATE" in
+            running|degraded)
+              systemctl daemon-reload || echo "Warning: Failed to reload systemd daemon" >&2
+              systemctl enable --now nvidia-cdi-refresh.path || \\
+                  echo "Warning: Failed to enable nvidia-cdi-refresh.path" >&2
+              systemctl enable --now nvidia-cdi-refresh.service || \\
+                  echo "Warning: Failed to enable nvidia-cdi-refresh.service" >&2
+              echo "Regenerating NVIDIA CDI specification..."
+              systemctl start nvidia-cdi-refresh.service || \\
+                  echo "Warning: Failed to trigger CDI refresh" >&2
+              ;;
+          esac
+        fi
+    ;;
+    abort-upgrade|abort-remove|abort-deconfigure)
+    ;;
+    *)
+        echo "postinst called with unknown argument \\`$1'" >&2
+        exit 1
+    ;;
+esac
+exit 0
+"""
+
+# The lab's: NVIDIA's prerm was not seen. Removing the package must not leave enabled units
+# pointing at files that are gone.
+TOOLKIT_BASE_PRERM_CDI_REFRESH = """\
+#!/bin/sh
+set -e
+if [ "$1" = remove ] && [ -d /run/systemd/system ]; then
+    systemctl disable --now nvidia-cdi-refresh.path nvidia-cdi-refresh.service \\
+        >/dev/null 2>&1 || true
 fi
 exit 0
 """

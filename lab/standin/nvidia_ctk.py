@@ -18,7 +18,10 @@ It does what roles ask of the real one, on the same files and with the same flag
   [--device-name-strategy=index|uuid ...]``: a CDI spec (``kind: nvidia.com/gpu``) with one device
   per GPU name (index and UUID by default) and ``all``, from ``nvidia-smi -L`` (on lab nodes: the
   GPU simulator). ``nvidia-ctk cdi list`` lists the devices of the specs in ``/etc/cdi`` and
-  ``/var/run/cdi``.
+  ``/var/run/cdi``. Releases 1.18.0 and later (``CDI_REFRESH_FROM``) also take the output file
+  from ``NVIDIA_CTK_CDI_OUTPUT_FILE_PATH``: that is how their ``nvidia-cdi-refresh.service``
+  (``ExecStart=/usr/bin/nvidia-ctk cdi generate``, no ``--output``) names
+  ``/var/run/cdi/nvidia.yaml``; 1.17 knows no such variable and writes to stdout.
 - ``nvidia-ctk config [--config-file=PATH] [--in-place] [--set KEY=VALUE ...]``: the toolkit's
   ``/etc/nvidia-container-runtime/config.toml`` (created with the defaults when missing, as the
   package's postinst does), e.g. ``--set nvidia-container-cli.no-cgroups=true``.
@@ -47,6 +50,9 @@ from pathlib import Path
 from typing import Any, ClassVar, NoReturn
 
 STANDIN_VERSION = "0.0.0"  # replaced with the package's version when it is built
+# The first release whose -base package ships nvidia-cdi-refresh.service (world.toml).
+CDI_REFRESH_FROM = (1, 18, 0)
+CDI_OUTPUT_ENV = "NVIDIA_CTK_CDI_OUTPUT_FILE_PATH"
 
 DOCKER_CONFIG = "/etc/docker/daemon.json"
 CONTAINERD_CONFIG = "/etc/containerd/config.toml"
@@ -684,7 +690,7 @@ def generate_cdi(arguments: argparse.Namespace, logger: Logger) -> None:
         strategies=list(dict.fromkeys(strategies)),
         hook=arguments.nvidia_cdi_hook_path,
     )
-    output = arguments.output
+    output = arguments.output or (os.environ.get(CDI_OUTPUT_ENV, "") if knows_cdi_refresh() else "")
     json_format = arguments.format == "json" or output.endswith(".json")
     text = json.dumps(spec, indent=2) + "\n" if json_format else to_yaml(spec)
     if not output:
@@ -692,6 +698,12 @@ def generate_cdi(arguments: argparse.Namespace, logger: Logger) -> None:
     else:
         _write(Path(output), text)
     logger.info(f"Generated CDI spec with version {CDI_VERSION}")
+
+
+def knows_cdi_refresh(version: str | None = None) -> bool:
+    """Whether this release (default: the packaged one) is one of the nvidia-cdi-refresh era."""
+    parts = re.findall(r"\d+", version or STANDIN_VERSION)[:3]
+    return tuple(int(part) for part in parts) >= CDI_REFRESH_FROM
 
 
 def list_cdi(spec_dirs: Sequence[str], logger: Logger) -> None:

@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from lab import Lab, LabNode, aptrepo
-from lab.standin import catalogue
+from lab.standin import CONTAINER_TOOLKIT_VERSIONS, DRIVER_VERSIONS, catalogue
 from tests.integration.conftest import ssh
 
 pytestmark = pytest.mark.lab
@@ -135,7 +135,8 @@ def node(
     assert after == before, "the node was not left as found:\n" + "\n".join(difference)
 
 
-def _put_back(lab: Lab, node: LabNode, repo: aptrepo.RepoInfo, before: str) -> None:
+def purge_standins(lab: Lab, node: LabNode) -> None:
+    """Purge every stand-in package the node has (any state but not-installed)."""
     names = " ".join(sorted({package.name for package in catalogue()}))
     run(
         lab,
@@ -144,6 +145,10 @@ def _put_back(lab: Lab, node: LabNode, repo: aptrepo.RepoInfo, before: str) -> N
         " | awk '$1 != \"un\" {print $2}'); "
         f'[ -z "$installed" ] || {APT} purge $installed',
     )
+
+
+def _put_back(lab: Lab, node: LabNode, repo: aptrepo.RepoInfo, before: str) -> None:
+    purge_standins(lab, node)
     sources = " ".join(f"{SOURCES_DIR}/{name}" for name in repo.sources("http://x"))
     keyrings = f"{KEYRING_DIR}/{repo.cuda_keyring.name} {KEYRING_DIR}/{repo.container_keyring.name}"
     host = f"{lab.gateway}:*"
@@ -208,7 +213,8 @@ def test_a_lone_version_pin_fails_as_on_nvidias_repository(lab: Lab, node: LabNo
     # pick the older base by itself, so NVIDIA's guide names all four packages with versions.
     returncode, output = attempt(lab, node, f"{APT} install -s nvidia-container-toolkit=1.17.4-1")
     assert returncode != 0
-    assert "nvidia-container-toolkit-base (= 1.17.4-1) but 1.17.8-1 is to be installed" in output
+    newest = CONTAINER_TOOLKIT_VERSIONS[-1]
+    assert f"nvidia-container-toolkit-base (= 1.17.4-1) but {newest} is to be installed" in output
 
 
 # --- NVIDIA Container Toolkit --------------------------------------------------------------
@@ -277,7 +283,8 @@ def test_the_toolkit_brings_nvcc_and_only_the_cuda_metapackage_brings_a_driver(
     assert "Inst cuda-nvcc-12-4 (12.4.131-1 " in toolkit_plan
     assert "Inst cuda-drivers" not in toolkit_plan and "nvidia-driver" not in toolkit_plan
     cuda_plan = run(lab, node, f"{APT} install -s cuda")
-    assert "Inst cuda-drivers (570.195.03-1 " in cuda_plan, cuda_plan
+    # The newest cuda (13.1) needs a 590+ driver: the newest cuda-drivers (595's).
+    assert f"Inst cuda-drivers ({DRIVER_VERSIONS[-1]}-1 " in cuda_plan, cuda_plan
 
     run(lab, node, f"{APT} install cuda-toolkit-12-4=12.4.1-1")
     version = run(lab, node, "/usr/local/cuda-12.4/bin/nvcc --version")
@@ -349,6 +356,124 @@ def test_dcgm_hostengine_runs_and_discovers_the_gpus(lab: Lab, node: LabNode):
         run(lab, node, "systemctl stop nvidia-dcgm")
 
 
+# --- the 590+ era: pinning, compute-only, Fabric Manager, DCGM 4, CDI refresh ---------------
+
+
+def test_a_pinning_package_holds_the_driver_on_its_branch_and_a_new_one_moves_it(
+    lab: Lab, node: LabNode
+):
+    purge_standins(lab, node)
+    run(lab, node, f"rm -f {PREFERENCES}")  # the test's own 1001 pin would outrank the package
+    try:
+        run(lab, node, f"{APT} install nvidia-driver-pinning-580")
+        plan = run(lab, node, f"{APT} install -s nvidia-open")
+        assert "Inst nvidia-open (580.105.08-1 " in plan, plan
+        assert "Inst nvidia-kernel-open-dkms (580.105.08-1 " in plan, plan
+        # One pinning package at a time: the 595 one replaces the 580 one (Conflicts).
+        run(lab, node, f"{APT} install nvidia-driver-pinning-595")
+        assert installed_version(lab, node, "nvidia-driver-pinning-580") == ""
+        plan = run(lab, node, f"{APT} install -s nvidia-open")
+        assert "Inst nvidia-open (595.91.07-1 " in plan, plan
+        # From 590 on there is no cuda-drivers-<branch>: cuda-drivers pulls the driver itself.
+        plan = run(lab, node, f"{APT} install -s cuda-drivers")
+        assert "Inst cuda-drivers (595.91.07-1 " in plan, plan
+        assert "Inst nvidia-kernel-dkms (595.91.07-1 " in plan, plan
+        assert "Inst cuda-drivers-5" not in plan, plan
+    finally:
+        purge_standins(lab, node)
+
+
+def test_the_compute_only_set_installs_without_the_desktop_driver(lab: Lab, node: LabNode):
+    purge_standins(lab, node)
+    run(lab, node, f"rm -f {PREFERENCES}")
+    try:
+        run(lab, node, f"{APT} install nvidia-driver-pinning-595")
+        run(lab, node, f"{APT} install nvidia-driver-cuda nvidia-kernel-open-dkms")
+        assert installed_version(lab, node, "nvidia-driver-cuda") == "595.91.07-1"
+        assert installed_version(lab, node, "nvidia-kernel-open-dkms") == "595.91.07-1"
+        assert installed_version(lab, node, "nvidia-driver") == ""
+        assert run(lab, node, "cat /var/lib/gpunode-lab/installed-driver-version") == (
+            "595.91.07\n"
+        )
+        # Fabric Manager of this era: unsuffixed, at the driver's version, with NSCQ and IMEX.
+        run(lab, node, f"{APT} install nvidia-fabricmanager libnvidia-nscq nvidia-imex")
+        for package in ("nvidia-fabricmanager", "libnvidia-nscq", "nvidia-imex"):
+            assert installed_version(lab, node, package) == "595.91.07-1", package
+        for unit in ("nvidia-fabricmanager", "nvidia-imex"):
+            enabled = run(lab, node, f"systemctl is-enabled {unit} || true").strip()
+            assert enabled == "disabled", unit
+    finally:
+        purge_standins(lab, node)
+
+
+def test_a_1_18_toolkit_enables_the_cdi_refresh_units_and_a_1_17_one_has_none(
+    lab: Lab, node: LabNode
+):
+    purge_standins(lab, node)
+    try:
+        install_toolkit(lab, node, "1.18.2-1")
+        for unit in ("nvidia-cdi-refresh.path", "nvidia-cdi-refresh.service"):
+            assert run(lab, node, f"systemctl is-enabled {unit}").strip() == "enabled", unit
+        out = "/run/gpunode-lab-test-cdi.yaml"
+        run(lab, node, f"NVIDIA_CTK_CDI_OUTPUT_FILE_PATH={out} nvidia-ctk cdi generate; "
+                       f"grep -q '^kind: nvidia.com/gpu$' {out}; rm -f {out}")  # fmt: skip
+        purge_standins(lab, node)
+        returncode, _ = attempt(lab, node, "systemctl is-enabled nvidia-cdi-refresh.path")
+        assert returncode != 0, "the removed package left its unit enabled"
+        install_toolkit(lab, node, "1.17.8-1")
+        listed = run(lab, node, "systemctl list-unit-files 'nvidia-cdi-refresh*' || true")
+        assert "nvidia-cdi-refresh" not in listed
+    finally:
+        purge_standins(lab, node)
+
+
+def test_dcgm4_replaces_dcgm3_and_its_exporter_serves_the_simulated_gpus(lab: Lab, node: LabNode):
+    purge_standins(lab, node)
+    metrics = (
+        "python3 -c 'import time, urllib.request\n"
+        "for _ in range(100):\n"
+        "    try:\n"
+        '        print(urllib.request.urlopen("http://127.0.0.1:9400/metrics").read().decode())\n'
+        "        break\n"
+        "    except OSError:\n"
+        "        time.sleep(0.1)\n'"
+    )
+    try:
+        run(lab, node, f"{APT} install datacenter-gpu-manager=1:3.3.9")
+        run(lab, node, f"{APT} install datacenter-gpu-manager-4-core=1:4.5.3-1 "
+                       "datacenter-gpu-manager-exporter=4.8.2-1")  # fmt: skip
+        assert installed_version(lab, node, "datacenter-gpu-manager") == ""
+        assert run(lab, node, "dcgmi --version") == "dcgmi  version: 4.5.3\n"
+        enabled = run(lab, node, "systemctl is-enabled nvidia-dcgm-exporter || true").strip()
+        assert enabled == "disabled"
+        run(lab, node, "systemctl start nvidia-dcgm nvidia-dcgm-exporter")
+        text = run(lab, node, metrics)
+        uuid = run(lab, node, "nvidia-smi -L").split("(UUID: ", 1)[1].split(")", 1)[0]
+        assert f'DCGM_FI_DEV_GPU_TEMP{{gpu="0",UUID="{uuid}",' in text, text
+    finally:
+        run(lab, node, "systemctl stop nvidia-dcgm-exporter nvidia-dcgm 2>/dev/null; "
+                       "rm -f /var/dcgm-exporter.log; true")  # fmt: skip
+        purge_standins(lab, node)
+
+
+def test_the_debian13_repository_verifies_with_the_same_keyring(
+    lab: Lab, node: LabNode, repo: aptrepo.RepoInfo, server: aptrepo.RepoServer
+):
+    sources = repo.sources(server.base_url, KEYRING_DIR, distribution="debian13")
+    (name,) = [name for name in sources if "debian13" in name]
+    path = f"{SOURCES_DIR}/{name}"
+    lists = f"/var/lib/apt/lists/{lab.gateway}:{server.port}_cuda_debian13_*"
+    run(lab, node, f"printf %s {shlex.quote(sources[name])} > {path}")
+    try:
+        returncode, output = update(lab, node, path)
+        assert returncode == 0, output
+        assert "W:" not in output and "E:" not in output, output
+        policy = run(lab, node, "apt-cache policy nvidia-driver-pinning-595")
+        assert f"500 {server.cuda_url_for('debian13')}  Packages" in policy, policy
+    finally:
+        run(lab, node, f"rm -f {path} {lists}")
+
+
 # --- what apt fetched ----------------------------------------------------------------------
 
 
@@ -356,7 +481,8 @@ def test_apt_fetched_only_repository_paths_from_the_lab_server(
     node: LabNode, server: aptrepo.RepoServer
 ):
     requests = server.requests()
-    prefixes = (f"/{aptrepo.CUDA_PATH}/", f"/{aptrepo.CONTAINER_PATH}/")
+    debian13 = aptrepo.CUDA_REPOSITORIES["debian13"].path
+    prefixes = (f"/{aptrepo.CUDA_PATH}/", f"/{aptrepo.CONTAINER_PATH}/", f"/{debian13}/")
     assert requests
     assert {request.client for request in requests} == {node.address}
     assert [r.path for r in requests if not r.path.startswith(prefixes)] == []

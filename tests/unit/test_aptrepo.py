@@ -21,6 +21,7 @@ import yaml
 
 from lab import aptrepo
 from lab.standin import (
+    CDI_REFRESH_FROM,
     CONTAINER_TOOLKIT_VERSIONS,
     CUDA_REPO,
     DRIVER_VERSIONS,
@@ -31,21 +32,40 @@ from lab.standin import (
 )
 
 # Packages every release of which the roles may pin, with the versions the repository must hold.
+TOOLKIT_RELEASES = {"1.17.4-1", "1.17.8-1", "1.18.2-1", "1.20.1-1"}
 EXPECTED_VERSIONS = {
-    "nvidia-container-toolkit": {"1.17.4-1", "1.17.8-1"},
-    "nvidia-container-toolkit-base": {"1.17.4-1", "1.17.8-1"},
-    "libnvidia-container1": {"1.17.4-1", "1.17.8-1"},
-    "libnvidia-container-tools": {"1.17.4-1", "1.17.8-1"},
+    "nvidia-container-toolkit": TOOLKIT_RELEASES,
+    "nvidia-container-toolkit-base": TOOLKIT_RELEASES,
+    "libnvidia-container1": TOOLKIT_RELEASES,
+    "libnvidia-container-tools": TOOLKIT_RELEASES,
     "cuda-drivers-550": {"550.127.08-1", "550.144.03-1"},
     "cuda-drivers-570": {"570.124.06-1", "570.195.03-1"},
+    "cuda-drivers-580": {"580.95.05-1", "580.105.08-1"},
     "nvidia-fabricmanager-550": {"550.127.08-1", "550.144.03-1"},
     "nvidia-fabricmanager-570": {"570.124.06-1", "570.195.03-1"},
+    "nvidia-fabricmanager": {"580.95.05-1", "580.105.08-1", "595.71.05-1", "595.91.07-1"},
+    "libnvidia-nscq": {"580.95.05-1", "580.105.08-1", "595.71.05-1", "595.91.07-1"},
+    "nvidia-imex": {"580.95.05-1", "580.105.08-1", "595.71.05-1", "595.91.07-1"},
+    "nvidia-driver-pinning-580": {"580.95.05-1", "580.105.08-1"},
+    "nvidia-driver-pinning-595": {"595.71.05-1", "595.91.07-1"},
+    "nvlsm": {"2025.10.12-1", "2025.10.14-1"},
     "datacenter-gpu-manager": {"1:3.3.8", "1:3.3.9"},
+    "datacenter-gpu-manager-4-core": {"1:4.5.3-1", "1:4.6.0-1"},
+    "datacenter-gpu-manager-4-cuda12": {"1:4.5.3-1", "1:4.6.0-1"},
+    "datacenter-gpu-manager-4-cuda13": {"1:4.5.3-1", "1:4.6.0-1"},
+    "datacenter-gpu-manager-exporter": {"4.8.2-1", "4.8.3-1"},
     "cuda-toolkit-12-4": {"12.4.0-1", "12.4.1-1"},
     "cuda-toolkit-12-8": {"12.8.0-1", "12.8.1-1"},
+    "cuda-toolkit-12-9": {"12.9.1-1"},
+    "cuda-toolkit-13-0": {"13.0.2-1"},
+    "cuda-toolkit-13-1": {"13.1.1-1"},
     "libnccl2": {"2.21.5-1+cuda12.4", "2.25.1-1+cuda12.8", "2.26.2-1+cuda12.8"},
     "libnccl-dev": {"2.21.5-1+cuda12.4", "2.25.1-1+cuda12.8", "2.26.2-1+cuda12.8"},
 }
+# No branch-suffixed packages from the 590 era on (Fabric Manager's: from 580 on).
+NEVER_OFFERED = ("cuda-drivers-595", "nvidia-open-595", "nvidia-fabricmanager-580",
+                 "nvidia-fabricmanager-595", "libnvidia-nscq-580", "libnvidia-nscq-595",
+                 "cuda-drivers-fabricmanager-580", "cuda-drivers-fabricmanager-595")  # fmt: skip
 DRIVER_PACKAGES = (
     "cuda-drivers", "nvidia-open", "nvidia-driver", "nvidia-driver-cuda", "nvidia-kernel-dkms",
     "nvidia-kernel-open-dkms", "libnvidia-ml1", "libcuda1", "nvidia-smi", "nvidia-persistenced",
@@ -129,13 +149,38 @@ def test_each_repository_holds_two_or_more_releases_of_every_pinnable_package(bu
         assert versions.get(name) == expected, name
     for name in DRIVER_PACKAGES:
         assert versions[name] == {f"{version}-1" for version in DRIVER_VERSIONS}, name
-    assert versions["cuda"] == {"12.4.0-1", "12.4.1-1", "12.8.0-1", "12.8.1-1"}
+    assert versions["cuda"] == {
+        "12.4.0-1", "12.4.1-1", "12.8.0-1", "12.8.1-1", "12.9.1-1", "13.0.2-1", "13.1.1-1"
+    }  # fmt: skip
+    assert not set(NEVER_OFFERED) & set(versions)
+
+
+def test_the_debian13_repository_holds_the_same_signed_packages(built: Built):
+    debian12 = aptrepo.CUDA_REPOSITORIES["debian12"]
+    debian13 = aptrepo.CUDA_REPOSITORIES["debian13"]
+    assert debian13.path == "cuda/debian13/x86_64"
+    assert _index(built.repo, debian13) == _index(built.repo, debian12)
+    assert "Codename" not in _stanzas((built.repo.cuda_dir_for("debian13") / "Release").read_text())
+    keys = {path.name: path.read_text() for path in built.repo.cuda_dir.glob("*.pub")}
+    assert len(keys) == 1
+    assert keys == {
+        p.name: p.read_text() for p in built.repo.cuda_dir_for("debian13").glob("*.pub")
+    }
+    assert built.repo.sources("http://10.213.6.1:8089", distribution="debian13") == {
+        "cuda-debian13-x86_64.list": "deb [signed-by=/usr/share/keyrings/cuda-archive-keyring.gpg] "
+        "http://10.213.6.1:8089/cuda/debian13/x86_64/ /\n",
+        "nvidia-container-toolkit.list": "deb [signed-by=/usr/share/keyrings/"
+        "nvidia-container-toolkit-keyring.gpg] "
+        "http://10.213.6.1:8089/libnvidia-container/stable/deb/amd64/ /\n",
+    }
 
 
 def test_packages_sit_in_the_repository_that_publishes_them(built: Built):
     cuda, container = aptrepo.REPOSITORIES
     container_names = {stanza["Package"] for stanza in _index(built.repo, container)}
     cuda_names = {stanza["Package"] for stanza in _index(built.repo, cuda)}
+    debian13 = aptrepo.CUDA_REPOSITORIES["debian13"]
+    assert {stanza["Package"] for stanza in _index(built.repo, debian13)} == cuda_names
     assert container_names == {
         "nvidia-container-toolkit", "nvidia-container-toolkit-base", "libnvidia-container1",
         "libnvidia-container-tools",
@@ -145,7 +190,7 @@ def test_packages_sit_in_the_repository_that_publishes_them(built: Built):
 
 
 def test_the_index_describes_each_deb_with_a_flat_filename_and_its_checksum(built: Built):
-    for repository in aptrepo.REPOSITORIES:
+    for repository in aptrepo.ALL_REPOSITORIES:
         repo_dir = built.repo.directory / repository.path
         stanzas = _index(built.repo, repository)
         assert len(stanzas) == len(list(repo_dir.glob("*.deb")))
@@ -230,6 +275,22 @@ def test_kernel_module_packages_record_the_version_and_flavour_they_install():
          "dcgmi  version: 3.3.8\n"),
         ("nvidia-smi_550.127.08-1_amd64.deb", ["usr/bin/nvidia-smi"],
          "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver."),
+        ("cuda-nvcc-12-9_12.9.86-1_amd64.deb", ["usr/local/cuda-12.9/bin/nvcc", "--version"],
+         "Built on Tue_May_27_02:21:03_PDT_2025\nCuda compilation tools, release 12.9, V12.9.86\n"),
+        ("cuda-nvcc-13-0_13.0.88-1_amd64.deb", ["usr/local/cuda-13.0/bin/nvcc", "--version"],
+         "release 13.0, V13.0.88\nBuild cuda_13.0.r13.0/compiler.36424714_0"),
+        ("cuda-nvcc-13-1_13.1.115-1_amd64.deb", ["usr/local/cuda-13.1/bin/nvcc", "--version"],
+         "Cuda compilation tools, release 13.1, V13.1.115\n"),
+        ("nvidia-fabricmanager_595.91.07-1_amd64.deb", ["usr/bin/nv-fabricmanager", "-v"],
+         "Fabric Manager version is : 595.91.07\n"),
+        ("nvidia-imex_580.105.08-1_amd64.deb", ["usr/bin/nvidia-imex", "--version"],
+         "IMEX version is: 580.105.08\n"),
+        ("nvidia-imex_580.105.08-1_amd64.deb", ["usr/bin/nvidia-imex-ctl", "--version"],
+         "IMEX version is: 580.105.08\n"),
+        ("datacenter-gpu-manager-4-core_4.6.0-1_amd64.deb", ["usr/bin/dcgmi", "--version"],
+         "dcgmi  version: 4.6.0\n"),
+        ("datacenter-gpu-manager-exporter_4.8.2-1_amd64.deb", ["usr/bin/dcgm-exporter",
+         "--version"], "dcgm-exporter version 4.8.2"),
     ],
 )  # fmt: skip
 def test_packaged_stand_in_programs_answer_like_the_real_ones(
@@ -240,6 +301,47 @@ def test_packaged_stand_in_programs_answer_like_the_real_ones(
     result = _run(tmp_path / command[0], *command[1:])
     assert expected in result.stdout
     assert result.returncode == (9 if "nvidia-smi" in deb else 0)
+
+
+def test_cuda_runtime_needs_each_releases_own_driver():
+    runtime = {p.name: p for p in catalogue() if p.name.startswith("cuda-runtime-1")}
+    assert runtime["cuda-runtime-12-9"].depends[-1] == "cuda-drivers (>= 575.57.08)"
+    assert runtime["cuda-runtime-13-0"].depends[-1] == "cuda-drivers (>= 580.95.05)"
+    assert runtime["cuda-runtime-13-1"].depends[-1] == "cuda-drivers (>= 590.48.01)"
+
+
+def test_the_pinning_package_pins_its_branch_at_priority_1000(built: Built, tmp_path: Path):
+    deb = built.repo.cuda_dir / "nvidia-driver-pinning-595_595.91.07-1_all.deb"
+    assert _run("dpkg-deb", "-x", deb, tmp_path).returncode == 0
+    preferences = (tmp_path / "etc/apt/preferences.d/nvidia-driver-pinning-595").read_text()
+    assert "\nPin: version 595.*\nPin-Priority: 1000\n" in preferences
+    fields = _stanzas(_run("dpkg-deb", "--field", deb).stdout)[0]
+    assert (
+        fields["Provides"] == fields["Conflicts"] == fields["Replaces"] == "nvidia-driver-pinning"
+    )
+
+
+@pytest.mark.parametrize("version", CONTAINER_TOOLKIT_VERSIONS)
+def test_only_toolkits_from_1_18_ship_and_enable_the_cdi_refresh_units(
+    built: Built, tmp_path: Path, version: str
+):
+    deb = built.repo.container_dir / f"nvidia-container-toolkit-base_{version}_amd64.deb"
+    assert _run("dpkg-deb", "-x", deb, tmp_path).returncode == 0
+    units = sorted(p.name for p in (tmp_path / "lib/systemd/system").glob("*")) if (
+        tmp_path / "lib/systemd/system").is_dir() else []  # fmt: skip
+    control = tmp_path / "control"
+    assert _run("dpkg-deb", "-e", deb, control).returncode == 0
+    postinst = (control / "postinst").read_text()
+    if version.startswith("1.17."):
+        assert units == []
+        assert "nvidia-cdi-refresh" not in postinst
+    else:
+        assert units == ["nvidia-cdi-refresh.path", "nvidia-cdi-refresh.service"]
+        service = (tmp_path / "lib/systemd/system/nvidia-cdi-refresh.service").read_text()
+        assert "Environment=NVIDIA_CTK_CDI_OUTPUT_FILE_PATH=/var/run/cdi/nvidia.yaml\n" in service
+        assert "ExecStart=/usr/bin/nvidia-ctk cdi generate\n" in service
+        assert "systemctl enable --now nvidia-cdi-refresh.path" in postinst
+        assert "systemctl enable --now nvidia-cdi-refresh.service" in postinst
 
 
 @pytest.mark.parametrize("version", CONTAINER_TOOLKIT_VERSIONS)
@@ -261,7 +363,7 @@ def test_release_files_verify_with_gpgv_against_their_own_keyring_only(
         CUDA_REPO: built.repo.cuda_keyring,
         LIBNVIDIA_CONTAINER_REPO: built.repo.container_keyring,
     }
-    for repository in aptrepo.REPOSITORIES:
+    for repository in aptrepo.ALL_REPOSITORIES:
         repo_dir = built.repo.directory / repository.path
         own = keyrings[repository.name]
         other = next(path for name, path in keyrings.items() if name != repository.name)
@@ -277,7 +379,7 @@ def test_release_files_verify_with_gpgv_against_their_own_keyring_only(
 
 
 def test_inrelease_signs_the_release_that_lists_the_indexes(built: Built):
-    for repository in aptrepo.REPOSITORIES:
+    for repository in aptrepo.ALL_REPOSITORIES:
         repo_dir = built.repo.directory / repository.path
         release = (repo_dir / "Release").read_text()
         inrelease = (repo_dir / "InRelease").read_text()
@@ -406,6 +508,12 @@ def test_the_server_serves_the_repository_and_logs_every_request(built: Built, t
     log = tmp_path / "requests.log"
     with aptrepo.serve(built.repo.directory, "127.0.0.1", 0, log_path=log) as server:
         assert server.cuda_url == f"http://127.0.0.1:{server.port}/cuda/debian12/x86_64"
+        assert server.cuda_url_for("debian12") == server.cuda_url
+        assert server.cuda_url_for("debian13") == (
+            f"http://127.0.0.1:{server.port}/cuda/debian13/x86_64"
+        )
+        with pytest.raises(aptrepo.AptRepoError, match="debian11"):
+            server.cuda_url_for("debian11")
         with urllib.request.urlopen(f"{server.container_url}/InRelease", timeout=10) as reply:
             assert reply.read() == (built.repo.container_dir / "InRelease").read_bytes()
         with pytest.raises(urllib.error.HTTPError) as missing:
@@ -650,6 +758,32 @@ def test_cdi_generate_json_and_a_single_strategy(tmp_path: Path, fake_nvidia_smi
     names = [device["name"] for device in json.loads(output.read_text())["devices"]]
     assert names == ["GPU-fd93a2ba-4632-0dec-412b-21d89b333308",
                      "GPU-5cbee2ad-88ea-efd7-ea39-e8deadcdce14", "all"]  # fmt: skip
+
+
+@pytest.mark.parametrize(("release", "writes_file"), [("1.17.8", False), ("1.18.2", True)])
+def test_only_refresh_era_releases_take_the_output_from_the_environment(
+    tmp_path: Path,
+    fake_nvidia_smi: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    release: str,
+    writes_file: bool,
+):
+    # nvidia-cdi-refresh.service runs `nvidia-ctk cdi generate` with only this variable set.
+    output = tmp_path / "run-cdi" / "nvidia.yaml"
+    monkeypatch.setenv("NVIDIA_CTK_CDI_OUTPUT_FILE_PATH", str(output))
+    monkeypatch.setattr(nvidia_ctk, "STANDIN_VERSION", release)
+    assert ctk("cdi", "generate") == 0
+    printed = capsys.readouterr().out
+    assert output.exists() is writes_file
+    spec_text = output.read_text() if writes_file else printed
+    assert yaml.safe_load(spec_text)["kind"] == "nvidia.com/gpu"
+    assert (printed == "") is writes_file
+
+
+def test_the_ctk_and_the_data_agree_on_the_first_refresh_release():
+    assert tuple(int(p) for p in CDI_REFRESH_FROM.split(".")) == nvidia_ctk.CDI_REFRESH_FROM
+    assert nvidia_ctk.knows_cdi_refresh("1.18.0") and not nvidia_ctk.knows_cdi_refresh("1.17.8")
 
 
 def test_cdi_generate_fails_without_a_driver(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
