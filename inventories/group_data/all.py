@@ -5,14 +5,21 @@ what production runs. An inventory that tries the next stack first (staging) ove
 keys in its own group data; pyinfra gives group data precedence over ``all``.
 """
 
+# R580: NVIDIA's long-term support branch (end of life June 2028; gpunode/nvidia_releases.py),
+# the last of the branch-suffixed packaging era, compute-only (headless) install.
 nvidia_driver = {
     "source": "nvidia",
-    "branch": "570",
-    "version": "570.195.03-1",
+    "branch": "580",
+    "version": "580.105.08-1",
     "flavour": "open",
+    "stack": "compute",
     "reboot": "if-needed",
 }
 # Held at exactly the driver's version (Fabric Manager refuses to start otherwise).
-fabric_manager = {"version": "570.195.03-1"}
-cuda = {"versions": ["12.4", "12.8"], "default": "12.8"}
-container_runtime = {"engines": ["docker"], "toolkit_version": "1.17.8-1"}
+fabric_manager = {"version": "580.105.08-1"}
+# CUDA 13.0 runs fully on 580 (its toolkit bundles 580.95.05); 12.8 stays for older builds.
+cuda = {"versions": ["12.8", "13.0"], "default": "13.0"}
+# 1.18 and later keep the CDI spec themselves (nvidia-cdi-refresh, /var/run/cdi/nvidia.yaml).
+container_runtime = {"engines": ["docker"], "toolkit_version": "1.18.2-1"}
+# DCGM 4 for CUDA 13 with the exporter release NVIDIA pairs with it (4.8.3 with DCGM 4.6.0).
+dcgm = {"enabled": True, "version": "1:4.6.0-1", "exporter": True, "exporter_version": "4.8.3-1"}

@@ -58,7 +58,6 @@ gpu_metrics = {"enabled": True}
 # repositories. The simulated GPUs load the installed driver on a (simulated) reboot, which
 # reboot: if-needed performs through the lab's reboot command.
 reboot = {"command": list(REBOOT_COMMAND)}
-dcgm = {"enabled": True}
 
 # The fabric: simulated HCAs (ibstat) and the lab bridge as the NCCL socket interface.
 infiniband = {"enabled": True}

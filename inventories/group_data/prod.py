@@ -43,4 +43,3 @@ apt = {
 }
 
 # The NVIDIA stack's pins: group_data/all.py.
-dcgm = {"enabled": True, "exporter": True}

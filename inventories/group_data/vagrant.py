@@ -9,3 +9,4 @@ nvidia_driver: dict[str, Any] = {"source": "none"}
 fabric_manager: dict[str, Any] = {"mode": "never"}
 cuda: dict[str, Any] = {"versions": []}
 container_runtime: dict[str, Any] = {"engines": []}
+dcgm: dict[str, Any] = {"enabled": False}
