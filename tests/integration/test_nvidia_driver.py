@@ -220,7 +220,8 @@ def test_debian_source_refuses_missing_headers_before_anything_changes(
 
 # --- nvidia source: the lab's stand-in repository --------------------------------------------
 
-OPEN_127 = {"source": "nvidia", "branch": "550", "version": "550.127.08-1"}
+# NVIDIA's full stack (nvidia-open / cuda-drivers); the compute-only default follows below.
+OPEN_127 = {"source": "nvidia", "branch": "550", "version": "550.127.08-1", "stack": "full"}
 OPEN_144 = {**OPEN_127, "version": "550.144.03-1"}
 OPEN_144_REBOOT = {**OPEN_144, "reboot": "if-needed"}
 PROPRIETARY_144 = {**OPEN_144_REBOOT, "flavour": "proprietary"}
@@ -328,6 +329,61 @@ def test_switching_to_the_proprietary_flavour(
         flavour = run(lab, node, "cat /var/lib/gpunode-lab/installed-kernel-module-flavour")
         assert flavour == "proprietary\n"
     assert_no_change(lab, nodes, inventory_path, PROPRIETARY_144)
+
+
+# --- today's branches: the compute-only default, and across the 590 packaging boundary ------
+
+COMPUTE_580 = {"source": "nvidia", "branch": "580", "version": "580.95.05-1", "reboot": "if-needed"}
+COMPUTE_595 = {**COMPUTE_580, "branch": "595", "version": "595.71.05-1"}
+COMPUTE = ("nvidia-driver-cuda", "nvidia-kernel-open-dkms", "libcuda1", "nvidia-smi")
+
+
+def driver_packages_at(lab: Lab, node: LabNode) -> dict[str, str]:
+    """Installed packages of the driver's family (Fabric Manager's apart)."""
+    return {
+        name: version
+        for name, version in versions(lab, node).items()
+        if name.startswith(("nvidia-", "libnvidia-", "libcuda", "cuda-drivers", "firmware-nvidia"))
+        and not name.startswith(("nvidia-fabricmanager", "libnvidia-nscq"))
+    }
+
+
+def test_580_compute_only_replaces_the_full_stack_and_fabric_manager_loses_its_suffix(
+    lab: Lab, nodes: list[LabNode], inventory_path: Path
+) -> None:
+    converge(lab, nodes, inventory_path, COMPUTE_580)
+    for node in nodes:
+        installed = driver_packages_at(lab, node)
+        assert {installed.get(name) for name in COMPUTE} == {"580.95.05-1"}
+        # Nothing of 550 is left, and no pinning package: 580 is of the branch-suffixed era.
+        assert not {name for name, version in installed.items() if version.startswith("550.")}
+        assert not [name for name in installed if name.startswith("nvidia-driver-pinning")]
+        assert "cuda-drivers-550" not in installed and "nvidia-kernel-dkms" not in installed
+        assert set(COMPUTE) <= holds(lab, node)
+        assert loaded_driver(lab, node) == "580.95.05"
+    lab1 = nodes[0]
+    fabric = {n: v for n, v in versions(lab, lab1).items() if "fabricmanager" in n or "nscq" in n}
+    assert fabric == {"nvidia-fabricmanager": "580.95.05-1", "libnvidia-nscq": "580.95.05-1"}
+    assert set(fabric) <= holds(lab, lab1)
+    assert unit_state(lab, lab1, "nvidia-fabricmanager") == ("enabled", "active")
+    assert_no_change(lab, nodes, inventory_path, COMPUTE_580)
+
+
+def test_crossing_to_595_locks_the_branch_with_its_pinning_package_in_one_run(
+    lab: Lab, nodes: list[LabNode], inventory_path: Path
+) -> None:
+    converge(lab, nodes, inventory_path, COMPUTE_595)
+    for node in nodes:
+        installed = driver_packages_at(lab, node)
+        assert {installed.get(name) for name in COMPUTE} == {"595.71.05-1"}
+        assert "nvidia-driver-pinning-595" in installed
+        assert {"nvidia-driver-pinning-595", *COMPUTE} <= holds(lab, node)
+        assert not {name for name, version in installed.items() if version.startswith("580.")}
+        assert loaded_driver(lab, node) == "595.71.05"
+        assert "Pin: version 595.71.05-1" in run(lab, node, f"cat {PREFERENCES}")
+    assert versions(lab, nodes[0])["nvidia-fabricmanager"] == "595.71.05-1"
+    assert unit_state(lab, nodes[0], "nvidia-fabricmanager") == ("enabled", "active")
+    assert_no_change(lab, nodes, inventory_path, COMPUTE_595)
 
 
 def test_source_none_leaves_the_installed_driver_alone(
