@@ -331,6 +331,18 @@ def test_switching_to_the_proprietary_flavour(
     assert_no_change(lab, nodes, inventory_path, PROPRIETARY_144)
 
 
+def test_source_none_leaves_the_installed_driver_alone(
+    lab: Lab, nodes: list[LabNode], inventory_path: Path
+) -> None:
+    before = {node.name: versions(lab, node) for node in nodes}
+    result = deploy(lab, nodes, inventory_path, {"source": "none"})
+    assert ours_changed(result) == set()
+    assert "NVIDIA driver left alone: nvidia_driver.source is 'none'" in result.output
+    for node in nodes:
+        assert versions(lab, node) == before[node.name]
+        assert set(PROPRIETARY_DRIVER) <= holds(lab, node)
+
+
 # --- today's branches: the compute-only default, and across the 590 packaging boundary ------
 
 COMPUTE_580 = {"source": "nvidia", "branch": "580", "version": "580.95.05-1", "reboot": "if-needed"}
@@ -384,15 +396,3 @@ def test_crossing_to_595_locks_the_branch_with_its_pinning_package_in_one_run(
     assert versions(lab, nodes[0])["nvidia-fabricmanager"] == "595.71.05-1"
     assert unit_state(lab, nodes[0], "nvidia-fabricmanager") == ("enabled", "active")
     assert_no_change(lab, nodes, inventory_path, COMPUTE_595)
-
-
-def test_source_none_leaves_the_installed_driver_alone(
-    lab: Lab, nodes: list[LabNode], inventory_path: Path
-) -> None:
-    before = {node.name: versions(lab, node) for node in nodes}
-    result = deploy(lab, nodes, inventory_path, {"source": "none"})
-    assert ours_changed(result) == set()
-    assert "NVIDIA driver left alone: nvidia_driver.source is 'none'" in result.output
-    for node in nodes:
-        assert versions(lab, node) == before[node.name]
-        assert set(PROPRIETARY_DRIVER) <= holds(lab, node)
