@@ -4,8 +4,10 @@ The ``debian`` source uses Debian's real non-free packages: the lab's container 
 headers package, so the role must refuse before apt is asked for anything. The ``nvidia``
 source uses the lab's signed stand-in repository (real names, versions and dependency shapes):
 install 550.127.08-1 (open), change data to 550.144.03-1, reboot the GPU simulator into it,
-switch to the proprietary flavour. lab-1 (HGX H100) is declared to have NVSwitches, so it
-gets Fabric Manager; lab-2 (A100 data without NVSwitch) must not.
+switch to the proprietary flavour (NVIDIA's full stack); then today's branches with the
+compute-only default: 580 (the last branch-suffixed release) and across the 590 packaging
+boundary to 595, locked by its pinning package. lab-1 (HGX H100) is declared to have
+NVSwitches, so it gets Fabric Manager; lab-2 (A100 data without NVSwitch) must not.
 
 The module leaves the nodes as it found them: no driver, no NVIDIA source, simulator as before.
 """
