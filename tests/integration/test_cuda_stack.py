@@ -91,7 +91,8 @@ def stack_data(lab: Lab, **changes: Any) -> dict[str, Any]:
             "toolkit_version": "1.17.4-1",
             "cdi": True,
         },
-        "dcgm": {"enabled": True},
+        # DCGM 4 for the toolkits' CUDA 12, with its exporter (both unpinned: the newest pair).
+        "dcgm": {"enabled": True, "exporter": True},
         "nccl": {"install_libnccl": True},
     }
     for section, values in changes.items():
@@ -110,7 +111,10 @@ def inventories(
             lab, container_runtime={"toolkit_version": "1.17.8-1", "set_as_default": True}
         ),
         "one_release": stack_data(lab, cuda={"versions": ["12.4"], "default": None}),
-        "exporter": stack_data(lab, dcgm={"exporter": True}),
+        # An exporter release the mirror does not carry.
+        "exporter": stack_data(lab, dcgm={"exporter_version": "4.8.1-1"}),
+        # Container Toolkit 1.18: the toolkit keeps the CDI spec itself.
+        "cdi_refresh": stack_data(lab, container_runtime={"toolkit_version": "1.18.2-1"}),
     }
     return {
         name: write_inventory(
@@ -290,11 +294,26 @@ def test_dcgm_installed_and_running(
     lab: Lab, lab_nodes: list[LabNode], first_run: dict[str, Any]
 ) -> None:
     for node in lab_nodes:
-        assert dpkg_state(lab, node)["datacenter-gpu-manager"] == ("hi", "1:3.3.9")
-        assert sudo(lab, node, "systemctl is-active nvidia-dcgm").strip() == "active"
-        assert sudo(lab, node, "systemctl is-enabled nvidia-dcgm").strip() == "enabled"
+        state = dpkg_state(lab, node)
+        for name in ("datacenter-gpu-manager-4-core", "datacenter-gpu-manager-4-cuda12"):
+            assert state[name] == ("hi", "1:4.6.0-1")
+        assert (
+            "datacenter-gpu-manager" not in state
+            or installed(state, "datacenter-gpu-manager") is None
+        )
+        # The exporter release NVIDIA pairs with DCGM 4.6.0.
+        assert state["datacenter-gpu-manager-exporter"] == ("hi", "4.8.3-1")
+        for unit in ("nvidia-dcgm", "nvidia-dcgm-exporter"):
+            assert sudo(lab, node, f"systemctl is-active {unit}").strip() == "active"
+            assert sudo(lab, node, f"systemctl is-enabled {unit}").strip() == "enabled"
         discovery = sudo(lab, node, "dcgmi discovery -l")
         assert f"{len(simulator_uuids(lab, node))} GPUs found." in discovery
+        metrics = sudo(
+            lab, node,
+            "python3 -c \"import urllib.request; "
+            "print(urllib.request.urlopen('http://127.0.0.1:9400/metrics').read().decode())\"",
+        )  # fmt: skip
+        assert "DCGM_FI_DEV_" in metrics
 
 
 def test_libnccl2_is_the_newest_build_for_the_default_release(
@@ -422,9 +441,29 @@ def test_missing_exporter_is_refused_before_any_change(
     refused = run_pyinfra(DEPLOY, inventory=inventories["exporter"])
     assert refused.returncode != 0
     url = f"{lab.repo_base_url}/cuda/debian12/x86_64"
-    assert f"dcgm-exporter is not offered by {url}" in refused.output
+    assert f"datacenter-gpu-manager-exporter 4.8.1-1 is not offered by {url}" in refused.output
     assert "Nothing was changed" in refused.output
     assert_no_changes(inventories["base"])
+
+
+def test_toolkit_118_keeps_the_cdi_spec_itself_and_gpunodes_own_goes(
+    lab: Lab, lab_nodes: list[LabNode], inventories: dict[str, str], first_run: dict[str, Any]
+) -> None:
+    try:
+        converge(inventories["cdi_refresh"])
+        for node in lab_nodes:
+            assert dpkg_state(lab, node)["nvidia-container-toolkit-base"] == ("hi", "1.18.2-1")
+            assert sudo(lab, node, "test -e /etc/cdi/nvidia.yaml || echo gone").strip() == "gone"
+            spec = sudo(lab, node, "cat /var/run/cdi/nvidia.yaml")
+            assert all(uuid in spec for uuid in simulator_uuids(lab, node))
+            for unit in ("nvidia-cdi-refresh.path", "nvidia-cdi-refresh.service"):
+                assert sudo(lab, node, f"systemctl is-enabled {unit}").strip() == "enabled"
+        assert_no_changes(inventories["cdi_refresh"])
+    finally:
+        # Back to the module's 1.17 stack: gpunode writes its own spec again.
+        converge(inventories["base"])
+    for node in lab_nodes:
+        assert spec_uuids(lab, node) == simulator_uuids(lab, node)
 
 
 def test_gpu_container_check_is_skipped_with_its_reason_on_lab_nodes(

@@ -135,18 +135,18 @@ def dpkg_on_nvidia_packages(lab: Lab, node: LabNode) -> int | None:
 def test_a_reboot_in_the_middle_of_a_driver_change_is_finished_by_the_next_run(
     drill: DrillLab, tmp_path: Path
 ) -> None:
-    # The node converged at 570.195.03-1 (the test above); the data now pins 570.124.06-1.
+    # The node converged at the fleet's 580.105.08-1 (above); the data now pins 580.95.05-1.
     inventory = tmp_path / "lab.py"
     (tmp_path / "group_data").symlink_to(ROOT / "inventories" / "group_data")
     lab_driver = {
-        "source": "nvidia", "branch": "570", "version": "570.124.06-1", "flavour": "open",
+        "source": "nvidia", "branch": "580", "version": "580.95.05-1", "flavour": "open",
         "reboot": "if-needed",
     }  # fmt: skip
     node = drill.node
     data = {
         "ssh_hostname": node.address,
         "nvidia_driver": lab_driver,
-        "fabric_manager": {"version": "570.124.06-1"},
+        "fabric_manager": {"version": "580.95.05-1"},
     }
     inventory.write_text(f"h100_nodes = {[(node.name, data)]!r}\n")
     run = subprocess.Popen(
@@ -178,7 +178,7 @@ def test_a_reboot_in_the_middle_of_a_driver_change_is_finished_by_the_next_run(
     assert again.returncode == 0 and again.changed_operations() == {}, again.output
     installed = subprocess.run(
         ["docker", "exec", node.container, "dpkg-query", "-W", "-f=${Version} ${Status}\\n",
-         "nvidia-open"],
+         "nvidia-driver-cuda"],
         capture_output=True, text=True, check=True,
     ).stdout.strip()  # fmt: skip
-    assert installed == "570.124.06-1 hold ok installed"
+    assert installed == "580.95.05-1 hold ok installed"

@@ -4,8 +4,10 @@ The ``debian`` source uses Debian's real non-free packages: the lab's container 
 headers package, so the role must refuse before apt is asked for anything. The ``nvidia``
 source uses the lab's signed stand-in repository (real names, versions and dependency shapes):
 install 550.127.08-1 (open), change data to 550.144.03-1, reboot the GPU simulator into it,
-switch to the proprietary flavour. lab-1 (HGX H100) is declared to have NVSwitches, so it
-gets Fabric Manager; lab-2 (A100 data without NVSwitch) must not.
+switch to the proprietary flavour (NVIDIA's full stack); then today's branches with the
+compute-only default: 580 (the last branch-suffixed release) and across the 590 packaging
+boundary to 595, locked by its pinning package. lab-1 (HGX H100) is declared to have
+NVSwitches, so it gets Fabric Manager; lab-2 (A100 data without NVSwitch) must not.
 
 The module leaves the nodes as it found them: no driver, no NVIDIA source, simulator as before.
 """
@@ -331,6 +333,18 @@ def test_switching_to_the_proprietary_flavour(
     assert_no_change(lab, nodes, inventory_path, PROPRIETARY_144)
 
 
+def test_source_none_leaves_the_installed_driver_alone(
+    lab: Lab, nodes: list[LabNode], inventory_path: Path
+) -> None:
+    before = {node.name: versions(lab, node) for node in nodes}
+    result = deploy(lab, nodes, inventory_path, {"source": "none"})
+    assert ours_changed(result) == set()
+    assert "NVIDIA driver left alone: nvidia_driver.source is 'none'" in result.output
+    for node in nodes:
+        assert versions(lab, node) == before[node.name]
+        assert set(PROPRIETARY_DRIVER) <= holds(lab, node)
+
+
 # --- today's branches: the compute-only default, and across the 590 packaging boundary ------
 
 COMPUTE_580 = {"source": "nvidia", "branch": "580", "version": "580.95.05-1", "reboot": "if-needed"}
@@ -384,15 +398,3 @@ def test_crossing_to_595_locks_the_branch_with_its_pinning_package_in_one_run(
     assert versions(lab, nodes[0])["nvidia-fabricmanager"] == "595.71.05-1"
     assert unit_state(lab, nodes[0], "nvidia-fabricmanager") == ("enabled", "active")
     assert_no_change(lab, nodes, inventory_path, COMPUTE_595)
-
-
-def test_source_none_leaves_the_installed_driver_alone(
-    lab: Lab, nodes: list[LabNode], inventory_path: Path
-) -> None:
-    before = {node.name: versions(lab, node) for node in nodes}
-    result = deploy(lab, nodes, inventory_path, {"source": "none"})
-    assert ours_changed(result) == set()
-    assert "NVIDIA driver left alone: nvidia_driver.source is 'none'" in result.output
-    for node in nodes:
-        assert versions(lab, node) == before[node.name]
-        assert set(PROPRIETARY_DRIVER) <= holds(lab, node)

@@ -97,14 +97,14 @@ def test_nvidia_checks_fail_on_a_node_that_drifted(
     assert before.failed == set(), before.output
     try:
         on_node("gpunode-lab-hw set gpus.0.persistence_mode Disabled")
-        on_node("apt-mark unhold nvidia-open >/dev/null")
+        on_node("apt-mark unhold nvidia-driver-cuda >/dev/null")
         after = run_verify(
             "inventories/lab.py", tmp_path / "after.xml", "--limit", node.name,
             tests="tests/verify/test_nvidia.py",
         )  # fmt: skip
     finally:
         on_node("gpunode-lab-hw set gpus.0.persistence_mode Enabled")
-        on_node("apt-mark hold nvidia-open >/dev/null")
+        on_node("apt-mark hold nvidia-driver-cuda >/dev/null")
     assert after.code == 1, after.output
     host = f"ssh://{node.name}"
     assert after.failed == {

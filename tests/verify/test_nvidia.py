@@ -19,13 +19,14 @@ import pytest
 
 from gpunode.model import DesiredState, version_tuple
 
-# NVIDIA's Debian guide: the open modules come with nvidia-open, the proprietary ones with
-# cuda-drivers; both with nvidia-driver-cuda (nvidia-smi, libcuda). Debian non-free's headless
-# compute set is the kernel module, nvidia-smi and libcuda1 (never its X11 metapackage).
-NVIDIA_SOURCE_PACKAGES = {
-    "open": ("nvidia-open", "nvidia-kernel-open-dkms", "nvidia-driver", "nvidia-driver-cuda"),
-    "proprietary": ("cuda-drivers", "nvidia-kernel-dkms", "nvidia-driver", "nvidia-driver-cuda"),
-}
+# NVIDIA's Debian guide: the compute-only (headless) install is nvidia-driver-cuda with the
+# kernel module; the full stack adds nvidia-open (open modules) or cuda-drivers (proprietary)
+# and nvidia-driver. From branch 590 NVIDIA locks a branch with nvidia-driver-pinning-<branch>.
+# Debian non-free's headless compute set is the kernel module, nvidia-smi and libcuda1 (never
+# its X11 metapackage).
+NVIDIA_MODULE = {"open": "nvidia-kernel-open-dkms", "proprietary": "nvidia-kernel-dkms"}
+NVIDIA_FULL_STACK = {"open": ("nvidia-open",), "proprietary": ("cuda-drivers",)}
+PINNING_FROM_BRANCH = 590
 DEBIAN_SOURCE_PACKAGES = {
     "open": ("nvidia-open-kernel-dkms", "nvidia-smi", "libcuda1"),
     "proprietary": ("nvidia-kernel-dkms", "nvidia-smi", "libcuda1"),
@@ -44,10 +45,19 @@ NVIDIA_RUNTIME_EXECUTABLE = "nvidia-container-runtime"
 DOCKER_CONFIG = "/etc/docker/daemon.json"
 CONTAINERD_CONFIG = "/etc/containerd/config.toml"
 CDI_SPEC = "/etc/cdi/nvidia.yaml"
+# From Container Toolkit 1.18 its nvidia-cdi-refresh units keep the spec here (NVIDIA's CDI
+# support page), and no second spec for the same devices may stay in /etc/cdi.
+TOOLKIT_CDI_SPEC = "/var/run/cdi/nvidia.yaml"
+TOOLKIT_KEEPS_CDI_FROM = (1, 18)
 FABRIC_MANAGER_SERVICE = "nvidia-fabricmanager"
-DCGM_PACKAGE = "datacenter-gpu-manager"
+# Fabric Manager: nvidia-fabricmanager-<branch> up to 575, nvidia-fabricmanager with
+# libnvidia-nscq from 580.
+UNSUFFIXED_FABRIC_MANAGER_FROM_BRANCH = 580
+DCGM3_PACKAGE = "datacenter-gpu-manager"
 DCGM_SERVICE = "nvidia-dcgm"  # runs nv-hostengine
-DCGM_EXPORTER_SERVICE = "dcgm-exporter"
+# DCGM 4's exporter package and the unit it ships (NVIDIA/dcgm-exporter packaging).
+DCGM_EXPORTER_PACKAGE = "datacenter-gpu-manager-exporter"
+DCGM_EXPORTER_SERVICE = "nvidia-dcgm-exporter"
 
 
 def held(host: Any) -> set[str]:
@@ -90,10 +100,21 @@ def driver(desired: DesiredState) -> DesiredState:
 
 
 def driver_packages(desired: DesiredState) -> tuple[str, ...]:
+    """The driver's packages at the driver's version."""
     wanted = desired.nvidia_driver
     if wanted.source == "nvidia":
-        return NVIDIA_SOURCE_PACKAGES[wanted.flavour]
+        compute = ("nvidia-driver-cuda", NVIDIA_MODULE[wanted.flavour])
+        if wanted.stack == "full":
+            return (*NVIDIA_FULL_STACK[wanted.flavour], "nvidia-driver", *compute)
+        return compute
     return DEBIAN_SOURCE_PACKAGES[wanted.flavour]
+
+
+def pinning_package(desired: DesiredState) -> str | None:
+    branch = desired.nvidia_driver.branch
+    if desired.nvidia_driver.source != "nvidia" or not branch:
+        return None
+    return f"nvidia-driver-pinning-{branch}" if int(branch) >= PINNING_FROM_BRANCH else None
 
 
 def test_driver_loaded_is_the_pinned_release(host: Any, driver: DesiredState) -> None:
@@ -101,7 +122,7 @@ def test_driver_loaded_is_the_pinned_release(host: Any, driver: DesiredState) ->
     loaded = {row["driver_version"] for row in query_gpus(host, "driver_version")}
     assert len(loaded) == 1, loaded
     if wanted.version:
-        # An apt version 570.195.03-1 is driver release 570.195.03.
+        # An apt version 580.105.08-1 is driver release 580.105.08.
         assert loaded == {wanted.version.rsplit("-", 1)[0].split(":")[-1]}
     else:
         assert next(iter(loaded)).startswith(f"{wanted.branch}."), loaded
@@ -118,6 +139,10 @@ def test_driver_packages_installed_at_the_pin_and_held(host: Any, driver: Desire
     if wanted.version:
         assert set(versions.values()) == {wanted.version}, versions
     assert set(packages) <= held(host)
+    pinning = pinning_package(driver)
+    if pinning:
+        assert installed_version(host, pinning), pinning
+        assert pinning in held(host)
 
 
 def test_persistence_daemon_as_declared(host: Any, driver: DesiredState) -> None:
@@ -210,7 +235,12 @@ def test_containerd_has_the_nvidia_runtime_as_declared(host: Any, runtime: Desir
 def test_cdi_spec_names_every_gpu(host: Any, runtime: DesiredState) -> None:
     if not runtime.container_runtime.cdi:
         pytest.skip("container_runtime.cdi is false for this host in the inventory")
-    spec = host.file(CDI_SPEC).content_string
+    pinned = runtime.container_runtime.toolkit_version
+    version = pinned or installed_version(host, "nvidia-container-toolkit-base") or ""
+    toolkit_keeps_it = version_tuple(version)[:2] >= TOOLKIT_KEEPS_CDI_FROM
+    if toolkit_keeps_it:
+        assert not host.file(CDI_SPEC).exists, f"{CDI_SPEC} beside the toolkit's own spec"
+    spec = host.file(TOOLKIT_CDI_SPEC if toolkit_keeps_it else CDI_SPEC).content_string
     for gpu in query_gpus(host, "uuid"):
         assert gpu["uuid"] in spec
 
@@ -228,14 +258,17 @@ def test_fabric_manager_runs_where_nvswitches_are_expected(
             f"{desired.expected_hardware.nvswitch})"
         )
     driver = desired.nvidia_driver
-    package = f"nvidia-fabricmanager-{driver.branch}"
-    version = installed_version(host, package)
-    assert version, package
+    if int(str(driver.branch)) >= UNSUFFIXED_FABRIC_MANAGER_FROM_BRANCH:
+        packages: tuple[str, ...] = ("nvidia-fabricmanager", "libnvidia-nscq")
+    else:
+        packages = (f"nvidia-fabricmanager-{driver.branch}",)
+    versions = {package: installed_version(host, package) for package in packages}
+    assert None not in versions.values(), versions
     # Fabric Manager refuses to run with any other driver than its own version.
     pinned = desired.fabric_manager.version or driver.version
     if pinned:
-        assert version == pinned
-    assert package in held(host)
+        assert set(versions.values()) == {pinned}, versions
+    assert set(packages) <= held(host)
     service = host.service(FABRIC_MANAGER_SERVICE)
     assert service.is_enabled and service.is_running
 
@@ -250,11 +283,19 @@ def test_no_fabric_manager_where_no_nvswitch_is(host: Any, desired: DesiredState
 def test_dcgm_host_engine_runs_where_declared(host: Any, desired: DesiredState) -> None:
     if not desired.dcgm.enabled:
         pytest.skip("dcgm.enabled is false for this host in the inventory")
-    version = installed_version(host, DCGM_PACKAGE)
-    assert version, DCGM_PACKAGE
+    if desired.dcgm.release_major == 3:
+        package = DCGM3_PACKAGE
+    else:
+        # DCGM 4: its core, and the part built for the node's CUDA major (both one version).
+        package = "datacenter-gpu-manager-4-core"
+        cuda = f"datacenter-gpu-manager-4-cuda{desired.dcgm_cuda_major}"
+        assert installed_version(host, cuda) == installed_version(host, package), cuda
+        assert cuda in held(host)
+    version = installed_version(host, package)
+    assert version, package
     if desired.dcgm.version:
         assert version == desired.dcgm.version
-    assert DCGM_PACKAGE in held(host)
+    assert package in held(host)
     service = host.service(DCGM_SERVICE)
     assert service.is_enabled and service.is_running
     assert host.process.filter(comm="nv-hostengine"), "no nv-hostengine process"
@@ -263,8 +304,15 @@ def test_dcgm_host_engine_runs_where_declared(host: Any, desired: DesiredState) 
 def test_dcgm_exporter_runs_where_declared(host: Any, desired: DesiredState) -> None:
     if not (desired.dcgm.enabled and desired.dcgm.exporter):
         pytest.skip("dcgm.exporter is not declared for this host in the inventory")
+    version = installed_version(host, DCGM_EXPORTER_PACKAGE)
+    assert version, DCGM_EXPORTER_PACKAGE
+    if desired.dcgm.exporter_version:
+        assert version == desired.dcgm.exporter_version
+    assert DCGM_EXPORTER_PACKAGE in held(host)
     service = host.service(DCGM_EXPORTER_SERVICE)
     assert service.is_enabled and service.is_running
+    # NVIDIA's exporter serves Prometheus metrics on port 9400.
+    assert host.socket("tcp://9400").is_listening
 
 
 # --- GPU settings ------------------------------------------------------------------------------
