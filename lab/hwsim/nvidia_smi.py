@@ -40,7 +40,6 @@ pretending.
 
 from __future__ import annotations
 
-import copy
 import re
 import sys
 import time
@@ -1148,7 +1147,7 @@ def render_xml(state: State, targets: list[Target]) -> str:
 
 def render_gpu(template: ElementTree.Element, gpu: State, state: State) -> ElementTree.Element:
     generation = state["smi_generation"]
-    element = copy.deepcopy(template)
+    element = _clone(template)
     if generation == "r590":
         _reshape_for_r590(element)
     element.set("id", gpu["pci_bus_id"])
@@ -1250,6 +1249,16 @@ def render_gpu(template: ElementTree.Element, gpu: State, state: State) -> Eleme
     return element
 
 
+def _clone(element: ElementTree.Element) -> ElementTree.Element:
+    """A deep copy of ``element`` (tag, attributes, text, tail, children): copy.deepcopy of a
+    GPU's template walks it through copy's generic machinery, tens of milliseconds per GPU
+    on every ``-q -x``."""
+    clone = ElementTree.Element(element.tag, dict(element.attrib))
+    clone.text, clone.tail = element.text, element.tail
+    clone.extend([_clone(child) for child in element])
+    return clone
+
+
 def _find(parent: ElementTree.Element, path: str) -> ElementTree.Element:
     found = parent.find(path)
     if found is None:
@@ -1311,7 +1320,7 @@ def _mig_devices(template: ElementTree.Element, gpu: State) -> ElementTree.Eleme
     for index, (instance, compute) in enumerate(devices):
         profile = _profile_by_id(gpu, instance["profile_id"])
         share = compute["size"] / profile["compute_slices"]
-        entry = copy.deepcopy(pattern)
+        entry = _clone(pattern)
         _set(entry, "index", str(index))
         _set(entry, "gpu_instance_id", str(instance["id"]))
         _set(entry, "compute_instance_id", str(compute["id"]))
