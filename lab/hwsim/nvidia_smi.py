@@ -900,7 +900,8 @@ def capture_sections(text: str) -> dict[str, str]:
 
 
 def _is_rule(line: str) -> bool:
-    return len(line) >= 40 and set(line) == {"#"}
+    # Every line of the capture is asked, on every --query-* call: no set per line.
+    return len(line) >= 40 and line[0] == "#" and not line.strip("#")
 
 
 class QueryRow:
