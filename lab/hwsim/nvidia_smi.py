@@ -135,7 +135,7 @@ def main(argv: Sequence[str]) -> int:
         state = hwstate.load()
         if not state["driver_loaded"]:
             raise Failure(DRIVER_NOT_LOADED, EXIT_DRIVER_NOT_LOADED)
-        sys.stdout.write(run(list(argv), state))
+        sys.stdout.write(hwstate.answered(run(list(argv), state)))
     except Failure as failure:
         sys.stdout.write(failure.output)
         return failure.exit_code
@@ -787,6 +787,7 @@ def list_compute_instances(targets: list[Target]) -> str:
 
 def summary_table(state: State) -> str:
     """The default ``nvidia-smi`` table, laid out as in the H100 capture."""
+    hwstate.clock_read()
     rule = f"+{'-' * 41}+{'-' * 24}+{'-' * 22}+"
     lines = [
         f"{time.asctime()}       ",
@@ -1046,6 +1047,7 @@ def _query_fields() -> dict[str, Callable[[QueryRow], str]]:
 
 
 def _timestamp(now: float) -> str:
+    hwstate.clock_read()
     return f"{time.strftime('%Y/%m/%d %H:%M:%S', time.localtime(now))}.{int(now * 1000) % 1000:03d}"
 
 
@@ -1136,7 +1138,7 @@ def render_xml(state: State, targets: list[Target]) -> str:
     gpu_template = _find(root, "gpu")
     for captured_gpu in root.findall("gpu"):
         root.remove(captured_gpu)
-    _set(root, "timestamp", time.asctime())
+    _set(root, "timestamp", hwstate.asctime())
     _set(root, "driver_version", state["driver_version"])
     _set(root, "cuda_version", state["cuda_version"])
     _set(root, "attached_gpus", str(len(visible_gpus(state))))
