@@ -45,6 +45,7 @@ from facts.accounts import (
     expired,
 )
 from gpunode.model import DesiredState
+from gpunode.pyinfra_patches import inner
 from gpunode.refusal import NodeRefused
 
 SUDOERS_PATH = f"/etc/sudoers.d/{ADMIN_GROUP}"
@@ -115,10 +116,10 @@ def admin_account(user: str, shell: str, groups: list[str], public_keys: list[st
         if args:
             yield " ".join(["usermod", *args, shlex.quote(user)])
     # Don't fail if the home directory exists as a link (as server.user).
-    yield from files.directory._inner(
+    yield from inner(files.directory)(
         path=home, user=user, group=group or user, _no_fail_on_link=True
     )
-    yield from server.user_authorized_keys._inner(
+    yield from inner(server.user_authorized_keys)(
         user=user,
         public_keys=public_keys,
         group=group,
