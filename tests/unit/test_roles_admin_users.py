@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from pyinfra.context import ctx_state
 from pyinfra.facts.files import Directory, File, Link, Sha1File
 from pyinfra.facts.server import AuthorizedKeys, Groups, Os, Users, Which
 from pyinfra.operations import server
@@ -275,6 +277,15 @@ GROUPS = ["gpunode-login", "gpunode-admins"]
 
 def _both(facts: dict, keys: list[str], groups: list[str] = GROUPS) -> tuple[list[str], list[str]]:
     """admin_account's commands and those of the server.user call it stands for."""
+    # user_authorized_keys reads the state's working directory (for key file paths); pyinfra's
+    # context is whatever an earlier test left, so both read this one.
+    with ctx_state.use(SimpleNamespace(cwd=None)):
+        return _commands_of_both(facts, keys, groups)
+
+
+def _commands_of_both(
+    facts: dict, keys: list[str], groups: list[str]
+) -> tuple[list[str], list[str]]:
     ours, _ = commands_of(
         admin_account, facts, user="gpuadmin", shell="/bin/bash", groups=groups, public_keys=keys
     )
