@@ -25,6 +25,7 @@ def converging(
     """
     factcache.install()
     pyinfra_patches.replace_operation_order()
+    pyinfra_patches.remember_global_arguments()
     desired = desired_state()
     if early is not None:
         early(desired)

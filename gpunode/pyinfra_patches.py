@@ -10,6 +10,9 @@ gpunode changes how pyinfra 3 runs in two ways, and reads a few of its internals
   OperationError raised while one host executes fails that host as a failed command would
   (recorded the way pyinfra records one).
 - Roles run an operation inside another with pyinfra's ``_inner`` idiom (``inner`` below).
+- pyinfra's ``all_global_arguments`` (the global arguments' type hints, evaluated anew by
+  ``typing.get_type_hints`` for every operation and fact call) is read once per process
+  (``remember_global_arguments``).
 - Deploys order operations with ``operation_order`` in place of pyinfra's
   ``get_operation_order_from_stack``: the same line numbers, read from the frames themselves
   rather than through ``inspect.stack()``, which reads the source of every frame of the stack
@@ -38,6 +41,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pyinfra
+import pyinfra.api.arguments as pyinfra_arguments
 import pyinfra.api.operations as pyinfra_operations
 import pyinfra.api.util as pyinfra_util
 from pyinfra.api import command as pyinfra_command
@@ -76,6 +80,10 @@ WRITTEN_AGAINST: dict[str, str] = {
         "(self, success, commands, combined_output, retry_attempts=0, max_retries=0)"
     ),
     "pyinfra.connectors.util.CommandOutput": "(combined_lines)",
+    # remembered by remember_global_arguments (called by pop_global_arguments and, under
+    # this name, by pyinfra.api.facts)
+    "pyinfra.api.arguments.all_global_arguments": "()",
+    "pyinfra.api.facts.all_global_arguments": "()",
     # replaced by operation_order (called by solve_operation_consistency under this name)
     "pyinfra.api.operation.get_operation_order_from_stack": "(state)",
     "pyinfra.api.util.get_operation_order_from_stack": "(state)",
@@ -288,3 +296,29 @@ def replace_operation_order() -> None:
     _guard()
     if getattr(pyinfra_operation, "get_operation_order_from_stack") is not operation_order:  # noqa: B009
         _replace(pyinfra_operation, "get_operation_order_from_stack", operation_order)
+
+
+# --- global arguments -------------------------------------------------------------------------
+
+
+# pyinfra's own, taken before anything here replaces it.
+_pyinfra_global_arguments = pyinfra_arguments.all_global_arguments
+
+
+@functools.cache
+def _global_arguments() -> tuple[tuple[str, type], ...]:
+    return tuple(_pyinfra_global_arguments())
+
+
+def global_arguments() -> list[tuple[str, type]]:
+    """What pyinfra's ``all_global_arguments()`` returns (a new list each call), evaluated
+    once: the type hints of pyinfra's own ``AllArguments``, which do not change."""
+    return list(_global_arguments())
+
+
+def remember_global_arguments() -> None:
+    """pyinfra reads its global arguments through ``global_arguments`` (idempotent)."""
+    _guard()
+    for module in (pyinfra_arguments, pyinfra_facts):
+        if getattr(module, "all_global_arguments") is not global_arguments:  # noqa: B009
+            _replace(module, "all_global_arguments", global_arguments)

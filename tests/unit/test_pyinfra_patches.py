@@ -334,3 +334,20 @@ def test_deploys_order_operations_with_operation_order() -> None:
         assert module.get_operation_order_from_stack is pyinfra_patches.operation_order
     finally:
         module.get_operation_order_from_stack = original
+
+
+def test_global_arguments_are_pyinfra_s_read_once() -> None:
+    module = importlib.import_module("pyinfra.api.arguments")
+    facts_module = importlib.import_module("pyinfra.api.facts")
+    originals = module.all_global_arguments, facts_module.all_global_arguments
+    try:
+        expected = originals[0]()
+        pyinfra_patches.remember_global_arguments()
+        assert module.all_global_arguments is pyinfra_patches.global_arguments
+        assert facts_module.all_global_arguments is pyinfra_patches.global_arguments
+        first = module.all_global_arguments()
+        assert first == expected and any(name == "_sudo" for name, _ in first)
+        first.clear()  # a caller's list is its own
+        assert module.all_global_arguments() == expected
+    finally:
+        module.all_global_arguments, facts_module.all_global_arguments = originals
