@@ -28,6 +28,15 @@ SEPARATOR = "|"
 # The parts of the fact's command (gpunode.framing), in order.
 PARTS = ("installed", "loaded", "installed-module", "kernel", "headers", "lists")
 
+# The module's version and licence from one ``modinfo nvidia`` (one program start, not one
+# per field): its lines are "version:        550.127.08", "license:        Dual MIT/GPL".
+INSTALLED_MODULE_COMMAND = (
+    "modinfo nvidia 2>/dev/null | awk "
+    '\'sub(/^version:[ \\t]*/, "") && v == "" {v = $0} '
+    'sub(/^license:[ \\t]*/, "") && l == "" {l = $0} '
+    f'END {{if (v != "") print "modinfo{SEPARATOR}" v "{SEPARATOR}" l}}\''
+)
+
 # Module licence strings (modinfo -F license): the open modules are dual-licensed.
 OPEN_MODULE_LICENSE = "Dual MIT/GPL"
 
@@ -196,10 +205,7 @@ class NvidiaPackages(FactBase):
                 f'echo "nvidia-smi{sep}$(nvidia-smi --query-gpu=driver_version '
                 '--format=csv,noheader 2>/dev/null | head -n 1)"; fi'
             ),
-            "installed-module": (
-                'if version=$(modinfo -F version nvidia 2>/dev/null) && [ -n "$version" ]; then '
-                f'echo "modinfo{sep}$version{sep}$(modinfo -F license nvidia 2>/dev/null)"; fi'
-            ),
+            "installed-module": INSTALLED_MODULE_COMMAND,
             "kernel": "uname -r",
             "headers": "; ".join(
                 (

@@ -5,7 +5,8 @@ Besides the global view (root from 127.0.0.1), the effective settings are evalua
 ``sshd -T -C`` for every account that could log in (root, members of gpunode's groups, every
 account holding authorized keys) connecting from the control host's address as the node sees
 it: a ``Match User`` or ``Match Address`` block that loosens authentication for one of them is
-visible there and nowhere else.
+visible there and nowhere else. Where the config has no Match block (and includes no file
+that could hold one), every account's settings are the same: sshd evaluates them once.
 """
 
 from __future__ import annotations
@@ -57,11 +58,27 @@ CANDIDATES_COMMAND = (
     f"grep -xE '[a-z_][a-z0-9_-]{{0,31}}' | sort -u | head -n {MAX_EVALUATED_USERS})"
 )
 
+# A Match block is the only way the connection (user, address, port) changes sshd's
+# settings, and Include the only way a block can come from another file: where the config
+# has neither keyword (gpunode's own config has none), one evaluation stands for every
+# account. Keywords are case-insensitive and may be followed by "=". grep's exit 1 is "none
+# found"; 0 (found) or 2 (unreadable) evaluate each account.
+WITHOUT_MATCH_COMMAND = (
+    f"grep -Eiq '^[[:space:]]*(match|include)([[:space:]]|=)' {SSHD_CONFIG} 2>/dev/null; "
+    '[ "$?" -eq 1 ]'
+)
+_EVALUATE = (
+    '/usr/sbin/sshd -T -C "user=$u,host=$addr,addr=$addr,lport=$lport" 2>&1 '
+    f"| head -n {MAX_EFFECTIVE_LINES}"
+)
+
 PER_USER_COMMAND = (
     f"{CONNECTION_COMMAND}; {CANDIDATES_COMMAND}; "
+    f"if {WITHOUT_MATCH_COMMAND}; then shared=yes; else shared=; fi; once=; "
     f'for u in $users; do echo "{USER_MARK}$u"; '
-    '/usr/sbin/sshd -T -C "user=$u,host=$addr,addr=$addr,lport=$lport" 2>&1 '
-    f"| head -n {MAX_EFFECTIVE_LINES}; done"
+    f'if [ -z "$shared" ]; then {_EVALUATE}; continue; fi; '
+    f'[ -n "$once" ] || once=$({_EVALUATE}); '
+    '[ -z "$once" ] || printf \'%s\\n\' "$once"; done'
 )
 
 

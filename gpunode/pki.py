@@ -358,16 +358,44 @@ def _replace_private(path: Path, content: bytes) -> None:
 
 
 _opened: dict[Path, CertificateAuthority] = {}
+# directory -> (passphrase, create, the pending open_ca in a thread): see open_early.
+_opening: dict[Path, tuple[bytes, bool, Any]] = {}
+
+
+def open_early(tls: Tls, create: bool = True, env: Mapping[str, str] = os.environ) -> None:
+    """Start loading the existing CA that ``tls`` names in a thread of gevent's pool, for
+    ``certificate_authority`` to wait for: the key's bcrypt KDF (about a second of CPU, which
+    releases the GIL) then runs beside the deploy's SSH reads and preparation instead of
+    stopping every host's greenlet for that second. The same ``open_ca``, with the same
+    errors, raised where they always were; a CA that does not exist yet is made there too."""
+    directory = ca_directory(env, tls.ca_directory)
+    if directory in _opened or directory in _opening:
+        return
+    try:
+        passphrase = ca_passphrase(env, tls.ca_passphrase_file)
+    except CaError:
+        return  # certificate_authority raises it
+    if passphrase is None or not (directory / CA_KEY_NAME).exists():
+        return
+    import gevent
+
+    job = gevent.get_hub().threadpool.spawn(open_ca, directory, passphrase, create)
+    _opening[directory] = (passphrase, create, job)
 
 
 def certificate_authority(
     tls: Tls, create: bool = True, env: Mapping[str, str] = os.environ
 ) -> CertificateAuthority | None:
-    """The CA that ``tls`` and the environment name, loaded once per process (``open_ca``)."""
+    """The CA that ``tls`` and the environment name, loaded once per process (``open_ca``;
+    started by ``open_early`` where a deploy did)."""
     directory = ca_directory(env, tls.ca_directory)
     if directory not in _opened:
         passphrase = ca_passphrase(env, tls.ca_passphrase_file)
-        authority = open_ca(directory, passphrase, create=create)
+        pending = _opening.pop(directory, None)
+        if pending is not None and pending[:2] == (passphrase, create):
+            authority = pending[2].get()  # open_ca's result, or its CaError raised here
+        else:
+            authority = open_ca(directory, passphrase, create=create)
         if authority is None:
             return None
         _opened[directory] = authority

@@ -10,6 +10,14 @@ gpunode changes how pyinfra 3 runs in two ways, and reads a few of its internals
   OperationError raised while one host executes fails that host as a failed command would
   (recorded the way pyinfra records one).
 - Roles run an operation inside another with pyinfra's ``_inner`` idiom (``inner`` below).
+- pyinfra's ``all_global_arguments`` (the global arguments' type hints, evaluated anew by
+  ``typing.get_type_hints`` for every operation and fact call) is read once per process
+  (``remember_global_arguments``).
+- Deploys order operations with ``operation_order`` in place of pyinfra's
+  ``get_operation_order_from_stack``: the same line numbers, read from the frames themselves
+  rather than through ``inspect.stack()``, which reads the source of every frame of the stack
+  (and scans every loaded module for each) on each operation call: more than a second of
+  control CPU in a no-op deploy of two nodes.
 
 None of that is pyinfra's public API: any release may change it. So every function here first
 checks the installed pyinfra against SUPPORTED_VERSIONS and refuses, naming both, a version
@@ -32,10 +40,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import pyinfra
+import pyinfra.api.arguments as pyinfra_arguments
 import pyinfra.api.operations as pyinfra_operations
+import pyinfra.api.util as pyinfra_util
 from pyinfra.api import command as pyinfra_command
 from pyinfra.api import facts as pyinfra_facts
 from pyinfra.connectors.util import CommandOutput
+
+# The module (pyinfra.api's ``operation`` is the decorator of the same name).
+pyinfra_operation = importlib.import_module("pyinfra.api.operation")
 
 SUPPORTED_VERSIONS = ("3.10.0",)
 
@@ -66,8 +80,24 @@ WRITTEN_AGAINST: dict[str, str] = {
         "(self, success, commands, combined_output, retry_attempts=0, max_retries=0)"
     ),
     "pyinfra.connectors.util.CommandOutput": "(combined_lines)",
-    # run inside another operation (roles.nvidia_driver)
+    # remembered by remember_global_arguments (called by pop_global_arguments and, under
+    # this name, by pyinfra.api.facts)
+    "pyinfra.api.arguments.all_global_arguments": "()",
+    "pyinfra.api.facts.all_global_arguments": "()",
+    # replaced by operation_order (called by solve_operation_consistency under this name)
+    "pyinfra.api.operation.get_operation_order_from_stack": "(state)",
+    "pyinfra.api.util.get_operation_order_from_stack": "(state)",
+    # run inside another operation (roles.nvidia_driver, roles.admin_users)
     "pyinfra.operations.server.reboot._inner": "(delay=10, interval=1, reboot_timeout=300)",
+    "pyinfra.operations.files.directory._inner": (
+        "(path, present=True, user=None, group=None, mode=None, recursive=False, force=False, "
+        "force_backup=True, force_backup_dir=None, _no_check_owner_mode=False, "
+        "_no_fail_on_link=False)"
+    ),
+    "pyinfra.operations.server.user_authorized_keys._inner": (
+        "(user, public_keys, group=None, delete_keys=False, authorized_key_directory=None, "
+        "authorized_key_filename=None)"
+    ),
 }
 
 # The command classes whose execute runs something on a host.
@@ -218,3 +248,77 @@ def inner(operation: Any) -> Callable[..., Any]:
     _guard()
     function: Callable[..., Any] = operation._inner
     return function
+
+
+# --- operation order --------------------------------------------------------------------------
+
+
+def operation_order(state: Any) -> list[int]:
+    """What pyinfra's ``get_operation_order_from_stack(state)`` returns, from each frame's
+    code object and line: the deploy file's line numbers of the call stack (the operation's
+    place in the deploy, and for operations called in a loop or a function, where in it).
+
+    pyinfra walks ``inspect.stack()`` (outermost frame first) from the first frame of the
+    deploy file, keeping the line of every frame that is not pyinfra's own; ``getframeinfo``
+    names a frame by its code's file and line, as read here. Its own frame, innermost, is
+    pyinfra's: where the deploy file is not on the stack, nothing but the operation's file
+    number is kept.
+    """
+    frames = []
+    here = inspect.currentframe()
+    frame = here.f_back if here is not None else None
+    while frame is not None:
+        frames.append(frame)
+        frame = frame.f_back
+    frames.reverse()
+    start = 0
+    if state.current_deploy_filename:
+        start = next(
+            (
+                index
+                for index, found in enumerate(frames)
+                if found.f_code.co_filename == state.current_deploy_filename
+            ),
+            len(frames),
+        )
+    line_numbers = [state.current_op_file_number] if pyinfra.is_cli else []
+    install_dir = pyinfra_util.PYINFRA_INSTALL_DIR
+    line_numbers += [
+        found.f_lineno
+        for found in frames[start:]
+        if not found.f_code.co_filename.startswith(install_dir)
+    ]
+    return line_numbers
+
+
+def replace_operation_order() -> None:
+    """Order operations with ``operation_order`` (idempotent)."""
+    _guard()
+    if getattr(pyinfra_operation, "get_operation_order_from_stack") is not operation_order:  # noqa: B009
+        _replace(pyinfra_operation, "get_operation_order_from_stack", operation_order)
+
+
+# --- global arguments -------------------------------------------------------------------------
+
+
+# pyinfra's own, taken before anything here replaces it.
+_pyinfra_global_arguments = pyinfra_arguments.all_global_arguments
+
+
+@functools.cache
+def _global_arguments() -> tuple[tuple[str, type], ...]:
+    return tuple(_pyinfra_global_arguments())
+
+
+def global_arguments() -> list[tuple[str, type]]:
+    """What pyinfra's ``all_global_arguments()`` returns (a new list each call), evaluated
+    once: the type hints of pyinfra's own ``AllArguments``, which do not change."""
+    return list(_global_arguments())
+
+
+def remember_global_arguments() -> None:
+    """pyinfra reads its global arguments through ``global_arguments`` (idempotent)."""
+    _guard()
+    for module in (pyinfra_arguments, pyinfra_facts):
+        if getattr(module, "all_global_arguments") is not global_arguments:  # noqa: B009
+            _replace(module, "all_global_arguments", global_arguments)

@@ -31,7 +31,8 @@ from typing import Any
 from pyinfra import host
 from pyinfra.api import deploy, operation
 from pyinfra.facts.files import Sha1File
-from pyinfra.operations import server
+from pyinfra.facts.server import Groups
+from pyinfra.operations import files, server
 
 from facts.accounts import (
     ADMIN_GROUP,
@@ -40,9 +41,11 @@ from facts.accounts import (
     MANAGED_GROUPS,
     NOLOGIN_SHELL,
     LoginAccounts,
+    PasswdEntries,
     expired,
 )
 from gpunode.model import DesiredState
+from gpunode.pyinfra_patches import inner
 from gpunode.refusal import NodeRefused
 
 SUDOERS_PATH = f"/etc/sudoers.d/{ADMIN_GROUP}"
@@ -70,6 +73,60 @@ def sudoers_dropin(path: str, content: str):
     candidate = f"{path}.new"
     yield f"printf '%s' {shlex.quote(content)} > {candidate}"
     yield f"visudo -c -q -f {candidate} && chmod 0440 {candidate} && mv {candidate} {path}"
+
+
+@operation()
+def admin_account(user: str, shell: str, groups: list[str], public_keys: list[str]):
+    """A declared admin's account: it exists with this shell, its home ``/home/<user>``
+    (created from the skeleton) and at least these groups, and exactly these SSH keys.
+
+    What ``server.user(user, shell=, home=, create_home=True, groups=, append=True,
+    public_keys=, delete_keys=True)`` does, with the same commands, but reading only this
+    account (``PasswdEntries``): pyinfra's ``Users`` fact reads every account on the node,
+    and its lastlog, on every deploy.
+
+    + user: the account's name
+    + shell: its login shell
+    + groups: groups it is at least in (others it is in are kept)
+    + public_keys: the only keys in its authorized_keys
+    """
+    home = f"/home/{user}"
+    existing = host.get_fact(PasswdEntries, users=[user]).get(user)
+    group_list = ",".join(shlex.quote(group) for group in groups)
+    group = None
+    if existing is None:
+        # As server.user: a group of the account's name that already exists becomes its
+        # primary group, rather than useradd failing to create it.
+        if user in host.get_fact(Groups):
+            group = user
+        args = ["-d", shlex.quote(home), "-s", shlex.quote(shell)]
+        if group:
+            args += ["-g", shlex.quote(group)]
+        if groups:
+            args += ["-G", group_list]
+        yield " ".join(["useradd", *args, "-m", shlex.quote(user)])
+    else:
+        args = []
+        if existing.get("home") != home:
+            args += ["-d", shlex.quote(home)]
+        if existing.get("shell") != shell:
+            args += ["-s", shlex.quote(shell)]
+        if groups and not set(groups) <= set(existing.get("groups") or []):
+            args += ["-a", "-G", group_list]
+        if args:
+            yield " ".join(["usermod", *args, shlex.quote(user)])
+    # Don't fail if the home directory exists as a link (as server.user).
+    yield from inner(files.directory)(
+        path=home, user=user, group=group or user, _no_fail_on_link=True
+    )
+    yield from inner(server.user_authorized_keys)(
+        user=user,
+        public_keys=public_keys,
+        group=group,
+        delete_keys=True,
+        authorized_key_directory=f"{home}/.ssh",
+        authorized_key_filename=None,
+    )
 
 
 def _members(accounts: Mapping[str, Any], group: str) -> list[str]:
@@ -231,17 +288,13 @@ def admin_users(desired: DesiredState) -> None:
     for group in MANAGED_GROUPS:
         server.group(name=f"Group {group}", group=group)
     for user in desired.admin_users:
-        server.user(
+        admin_account(
             name=f"Admin user {user.name}",
             user=user.name,
             shell=user.shell,
-            home=f"/home/{user.name}",
-            create_home=True,
-            groups=[LOGIN_GROUP, ADMIN_GROUP] if user.sudo else [LOGIN_GROUP],
             # Other memberships (docker, video, ...) belong to the node, not to gpunode.
-            append=True,
+            groups=[LOGIN_GROUP, ADMIN_GROUP] if user.sudo else [LOGIN_GROUP],
             public_keys=list(user.ssh_keys),
-            delete_keys=True,
         )
         reinstated_account(name=f"Admin user {user.name} not expired", user=user.name)
         if not user.sudo:

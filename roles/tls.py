@@ -36,6 +36,7 @@ from gpunode.pki import (
     PkiError,
     WantedCertificate,
     certificate_authority,
+    open_early,
     reissue_reason,
     sign_csr,
     wanted_certificate,
@@ -230,6 +231,13 @@ def _dry_run() -> bool:
     except Exception:  # an embedding program's argv need not be pyinfra's
         return False
     return bool(context.params.get("dry"))
+
+
+def open_ca_early(desired: DesiredState) -> None:
+    """Start loading the CA for ``tls_certificate`` (pki.open_early), where TLS is enabled:
+    for deploys that run it, as soon as the desired state is known."""
+    if desired.tls.enabled:
+        open_early(desired.tls, create=not _dry_run())
 
 
 @deploy("TLS")

@@ -21,6 +21,7 @@ doubles.
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 from . import hwstate, modinfo
@@ -41,6 +42,8 @@ COMMANDS = {
     # Ahead of the real one in PATH: answers for the stand-in NVIDIA module only.
     "/usr/local/sbin/modinfo": "modinfo",
 }
+# The query doubles whose answers are replayed for the same state (hwstate, "replayed answers").
+REPLAYED = ("nvidia_smi", "ibstat", "nvme")
 FIXTURES = Path(__file__).resolve().parents[2] / "tests" / "fixtures"
 TEMPLATES = (
     "nvidia-smi-xml/a100-sxm4-v12.xml",
@@ -61,8 +64,9 @@ def node_files(profile: str, hostname: str) -> dict[str, tuple[bytes, int]]:
     source = Path(__file__).parent
     for module in NODE_MODULES:
         files[f"{package}/{module}.py"] = ((source / f"{module}.py").read_bytes(), 0o644)
+    code = code_digest()
     for command, module in COMMANDS.items():
-        files[command] = (_wrapper(command, module), 0o755)
+        files[command] = (_wrapper(command, module, code), 0o755)
     for template in TEMPLATES:
         files[f"{hwstate.DEFAULT_SHARE_DIR}/{Path(template).name}"] = (
             (FIXTURES / template).read_bytes(),
@@ -73,7 +77,43 @@ def node_files(profile: str, hostname: str) -> dict[str, tuple[bytes, int]]:
     return files
 
 
-def _wrapper(command: str, module: str) -> bytes:
+def code_digest() -> str:
+    """The doubles' code and templates, as the replayed answers' directory names them: an
+    answer kept by other code is never replayed."""
+    digest = hashlib.sha256()
+    source = Path(__file__).parent
+    for path in [source / f"{module}.py" for module in NODE_MODULES] + [
+        FIXTURES / template for template in TEMPLATES
+    ]:
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def _replay(module: str, code: str) -> str:
+    """sh that replays an answer kept for this state and these arguments (see hwstate), and
+    otherwise tells the double it may keep its answer."""
+    answers = f"${{state%/*}}/{hwstate.ANSWERS_DIR}/{code}-${{digest%% *}}"
+    return (
+        f'state="${{{hwstate.STATE_ENV}:-{hwstate.DEFAULT_STATE_PATH}}}"\n'
+        f"name={module}\n"
+        'for argument in "$@"; do\n'
+        '  case "$argument" in *..*|*[!A-Za-z0-9.,=_-]*) name=; break ;; esac\n'
+        '  name="$name+$argument"\n'
+        "done\n"
+        'if [ -n "$name" ] && [ "${#name}" -le 200 ] && digest=$(md5sum < "$state" 2>/dev/null)'
+        "; then\n"
+        f'  answer="{answers}/$name"\n'
+        '  if [ -f "$answer" ] && cat -- "$answer" 2>/dev/null; then exit 0; fi\n'
+        f'  if [ -f "$answer{hwstate.ASCTIME_SUFFIX}" ] && '
+        "now=$(LC_ALL=C date '+%a %b %e %H:%M:%S %Y') && "
+        f'sed "s/{hwstate.ASCTIME_MARK}/$now/" -- "$answer{hwstate.ASCTIME_SUFFIX}" 2>/dev/null'
+        "; then exit 0; fi\n"
+        f'  export {hwstate.ANSWER_NAME_ENV}="$name" {hwstate.ANSWER_CODE_ENV}={code}\n'
+        "fi\n"
+    )
+
+
+def _wrapper(command: str, module: str, code: str) -> bytes:
     # -P: the caller's working directory must not shadow the package. -S: the doubles are
     # standard library only, and every no-op deploy starts them a dozen times.
     run = (
@@ -92,6 +132,8 @@ def _wrapper(command: str, module: str) -> bytes:
             f'  *) for real in {reals}; do [ -x "$real" ] && exec "$real" "$@"; done ;;\n'
             "esac\n"
         )
+    if module in REPLAYED:
+        dispatch = _replay(module, code)
     return (
         f"#!/bin/sh\n# gpunode lab double of {Path(command).name}, from lab.hwsim.\n"
         + dispatch

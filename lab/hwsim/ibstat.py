@@ -52,7 +52,7 @@ def main(argv: Sequence[str]) -> int:
         )
         return EXIT_PANIC
     if list(argv) in (["-l"], ["--list_of_cas"]):
-        sys.stdout.write("".join(f"{name}\n" for name in cas))
+        sys.stdout.write(hwstate.answered("".join(f"{name}\n" for name in cas)))
         return 0
     if len(argv) > 1 or (argv and argv[0].startswith("-")):
         sys.stderr.write(f"ibstat (gpunode lab double): not simulated: {' '.join(argv)}\n")
@@ -65,7 +65,7 @@ def main(argv: Sequence[str]) -> int:
                 "No such file or directory\n"
             )
             return EXIT_PANIC
-    sys.stdout.write("".join(render_ca(name, cas[name]) for name in names))
+    sys.stdout.write(hwstate.answered("".join(render_ca(name, cas[name]) for name in names)))
     return 0
 
 

@@ -33,7 +33,7 @@ def main(argv: Sequence[str]) -> int:
         return 1
     drives = [drive for drive in hwstate.load()["nvme"] if drive["present"]]
     listing = {"Devices": [list_item(drive) for drive in drives]}
-    sys.stdout.write(json.dumps(listing, indent=2, separators=(",", ":")) + "\n")
+    sys.stdout.write(hwstate.answered(json.dumps(listing, indent=2, separators=(",", ":")) + "\n"))
     return 0
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 from pyinfra.api import FactBase
-from pyinfra.facts.files import File, FindInFile, Sha1File
+from pyinfra.facts.files import Directory, File, FindInFile, Link, Sha1File
 from pyinfra.facts.server import Which
 
 from gpunode import factcache
@@ -69,7 +69,7 @@ def test_a_batch_reads_what_each_fact_reads_alone(files: dict[str, str]) -> None
         (Which, {"command": "sh"}),
     ]
     instances = [(cls(), kwargs) for cls, kwargs in facts]
-    parts = factcache.parse_batch(sh(factcache.batch_script(instances)), len(facts))
+    parts = factcache.parse_batch(sh(factcache.batch_script(instances)), instances)
     assert sorted(parts) == list(range(len(facts)))
     for index, (fact, _) in enumerate(instances):
         cls, kwargs = facts[index]
@@ -79,9 +79,57 @@ def test_a_batch_reads_what_each_fact_reads_alone(files: dict[str, str]) -> None
     assert instances[0][0].process(parts[0].lines) is not None  # the config's hash was read
 
 
+def test_path_facts_are_read_by_one_program_each_as_each_would_read_alone(
+    tmp_path: Path,
+) -> None:
+    odd = tmp_path / "it's a -file"
+    odd.write_text("x\n")
+    (tmp_path / "dir").mkdir()
+    (tmp_path / "link").symlink_to(odd)
+    (tmp_path / "broken").symlink_to(tmp_path / "nowhere")
+    paths = [str(p) for p in (odd, tmp_path / "dir", tmp_path / "link", tmp_path / "broken")]
+    paths.append(str(tmp_path / "missing"))
+    facts: list[tuple[type[FactBase], dict[str, Any]]] = [
+        (cls, {"path": path}) for path in paths for cls in (File, Directory, Link, Sha1File)
+    ]
+    facts.append((Which, {"command": "sh"}))
+    instances = [(cls(), kwargs) for cls, kwargs in facts]
+    assert factcache.batch_groups(instances) == {
+        "stat": [i for i, (cls, _) in enumerate(facts) if cls in (File, Directory, Link)],
+        "sha1": [i for i, (cls, _) in enumerate(facts) if cls is Sha1File],
+    }
+    script = factcache.batch_script(instances)
+    assert script.count("stat -c") == 1 and script.count("sha1sum") == 1
+    parts = factcache.parse_batch(sh(script), instances)
+    assert sorted(parts) == list(range(len(facts)))
+    for index, (fact, _) in enumerate(instances):
+        cls, kwargs = facts[index]
+        read, batched = factcache.batched_value(fact, parts[index])
+        assert read
+        assert batched == alone(cls, kwargs), (cls.__name__, kwargs)
+    assert parts[0].lines and parts[len(facts) - 2].lines == []  # the file; the missing one
+
+
+def test_a_group_whose_program_fails_leaves_its_facts_for_pyinfra(tmp_path: Path) -> None:
+    instances = [(File(), {"path": str(tmp_path)}), (Directory(), {"path": str(tmp_path)})]
+    members = factcache.batch_groups(instances)["stat"]
+    failed = factcache.framing.PartOutput("group-stat", ["exists 0", "exists 1"], exit_status=1)
+    assert factcache._group_outputs(failed, members) == {}
+    short = factcache.framing.PartOutput(
+        "group-stat", ["exists 0", "exists 1", "user=x"], exit_status=0
+    )
+    assert factcache._group_outputs(short, members) == {}
+
+
+def test_pyinfra_file_facts_print_what_the_stat_group_prints() -> None:
+    for cls in (File, Directory, Link):
+        assert factcache.STAT_FORMAT in str(cls().command(path="/etc/x"))
+    assert "sha1sum" in str(Sha1File().command(path="/etc/x"))
+
+
 def test_failed_facts_are_left_for_pyinfra_and_missing_tools_give_the_default() -> None:
     instances = [(Fails(), {}), (NeedsMissingTool(), {}), (NoFinalNewline(), {})]
-    parts = factcache.parse_batch(sh(factcache.batch_script(instances)), 3)
+    parts = factcache.parse_batch(sh(factcache.batch_script(instances)), instances)
     assert parts[0].exit_status == 3  # pyinfra reads it itself and reports the failure
     assert factcache.batched_value(instances[0][0], parts[0]) == (False, None)
     assert parts[1].absent  # as pyinfra's get_fact does on MissingCommandError
@@ -96,7 +144,7 @@ def test_a_batch_cut_short_leaves_the_unfinished_facts_for_pyinfra() -> None:
     instances = [(NoFinalNewline(), {}), (Fails(), {}), (NoFinalNewline(), {})]
     lines = sh(factcache.batch_script(instances))
     cut = lines[: lines.index("partial") + 1]
-    parts = factcache.parse_batch(cut, 3)
+    parts = factcache.parse_batch(cut, instances)
     assert sorted(parts) == [0]
 
 

@@ -817,3 +817,65 @@ def test_modinfo_wrapper_starts_python_only_for_the_nvidia_module(tmp_path: Path
     assert run("-n", "nvidia") == "real -n nvidia", "a call the double does not answer"
     assert run("-F", "version", "nvidia").endswith("gpunode_lab_hw.modinfo -F version nvidia")
     assert run("nvidia").startswith("double ")
+
+
+# --- replayed answers (hwstate) -----------------------------------------------------------
+
+
+def _kept(node: LabNode) -> dict[str, list[str]]:
+    answers = node.state_file.parent / "answers"
+    if not answers.exists():
+        return {}
+    return {d.name: sorted(f.name for f in d.iterdir()) for d in answers.iterdir()}
+
+
+def test_a_query_is_replayed_for_the_same_state_only(lab_node: Callable[..., LabNode]) -> None:
+    node = lab_node("a100")
+    query = ("--query-gpu=index,persistence_mode", "--format=csv,noheader")
+    first = node.ok("nvidia-smi", *query)
+    kept = _kept(node)
+    name = "nvidia_smi+--query-gpu=index,persistence_mode+--format=csv,noheader"
+    assert [files for files in kept.values()] == [[name]]
+    (directory,) = kept
+    # What the wrapper prints now is the kept file's: Python does not run.
+    answer = node.state_file.parent / "answers" / directory / name
+    answer.write_text("replayed\n")
+    assert node.ok("nvidia-smi", *query) == "replayed\n"
+    # Another state: answered afresh, and the other state's answers are gone.
+    saved = node.state_file.read_bytes()
+    node.set("gpus.0.persistence_mode", "Disabled" if "Enabled" in first else "Enabled")
+    changed = node.ok("nvidia-smi", *query)
+    assert changed != first and changed != "replayed\n"
+    assert directory not in _kept(node)
+    # The first state written back as it was (as tests restore a saved copy): its answer.
+    node.state_file.write_bytes(saved)
+    assert node.ok("nvidia-smi", *query) == first
+
+
+def test_settings_clock_readings_and_failures_are_never_replayed(
+    lab_node: Callable[..., LabNode],
+) -> None:
+    node = lab_node("a100")
+    node.ok("nvidia-smi", "-pm", "1")
+    node.ok("nvidia-smi", "--query-gpu=timestamp,index", "--format=csv,noheader")
+    assert node.run("nvidia-smi", "-q", "-d", "PERFORMANCE").returncode != 0
+    assert node.run("ibstat", "-p").returncode != 0
+    assert _kept(node) == {}
+    node.ok("ibstat")  # while a plain query of the same state is kept
+    assert [files for files in _kept(node).values()] == [["ibstat"]]
+
+
+def test_xml_report_is_replayed_with_the_time_of_the_replay(
+    lab_node: Callable[..., LabNode],
+) -> None:
+    node = lab_node("hgx-h100")
+    first = node.ok("nvidia-smi", "-q", "-x")
+    assert [files for files in _kept(node).values()] == [["nvidia_smi+-q+-x.asctime"]]
+    replayed = node.ok("nvidia-smi", "-q", "-x")
+    assert "@@" not in first + replayed
+    stamp = re.compile(r"<timestamp>(.*)</timestamp>")
+    assert stamp.sub("", first) == stamp.sub("", replayed)
+    for output in (first, replayed):
+        found = stamp.search(output)
+        assert found and re.fullmatch(r"\w{3} \w{3} [ \d]\d \d\d:\d\d:\d\d \d{4}", found[1])
+    assert len(xml_gpus(replayed)) == 8

@@ -314,6 +314,32 @@ def test_certificate_authority_opens_the_ca_the_inventory_names(tmp_path: Path) 
     assert sorted(path.name for path in (tmp_path / "ca").iterdir()) == ["ca.crt", "ca.key"]
 
 
+def test_a_ca_opened_early_is_the_one_certificate_authority_gives_with_its_errors(
+    tmp_path: Path, authority: CertificateAuthority, ca_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(pki, "_opened", {})
+    monkeypatch.setattr(pki, "_opening", {})
+    tls = Tls(enabled=True, ca_directory=str(ca_dir))
+    right = {"GPUNODE_CA_PASSPHRASE": PASSPHRASE.decode()}
+    pki.open_early(tls, env=right)
+    assert ca_dir in pki._opening  # the key's KDF runs in a thread from here
+    opened = pki.certificate_authority(tls, env=right)
+    assert opened is not None and not pki._opening
+    assert opened.private_key.private_numbers() == authority.private_key.private_numbers()
+    # A wrong passphrase: nothing raised early, the same CaError where it always was.
+    monkeypatch.setattr(pki, "_opened", {})
+    wrong = {"GPUNODE_CA_PASSPHRASE": "not the passphrase at all"}
+    before = snapshot(ca_dir)
+    pki.open_early(tls, env=wrong)
+    with pytest.raises(CaError, match=r"wrong passphrase for the CA key .*nothing was changed"):
+        pki.certificate_authority(tls, env=wrong)
+    assert snapshot(ca_dir) == before
+    # No CA yet: it is made where it always was, never early.
+    fresh = Tls(enabled=True, ca_directory=str(tmp_path / "new-ca"))
+    pki.open_early(fresh, env=right)
+    assert not pki._opening and not (tmp_path / "new-ca").exists()
+
+
 # --- names --------------------------------------------------------------------------------
 
 

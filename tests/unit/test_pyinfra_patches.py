@@ -263,3 +263,91 @@ def test_no_module_but_the_patches_touches_pyinfra_internals() -> None:
                 found[str(path.relative_to(ROOT))] = touched
     assert found == {}
     assert touches_pyinfra_internals(PATCHES.read_text())  # the scan sees the patches
+
+
+# --- operation order --------------------------------------------------------------------------
+
+DEPLOY_SOURCE = """
+def role(state, orders, both):
+    for _ in range(2):
+        orders.append(
+            both(
+                state
+            )
+        )
+
+role(
+    state,
+    orders,
+    both,
+)
+"""
+
+
+@pytest.mark.parametrize("deploy_on_stack", [True, False])
+@pytest.mark.parametrize("is_cli", [True, False])
+def test_operation_order_is_pyinfra_s_from_the_same_call(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, deploy_on_stack: bool, is_cli: bool
+) -> None:
+    import types
+
+    import pyinfra
+    import pyinfra.api.util
+
+    deploy = tmp_path / "deploy.py"
+    deploy.write_text(DEPLOY_SOURCE)
+    monkeypatch.setattr(pyinfra, "is_cli", is_cli)
+    filename = str(deploy) if deploy_on_stack else str(tmp_path / "another.py")
+    state = types.SimpleNamespace(current_deploy_filename=filename, current_op_file_number=3)
+    orders: list[tuple[list[int], list[int]]] = []
+    code = compile(DEPLOY_SOURCE, str(deploy), "exec")
+    exec(
+        code,
+        {
+            "state": state,
+            "orders": orders,
+            "both": lambda state: orders_from_here(state)[::-1],
+        },
+    )
+    assert len(orders) == 2
+    for theirs, ours in orders:
+        assert ours == theirs
+    if deploy_on_stack:  # the deploy's frames: role's call, then the call in its loop
+        assert orders[0][1][-4:-2] == [10, 5]
+    nowhere = types.SimpleNamespace(current_deploy_filename="", current_op_file_number=0)
+    ours, theirs = orders_from_here(nowhere)
+    assert ours == theirs
+
+
+def orders_from_here(state: Any) -> tuple[list[int], list[int]]:
+    """Both orders, asked from one line (so that every frame's line is the same)."""
+    import pyinfra.api.util
+
+    return pyinfra_patches.operation_order(state), pyinfra.api.util.get_operation_order_from_stack(state)  # fmt: skip  # noqa: E501
+
+
+def test_deploys_order_operations_with_operation_order() -> None:
+    module = importlib.import_module("pyinfra.api.operation")
+    original = module.get_operation_order_from_stack
+    try:
+        pyinfra_patches.replace_operation_order()
+        assert module.get_operation_order_from_stack is pyinfra_patches.operation_order
+    finally:
+        module.get_operation_order_from_stack = original
+
+
+def test_global_arguments_are_pyinfra_s_read_once() -> None:
+    module = importlib.import_module("pyinfra.api.arguments")
+    facts_module = importlib.import_module("pyinfra.api.facts")
+    originals = module.all_global_arguments, facts_module.all_global_arguments
+    try:
+        expected = originals[0]()
+        pyinfra_patches.remember_global_arguments()
+        assert module.all_global_arguments is pyinfra_patches.global_arguments
+        assert facts_module.all_global_arguments is pyinfra_patches.global_arguments
+        first = module.all_global_arguments()
+        assert first == expected and any(name == "_sudo" for name, _ in first)
+        first.clear()  # a caller's list is its own
+        assert module.all_global_arguments() == expected
+    finally:
+        module.all_global_arguments, facts_module.all_global_arguments = originals

@@ -5,16 +5,21 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from pyinfra.facts.files import Sha1File
+from pyinfra.context import ctx_state
+from pyinfra.facts.files import Directory, File, Link, Sha1File
+from pyinfra.facts.server import AuthorizedKeys, Groups, Os, Users, Which
+from pyinfra.operations import server
 
-from facts.accounts import LoginAccounts
+from facts.accounts import LoginAccounts, PasswdEntries, parse_passwd_entries
 from gpunode.model import DesiredState, build_desired_state
 from roles.admin_users import (
     access_risks,
+    admin_account,
     deploy_public_key,
     group_membership,
     reinstated_account,
@@ -213,3 +218,146 @@ def test_deploy_key_is_derived_from_the_private_key(tmp_path: Path) -> None:
     assert deploy_public_key({"ssh_key": str(path)}) == public.decode()
     assert deploy_public_key({}) is None
     assert deploy_public_key({"ssh_key": str(tmp_path / "missing")}) is None
+
+
+# --- admin_account: server.user's commands, from the managed accounts' entries only ------
+
+
+def _passwd_facts(users: dict[str, dict[str, Any]], groups: set[str], keys: list[str]) -> dict:
+    """The facts admin_account and server.user read, from one description of the node."""
+
+    def entries(**kwargs: list[str]) -> dict[str, Any]:
+        return {name: users[name] for name in kwargs["users"] if name in users}
+
+    home_dirs = {entry["home"] for entry in users.values()}
+    ssh_dirs = {f"{home}/.ssh" for home in home_dirs}
+
+    def directory(path: str) -> Any:
+        if path in home_dirs or path in ssh_dirs:
+            name = path.split("/")[2]
+            return {"user": name, "group": name, "mode": 700 if path in ssh_dirs else 755}
+        return None
+
+    def file(path: str) -> Any:
+        name = path.split("/")[2]
+        if name in users:
+            return {"user": name, "group": name, "mode": 600}
+        return None
+
+    return {
+        PasswdEntries: entries,
+        Users: users,
+        Groups: groups,
+        Os: "Linux",
+        Which: lambda command: f"/usr/sbin/{command}",
+        Directory: directory,
+        Link: lambda path: None,
+        File: file,
+        # The key files as they are: both operations hand them to user_authorized_keys.
+        AuthorizedKeys: lambda user, path: keys,
+        Sha1File: lambda path: None,
+    }
+
+
+def _entry(**overrides: Any) -> dict[str, Any]:
+    entry = {
+        "home": "/home/gpuadmin",
+        "comment": None,
+        "shell": "/bin/bash",
+        "group": "gpuadmin",
+        "groups": ["gpunode-admins", "gpunode-login"],
+        "uid": 1001,
+        "gid": 1001,
+    }
+    return entry | overrides
+
+
+GROUPS = ["gpunode-login", "gpunode-admins"]
+
+
+def _both(facts: dict, keys: list[str], groups: list[str] = GROUPS) -> tuple[list[str], list[str]]:
+    """admin_account's commands and those of the server.user call it stands for."""
+    # user_authorized_keys reads the state's working directory (for key file paths); pyinfra's
+    # context is whatever an earlier test left, so both read this one.
+    with ctx_state.use(SimpleNamespace(cwd=None)):
+        return _commands_of_both(facts, keys, groups)
+
+
+def _commands_of_both(
+    facts: dict, keys: list[str], groups: list[str]
+) -> tuple[list[str], list[str]]:
+    ours, _ = commands_of(
+        admin_account, facts, user="gpuadmin", shell="/bin/bash", groups=groups, public_keys=keys
+    )
+    pyinfra_s, _ = commands_of(
+        server.user,
+        facts,
+        user="gpuadmin",
+        shell="/bin/bash",
+        home="/home/gpuadmin",
+        create_home=True,
+        groups=groups,
+        append=True,
+        public_keys=keys,
+        delete_keys=True,
+    )
+    return ours, pyinfra_s
+
+
+def test_admin_account_converged_is_what_server_user_does_and_changes_nothing() -> None:
+    facts = _passwd_facts({"gpuadmin": _entry()}, {"gpuadmin"}, [DEPLOY_KEY])
+    ours, pyinfra_s = _both(facts, [DEPLOY_KEY])
+    assert ours == pyinfra_s
+    assert not any(command.startswith(("useradd", "usermod")) for command in ours)
+
+
+def test_admin_account_changes_shell_home_and_missing_groups_as_server_user_does() -> None:
+    entry = _entry(shell="/bin/sh", home="/srv/gpuadmin", groups=["docker"])
+    facts = _passwd_facts({"gpuadmin": entry}, {"gpuadmin", "docker"}, [DEPLOY_KEY])
+    ours, pyinfra_s = _both(facts, [DEPLOY_KEY])
+    assert ours == pyinfra_s
+    assert ours[0] == (
+        "usermod -d /home/gpuadmin -s /bin/bash -a -G gpunode-login,gpunode-admins gpuadmin"
+    )
+
+
+def test_admin_account_new_user_is_created_as_server_user_does() -> None:
+    for groups in ({"gpunode-login"}, {"gpunode-login", "gpuadmin"}):
+        facts = _passwd_facts({}, groups, [DEPLOY_KEY])
+        ours, pyinfra_s = _both(facts, [DEPLOY_KEY], groups=["gpunode-login"])
+        assert ours == pyinfra_s
+        own_group = " -g gpuadmin" if "gpuadmin" in groups else ""
+        assert ours[0] == (
+            f"useradd -d /home/gpuadmin -s /bin/bash{own_group} -G gpunode-login -m gpuadmin"
+        )
+
+
+def test_passwd_entries_keep_whole_entries_and_secondary_groups_only() -> None:
+    lines = [
+        "entry gpuadmin:x:1001:1001:GPU admin|ops:/home/gpuadmin:/bin/bash|gpuadmin|"
+        "gpuadmin gpunode-admins gpunode-login",
+        "entry broken:x:1002",  # not a whole passwd entry
+        "entry Bad Name:x:1:1::/:/bin/sh|g|g",  # not a user name
+        "noise",
+        "entry nogroups:x:abc:1003::/home/nogroups:/bin/sh||",
+    ]
+    assert parse_passwd_entries(lines) == {
+        "gpuadmin": {
+            "home": "/home/gpuadmin",
+            "comment": "GPU admin|ops",
+            "shell": "/bin/bash",
+            "group": "gpuadmin",
+            "groups": ["gpunode-admins", "gpunode-login"],
+            "uid": 1001,
+            "gid": 1001,
+        },
+        "nogroups": {
+            "home": "/home/nogroups",
+            "comment": None,
+            "shell": "/bin/sh",
+            "group": None,
+            "groups": [],
+            "uid": None,
+            "gid": 1003,
+        },
+    }

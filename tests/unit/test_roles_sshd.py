@@ -3,11 +3,21 @@
 from __future__ import annotations
 
 import hashlib
+import os
+import subprocess
+from pathlib import Path
 from typing import Any
 
 from pyinfra.api import FunctionCommand
 
-from facts.sshd import SshdState, parse_effective, parse_per_user
+from facts.sshd import (
+    CANDIDATES_COMMAND,
+    PER_USER_COMMAND,
+    SSHD_CONFIG,
+    SshdState,
+    parse_effective,
+    parse_per_user,
+)
 from gpunode import framing
 from gpunode.expected.sshd import CIPHERS, expected_effective, render_sshd_config
 from gpunode.framing import PartOutput
@@ -150,6 +160,49 @@ def test_fact_evaluates_sshd_per_user_from_a_non_local_address() -> None:
     command = SshdState().command()
     assert '/usr/sbin/sshd -T -C "user=$u,host=$addr,addr=$addr,lport=$lport"' in command
     assert "SSH_CONNECTION" in command and "addr=192.0.2.1" in command
+
+
+def _per_user_run(tmp_path: Path, config: str | None) -> tuple[dict[str, Any], list[str]]:
+    """The per-user part, run by the shell with a stand-in sshd that logs its calls and a
+    config file of ``config`` (None: no file); the accounts are root, gpuadmin and debian."""
+    calls = tmp_path / "calls"
+    sshd = tmp_path / "sshd"
+    sshd.write_text(
+        f'#!/bin/sh\necho "$*" >> {calls}\necho "port 22"\necho "passwordauthentication no"\n'
+    )
+    sshd.chmod(0o755)
+    path = tmp_path / "sshd_config"
+    if config is not None:
+        path.write_text(config)
+    command = (
+        PER_USER_COMMAND.replace(CANDIDATES_COMMAND, 'users="debian gpuadmin root"')
+        .replace("/usr/sbin/sshd", str(sshd))
+        .replace(SSHD_CONFIG, str(path))
+    )
+    env = {key: value for key, value in os.environ.items() if key != "SSH_CONNECTION"}
+    done = subprocess.run(["sh", "-c", command], capture_output=True, text=True, env=env)
+    evaluations = [c for c in calls.read_text().splitlines() if c.startswith("-T -C user=")]
+    return parse_per_user(done.stdout.splitlines()), evaluations
+
+
+def test_without_match_blocks_sshd_evaluates_once_for_every_account(tmp_path: Path) -> None:
+    parsed, evaluations = _per_user_run(tmp_path, "PermitRootLogin no\n# Match User x\n")
+    assert len(evaluations) == 1
+    settings = {"port": ["22"], "passwordauthentication": ["no"]}
+    assert parsed["users"] == {"debian": settings, "gpuadmin": settings, "root": settings}
+    assert parsed["address"] == "192.0.2.1"
+
+
+def test_match_include_or_an_unreadable_config_evaluate_each_account(tmp_path: Path) -> None:
+    for config in ("Match User gpuadmin\n  X11Forwarding yes\n", "  include /etc/x.conf\n",
+                   "MATCH=all\n", None):  # fmt: skip
+        (tmp_path / "calls").unlink(missing_ok=True)
+        parsed, evaluations = _per_user_run(tmp_path, config)
+        assert [call.split(",")[0] for call in evaluations] == [
+            "-T -C user=debian", "-T -C user=gpuadmin", "-T -C user=root"
+        ], config  # fmt: skip
+        assert set(parsed["users"]) == {"debian", "gpuadmin", "root"}
+        (tmp_path / "sshd_config").unlink(missing_ok=True)
 
 
 def test_fact_reads_each_part_and_names_a_failed_sshd_t() -> None:
