@@ -13,7 +13,11 @@ settings for real and tests inject drift with ``gpunode-lab-hw``. Only lab nodes
   ``/usr/local/sbin/gpunode-lab-hw``, ``/usr/local/sbin/modinfo``: shell wrappers running
   those modules;
 - ``/usr/local/share/gpunode-lab/``: the captured outputs used as templates;
-- ``/var/lib/gpunode-lab/hardware.json``: the hardware state (``profiles.initial_state``).
+- ``/var/lib/gpunode-lab/hardware.json``: the hardware state (``profiles.initial_state``);
+- ``/lib/modules/<release>/modules.dep`` listing ``nvidia.ko``, as depmod leaves it on a GPU
+  node whose driver is built: the simulated GPUs have a loaded driver from the first boot, and
+  Container Toolkit 1.18's ``nvidia-cdi-refresh`` units read that file. The container shares
+  this machine's kernel, so ``<release>`` is this machine's.
 
 The lab dpkg-diverts ``DIVERTED_PATHS`` so installing the real packages cannot overwrite the
 doubles.
@@ -22,6 +26,7 @@ doubles.
 from __future__ import annotations
 
 import hashlib
+import os
 from pathlib import Path
 
 from . import hwstate, modinfo
@@ -45,6 +50,8 @@ COMMANDS = {
 # The query doubles whose answers are replayed for the same state (hwstate, "replayed answers").
 REPLAYED = ("nvidia_smi", "ibstat", "nvme")
 FIXTURES = Path(__file__).resolve().parents[2] / "tests" / "fixtures"
+# What depmod writes for a DKMS-built NVIDIA module (no dependencies of its own).
+MODULES_DEP = b"updates/dkms/nvidia.ko:\n"
 TEMPLATES = (
     "nvidia-smi-xml/a100-sxm4-v12.xml",
     "nvidia-smi-xml/a10g.xml",
@@ -74,6 +81,7 @@ def node_files(profile: str, hostname: str) -> dict[str, tuple[bytes, int]]:
         )
     state = hwstate.dumps(initial_state(profile, hostname))
     files[hwstate.DEFAULT_STATE_PATH] = (state.encode(), 0o644)
+    files[f"/lib/modules/{os.uname().release}/modules.dep"] = (MODULES_DEP, 0o644)
     return files
 
 

@@ -879,3 +879,15 @@ def test_xml_report_is_replayed_with_the_time_of_the_replay(
         found = stamp.search(output)
         assert found and re.fullmatch(r"\w{3} \w{3} [ \d]\d \d\d:\d\d:\d\d \d{4}", found[1])
     assert len(xml_gpus(replayed)) == 8
+
+
+def test_a_lab_nodes_kernel_lists_the_nvidia_module_as_depmod_would() -> None:
+    # Container Toolkit 1.18's nvidia-cdi-refresh.service runs only where modules.dep lists
+    # nvidia.ko (its ExecCondition greps for it); the simulated GPUs' driver is loaded.
+    import os
+    import re
+
+    files = node_files("a100", "lab-node-1")
+    content, mode = files[f"/lib/modules/{os.uname().release}/modules.dep"]
+    assert re.search(rb"/(nvidia|nvidia-current)\.ko", content)
+    assert mode == 0o644
