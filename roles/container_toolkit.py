@@ -23,7 +23,8 @@ The CDI spec: from Container Toolkit 1.18 on the toolkit keeps it itself (its
 driver or the toolkit changes), so gpunode keeps those units enabled, has the service run again
 when the spec does not list this host's GPUs for the loaded driver, and removes the
 ``/etc/cdi/nvidia.yaml`` it wrote for an older toolkit: a second spec for the same devices can
-disagree with the toolkit's. Up to 1.17 gpunode writes ``/etc/cdi/nvidia.yaml`` (device names
+disagree with the toolkit's. Up to 1.17 (a fleet pinned to it, or back to it) gpunode removes a
+``/var/run/cdi/nvidia.yaml`` a newer toolkit left and writes ``/etc/cdi/nvidia.yaml`` (device names
 by index and by UUID) when it is missing, names other GPUs than the GPU fact, was made for
 another driver, or the toolkit version changes in this run. Which release decides: the pinned
 version, else the installed one, else (a first install without a pin) the newest the
@@ -158,11 +159,16 @@ def cdi_spec(toolkit_changing: bool = False):
     + toolkit_changing: whether this run changes the Container Toolkit's version (the
       toolkit operation's ``will_change``): the spec is then generated again
     """
+    config = host.get_fact(ContainerRuntimeConfig)
+    if config["cdi_refresh_spec"]["present"]:
+        # Left by a 1.18+ toolkit this node had: nothing refreshes it any more, and a second
+        # spec for the same devices can disagree with this one.
+        yield f"rm -f {CDI_REFRESH_SPEC}"
     gpus = host.get_fact(GpuDevices)
     if gpus["state"] != "ok":
         host.noop(f"CDI spec not generated: {gpus['reason']}")
         return
-    spec = host.get_fact(ContainerRuntimeConfig)["cdi_spec"]
+    spec = config["cdi_spec"]
     reason = cdi_spec_stale_reason(spec, gpus, toolkit_changing)
     if reason is None:
         host.noop(

@@ -371,9 +371,12 @@ def container_runtime_rules(desired: DesiredState, facts: dict[str, Any]) -> Ite
         own = version is not None and toolkit_keeps_cdi_spec(version, None)
         path = CDI_REFRESH_SPEC if own else "/etc/cdi/nvidia.yaml"
         spec = section.get("cdi_refresh_spec" if own else "cdi_spec") or {}
-        if own and (section.get("cdi_spec") or {}).get("present"):
+        other, other_path = (
+            ("cdi_spec", "/etc/cdi/nvidia.yaml") if own else ("cdi_refresh_spec", CDI_REFRESH_SPEC)
+        )
+        if (section.get(other) or {}).get("present"):
             # Two specs for the same devices: engines may pick the one that is wrong.
-            yield "runtime.cdi.second_spec", WARN, "no /etc/cdi/nvidia.yaml", "present", RUN_DEPLOY
+            yield "runtime.cdi.second_spec", WARN, f"no {other_path}", "present", RUN_DEPLOY
         gpus = (facts.get("gpu") or {}).get("gpus") or []
         uuids = sorted(gpu.get("uuid") for gpu in gpus if gpu.get("uuid"))
         # A GPU missing from the box is a hardware finding; a spec still listing it is not news.

@@ -394,3 +394,10 @@ def test_a_pin_past_its_end_of_life_is_an_info_finding_and_no_drift() -> None:
     assert DriftResult(findings=advisories, checked_hosts=["node-1"]).exit_code == 0
     drift = [f for f in found if f.severity != Severity.INFO]
     assert drift and DriftResult(findings=advisories + drift).exit_code == 1
+
+
+def test_a_spec_left_by_a_newer_toolkit_beside_117s_is_a_second_spec() -> None:
+    facts = copy.deepcopy(healthy_facts())
+    facts["container_runtime"]["nvidia_ctk_version"] = "1.17.8"
+    facts["container_runtime"]["cdi_refresh_spec"] = {"present": True, "uuids": ["GPU-0"]}
+    assert findings(facts) == {"runtime.cdi.second_spec": Severity.WARNING}

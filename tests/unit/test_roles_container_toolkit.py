@@ -293,6 +293,13 @@ def test_stale_spec_is_regenerated(gpus: dict[type, Any], toolkit_changing: bool
     assert commands == [CDI_GENERATE]
 
 
+def test_a_spec_a_newer_toolkit_left_goes_when_the_fleet_is_on_117() -> None:
+    facts = {**runtime_fact(spec=spec_yaml(UUIDS), refresh_spec=spec_yaml(UUIDS)),
+             **gpus_fact(UUIDS)}  # fmt: skip
+    commands, _ = commands_of(cdi_spec, facts)
+    assert commands == ["rm -f /var/run/cdi/nvidia.yaml"]
+
+
 def test_no_readable_gpu_skips_the_spec_with_the_reason() -> None:
     unreadable = {GpuDevices: {"state": "unreadable", "reason": "driver not loaded", "gpus": []}}
     commands, noops = cdi_commands(None, unreadable)
