@@ -115,8 +115,19 @@ def server(
 
 
 @pytest.fixture(scope="module")
+def preinstalled(lab: Lab, lab_nodes: list[LabNode]) -> frozenset[str]:
+    """Stand-in packages the node had before this module (a converge of another module's):
+    the module never purges them. Its tests expect none of them held, as on a fresh node."""
+    return installed_standins(lab, lab_nodes[0])
+
+
+@pytest.fixture(scope="module")
 def node(
-    lab: Lab, lab_nodes: list[LabNode], repo: aptrepo.RepoInfo, server: aptrepo.RepoServer
+    lab: Lab,
+    lab_nodes: list[LabNode],
+    repo: aptrepo.RepoInfo,
+    server: aptrepo.RepoServer,
+    preinstalled: frozenset[str],
 ) -> Iterator[LabNode]:
     """A lab node with both lab repositories configured; put back as found afterwards."""
     node = lab_nodes[0]
@@ -129,26 +140,35 @@ def node(
         returncode, output = update(lab, node, f"{SOURCES_DIR}/{name}")
         assert returncode == 0, output
     yield node
-    _put_back(lab, node, repo, before)
+    _put_back(lab, node, repo, before, preinstalled)
     after = run(lab, node, SNAPSHOT)
     difference = difflib.unified_diff(before.splitlines(), after.splitlines(), lineterm="")
     assert after == before, "the node was not left as found:\n" + "\n".join(difference)
 
 
-def purge_standins(lab: Lab, node: LabNode) -> None:
-    """Purge every stand-in package the node has (any state but not-installed)."""
+def installed_standins(lab: Lab, node: LabNode) -> frozenset[str]:
+    """The stand-in packages the node has in any state but not-installed."""
     names = " ".join(sorted({package.name for package in catalogue()}))
-    run(
+    listed = run(
         lab,
         node,
-        f"installed=$(dpkg-query -W -f='${{db:Status-Abbrev}} ${{Package}}\\n' {names} 2>/dev/null"
-        " | awk '$1 != \"un\" {print $2}'); "
-        f'[ -z "$installed" ] || {APT} purge $installed',
+        f"dpkg-query -W -f='${{db:Status-Abbrev}} ${{Package}}\\n' {names} 2>/dev/null"
+        " | awk '$1 != \"un\" {print $2}'; true",
     )
+    return frozenset(listed.split())
 
 
-def _put_back(lab: Lab, node: LabNode, repo: aptrepo.RepoInfo, before: str) -> None:
-    purge_standins(lab, node)
+def purge_standins(lab: Lab, node: LabNode, keep: frozenset[str]) -> None:
+    """Purge every stand-in package the node has, except those it had before this module."""
+    installed = sorted(installed_standins(lab, node) - keep)
+    if installed:
+        run(lab, node, f"{APT} purge {' '.join(installed)}")
+
+
+def _put_back(
+    lab: Lab, node: LabNode, repo: aptrepo.RepoInfo, before: str, keep: frozenset[str]
+) -> None:
+    purge_standins(lab, node, keep)
     sources = " ".join(f"{SOURCES_DIR}/{name}" for name in repo.sources("http://x"))
     keyrings = f"{KEYRING_DIR}/{repo.cuda_keyring.name} {KEYRING_DIR}/{repo.container_keyring.name}"
     host = f"{lab.gateway}:*"
@@ -360,9 +380,9 @@ def test_dcgm_hostengine_runs_and_discovers_the_gpus(lab: Lab, node: LabNode):
 
 
 def test_a_pinning_package_holds_the_driver_on_its_branch_and_a_new_one_moves_it(
-    lab: Lab, node: LabNode
+    lab: Lab, node: LabNode, preinstalled: frozenset[str]
 ):
-    purge_standins(lab, node)
+    purge_standins(lab, node, preinstalled)
     run(lab, node, f"rm -f {PREFERENCES}")  # the test's own 1001 pin would outrank the package
     try:
         run(lab, node, f"{APT} install nvidia-driver-pinning-580")
@@ -380,11 +400,13 @@ def test_a_pinning_package_holds_the_driver_on_its_branch_and_a_new_one_moves_it
         assert "Inst nvidia-kernel-dkms (595.91.07-1 " in plan, plan
         assert "Inst cuda-drivers-5" not in plan, plan
     finally:
-        purge_standins(lab, node)
+        purge_standins(lab, node, preinstalled)
 
 
-def test_the_compute_only_set_installs_without_the_desktop_driver(lab: Lab, node: LabNode):
-    purge_standins(lab, node)
+def test_the_compute_only_set_installs_without_the_desktop_driver(
+    lab: Lab, node: LabNode, preinstalled: frozenset[str]
+):
+    purge_standins(lab, node, preinstalled)
     run(lab, node, f"rm -f {PREFERENCES}")
     try:
         run(lab, node, f"{APT} install nvidia-driver-pinning-595")
@@ -403,13 +425,13 @@ def test_the_compute_only_set_installs_without_the_desktop_driver(lab: Lab, node
             enabled = run(lab, node, f"systemctl is-enabled {unit} || true").strip()
             assert enabled == "disabled", unit
     finally:
-        purge_standins(lab, node)
+        purge_standins(lab, node, preinstalled)
 
 
 def test_a_1_18_toolkit_enables_the_cdi_refresh_units_and_a_1_17_one_has_none(
-    lab: Lab, node: LabNode
+    lab: Lab, node: LabNode, preinstalled: frozenset[str]
 ):
-    purge_standins(lab, node)
+    purge_standins(lab, node, preinstalled)
     try:
         install_toolkit(lab, node, "1.18.2-1")
         for unit in ("nvidia-cdi-refresh.path", "nvidia-cdi-refresh.service"):
@@ -417,18 +439,20 @@ def test_a_1_18_toolkit_enables_the_cdi_refresh_units_and_a_1_17_one_has_none(
         out = "/run/gpunode-lab-test-cdi.yaml"
         run(lab, node, f"NVIDIA_CTK_CDI_OUTPUT_FILE_PATH={out} nvidia-ctk cdi generate; "
                        f"grep -q '^kind: nvidia.com/gpu$' {out}; rm -f {out}")  # fmt: skip
-        purge_standins(lab, node)
+        purge_standins(lab, node, preinstalled)
         returncode, _ = attempt(lab, node, "systemctl is-enabled nvidia-cdi-refresh.path")
         assert returncode != 0, "the removed package left its unit enabled"
         install_toolkit(lab, node, "1.17.8-1")
         listed = run(lab, node, "systemctl list-unit-files 'nvidia-cdi-refresh*' || true")
         assert "nvidia-cdi-refresh" not in listed
     finally:
-        purge_standins(lab, node)
+        purge_standins(lab, node, preinstalled)
 
 
-def test_dcgm4_replaces_dcgm3_and_its_exporter_serves_the_simulated_gpus(lab: Lab, node: LabNode):
-    purge_standins(lab, node)
+def test_dcgm4_replaces_dcgm3_and_its_exporter_serves_the_simulated_gpus(
+    lab: Lab, node: LabNode, preinstalled: frozenset[str]
+):
+    purge_standins(lab, node, preinstalled)
     metrics = (
         "python3 -c 'import time, urllib.request\n"
         "for _ in range(100):\n"
@@ -453,7 +477,7 @@ def test_dcgm4_replaces_dcgm3_and_its_exporter_serves_the_simulated_gpus(lab: La
     finally:
         run(lab, node, "systemctl stop nvidia-dcgm-exporter nvidia-dcgm 2>/dev/null; "
                        "rm -f /var/dcgm-exporter.log; true")  # fmt: skip
-        purge_standins(lab, node)
+        purge_standins(lab, node, preinstalled)
 
 
 def test_the_debian13_repository_verifies_with_the_same_keyring(

@@ -17,8 +17,11 @@ import pytest
 
 from lab.standin import daemon
 from lab.standin.catalogue import (
+    CONTAINER_TOOLKIT_VERSIONS,
+    CUDA_TOOLKITS,
     DCGM4_RELEASES,
     DRIVER_BRANCHES,
+    DRIVER_VERSIONS,
     FAMILY_REPOSITORY,
     RELATION_FIELDS,
     WORLD,
@@ -263,3 +266,25 @@ def test_the_stand_in_exporter_serves_dcgm_fields_of_each_gpu(query: str, expect
 def test_the_stand_in_exporter_reads_nothing_from_garbage():
     text = daemon.metrics_text("not,a,csv\n\n")
     assert [line for line in text.splitlines() if not line.startswith("#")] == []
+
+
+def _key(version: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in re.findall(r"\d+", version))
+
+
+def test_releases_are_listed_oldest_first_without_repeats():
+    for releases in (
+        DRIVER_VERSIONS,
+        CONTAINER_TOOLKIT_VERSIONS,
+        tuple(t.release for t in CUDA_TOOLKITS),
+        tuple(r.version for r in DCGM4_RELEASES),
+    ):
+        assert list(releases) == sorted(set(releases), key=_key), releases
+
+
+def test_every_toolkit_finds_a_driver_it_accepts_in_the_repository():
+    # cuda-runtime-X-Y needs cuda-drivers (>= the release's driver): some driver must satisfy it,
+    # or `apt install cuda` could not resolve.
+    newest = max(DRIVER_VERSIONS, key=_key)
+    for toolkit in CUDA_TOOLKITS:
+        assert _key(newest) >= _key(toolkit.minimum_driver), toolkit.release
