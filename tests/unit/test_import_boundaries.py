@@ -96,7 +96,8 @@ def test_no_role_imports_the_drift_package() -> None:
 
 
 def test_what_the_model_means_on_a_node_imports_only_the_model_and_the_stdlib() -> None:
-    allowed_packages = ("gpunode.model", "gpunode.expected")
+    # gpunode.distributions is data like the model (the release's table), stdlib only itself.
+    allowed_packages = ("gpunode.model", "gpunode.expected", "gpunode.distributions")
     found = {}
     for path in modules_under("gpunode/expected"):
         bad = sorted(
@@ -108,6 +109,13 @@ def test_what_the_model_means_on_a_node_imports_only_the_model_and_the_stdlib() 
         if bad:
             found[str(path.relative_to(ROOT))] = bad
     assert found == {}
+
+
+def test_the_distribution_table_imports_only_the_stdlib() -> None:
+    path = ROOT / "gpunode" / "distributions.py"
+    assert {
+        name for name in imports_of(path) if name.split(".")[0] not in sys.stdlib_module_names
+    } == set()
 
 
 @pytest.mark.parametrize(

@@ -26,6 +26,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from gpunode.distributions import DEFAULT as DEFAULT_DISTRIBUTION
 from gpunode.expected.sshd import render_sshd_config
 from gpunode.model import SSH_KEY_TYPES, DesiredState, IpoibInterface, build_desired_state
 from gpunode.pki import wanted_certificate
@@ -271,8 +272,8 @@ def accepted_value(field: StringField, state: DesiredState) -> str:
 
 
 def _sshd(state: DesiredState, value: str) -> None:
-    lines = render_sshd_config(state.sshd).splitlines()
-    baseline = render_sshd_config(DesiredState().sshd).splitlines()
+    lines = render_sshd_config(state.sshd, DEFAULT_DISTRIBUTION).splitlines()
+    baseline = render_sshd_config(DesiredState().sshd, DEFAULT_DISTRIBUTION).splitlines()
     assert len(lines) == len(baseline) + 1
     assert lines.count(f"ListenAddress {value}") == 1
     assert value.split() == [value]
@@ -310,7 +311,7 @@ def _proxy(state: DesiredState, value: str) -> None:
 
 
 def _sources(state: DesiredState, value: str) -> None:
-    texts = [render_debian_sources(state.apt)] + [
+    texts = [render_debian_sources(state.apt, DEFAULT_DISTRIBUTION)] + [
         repo.render_sources() for repo in nvidia_repositories_for_all(state)
     ]
     uris = [line for text in texts for line in text.splitlines() if line.startswith("URIs:")]
