@@ -1,4 +1,8 @@
-"""Lab nodes for integration tests: real Debian 12 systemd containers reached over SSH."""
+"""Lab nodes for integration tests: real Debian 12 / 13 systemd containers reached over SSH.
+
+GPUNODE_TEST_LAB_RELEASE picks their releases as `gpunode lab up --release` does: bookworm
+(the default), trixie, or mixed (bookworm and trixie in turn: lab-1 bookworm, lab-2 trixie).
+"""
 
 from __future__ import annotations
 
@@ -15,10 +19,11 @@ from typing import Any
 import pytest
 
 from gpunode.model import DesiredState
-from lab import LOGIN_USER, REBOOT_COMMAND, Lab, LabNode
+from lab import LOGIN_USER, REBOOT_COMMAND, Lab, LabNode, releases_of
 
 ROOT = Path(__file__).resolve().parents[2]
 LAB_NODES = int(os.environ.get("GPUNODE_TEST_LAB_NODES", "2"))
+LAB_RELEASES = releases_of(os.environ.get("GPUNODE_TEST_LAB_RELEASE", "bookworm"))
 PYINFRA = str(Path(sys.executable).with_name("pyinfra"))
 GPUNODE = str(Path(sys.executable).with_name("gpunode"))
 
@@ -66,7 +71,7 @@ def lab() -> Lab:
 
 @pytest.fixture(scope="session")
 def lab_nodes(lab: Lab) -> Iterator[list[LabNode]]:
-    yield lab.up(LAB_NODES)
+    yield lab.up(LAB_NODES, releases=LAB_RELEASES)
 
 
 def ssh(

@@ -269,8 +269,8 @@ def test_unattended_upgrades_load_the_blacklist_enabled_or_not(
         origins = re.search(r"Allowed origins are: (.*)", log)
         assert origins is not None, log
         assert origins.group(1).split(", ") == [
-            "origin=Debian,codename=bookworm-security,label=Debian-Security",
-            "origin=Debian,codename=bookworm,label=Debian-Security",
+            f"origin=Debian,codename={node.release}-security,label=Debian-Security",
+            f"origin=Debian,codename={node.release},label=Debian-Security",
         ]
 
         # Disabled again (the lab inventory), the package stays and so does its blacklist.
