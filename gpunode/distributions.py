@@ -68,6 +68,8 @@ class Distribution:
     # nvidia_driver.source "debian" installs.
     distribution_driver_branch: str
     openssh_major: int
+    # sshd has PerSourcePenalties (OpenSSH 9.8 and later), and so PerSourcePenaltyExemptList.
+    per_source_penalties: bool
     # The ssh-audit built-in policy the hardened sshd passes (gpunode/expected/sshd.py holds
     # each policy's algorithm lists).
     ssh_audit_policy: str
@@ -95,6 +97,7 @@ DISTRIBUTIONS: tuple[Distribution, ...] = (
         cuda_repo_distro="debian12",
         distribution_driver_branch="535",
         openssh_major=9,
+        per_source_penalties=False,
         ssh_audit_policy="Hardened Debian 12 (version 3)",
         sources=(
             'os-release of debian:bookworm (ID=debian, VERSION_ID="12", '
@@ -117,6 +120,7 @@ DISTRIBUTIONS: tuple[Distribution, ...] = (
         cuda_repo_distro="debian13",
         distribution_driver_branch="550",
         openssh_major=10,
+        per_source_penalties=True,
         ssh_audit_policy="Hardened Debian 13 (version 1)",
         sources=(
             "Debian 13 released 2025-08-09 (debian.org/News/2025/20250809), read 2026-12-01",
@@ -126,7 +130,10 @@ DISTRIBUTIONS: tuple[Distribution, ...] = (
             "(cuda-keyring_1.1-1_all.deb), read 2026-12-01",
             "Debian trixie nvidia-graphics-drivers 550.163.01-2 (packages.debian.org "
             "trixie nvidia-driver), read 2026-12-01",
-            "packages.debian.org trixie openssh 1:10.0p1-7+deb13u4, read 2026-12-01",
+            "packages.debian.org trixie openssh 1:10.0p1-7+deb13u4, read 2026-12-01; a "
+            "trixie node's ssh -V: OpenSSH_10.0p2 Debian-7+deb13u4 (2026-12-01)",
+            "OpenSSH 9.8 release notes: PerSourcePenalties; sshd -T on trixie: "
+            "persourcepenalties crash:90 authfail:5 noauth:1 ... (2026-12-01)",
             "ssh-audit 3.9.0 built-in policy 'Hardened Debian 13 (version 1)' "
             "(ssh-audit -L), read 2026-12-01",
         ),

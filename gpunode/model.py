@@ -419,6 +419,14 @@ class Sshd:
     allow_tcp_forwarding: bool = setting(False, "AllowTcpForwarding")
     allow_agent_forwarding: bool = setting(False, "AllowAgentForwarding")
     x11_forwarding: bool = setting(False, "X11Forwarding")
+    penalty_exempt_networks: tuple[str, ...] = setting(
+        (),
+        "control hosts sshd never penalises (PerSourcePenaltyExemptList, where OpenSSH has "
+        "per-source penalties: trixie); otherwise a scan or failed logins from them shut them "
+        "out for a while",
+        check=check_cidr,
+        accepts="networks in CIDR form, e.g. 10.0.0.5/32",
+    )
 
 
 @dataclass(frozen=True)

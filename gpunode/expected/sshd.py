@@ -161,6 +161,11 @@ def render_sshd_config(sshd: Sshd, distribution: Distribution) -> str:
         "DebianBanner no",
         "Compression no",
         "UseDNS no",
+        *(
+            [f"PerSourcePenaltyExemptList {','.join(sshd.penalty_exempt_networks)}"]
+            if sshd.penalty_exempt_networks and distribution.per_source_penalties
+            else []
+        ),
         "AcceptEnv LANG LC_*",
         "Subsystem sftp /usr/lib/openssh/sftp-server -f AUTHPRIV -l INFO",
     ]

@@ -55,6 +55,10 @@ firewall = {
 
 gpu_metrics = {"enabled": True}
 
+# The control side scans sshd (ssh-audit) and tries refused logins in tests: OpenSSH 10's
+# per-source penalties must not shut it out of the trixie nodes for the runs that follow.
+sshd = {"penalty_exempt_networks": [f"{_lab.gateway}/32"]}
+
 # The NVIDIA stack's pins are production's (group_data/all.py), served by the lab's stand-in
 # repositories. The simulated GPUs load the installed driver on a (simulated) reboot, which
 # reboot: if-needed performs through the lab's reboot command.

@@ -326,3 +326,13 @@ def test_drift_names_an_unsupported_or_unreadable_release() -> None:
     assert findings(healthy_facts() | {"os": {"os_release": "debian"}}) == {
         "os.unreadable": Severity.WARNING
     }
+
+
+def test_control_hosts_are_exempt_from_penalties_where_sshd_has_them() -> None:
+    sshd = Sshd(penalty_exempt_networks=("10.0.0.5/32", "fd00::/8"))
+    exempt = "PerSourcePenaltyExemptList 10.0.0.5/32,fd00::/8"
+    assert exempt in render_sshd_config(sshd, TRIXIE).splitlines()
+    assert expected_effective(sshd, TRIXIE)["persourcepenaltyexemptlist"] == "10.0.0.5/32,fd00::/8"
+    # OpenSSH 9.2 has no per-source penalties and would refuse the keyword.
+    assert "PerSourcePenalty" not in render_sshd_config(sshd, BOOKWORM)
+    assert "PerSourcePenalty" not in render_sshd_config(Sshd(), TRIXIE)

@@ -279,6 +279,21 @@ def _sshd(state: DesiredState, value: str) -> None:
     assert value.split() == [value]
 
 
+def _penalty_exempt(state: DesiredState, value: str) -> None:
+    from gpunode.distributions import BY_CODENAME
+
+    lines = render_sshd_config(state.sshd, BY_CODENAME["trixie"]).splitlines()
+    (exempt,) = [line for line in lines if line.startswith("PerSourcePenaltyExemptList ")]
+    assert exempt.split(" ", 1)[1].split(",") == list(state.sshd.penalty_exempt_networks)
+    assert value in state.sshd.penalty_exempt_networks and value.split() == [value]
+    # OpenSSH 9.2 (bookworm) has no such keyword: it is never written there.
+    assert not any("PerSourcePenalty" in line for line in _bookworm_sshd(state))
+
+
+def _bookworm_sshd(state: DesiredState) -> list[str]:
+    return render_sshd_config(state.sshd, DEFAULT_DISTRIBUTION).splitlines()
+
+
 def _sysctl(state: DesiredState, value: str) -> None:
     values = sysctl_values(state)
     text = render_sysctl_conf(values)
@@ -389,6 +404,7 @@ def _textfile_dir(state: DesiredState, value: str) -> None:
 
 RENDERED: dict[str, Callable[[DesiredState, str], None]] = {
     "Sshd.listen_addresses": _sshd,
+    "Sshd.penalty_exempt_networks": _penalty_exempt,
     "Kernel.sysctls": _sysctl,
     "Nccl.env": _nccl,
     "Repositories.proxy": _proxy,
