@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from gpunode.distributions import BY_CODENAME
 from gpunode.model import DesiredState
 from lab import LOGIN_USER, REBOOT_COMMAND, Lab, LabNode, releases_of
 
@@ -62,6 +63,12 @@ def run_pyinfra(*args: str, inventory: str = "inventories/lab.py") -> PyinfraRun
     except json.JSONDecodeError:
         results = None
     return PyinfraRun(result.returncode, result.stdout + result.stderr, results)
+
+
+def cuda_path(node: LabNode) -> str:
+    """The stand-in CUDA repository's path for ``node``'s release (apt.cuda_repo_url's
+    ``{distro}/{arch}`` filled in), e.g. cuda/debian13/x86_64."""
+    return f"cuda/{BY_CODENAME[node.release].cuda_repo_distro}/x86_64"
 
 
 @pytest.fixture(scope="session")

@@ -18,7 +18,7 @@ import pytest
 
 from lab import Lab, LabNode
 
-from .conftest import PYINFRA, ROOT, PyinfraRun, run_pyinfra, ssh, write_inventory
+from .conftest import PYINFRA, ROOT, PyinfraRun, cuda_path, run_pyinfra, ssh, write_inventory
 
 pytestmark = pytest.mark.lab
 
@@ -80,7 +80,7 @@ def stack_data(lab: Lab, **changes: Any) -> dict[str, Any]:
     keyrings = lab.repo_dir / "keyrings"
     data: dict[str, Any] = {
         "apt": {
-            "cuda_repo_url": f"{repo}/cuda/debian12/x86_64",
+            "cuda_repo_url": f"{repo}/cuda/{{distro}}/{{arch}}",
             "container_toolkit_repo_url": f"{repo}/libnvidia-container/stable/deb/amd64",
             "cuda_keyring": str(keyrings / "cuda-archive-keyring.gpg"),
             "container_toolkit_keyring": str(keyrings / "nvidia-container-toolkit-keyring.gpg"),
@@ -322,7 +322,7 @@ def test_everything_came_from_the_mirror(
         policy = sudo(lab, node, "LC_ALL=C apt-cache policy " + " ".join(ours))
         origins = {line.split()[1] for line in policy.splitlines() if line.startswith(" " * 8)}
         assert {origin for origin in origins if "://" in origin} == {
-            f"{mirror}/cuda/debian12/x86_64",
+            f"{mirror}/{cuda_path(node)}",
             f"{mirror}/libnvidia-container/stable/deb/amd64",
         }
         nvidia_hosts = ssh(lab, node, "grep -rli 'nvidia.com' /etc/apt")
@@ -417,12 +417,13 @@ def test_cdi_spec_follows_the_gpu_set(
 
 
 def test_missing_exporter_is_refused_before_any_change(
-    lab: Lab, inventories: dict[str, str], first_run: dict[str, Any]
+    lab: Lab, lab_nodes: list[LabNode], inventories: dict[str, str], first_run: dict[str, Any]
 ) -> None:
     refused = run_pyinfra(DEPLOY, inventory=inventories["exporter"])
     assert refused.returncode != 0
-    url = f"{lab.repo_base_url}/cuda/debian12/x86_64"
-    assert f"dcgm-exporter is not offered by {url}" in refused.output
+    for node in lab_nodes:
+        url = f"{lab.repo_base_url}/{cuda_path(node)}"
+        assert f"dcgm-exporter is not offered by {url}" in refused.output
     assert "Nothing was changed" in refused.output
     assert_no_changes(inventories["base"])
 
