@@ -16,6 +16,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 # The placeholders an apt.*_url may hold, filled in from the node's own release (see
 # ``fill_url``), so that one inventory serves a mixed fleet: {distro} -> debian12 / debian13
@@ -233,7 +234,8 @@ def without_placeholders(url: str, filler: str = "x") -> str:
     return url
 
 
-_OTHER_DISTRO = re.compile(r"(?<![A-Za-z0-9])(debian|ubuntu)[0-9]{2,4}(?![A-Za-z0-9])")
+# A path segment naming a release as NVIDIA's repositories do (debian12, ubuntu2404).
+_RELEASE_SEGMENT = re.compile(r"(debian|ubuntu)[0-9]{2,4}")
 
 
 def fill_url(url: str, distribution: Distribution, architecture: Architecture) -> str:
@@ -244,7 +246,8 @@ def fill_url(url: str, distribution: Distribution, architecture: Architecture) -
     node) is refused: apt would install another release's packages on the node.
     """
     if DISTRO_PLACEHOLDER not in url:
-        named = {match.group(0) for match in _OTHER_DISTRO.finditer(url)}
+        segments = urlsplit(url).path.split("/")
+        named = {segment for segment in segments if _RELEASE_SEGMENT.fullmatch(segment)}
         wrong = sorted(name for name in named if name != distribution.cuda_repo_distro)
         if wrong:
             raise UnsupportedNode(

@@ -216,8 +216,9 @@ def test_a_url_naming_another_release_is_refused_on_the_node() -> None:
     )
     with pytest.raises(UnsupportedNode, match="ubuntu2404"):
         fill_url("http://mirror/cuda/ubuntu2404/x86_64", BOOKWORM, AMD64)
-    # A path that only contains such a word is not a release.
-    assert fill_url("http://mirror/mydebian12s/x", TRIXIE, AMD64) == "http://mirror/mydebian12s/x"
+    # Only a whole path segment names a release; a host name or a longer word does not.
+    for url in ("http://mirror/mydebian12s/x", "http://debian12-mirror.example/cuda/x86_64"):
+        assert fill_url(url, TRIXIE, AMD64) == url
 
 
 def test_the_desired_state_for_a_node_has_its_urls_filled_in() -> None:
