@@ -44,7 +44,17 @@ def for_platform(
 ) -> DesiredState:
     """``desired`` for a node of this release and architecture: the NVIDIA repository URLs'
     ``{distro}`` / ``{arch}`` / ``{dpkg_arch}`` filled in (a URL naming another release is
-    refused: UnsupportedNode)."""
+    refused: UnsupportedNode, as is a pin of Debian's driver that this release does not
+    ship)."""
+    driver = desired.nvidia_driver
+    pinned = driver.branch or (driver.driver_version or "").split(".")[0] or None
+    if driver.source == "debian" and pinned not in (None, distribution.distribution_driver_branch):
+        raise UnsupportedNode(
+            f"nvidia_driver.source is 'debian' and pins branch {pinned}, but "
+            f"{distribution.pretty_name} ships Debian's driver branch "
+            f"{distribution.distribution_driver_branch}; pin that branch for this node, or "
+            "use source: nvidia"
+        )
     apt = desired.apt
     filled = dataclasses.replace(
         apt,

@@ -234,6 +234,23 @@ def test_the_desired_state_for_a_node_has_its_urls_filled_in() -> None:
     assert on_node.sshd == desired.sshd and on_node.cuda == desired.cuda
 
 
+def test_debian_s_driver_is_pinned_to_the_branch_the_node_s_release_ships() -> None:
+    def on(distribution: Any, **driver: str) -> Any:
+        state, problems = build_desired_state({"nvidia_driver": {"source": "debian", **driver}})
+        assert problems == []
+        return for_platform(state, distribution, AMD64)
+
+    assert on(TRIXIE, version="550.163.01-2").nvidia_driver.version == "550.163.01-2"
+    assert on(BOOKWORM, branch="535").nvidia_driver.branch == "535"
+    assert on(TRIXIE).nvidia_driver.source == "debian"  # unpinned: what the release has
+    with pytest.raises(UnsupportedNode) as refused:
+        on(TRIXIE, version="535.261.03-1")
+    assert str(refused.value) == (
+        "nvidia_driver.source is 'debian' and pins branch 535, but Debian 13 (trixie) ships "
+        "Debian's driver branch 550; pin that branch for this node, or use source: nvidia"
+    )
+
+
 @pytest.mark.parametrize(
     ("url", "problem"),
     [
