@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from gpunode import nvidia_releases
+from gpunode import distributions, nvidia_releases
 from gpunode.sanitize import clean_text
 from gpunode.schema import Builder, Problem, setting, spec
 
@@ -197,6 +197,19 @@ def check_url(value: str) -> str | None:
     if port is not None and not 1 <= int(port) <= 65535:
         return f"port {port} is not from 1 to 65535"
     return None
+
+
+REPO_URL_ACCEPTS = (
+    URL_ACCEPTS + "; {distro}, {arch} and {dpkg_arch} stand for the node's release and "
+    "architecture as the repository names them (debian13, x86_64, amd64)"
+)
+
+
+def check_repo_url(value: str) -> str | None:
+    """An NVIDIA repository URL: a plain URL once its placeholders are filled in."""
+    return distributions.placeholder_problem(value) or check_url(
+        distributions.without_placeholders(value)
+    )
 
 
 # Where a mount would hide or replace what the system runs on: the tree itself and
@@ -406,6 +419,14 @@ class Sshd:
     allow_tcp_forwarding: bool = setting(False, "AllowTcpForwarding")
     allow_agent_forwarding: bool = setting(False, "AllowAgentForwarding")
     x11_forwarding: bool = setting(False, "X11Forwarding")
+    penalty_exempt_networks: tuple[str, ...] = setting(
+        (),
+        "control hosts sshd never penalises (PerSourcePenaltyExemptList, where OpenSSH has "
+        "per-source penalties: trixie); otherwise a scan or failed logins from them shut them "
+        "out for a while",
+        check=check_cidr,
+        accepts="networks in CIDR form, e.g. 10.0.0.5/32",
+    )
 
 
 @dataclass(frozen=True)
@@ -588,16 +609,16 @@ class Repositories:
         )
     )
     cuda_repo_url: str = setting(
-        "https://developer.download.nvidia.com/compute/cuda/repos/debian12/x86_64",
-        "NVIDIA CUDA repository",
-        check=check_url,
-        accepts=URL_ACCEPTS,
+        "https://developer.download.nvidia.com/compute/cuda/repos/{distro}/{arch}",
+        "NVIDIA CUDA repository; {distro}/{arch} become the node's (debian13/x86_64)",
+        check=check_repo_url,
+        accepts=REPO_URL_ACCEPTS,
     )
     container_toolkit_repo_url: str = setting(
-        "https://nvidia.github.io/libnvidia-container/stable/deb/amd64",
-        "libnvidia-container repository",
-        check=check_url,
-        accepts=URL_ACCEPTS,
+        "https://nvidia.github.io/libnvidia-container/stable/deb/{dpkg_arch}",
+        "libnvidia-container repository; {dpkg_arch} becomes the node's (amd64)",
+        check=check_repo_url,
+        accepts=REPO_URL_ACCEPTS,
     )
     cuda_keyring: str | None = setting(
         None,

@@ -1,4 +1,5 @@
-"""The local lab fleet made by `gpunode lab up`; groups follow each node's hardware profile."""
+"""The local lab fleet made by `gpunode lab up`; groups follow each node's hardware profile,
+and each node's Debian release (groups bookworm and trixie)."""
 
 from lab import Lab
 
@@ -19,3 +20,7 @@ for _node in _nodes:
 h100_nodes = _by_profile["hgx-h100"]
 a100_nodes = _by_profile["a100"]
 pcie_nodes = _by_profile["pcie-a10g"]
+
+# By release (`gpunode lab up --release mixed`): names only, the data is the profile group's.
+bookworm = [node.name for node in _nodes if node.release == "bookworm"]
+trixie = [node.name for node in _nodes if node.release == "trixie"]

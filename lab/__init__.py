@@ -1,4 +1,5 @@
-"""The lab: a local fleet of real Debian 12 nodes booted by systemd, reached over SSH.
+"""The lab: a local fleet of real Debian 12 and Debian 13 nodes booted by systemd, reached
+over SSH.
 
 Each node is a Docker container running /sbin/init from an image built here from Debian
 packages (mmdebstrap; no registry is reachable). Each container has its own network
@@ -30,13 +31,19 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from gpunode import distributions
 from lab import hwsim
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 LABEL = "lab"
 DEFAULT_NAME = "gpunode-lab"
 FIRST_NODE_OCTET = 11
-IMAGE_REPOSITORY = "gpunode-lab/debian12"
+# One image per release: gpunode-lab/debian12, gpunode-lab/debian13 (``image_repository``).
+IMAGE_REPOSITORY_PREFIX = "gpunode-lab/"
+IMAGE_REPOSITORY = "gpunode-lab/debian12"  # bookworm's, the default release's
+DEFAULT_RELEASE = "bookworm"
+# What --release accepts besides a codename or a comma-separated list of them.
+RELEASE_ALIASES = {"mixed": ("bookworm", "trixie")}
 LOGIN_USER = "debian"
 # How a lab node "reboots" for a driver change (nvidia_driver.reboot_command): the GPU
 # simulator loads the installed stand-in driver; the container itself stays up.
@@ -57,19 +64,38 @@ NODE_PACKAGES = (
     "python3", "ca-certificates", "procps", "kmod", "less", "apt-utils",
 )  # fmt: skip
 
-DEBIAN_SOURCES = """\
+
+def debian_sources(release: str) -> str:
+    """The image's apt sources for ``release`` (a codename of gpunode's distribution table)."""
+    row = distributions.BY_CODENAME[release]
+    return f"""\
 Types: deb
 URIs: http://deb.debian.org/debian
-Suites: bookworm bookworm-updates
+Suites: {" ".join(row.suites)}
 Components: main contrib non-free non-free-firmware
 Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
 
 Types: deb
 URIs: http://deb.debian.org/debian-security
-Suites: bookworm-security
+Suites: {" ".join(row.security_suites)}
 Components: main contrib non-free non-free-firmware
 Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
 """
+
+
+def releases_of(spec: str) -> tuple[str, ...]:
+    """``--release`` -> the releases nodes get in turn: 'trixie', 'bookworm,trixie', 'mixed'."""
+    names = RELEASE_ALIASES.get(spec) or tuple(part.strip() for part in spec.split(","))
+    unknown = [name for name in names if name not in distributions.BY_CODENAME]
+    if unknown or not names:
+        known = ", ".join([*distributions.BY_CODENAME, *RELEASE_ALIASES])
+        raise LabError(f"--release {spec!r}: unknown release {unknown}; known: {known}")
+    return names
+
+
+def image_repository(release: str) -> str:
+    return IMAGE_REPOSITORY_PREFIX + distributions.BY_CODENAME[release].cuda_repo_distro
+
 
 # Per-node SSH host keys: the image ships none, so nodes never share a host key.
 HOSTKEYS_UNIT = """\
@@ -87,7 +113,7 @@ WantedBy=multi-user.target
 """
 
 
-def _customize_script() -> str:
+def _customize_script(release: str = DEFAULT_RELEASE) -> str:
     diversions = "\n".join(
         f'chroot "$1" dpkg-divert --local --rename --divert {path}.distrib --add {path}'
         for path in hwsim.DIVERTED_PATHS
@@ -96,7 +122,7 @@ def _customize_script() -> str:
 set -e
 rm -f "$1/etc/apt/sources.list"
 cat > "$1/etc/apt/sources.list.d/debian.sources" <<'SOURCES'
-{DEBIAN_SOURCES}SOURCES
+{debian_sources(release)}SOURCES
 cat > "$1/etc/systemd/system/gpunode-lab-hostkeys.service" <<'UNIT'
 {HOSTKEYS_UNIT}UNIT
 chroot "$1" systemctl enable gpunode-lab-hostkeys.service
@@ -145,6 +171,7 @@ class LabNode:
     address: str
     profile: str
     host_key: str = ""
+    release: str = DEFAULT_RELEASE
     boot_s: float = 0.0
     memory_mib: float = 0.0
 
@@ -242,8 +269,13 @@ class Lab:
 
     @property
     def image_tag(self) -> str:
-        recipe = json.dumps([NODE_PACKAGES, _customize_script()]).encode()
-        return f"{IMAGE_REPOSITORY}:{hashlib.sha256(recipe).hexdigest()[:12]}"
+        return self.image_tag_for(DEFAULT_RELEASE)
+
+    @staticmethod
+    def image_tag_for(release: str) -> str:
+        """The node image of ``release``; its tag is a digest of how it is built."""
+        recipe = json.dumps([NODE_PACKAGES, _customize_script(release)]).encode()
+        return f"{image_repository(release)}:{hashlib.sha256(recipe).hexdigest()[:12]}"
 
     # --- docker --------------------------------------------------------------------------------
     @property
@@ -274,8 +306,12 @@ class Lab:
         profiles: Iterable[str] = DEFAULT_PROFILES,
         scratch_disks: int = 0,
         scratch_disk_mib: int = SCRATCH_DISK_MIB,
+        releases: Iterable[str] = (DEFAULT_RELEASE,),
     ) -> list[LabNode]:
         """Bring the lab to ``count`` running nodes; existing healthy nodes are kept.
+
+        ``releases`` are given to nodes in turn, as ``profiles`` are (lab-1 the first); a
+        running node of another release than its turn gives is replaced.
 
         ``scratch_disks`` > 0 also gives every node that many scratch disks
         (:meth:`attach_scratch_disks`); without it nodes get none, as before.
@@ -286,6 +322,11 @@ class Lab:
             raise LabError(
                 f"unknown hardware profile(s) {unknown}; known: {', '.join(hwsim.PROFILES)}"
             )
+        release_cycle = list(releases)
+        for release in release_cycle:
+            releases_of(release)
+        if not release_cycle:
+            raise LabError("no release given")
         if not 1 <= count <= 200:
             raise LabError(f"--nodes {count}: choose between 1 and 200")
         if scratch_disks:
@@ -293,18 +334,24 @@ class Lab:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         _ensure_inotify_instances(count)
         self._ensure_key()
-        image = self._ensure_image()
         network = self._ensure_network()
-        existing = {node.name: node for node in self.nodes() if self._running(node.container)}
         wanted = [
             LabNode(
                 name=f"lab-{index}",
                 container=f"{self.name}-{index}",
                 address=f"{self.network_prefix}.{FIRST_NODE_OCTET + index - 1}",
                 profile=profile_cycle[(index - 1) % len(profile_cycle)],
+                release=release_cycle[(index - 1) % len(release_cycle)],
             )
             for index in range(1, count + 1)
         ]
+        images = {release: self._ensure_image(release) for release in dict.fromkeys(release_cycle)}
+        releases_wanted = {node.name: node.release for node in wanted}
+        existing = {
+            node.name: node
+            for node in self.nodes()
+            if self._running(node.container) and releases_wanted.get(node.name) == node.release
+        }
         to_start = [node for node in wanted if node.name not in existing]
         for node in wanted:
             if node.name in existing:
@@ -315,11 +362,12 @@ class Lab:
         for extra in set(existing) - {node.name for node in wanted}:
             self._remove_container(existing[extra].container)
         with ThreadPoolExecutor(max_workers=min(16, max(1, len(to_start)))) as pool:
-            list(pool.map(lambda node: self._start(node, image, network), to_start))
+            list(pool.map(lambda node: self._start(node, images[node.release], network), to_start))
         for node in wanted:
             node.memory_mib = self._memory_mib(node.container)
         self._write_state(wanted)
         self.serve_repository()
+        self._stand_in_debian13_cuda()
         self.serve_package_cache()
         for node in wanted if scratch_disks else []:
             self.attach_scratch_disks(node, scratch_disks, scratch_disk_mib)
@@ -352,6 +400,14 @@ class Lab:
             return f"exited; see {log.name}" if process.poll() is not None else None
 
         self._wait_listening(aptrepo.DEFAULT_PORT, "the lab apt repository server", exited)
+
+    def _stand_in_debian13_cuda(self) -> None:
+        """Until the stand-in catalogue has NVIDIA's Debian 13 CUDA repository of its own,
+        trixie nodes are served Debian 12's at its path (cuda/debian13/x86_64): a link."""
+        cuda = self.repo_dir / "cuda"
+        own = cuda / "debian13"
+        if (cuda / "debian12").is_dir() and not own.exists() and not own.is_symlink():
+            own.symlink_to("debian12")
 
     def _repo_server_running(self) -> bool:
         return self._process_running(self.repo_pid_path, "lab.aptrepo")
@@ -456,10 +512,10 @@ class Lab:
             check=True,
         )  # fmt: skip
 
-    def _ensure_image(self) -> str:
+    def _ensure_image(self, release: str = DEFAULT_RELEASE) -> str:
         import docker.errors
 
-        tag = self.image_tag
+        tag = self.image_tag_for(release)
         try:
             self.client.images.get(tag)
             return tag
@@ -467,19 +523,20 @@ class Lab:
             pass
         if shutil.which("mmdebstrap") is None:
             raise LabError("mmdebstrap is missing: apt-get install mmdebstrap")
-        self.log(f"building lab node image {tag} with mmdebstrap (Debian bookworm)...")
+        row = distributions.BY_CODENAME[release]
+        self.log(f"building lab node image {tag} with mmdebstrap ({row.pretty_name})...")
         started = time.monotonic()
         with tempfile.TemporaryDirectory() as tmp:
             rootfs = Path(tmp) / "rootfs.tar"
             hook = Path(tmp) / "customize.sh"
-            hook.write_text(_customize_script())
+            hook.write_text(_customize_script(release))
             result = subprocess.run(
                 [
                     "mmdebstrap", "--variant=minbase", "--quiet",
                     "--components=main contrib non-free non-free-firmware",
                     "--include=" + ",".join(NODE_PACKAGES),
                     f"--customize-hook=sh {hook} \"$1\"",
-                    "bookworm", str(rootfs), "http://deb.debian.org/debian",
+                    release, str(rootfs), "http://deb.debian.org/debian",
                 ],
                 capture_output=True,
                 text=True,
@@ -531,7 +588,11 @@ class Lab:
             name=node.container,
             hostname=node.name,
             detach=True,
-            labels={LABEL: self.name, f"{LABEL}.profile": node.profile},
+            labels={
+                LABEL: self.name,
+                f"{LABEL}.profile": node.profile,
+                f"{LABEL}.release": node.release,
+            },
             # systemd as PID 1 without --privileged: the capabilities it needs, the host's
             # cgroup tree, and tmpfs where it expects them.
             cap_add=["SYS_ADMIN", "NET_ADMIN"],
@@ -732,8 +793,9 @@ class Lab:
         for network in self.client.networks.list(filters=mine):
             network.remove()
         if not keep_image:
-            for image in self.client.images.list(name=IMAGE_REPOSITORY):
-                self.client.images.remove(image.id, force=True)
+            for release in distributions.BY_CODENAME:
+                for image in self.client.images.list(name=image_repository(release)):
+                    self.client.images.remove(image.id, force=True)
             shutil.rmtree(self.package_cache_dir, ignore_errors=True)
         # After the containers: their mounts of the scratch disks are gone with them.
         self._detach_scratch_disks()

@@ -10,7 +10,7 @@ import argparse
 import sys
 from typing import Any
 
-from lab import DEFAULT_PROFILES, SCRATCH_DISK_MIB, Lab, LabError
+from lab import DEFAULT_PROFILES, DEFAULT_RELEASE, SCRATCH_DISK_MIB, Lab, LabError, releases_of
 
 
 def cmd_lab_up(args: argparse.Namespace) -> int:
@@ -20,11 +20,14 @@ def cmd_lab_up(args: argparse.Namespace) -> int:
         args.profiles.split(","),
         scratch_disks=args.scratch_disks,
         scratch_disk_mib=args.scratch_disk_mib,
+        releases=releases_of(args.release),
     )
-    print(f"{'node':<8} {'address':<14} {'profile':<10} {'boot s':>7} {'RAM MiB':>8}")
+    print(
+        f"{'node':<8} {'address':<14} {'profile':<10} {'release':<9} {'boot s':>7} {'RAM MiB':>8}"
+    )
     for node in nodes:
         print(
-            f"{node.name:<8} {node.address:<14} {node.profile:<10} "
+            f"{node.name:<8} {node.address:<14} {node.profile:<10} {node.release:<9} "
             f"{node.boot_s:>7.2f} {node.memory_mib:>8.1f}"
         )
     if args.scratch_disks:
@@ -43,7 +46,7 @@ def cmd_lab_down(args: argparse.Namespace) -> int:
 def cmd_lab_status(_: argparse.Namespace) -> int:
     lab = Lab()
     for node in lab.nodes():
-        print(f"{node.name:<8} {node.address:<14} {node.profile}")
+        print(f"{node.name:<8} {node.address:<14} {node.profile:<10} {node.release}")
     return 0
 
 
@@ -60,7 +63,7 @@ def reporting_lab_errors(command: Any) -> Any:
 
 def register(commands: Any) -> None:
     """Add ``lab`` to gpunode's sub-commands (``commands``: argparse's sub-parsers)."""
-    lab = commands.add_parser("lab", help="local fleet of Debian 12 lab nodes")
+    lab = commands.add_parser("lab", help="local fleet of Debian 12 / Debian 13 lab nodes")
     lab_commands = lab.add_subparsers(dest="lab_command", required=True)
     up = lab_commands.add_parser("up", help="bring up N nodes (keeps running ones)")
     up.add_argument("--nodes", type=int, default=2)
@@ -68,6 +71,12 @@ def register(commands: Any) -> None:
         "--profiles",
         default=",".join(DEFAULT_PROFILES),
         help="hardware profiles, assigned to nodes in turn",
+    )
+    up.add_argument(
+        "--release",
+        default=DEFAULT_RELEASE,
+        help="Debian release of the nodes: bookworm, trixie, a comma-separated list given to "
+        "nodes in turn, or mixed (bookworm,trixie)",
     )
     up.add_argument(
         "--scratch-disks",

@@ -1,4 +1,5 @@
-"""Base system: Debian package sources from data and the packages every node gets."""
+"""Base system: Debian package sources from data (the suites of the node's own release, from
+its /etc/os-release) and the packages every node gets."""
 
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ from pyinfra.operations import apt, files, server
 
 from facts.apt import AptIndexedRepositories, DpkgInterrupted, MirrorReachability
 from facts.container_runtime import normalise_url
+from gpunode.converge import this_node
+from gpunode.distributions import Distribution
 from gpunode.model import DesiredState, Repositories
 from gpunode.refusal import refusal
 from gpunode.schema import one_line
@@ -32,15 +35,17 @@ UPDATE_STAMP_PATH = "/var/lib/apt/periodic/update-success-stamp"
 LISTS_MAX_AGE_S = 86400
 
 
-def render_debian_sources(repos: Repositories) -> str:
-    """deb822 sources for bookworm, its updates and its security archive."""
+def render_debian_sources(repos: Repositories, distribution: Distribution) -> str:
+    """deb822 sources for the node's release, its updates and its security archive."""
     components = " ".join(repos.debian_components)
     keyring = "/usr/share/keyrings/debian-archive-keyring.gpg"
+    suites = " ".join(distribution.suites)
+    security = " ".join(distribution.security_suites)
     return (
         "# Managed by gpunode (apt.debian_mirror); local edits are replaced.\n"
-        f"Types: deb\nURIs: {one_line(repos.debian_mirror)}\nSuites: bookworm bookworm-updates\n"
+        f"Types: deb\nURIs: {one_line(repos.debian_mirror)}\nSuites: {suites}\n"
         f"Components: {components}\nSigned-By: {keyring}\n\n"
-        f"Types: deb\nURIs: {one_line(repos.debian_security_mirror)}\nSuites: bookworm-security\n"
+        f"Types: deb\nURIs: {one_line(repos.debian_security_mirror)}\nSuites: {security}\n"
         f"Components: {components}\nSigned-By: {keyring}\n"
     )
 
@@ -103,17 +108,19 @@ def package_mirrors_reachable(
         host.noop(f"{len(urls)} package mirror(s) answer")
 
 
-def debian_release_files(repos: Repositories) -> list[str]:
+def debian_release_files(repos: Repositories, distribution: Distribution) -> list[str]:
     return [
-        f"{repos.debian_mirror.rstrip('/')}/dists/bookworm/InRelease",
-        f"{repos.debian_security_mirror.rstrip('/')}/dists/bookworm-security/InRelease",
+        f"{repos.debian_mirror.rstrip('/')}/dists/{distribution.release_suite}/InRelease",
+        f"{repos.debian_security_mirror.rstrip('/')}/dists/"
+        f"{distribution.security_suites[0]}/InRelease",
     ]
 
 
 @deploy("Base system")
 def base_system(desired: DesiredState) -> None:
     repos = desired.apt
-    sources_text = render_debian_sources(repos)
+    distribution, _ = this_node()
+    sources_text = render_debian_sources(repos, distribution)
     proxy_text = render_proxy(repos.proxy, repos.direct_hosts) if repos.proxy else None
     proxy_changes = (
         host.get_fact(Sha1File, path=PROXY_PATH) != sha1(proxy_text)
@@ -127,7 +134,7 @@ def base_system(desired: DesiredState) -> None:
     ):
         package_mirrors_reachable(
             name="Package mirrors answer",
-            urls=debian_release_files(repos),
+            urls=debian_release_files(repos, distribution),
             proxy=repos.proxy,
             direct_hosts=list(repos.direct_hosts),
         )

@@ -32,6 +32,7 @@ class NvidiaRepository:
     url: str
     keyring: str | None
     keyring_key: str  # the data key that names the keyring, for error messages
+    url_key: str  # the data key that names the URL (under apt.)
     needed: bool
 
     @property
@@ -65,11 +66,12 @@ def nvidia_repositories_for(desired: DesiredState) -> list[NvidiaRepository]:
     return [
         NvidiaRepository(
             "nvidia-cuda", repos.cuda_repo_url, repos.cuda_keyring, "apt.cuda_keyring",
-            needs_cuda_repo,
+            "cuda_repo_url", needs_cuda_repo,
         ),
         NvidiaRepository(
             "nvidia-container-toolkit", repos.container_toolkit_repo_url,
             repos.container_toolkit_keyring, "apt.container_toolkit_keyring",
+            "container_toolkit_repo_url",
             bool(runtime.engines) or runtime.toolkit_version is not None,
         ),
     ]  # fmt: skip
@@ -117,7 +119,9 @@ def nvidia_repositories(desired: DesiredState) -> None:
             )
             changed.append(
                 files.put(
-                    name=f"{repo.name} source ({repo.url})",
+                    # Not the URL: it follows each node's release, and pyinfra shows one
+                    # name per operation for every host (a mixed fleet's would differ).
+                    name=f"{repo.name} source (apt.{repo.url_key})",
                     src=StringIO(repo.render_sources()),
                     dest=repo.sources_path,
                     mode="644",

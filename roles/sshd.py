@@ -11,7 +11,8 @@ Only members of gpunode's login group (``AllowGroups gpunode-login``) may log in
 admins and the deploy user (see roles/admin_users.py). Keys are read from
 ``.ssh/authorized_keys`` only, the file gpunode manages (not the unmanaged authorized_keys2).
 The file is rendered in gpunode/expected/sshd.py (the floor is dev-sec's ssh-baseline, the
-crypto lists those of ssh-audit's "Hardened Debian 12 (version 3)" policy).
+crypto lists those of the ssh-audit policy of the node's release: "Hardened Debian 12
+(version 3)" on bookworm, "Hardened Debian 13 (version 1)" on trixie).
 
 Safety: a configuration that would leave the deploy user unable to log in is refused before
 anything changes; before the new configuration is written the deploy user must be in the
@@ -31,6 +32,7 @@ from pyinfra.api import FunctionCommand, OperationError, deploy, operation
 
 from facts.accounts import LOGIN_GROUP
 from facts.sshd import MIN_MODULUS_FIELD, MODULI, RSA_HOST_KEY, SSHD_CONFIG, SshdState
+from gpunode.converge import this_node
 from gpunode.expected.sshd import render_sshd_config
 from gpunode.model import DesiredState
 from gpunode.reach import fresh_login
@@ -152,7 +154,7 @@ def sshd(desired: DesiredState) -> None:
         raise NodeRefused(f"{host.name}: sshd hardening refused: " + "; ".join(risks))
     hardened_sshd(
         name="Hardened sshd (validated, confirmed by a new login)",
-        config=render_sshd_config(desired.sshd),
+        config=render_sshd_config(desired.sshd, this_node()[0]),
         port=desired.sshd.port,
         login_user=deploy_user(host.data),
     )

@@ -14,10 +14,13 @@ from pyinfra.api import Config, State
 from pyinfra.api.facts import get_fact
 from pyinfra.context import ctx_host, ctx_state
 
+from gpunode import ssh_kex
 from gpunode.reach import detect_dead_peer
 
 
 def make_state(inventory: Any, parallel: int = 64, connect_timeout: int = 10) -> State:
+    # A hardened Debian 13 node speaks post-quantum key exchanges only.
+    ssh_kex.install()
     config = Config(PARALLEL=parallel, CONNECT_TIMEOUT=connect_timeout)
     state = State(inventory, config)
     return state

@@ -14,6 +14,7 @@ import hashlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from gpunode.distributions import Distribution, UnsupportedNode, platform_of, supported
 from gpunode.drift.findings import HARDWARE_TICKET, RUN_DEPLOY, Finding, Severity
 from gpunode.drift.shape import checked_facts
 from gpunode.expected.firewall import TABLE, render_ruleset
@@ -250,17 +251,43 @@ def nvme_rules(desired: DesiredState, facts: dict[str, Any]) -> Iterator[tuple]:
         yield "nvme.count", CRIT, f"{wanted} NVMe drives", f"{found} drives", HARDWARE_TICKET
 
 
+def node_distribution(facts: dict[str, Any]) -> Distribution | None:
+    """The node's release from its os section; None where it is unreadable or unsupported
+    (os_rules reports which)."""
+    section: Section = facts.get("os") or {}
+    if section.get("state") == "unreadable":
+        return None
+    try:
+        return platform_of(section)[0]
+    except UnsupportedNode:
+        return None
+
+
+def os_rules(desired: DesiredState, facts: dict[str, Any]) -> Iterator[tuple]:
+    section: Section = facts.get("os") or {}
+    if section.get("state") == "unreadable" or "os" not in facts:
+        yield from _unreadable("os", section)
+        return
+    try:
+        platform_of(section)
+    except UnsupportedNode as error:
+        yield "os.release", CRIT, f"one of {supported()}", str(error), "reinstall the node"
+
+
 def sshd_rules(desired: DesiredState, facts: dict[str, Any]) -> Iterator[tuple]:
     section: Section = facts.get("sshd") or {}
     effective = section.get("effective") or {}
     if not effective:
         yield from _unreadable("sshd", {"reason": section.get("effective_error")})
         return
-    for keyword, wanted in expected_effective(desired.sshd).items():
+    distribution = node_distribution(facts)
+    if distribution is None:
+        return  # what sshd must be depends on the release; os_rules reports it
+    for keyword, wanted in expected_effective(desired.sshd, distribution).items():
         found = effective.get(keyword, ["(unset)"])
         if found != [wanted]:
             yield f"sshd.{keyword}", WARN, wanted, ",".join(found), RUN_DEPLOY
-    rendered = hashlib.sha1(render_sshd_config(desired.sshd).encode()).hexdigest()
+    rendered = hashlib.sha1(render_sshd_config(desired.sshd, distribution).encode()).hexdigest()
     if section.get("config_sha1") != rendered:
         yield "sshd.config", WARN, "sshd_config as gpunode wrote it", "edited", RUN_DEPLOY
 
@@ -480,9 +507,12 @@ def access_rules(desired: DesiredState, facts: dict[str, Any]) -> Iterator[tuple
     base = section.get("effective") or {}
     per_user = (section.get("per_user") or {}).get("users")
     accounts = section.get("accounts")
+    distribution = node_distribution(facts)
     if not base or not isinstance(per_user, dict) or not isinstance(accounts, dict):
         return  # sshd_rules reports an unreadable sshd
-    wanted = expected_effective(desired.sshd)
+    if distribution is None:
+        return  # os_rules reports the release
+    wanted = expected_effective(desired.sshd, distribution)
     for user, effective in sorted(per_user.items()):
         if "error" in effective:
             found = ",".join(effective["error"])
@@ -532,6 +562,7 @@ def access_rules(desired: DesiredState, facts: dict[str, Any]) -> Iterator[tuple
 
 
 RULES: tuple[Rule, ...] = (
+    os_rules,
     gpu_rules,
     infiniband_rules,
     nvme_rules,

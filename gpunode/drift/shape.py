@@ -51,6 +51,14 @@ SECTION_SHAPES: dict[str, Shape] = {
         }
     ),
     "nvme": Record({**_STATE, "devices": ListOf(Record({}))}),
+    "os": Record(
+        {
+            **_STATE,
+            "os_release": Maybe(MapOf(Str)),
+            "architecture": _TEXT,
+            "problems": Maybe(ListOf(Str)),
+        }
+    ),
     "sshd": Record(
         {
             "effective": Maybe(_EFFECTIVE),

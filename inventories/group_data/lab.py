@@ -31,13 +31,14 @@ tls = {
 # NVIDIA's hosts are unreachable from the lab, as at an air-gapped site: the lab serves
 # signed stand-in repositories on its bridge (gpunode lab up) and every URL points there.
 # Debian's packages come through the lab's apt-cacher-ng (fetched once for all nodes); the
-# stand-in repositories on the gateway are reached directly.
+# stand-in repositories on the gateway are reached directly. Each node's release and
+# architecture fill in {distro}/{arch}/{dpkg_arch}, as they do for production's mirror.
 _repo = _lab.repo_base_url
 apt = {
     "proxy": _lab.package_cache_url,
     "direct_hosts": [_lab.gateway],
-    "cuda_repo_url": f"{_repo}/cuda/debian12/x86_64",
-    "container_toolkit_repo_url": f"{_repo}/libnvidia-container/stable/deb/amd64",
+    "cuda_repo_url": f"{_repo}/cuda/{{distro}}/{{arch}}",
+    "container_toolkit_repo_url": f"{_repo}/libnvidia-container/stable/deb/{{dpkg_arch}}",
     "cuda_keyring": str(_lab.repo_dir / "keyrings" / "cuda-archive-keyring.gpg"),
     "container_toolkit_keyring": str(
         _lab.repo_dir / "keyrings" / "nvidia-container-toolkit-keyring.gpg"
@@ -53,6 +54,10 @@ firewall = {
 }
 
 gpu_metrics = {"enabled": True}
+
+# The control side scans sshd (ssh-audit) and tries refused logins in tests: OpenSSH 10's
+# per-source penalties must not shut it out of the trixie nodes for the runs that follow.
+sshd = {"penalty_exempt_networks": [f"{_lab.gateway}/32"]}
 
 # The NVIDIA stack's pins are production's (group_data/all.py), served by the lab's stand-in
 # repositories. The simulated GPUs load the installed driver on a (simulated) reboot, which

@@ -35,7 +35,7 @@ tls = {"enabled": True, "renew_before_days": 30}
 apt = {
     "debian_mirror": "http://mirror.dc1.example.net/debian",
     "debian_security_mirror": "http://mirror.dc1.example.net/debian-security",
-    "cuda_repo_url": "http://mirror.dc1.example.net/nvidia/cuda/debian12/x86_64",
+    "cuda_repo_url": "http://mirror.dc1.example.net/nvidia/cuda/{distro}/{arch}",
     "container_toolkit_repo_url": "http://mirror.dc1.example.net/nvidia/libnvidia-container",
     # Keyrings checked once by the operator (gpg --dearmor of NVIDIA's published keys).
     "cuda_keyring": "keyrings/cuda-archive-keyring.gpg",

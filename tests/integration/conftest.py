@@ -1,4 +1,8 @@
-"""Lab nodes for integration tests: real Debian 12 systemd containers reached over SSH."""
+"""Lab nodes for integration tests: real Debian 12 / 13 systemd containers reached over SSH.
+
+GPUNODE_TEST_LAB_RELEASE picks their releases as `gpunode lab up --release` does: bookworm
+(the default), trixie, or mixed (bookworm and trixie in turn: lab-1 bookworm, lab-2 trixie).
+"""
 
 from __future__ import annotations
 
@@ -14,11 +18,13 @@ from typing import Any
 
 import pytest
 
+from gpunode.distributions import BY_CODENAME
 from gpunode.model import DesiredState
-from lab import LOGIN_USER, REBOOT_COMMAND, Lab, LabNode
+from lab import LOGIN_USER, REBOOT_COMMAND, Lab, LabNode, releases_of
 
 ROOT = Path(__file__).resolve().parents[2]
 LAB_NODES = int(os.environ.get("GPUNODE_TEST_LAB_NODES", "2"))
+LAB_RELEASES = releases_of(os.environ.get("GPUNODE_TEST_LAB_RELEASE", "bookworm"))
 PYINFRA = str(Path(sys.executable).with_name("pyinfra"))
 GPUNODE = str(Path(sys.executable).with_name("gpunode"))
 
@@ -59,6 +65,12 @@ def run_pyinfra(*args: str, inventory: str = "inventories/lab.py") -> PyinfraRun
     return PyinfraRun(result.returncode, result.stdout + result.stderr, results)
 
 
+def cuda_path(node: LabNode) -> str:
+    """The stand-in CUDA repository's path for ``node``'s release (apt.cuda_repo_url's
+    ``{distro}/{arch}`` filled in), e.g. cuda/debian13/x86_64."""
+    return f"cuda/{BY_CODENAME[node.release].cuda_repo_distro}/x86_64"
+
+
 @pytest.fixture(scope="session")
 def lab() -> Lab:
     return Lab()
@@ -66,7 +78,7 @@ def lab() -> Lab:
 
 @pytest.fixture(scope="session")
 def lab_nodes(lab: Lab) -> Iterator[list[LabNode]]:
-    yield lab.up(LAB_NODES)
+    yield lab.up(LAB_NODES, releases=LAB_RELEASES)
 
 
 def ssh(

@@ -18,7 +18,7 @@ import pytest
 
 from lab import Lab, LabNode
 
-from .conftest import PYINFRA, ROOT, PyinfraRun, run_pyinfra, ssh, write_inventory
+from .conftest import PYINFRA, ROOT, PyinfraRun, cuda_path, run_pyinfra, ssh, write_inventory
 
 pytestmark = pytest.mark.lab
 
@@ -80,7 +80,7 @@ def stack_data(lab: Lab, **changes: Any) -> dict[str, Any]:
     keyrings = lab.repo_dir / "keyrings"
     data: dict[str, Any] = {
         "apt": {
-            "cuda_repo_url": f"{repo}/cuda/debian12/x86_64",
+            "cuda_repo_url": f"{repo}/cuda/{{distro}}/{{arch}}",
             "container_toolkit_repo_url": f"{repo}/libnvidia-container/stable/deb/amd64",
             "cuda_keyring": str(keyrings / "cuda-archive-keyring.gpg"),
             "container_toolkit_keyring": str(keyrings / "nvidia-container-toolkit-keyring.gpg"),
@@ -323,6 +323,20 @@ def test_libnccl2_is_the_newest_build_for_the_default_release(
         assert dpkg_state(lab, node)["libnccl2"] == ("hi", "2.26.2-1+cuda12.8")
 
 
+def installed_origins(policy: str) -> set[str]:
+    """The sources of each package's installed version (``***``) in ``apt-cache policy``
+    output. Debian may offer another version of a name too (trixie's contrib has libnccl2
+    2.22.3): what is offered is not what was installed."""
+    origins, current = set(), False
+    for line in policy.splitlines():
+        if line.startswith(" " * 8):
+            if current:
+                origins.add(line.split()[1])
+        elif line.startswith("     ") or line.startswith(" *** "):
+            current = line.startswith(" *** ")
+    return origins
+
+
 def test_everything_came_from_the_mirror(
     lab: Lab, lab_nodes: list[LabNode], first_run: dict[str, Any]
 ) -> None:
@@ -339,9 +353,9 @@ def test_everything_came_from_the_mirror(
         assert len(ours) >= 15
         assert [name for name in ours if (node.address, name) not in fetched] == []
         policy = sudo(lab, node, "LC_ALL=C apt-cache policy " + " ".join(ours))
-        origins = {line.split()[1] for line in policy.splitlines() if line.startswith(" " * 8)}
+        origins = installed_origins(policy)
         assert {origin for origin in origins if "://" in origin} == {
-            f"{mirror}/cuda/debian12/x86_64",
+            f"{mirror}/{cuda_path(node)}",
             f"{mirror}/libnvidia-container/stable/deb/amd64",
         }
         nvidia_hosts = ssh(lab, node, "grep -rli 'nvidia.com' /etc/apt")
@@ -436,12 +450,13 @@ def test_cdi_spec_follows_the_gpu_set(
 
 
 def test_missing_exporter_is_refused_before_any_change(
-    lab: Lab, inventories: dict[str, str], first_run: dict[str, Any]
+    lab: Lab, lab_nodes: list[LabNode], inventories: dict[str, str], first_run: dict[str, Any]
 ) -> None:
     refused = run_pyinfra(DEPLOY, inventory=inventories["exporter"])
     assert refused.returncode != 0
-    url = f"{lab.repo_base_url}/cuda/debian12/x86_64"
-    assert f"datacenter-gpu-manager-exporter 4.8.1-1 is not offered by {url}" in refused.output
+    for node in lab_nodes:
+        url = f"{lab.repo_base_url}/{cuda_path(node)}"
+        assert f"datacenter-gpu-manager-exporter 4.8.1-1 is not offered by {url}" in refused.output
     assert "Nothing was changed" in refused.output
     assert_no_changes(inventories["base"])
 

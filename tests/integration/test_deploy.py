@@ -100,3 +100,33 @@ def test_bad_data_on_one_host_stops_every_host_before_any_change(
     # Restore the converged state for the tests that follow.
     assert run_pyinfra(DEPLOY).returncode == 0
     assert all(persistence_modes(lab, node) == {"Enabled"} for node in converged)
+
+
+def test_a_node_on_an_unsupported_os_is_refused_alone_before_any_change(
+    lab: Lab, converged: list[LabNode]
+) -> None:
+    # The node claims to be Ubuntu (its os-release replaced): gpunode must not touch it.
+    node, other = converged[0], converged[-1]
+    for each in converged:
+        assert ssh(lab, each, "sudo nvidia-smi -pm 0").returncode == 0
+    fake = (
+        'ID=ubuntu\nVERSION_ID="24.04"\nVERSION_CODENAME=noble\nPRETTY_NAME="Ubuntu 24.04.1 LTS"\n'
+    )
+    plant = f"sudo rm /etc/os-release && printf '{fake}' | sudo tee /etc/os-release >/dev/null"
+    assert ssh(lab, node, plant).returncode == 0
+    try:
+        run = run_pyinfra(DEPLOY)
+        assert run.returncode != 0
+        assert (
+            f"{node.name}: not converged: the node runs 'Ubuntu 24.04.1 LTS'; gpunode supports "
+            "Debian 12 (bookworm), Debian 13 (trixie)" in run.output
+        )
+        assert "Nothing was changed." in run.output
+        assert persistence_modes(lab, node) == {"Disabled"}, "the refused node was changed"
+        if other is not node:
+            assert persistence_modes(lab, other) == {"Enabled"}, "the other node was skipped"
+    finally:
+        restore = "sudo rm -f /etc/os-release && sudo ln -s ../usr/lib/os-release /etc/os-release"
+        assert ssh(lab, node, restore).returncode == 0
+    assert run_pyinfra(DEPLOY).returncode == 0
+    assert persistence_modes(lab, node) == {"Enabled"}

@@ -285,7 +285,8 @@ def test_an_unreachable_mirror_is_named_and_nothing_is_changed(
     run = run_pyinfra(DEPLOY, "--limit", "lab-1", inventory=inventory)
     assert run.returncode == 1, run.output
     assert (
-        f"lab-1: package mirror {mirror}/dists/bookworm/InRelease is unreachable from the node: "
+        f"lab-1: package mirror {mirror}/dists/{lab_1.release}/InRelease is unreachable from "
+        "the node: "
         f"Could not connect to {lab.gateway}:9" in run.output
     ), run.output
     assert "Nothing was changed: package sources, lists and packages are as they were." in (

@@ -1,4 +1,4 @@
-"""The lab fleet: real Debian 12 nodes booted by systemd, reachable over SSH like production."""
+"""The lab fleet: real Debian 12 and 13 nodes run by systemd, reached over SSH like production."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ def test_every_node_boots_systemd_and_answers_ssh_with_key(
     for node in lab_nodes:
         result = ssh(lab, node, "cat /proc/1/comm; . /etc/os-release; echo $VERSION_CODENAME")
         assert result.returncode == 0, result.stderr
-        assert result.stdout.split() == ["systemd", "bookworm"]
+        assert result.stdout.split() == ["systemd", node.release]
 
 
 def test_password_login_is_not_what_gets_us_in(lab: Lab, lab_nodes: list[LabNode]) -> None:
@@ -54,9 +54,10 @@ def test_each_node_has_its_own_network_namespace_and_host_key(
 
 
 def test_apt_sources_include_non_free(lab: Lab, lab_nodes: list[LabNode]) -> None:
-    result = ssh(lab, lab_nodes[0], "cat /etc/apt/sources.list.d/debian.sources")
-    assert "Components: main contrib non-free non-free-firmware" in result.stdout
-    assert "Suites: bookworm-security" in result.stdout
+    for node in lab_nodes:
+        result = ssh(lab, node, "cat /etc/apt/sources.list.d/debian.sources")
+        assert "Components: main contrib non-free non-free-firmware" in result.stdout
+        assert f"Suites: {node.release}-security" in result.stdout
 
 
 def test_simulated_gpus_follow_each_nodes_profile(lab: Lab, lab_nodes: list[LabNode]) -> None:

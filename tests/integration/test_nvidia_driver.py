@@ -24,7 +24,7 @@ import pytest
 from lab import Lab, LabNode, hwsim
 from lab.standin import catalogue
 
-from .conftest import PyinfraRun, run_pyinfra, ssh, write_inventory
+from .conftest import PyinfraRun, cuda_path, run_pyinfra, ssh, write_inventory
 
 pytestmark = pytest.mark.lab
 
@@ -94,7 +94,7 @@ def apt_data(lab: Lab) -> dict[str, str]:
     """The lab's NVIDIA repositories, as inventories/group_data/lab.py declares them."""
     repo = lab.repo_base_url
     return {
-        "cuda_repo_url": f"{repo}/cuda/debian12/x86_64",
+        "cuda_repo_url": f"{repo}/cuda/{{distro}}/{{arch}}",
         "container_toolkit_repo_url": f"{repo}/libnvidia-container/stable/deb/amd64",
         "cuda_keyring": str(lab.repo_dir / "keyrings" / "cuda-archive-keyring.gpg"),
         "container_toolkit_keyring": str(
@@ -269,13 +269,14 @@ def test_branch_550_installs_pinned_and_held(
     # The mirror from data is the only place apt looked; nothing names NVIDIA's hosts.
     for node in nodes:
         sources = run(lab, node, "cat /etc/apt/sources.list.d/gpunode-nvidia-cuda.sources")
-        assert f"URIs: {lab.repo_base_url}/cuda/debian12/x86_64/" in sources
+        assert f"URIs: {lab.repo_base_url}/{cuda_path(node)}/" in sources
         assert run(lab, node, "grep -rl 'nvidia.com\\|nvidia.github.io' /etc/apt || true") == ""
     logged = repository_requests(lab)[started:]
     assert logged
     addresses = {node.address for node in nodes}
     assert {line.split()[1] for line in logged} <= addresses
-    assert all(line.split()[3].startswith("/cuda/debian12/x86_64/") for line in logged)
+    path_of = {node.address: f"/{cuda_path(node)}/" for node in nodes}
+    assert all(line.split()[3].startswith(path_of[line.split()[1]]) for line in logged)
     assert any("nvidia-kernel-open-dkms_550.127.08-1_amd64.deb" in line for line in logged)
 
 

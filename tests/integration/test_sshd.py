@@ -26,7 +26,11 @@ PLANTED = {
     "/etc/ssh/sshd_config.d/00-planted.conf": MATCH_ALL,
     "/etc/ssh/sshd_config.d/01-planted.conf": MATCH_ADMIN_FROM_OUTSIDE,
 }
-POLICY = "Hardened Debian 12 (version 3)"
+# ssh-audit's policy for each release (gpunode/distributions.py names the same; restated).
+POLICIES = {
+    "bookworm": "Hardened Debian 12 (version 3)",
+    "trixie": "Hardened Debian 13 (version 1)",
+}
 
 
 def effective(lab: Lab, node: LabNode) -> dict[str, str]:
@@ -81,13 +85,18 @@ def test_effective_config_is_hardened_despite_drop_ins(lab: Lab, hardened: list[
         assert settings["allowtcpforwarding"] == "no"
 
 
-def test_ssh_audit_hardened_debian_12_policy_passes(hardened: list[LabNode]) -> None:
+def ssh_audit(node: LabNode, policy: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [SSH_AUDIT, "-P", policy, node.address], capture_output=True, text=True, timeout=120
+    )
+
+
+def test_ssh_audit_policy_of_each_release_passes(hardened: list[LabNode]) -> None:
+    # Hardened Debian 12 (version 3) on bookworm, Hardened Debian 13 (version 1) on trixie.
     for node in hardened:
-        result = subprocess.run(
-            [SSH_AUDIT, "-P", POLICY, node.address], capture_output=True, text=True, timeout=120
-        )
+        result = ssh_audit(node, POLICIES[node.release])
         assert result.returncode == 0, result.stdout
-        assert "Passed" in result.stdout
+        assert "Passed" in result.stdout and POLICIES[node.release] in result.stdout
 
 
 def test_host_keys_and_moduli(lab: Lab, hardened: list[LabNode]) -> None:

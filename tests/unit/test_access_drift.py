@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from facts.accounts import ACCOUNTS_COMMAND, parse_accounts
+from gpunode.distributions import BY_CODENAME
 from gpunode.drift.rules import access_rules
 from gpunode.expected.sshd import expected_effective
 from gpunode.model import DesiredState, build_desired_state
@@ -21,7 +22,10 @@ def desired() -> DesiredState:
 
 
 def effective(**overrides: str) -> dict[str, list[str]]:
-    settings = {key: [value] for key, value in expected_effective(desired().sshd).items()}
+    settings = {
+        key: [value]
+        for key, value in expected_effective(desired().sshd, BY_CODENAME["bookworm"]).items()
+    }
     return settings | {key: [value] for key, value in overrides.items()}
 
 
@@ -45,6 +49,11 @@ def facts(per_user: dict[str, Any] | None = None, **accounts: dict[str, Any]) ->
     } | accounts
     users = {name: effective() for name in ("root", "debian", "gpuadmin")}
     return {
+        "os": {
+            "os_release": {"ID": "debian", "VERSION_ID": "12", "VERSION_CODENAME": "bookworm"},
+            "architecture": "amd64",
+            "problems": [],
+        },
         "sshd": {
             "effective": effective(),
             "per_user": {"address": "10.213.0.1", "port": 22, "users": users | (per_user or {})},
@@ -55,7 +64,7 @@ def facts(per_user: dict[str, Any] | None = None, **accounts: dict[str, Any]) ->
                 "groups": {},
                 "accounts": on_node,
             },
-        }
+        },
     }
 
 

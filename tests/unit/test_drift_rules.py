@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from gpunode import framing
+from gpunode.distributions import BY_CODENAME
 from gpunode.drift.findings import Severity
 from gpunode.drift.rules import evaluate
 from gpunode.expected.firewall import render_ruleset
@@ -74,11 +75,23 @@ def healthy_gpu(index: int) -> dict[str, Any]:
     }
 
 
+BOOKWORM = BY_CODENAME["bookworm"]
+# The NodeOs fact of a Debian 12 node (facts/node.py).
+BOOKWORM_OS = {
+    "os_release": {"ID": "debian", "VERSION_ID": "12", "VERSION_CODENAME": "bookworm"},
+    "architecture": "amd64",
+    "problems": [],
+}
+
+
 def healthy_facts() -> dict[str, Any]:
     wanted = desired()
-    sshd_effective = {key: [value] for key, value in expected_effective(wanted.sshd).items()}
+    sshd_effective = {
+        key: [value] for key, value in expected_effective(wanted.sshd, BOOKWORM).items()
+    }
     return {
         "complete": True,
+        "os": BOOKWORM_OS,
         "gpu": {
             "state": "ok",
             "driver_version": "580.95.05",
@@ -116,7 +129,9 @@ def healthy_facts() -> dict[str, Any]:
         "nvme": {"state": "ok", "devices": [{"serial": "a"}, {"serial": "b"}]},
         "sshd": {
             "effective": sshd_effective,
-            "config_sha1": hashlib.sha1(render_sshd_config(wanted.sshd).encode()).hexdigest(),
+            "config_sha1": hashlib.sha1(
+                render_sshd_config(wanted.sshd, BOOKWORM).encode()
+            ).hexdigest(),
         },
         "firewall": {
             "live": "table inet gpunode {}",

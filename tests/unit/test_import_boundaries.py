@@ -96,8 +96,10 @@ def test_no_role_imports_the_drift_package() -> None:
 
 
 def test_what_the_model_means_on_a_node_imports_only_the_model_and_the_stdlib() -> None:
-    # nvidia_releases: NVIDIA's published facts as data, standard library only.
-    allowed_packages = ("gpunode.model", "gpunode.expected", "gpunode.nvidia_releases")
+    # nvidia_releases and distributions: published facts as data, standard library only.
+    allowed_packages = (
+        "gpunode.model", "gpunode.expected", "gpunode.nvidia_releases", "gpunode.distributions",
+    )  # fmt: skip
     found = {}
     for path in modules_under("gpunode/expected"):
         bad = sorted(
@@ -109,6 +111,13 @@ def test_what_the_model_means_on_a_node_imports_only_the_model_and_the_stdlib() 
         if bad:
             found[str(path.relative_to(ROOT))] = bad
     assert found == {}
+
+
+def test_the_distribution_table_imports_only_the_stdlib() -> None:
+    path = ROOT / "gpunode" / "distributions.py"
+    assert {
+        name for name in imports_of(path) if name.split(".")[0] not in sys.stdlib_module_names
+    } == set()
 
 
 @pytest.mark.parametrize(

@@ -26,6 +26,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from gpunode.distributions import DEFAULT as DEFAULT_DISTRIBUTION
 from gpunode.expected.sshd import render_sshd_config
 from gpunode.model import SSH_KEY_TYPES, DesiredState, IpoibInterface, build_desired_state
 from gpunode.pki import wanted_certificate
@@ -271,11 +272,26 @@ def accepted_value(field: StringField, state: DesiredState) -> str:
 
 
 def _sshd(state: DesiredState, value: str) -> None:
-    lines = render_sshd_config(state.sshd).splitlines()
-    baseline = render_sshd_config(DesiredState().sshd).splitlines()
+    lines = render_sshd_config(state.sshd, DEFAULT_DISTRIBUTION).splitlines()
+    baseline = render_sshd_config(DesiredState().sshd, DEFAULT_DISTRIBUTION).splitlines()
     assert len(lines) == len(baseline) + 1
     assert lines.count(f"ListenAddress {value}") == 1
     assert value.split() == [value]
+
+
+def _penalty_exempt(state: DesiredState, value: str) -> None:
+    from gpunode.distributions import BY_CODENAME
+
+    lines = render_sshd_config(state.sshd, BY_CODENAME["trixie"]).splitlines()
+    (exempt,) = [line for line in lines if line.startswith("PerSourcePenaltyExemptList ")]
+    assert exempt.split(" ", 1)[1].split(",") == list(state.sshd.penalty_exempt_networks)
+    assert value in state.sshd.penalty_exempt_networks and value.split() == [value]
+    # OpenSSH 9.2 (bookworm) has no such keyword: it is never written there.
+    assert not any("PerSourcePenalty" in line for line in _bookworm_sshd(state))
+
+
+def _bookworm_sshd(state: DesiredState) -> list[str]:
+    return render_sshd_config(state.sshd, DEFAULT_DISTRIBUTION).splitlines()
 
 
 def _sysctl(state: DesiredState, value: str) -> None:
@@ -310,7 +326,7 @@ def _proxy(state: DesiredState, value: str) -> None:
 
 
 def _sources(state: DesiredState, value: str) -> None:
-    texts = [render_debian_sources(state.apt)] + [
+    texts = [render_debian_sources(state.apt, DEFAULT_DISTRIBUTION)] + [
         repo.render_sources() for repo in nvidia_repositories_for_all(state)
     ]
     uris = [line for text in texts for line in text.splitlines() if line.startswith("URIs:")]
@@ -388,6 +404,7 @@ def _textfile_dir(state: DesiredState, value: str) -> None:
 
 RENDERED: dict[str, Callable[[DesiredState, str], None]] = {
     "Sshd.listen_addresses": _sshd,
+    "Sshd.penalty_exempt_networks": _penalty_exempt,
     "Kernel.sysctls": _sysctl,
     "Nccl.env": _nccl,
     "Repositories.proxy": _proxy,

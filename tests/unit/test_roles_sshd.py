@@ -19,6 +19,7 @@ from facts.sshd import (
     parse_per_user,
 )
 from gpunode import framing
+from gpunode.distributions import BY_CODENAME
 from gpunode.expected.sshd import CIPHERS, expected_effective, render_sshd_config
 from gpunode.framing import PartOutput
 from gpunode.model import DesiredState, Sshd, build_desired_state
@@ -26,7 +27,8 @@ from roles.sshd import hardened_sshd, lockout_risks, login_group_guard
 
 from .fakehost import fake_host
 
-CONFIG = render_sshd_config(Sshd())
+BOOKWORM = BY_CODENAME["bookworm"]
+CONFIG = render_sshd_config(Sshd(), BOOKWORM)
 
 
 def fact(**overrides: Any) -> dict[type, Any]:
@@ -62,13 +64,13 @@ def test_config_reads_no_drop_ins_and_lets_only_the_login_group_in() -> None:
 
 
 def test_expected_effective_covers_login_group_and_key_file() -> None:
-    expected = expected_effective(Sshd())
+    expected = expected_effective(Sshd(), BOOKWORM)
     assert expected["allowgroups"] == "gpunode-login"
     assert expected["authorizedkeysfile"] == ".ssh/authorized_keys"
 
 
 def test_data_knobs_reach_the_config() -> None:
-    config = render_sshd_config(Sshd(port=2222, permit_root_login="prohibit-password"))
+    config = render_sshd_config(Sshd(port=2222, permit_root_login="prohibit-password"), BOOKWORM)
     assert "Port 2222" in config.splitlines()
     assert "PermitRootLogin prohibit-password" in config.splitlines()
 

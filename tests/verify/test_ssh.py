@@ -1,5 +1,6 @@
 """SSH server checks: dev-sec ssh-baseline server controls (sshd-01 ... sshd-50) that apply,
-plus the crypto of ssh-audit's "Hardened Debian 12 (version 3)" policy.
+plus the crypto of ssh-audit's policy for the node's release: "Hardened Debian 12 (version 3)"
+on Debian 12, "Hardened Debian 13 (version 1)" on Debian 13.
 
 Values are read from the *effective* configuration (``sshd -T``), so drop-ins count, and
 again for every declared admin and root as sshd applies it to a login from outside
@@ -15,7 +16,7 @@ import pytest
 from gpunode.model import DesiredState
 
 # ssh-audit's "Hardened Debian 12 (version 3)" policy, in its order (sshd -T prints them so).
-KEX_ALGORITHMS = (
+KEX_ALGORITHMS_DEBIAN_12 = (
     "sntrup761x25519-sha512",
     "sntrup761x25519-sha512@openssh.com",
     "curve25519-sha256",
@@ -32,11 +33,25 @@ CIPHERS = (
     "aes128-gcm@openssh.com",
     "aes128-ctr",
 )
-MACS = (
+MACS_DEBIAN_12 = (
     "hmac-sha2-256-etm@openssh.com",
     "hmac-sha2-512-etm@openssh.com",
     "umac-128-etm@openssh.com",
 )
+# ssh-audit's "Hardened Debian 13 (version 1)": post-quantum key exchanges only.
+KEX_ALGORITHMS_DEBIAN_13 = (
+    "mlkem768x25519-sha256",
+    "sntrup761x25519-sha512",
+    "sntrup761x25519-sha512@openssh.com",
+)
+MACS_DEBIAN_13 = (
+    "hmac-sha2-512-etm@openssh.com",
+    "hmac-sha2-256-etm@openssh.com",
+    "umac-128-etm@openssh.com",
+)
+# By the node's os-release VERSION_ID.
+KEX_ALGORITHMS = {"12": KEX_ALGORITHMS_DEBIAN_12, "13": KEX_ALGORITHMS_DEBIAN_13}
+MACS = {"12": MACS_DEBIAN_12, "13": MACS_DEBIAN_13}
 HOST_KEY_ALGORITHMS = (
     "ssh-ed25519",
     "ssh-ed25519-cert-v01@openssh.com",
@@ -143,19 +158,31 @@ def test_sshd_setting_from_data(
     assert effective(host).get(keyword) == [_settings_from_data(desired)[keyword]], control
 
 
+def debian_version(host: Any) -> str:
+    """The node's Debian major release (os-release VERSION_ID): the policy depends on it."""
+    found = host.run('. /etc/os-release && echo "$ID $VERSION_ID"').stdout.split()
+    assert found[:1] == ["debian"] and found[1:] in (["12"], ["13"]), found
+    return str(found[1])
+
+
 @pytest.mark.parametrize(
     ("control", "keyword", "expected"),
     [
-        ("sshd-01", "ciphers", CIPHERS),
+        ("sshd-01", "ciphers", {"12": CIPHERS, "13": CIPHERS}),
         ("sshd-02", "kexalgorithms", KEX_ALGORITHMS),
         ("sshd-03", "macs", MACS),
-        ("ssh-audit host keys", "hostkeyalgorithms", HOST_KEY_ALGORITHMS),
+        (
+            "ssh-audit host keys",
+            "hostkeyalgorithms",
+            {"12": HOST_KEY_ALGORITHMS, "13": HOST_KEY_ALGORITHMS},
+        ),
     ],
 )
 def test_sshd_crypto_is_exactly_the_hardened_list(
-    host: Any, control: str, keyword: str, expected: tuple[str, ...]
+    host: Any, control: str, keyword: str, expected: dict[str, tuple[str, ...]]
 ) -> None:
-    assert effective(host)[keyword] == [",".join(expected)], control
+    wanted = expected[debian_version(host)]
+    assert effective(host)[keyword] == [",".join(wanted)], control
 
 
 def test_sshd_04_ssh_directory_owned_by_root_and_not_writable_by_others(host: Any) -> None:

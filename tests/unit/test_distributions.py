@@ -1,0 +1,356 @@
+"""The distribution table, the node's release from its os-release, and what follows from it."""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+from typing import Any
+
+import pytest
+from ssh_audit.builtin_policies import BUILTIN_POLICIES
+
+from facts.node import NodeOs, parse_node_os, parse_os_release
+from gpunode import framing
+from gpunode.converge import RefusedNode, for_platform
+from gpunode.distributions import (
+    ARCHITECTURES,
+    BY_CODENAME,
+    DISTRIBUTIONS,
+    UnsupportedNode,
+    distribution_of,
+    fill_url,
+    placeholder_problem,
+    platform_of,
+    supported,
+)
+from gpunode.drift.findings import Severity
+from gpunode.expected.sshd import POLICIES, crypto_for, expected_effective, render_sshd_config
+from gpunode.model import DesiredState, Sshd, build_desired_state
+from gpunode.refusal import NodeRefused
+from roles.base import debian_release_files, render_debian_sources
+
+BOOKWORM, TRIXIE = BY_CODENAME["bookworm"], BY_CODENAME["trixie"]
+AMD64, ARM64 = ARCHITECTURES["amd64"], ARCHITECTURES["arm64"]
+# ssh-audit announces these itself; they are never configured.
+PSEUDO_KEX = {"ext-info-s", "kex-strict-s-v00@openssh.com"}
+
+
+def os_release(os_id: str, version: str, codename: str = "") -> dict[str, str]:
+    fields = {"ID": os_id, "VERSION_ID": version}
+    return fields | ({"VERSION_CODENAME": codename} if codename else {})
+
+
+# --- the table ---------------------------------------------------------------------------------
+
+
+def test_each_release_is_one_row_with_its_suites_repository_and_policy() -> None:
+    assert [(row.os_id, row.version_id, row.codename) for row in DISTRIBUTIONS] == [
+        ("debian", "12", "bookworm"),
+        ("debian", "13", "trixie"),
+    ]
+    assert TRIXIE.suites == ("trixie", "trixie-updates")
+    assert TRIXIE.security_suites == ("trixie-security",)
+    assert (BOOKWORM.cuda_repo_distro, TRIXIE.cuda_repo_distro) == ("debian12", "debian13")
+    assert (BOOKWORM.distribution_driver_branch, TRIXIE.distribution_driver_branch) == (
+        "535",
+        "550",
+    )
+    assert (BOOKWORM.openssh_major, TRIXIE.openssh_major) == (9, 10)
+    assert all(row.sources for row in DISTRIBUTIONS)
+
+
+def test_architectures_name_nvidia_s_repository_and_the_library_directory() -> None:
+    assert (AMD64.cuda_repo, AMD64.multiarch) == ("x86_64", "x86_64-linux-gnu")
+    assert (ARM64.cuda_repo, ARM64.multiarch) == ("sbsa", "aarch64-linux-gnu")
+
+
+@pytest.mark.parametrize("row", DISTRIBUTIONS, ids=lambda row: row.codename)
+def test_each_release_s_crypto_is_its_ssh_audit_policy(row: Any) -> None:
+    # The installed ssh-audit's own policy: our lists are exactly its lists, in its order.
+    policy = BUILTIN_POLICIES[row.ssh_audit_policy]
+    crypto = crypto_for(row)
+    assert list(crypto.kex) == [kex for kex in policy["kex"] if kex not in PSEUDO_KEX]
+    assert list(crypto.ciphers) == policy["ciphers"]
+    assert list(crypto.macs) == policy["macs"]
+    assert set(POLICIES) == {row.ssh_audit_policy for row in DISTRIBUTIONS}
+
+
+def test_trixie_s_sshd_offers_post_quantum_key_exchange_only() -> None:
+    bookworm = expected_effective(Sshd(), BOOKWORM)
+    trixie = expected_effective(Sshd(), TRIXIE)
+    assert trixie["kexalgorithms"] == (
+        "mlkem768x25519-sha256,sntrup761x25519-sha512,sntrup761x25519-sha512@openssh.com"
+    )
+    assert "curve25519-sha256" in bookworm["kexalgorithms"].split(",")
+    assert trixie["macs"].split(",")[0] == "hmac-sha2-512-etm@openssh.com"
+    # Everything else gpunode writes is the same on both releases.
+    same = {key for key in bookworm if key not in ("kexalgorithms", "macs")}
+    assert {key: bookworm[key] for key in same} == {key: trixie[key] for key in same}
+    assert render_sshd_config(Sshd(), BOOKWORM) != render_sshd_config(Sshd(), TRIXIE)
+
+
+# --- the node's release -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("fields", "row"),
+    [
+        (os_release("debian", "12", "bookworm"), "bookworm"),
+        (os_release("debian", "13", "trixie"), "trixie"),
+        (os_release("debian", "13"), "trixie"),
+    ],
+)
+def test_a_supported_release_is_found_by_id_and_version(fields: dict[str, str], row: str) -> None:
+    assert distribution_of(fields) is BY_CODENAME[row]
+
+
+@pytest.mark.parametrize(
+    ("fields", "named"),
+    [
+        (os_release("ubuntu", "24.04", "noble") | {"PRETTY_NAME": "Ubuntu 24.04.1 LTS"}, "Ubuntu"),
+        (os_release("debian", "11", "bullseye"), "debian 11"),
+        # testing/sid have no VERSION_ID; a codename that disagrees is not that release.
+        ({"ID": "debian", "VERSION_CODENAME": "forky"}, "debian"),
+        (os_release("debian", "13", "bookworm"), "debian 13"),
+        ({}, "without /etc/os-release"),
+    ],
+)
+def test_an_unsupported_release_is_refused_naming_what_is_supported(
+    fields: dict[str, str], named: str
+) -> None:
+    with pytest.raises(UnsupportedNode) as refused:
+        distribution_of(fields)
+    assert named in str(refused.value)
+    assert str(refused.value).endswith("gpunode supports Debian 12 (bookworm), Debian 13 (trixie)")
+    assert supported() == "Debian 12 (bookworm), Debian 13 (trixie)"
+
+
+def test_the_architecture_comes_with_the_release() -> None:
+    facts = {"os_release": os_release("debian", "13", "trixie"), "architecture": "arm64"}
+    assert platform_of(facts) == (TRIXIE, ARM64)
+    with pytest.raises(UnsupportedNode, match="'riscv64'; gpunode supports amd64, arm64"):
+        platform_of(facts | {"architecture": "riscv64"})
+    with pytest.raises(UnsupportedNode, match=r"could not be read \(dpkg is not installed"):
+        platform_of(facts | {"architecture": None, "problems": ["dpkg is not installed"]})
+
+
+def test_the_node_os_fact_reads_this_machine() -> None:
+    # The fact's real command on the machine running the tests (a Debian 12 or 13 host).
+    fact = NodeOs()
+    output = subprocess.run(["sh", "-c", fact.command()], capture_output=True, text=True)
+    found = fact.process(output.stdout.splitlines())
+    with open("/etc/os-release") as handle:
+        wanted, _ = parse_os_release(handle.read().splitlines())
+    assert found["os_release"] == wanted and found["problems"] == []
+    assert (
+        found["architecture"]
+        == subprocess.run(
+            ["dpkg", "--print-architecture"], capture_output=True, text=True
+        ).stdout.strip()
+    )
+    assert platform_of(found)[0].codename == wanted["VERSION_CODENAME"]
+
+
+def test_os_release_parsing_keeps_what_it_can_read() -> None:
+    fields, problems = parse_os_release(
+        [
+            'PRETTY_NAME="Debian GNU/Linux 13 (trixie)"',
+            "ID=debian",
+            "VERSION_ID='13'",
+            "# a comment",
+            'VERSION_CODENAME="trixie',  # unterminated quote
+            "ID_LIKE=" + "x" * 500,
+            'HOME_URL="https://www.debian.org/"',  # not a key gpunode reads
+            "garbage",
+        ]
+    )
+    assert fields == {
+        "PRETTY_NAME": "Debian GNU/Linux 13 (trixie)",
+        "ID": "debian",
+        "VERSION_ID": "13",
+    }
+    assert problems == [
+        "VERSION_CODENAME: unreadable value",
+        "ID_LIKE: value of unexpected characters or length",
+    ]
+
+
+def test_a_node_without_os_release_or_dpkg_says_so() -> None:
+    output = framing.output_of(
+        {
+            "os-release": framing.PartOutput("os-release", [], [], 1),
+            "architecture": framing.PartOutput("architecture", absent=True),
+        }
+    )
+    found = parse_node_os(output)
+    assert found == {
+        "os_release": {},
+        "architecture": None,
+        "problems": ["os-release: no /etc/os-release", "architecture: dpkg is not installed"],
+    }
+    with pytest.raises(UnsupportedNode, match="without /etc/os-release; gpunode supports"):
+        platform_of(found)
+    assert parse_node_os(["garbage"])["problems"]
+
+
+# --- repository URLs ---------------------------------------------------------------------------
+
+
+def test_placeholders_become_the_node_s_release_and_architecture() -> None:
+    url = "http://mirror/cuda/{distro}/{arch}"
+    assert fill_url(url, TRIXIE, AMD64) == "http://mirror/cuda/debian13/x86_64"
+    assert fill_url(url, BOOKWORM, ARM64) == "http://mirror/cuda/debian12/sbsa"
+    toolkit = "http://mirror/libnvidia-container/stable/deb/{dpkg_arch}"
+    assert fill_url(toolkit, TRIXIE, ARM64) == "http://mirror/libnvidia-container/stable/deb/arm64"
+
+
+def test_a_url_naming_another_release_is_refused_on_the_node() -> None:
+    literal = "http://mirror/cuda/debian12/x86_64"
+    assert fill_url(literal, BOOKWORM, AMD64) == literal  # an old inventory keeps working
+    with pytest.raises(UnsupportedNode) as refused:
+        fill_url(literal, TRIXIE, AMD64)
+    assert str(refused.value) == (
+        "http://mirror/cuda/debian12/x86_64 is a repository for debian12, but the node runs "
+        "Debian 13 (trixie) (debian13); write {distro} in its place so that each node gets "
+        "its own"
+    )
+    with pytest.raises(UnsupportedNode, match="ubuntu2404"):
+        fill_url("http://mirror/cuda/ubuntu2404/x86_64", BOOKWORM, AMD64)
+    # Only a whole path segment names a release; a host name or a longer word does not.
+    for url in ("http://mirror/mydebian12s/x", "http://debian12-mirror.example/cuda/x86_64"):
+        assert fill_url(url, TRIXIE, AMD64) == url
+
+
+def test_the_desired_state_for_a_node_has_its_urls_filled_in() -> None:
+    desired = DesiredState()
+    assert "{distro}/{arch}" in desired.apt.cuda_repo_url
+    on_node = for_platform(desired, TRIXIE, AMD64)
+    assert on_node.apt.cuda_repo_url == (
+        "https://developer.download.nvidia.com/compute/cuda/repos/debian13/x86_64"
+    )
+    assert on_node.apt.container_toolkit_repo_url == (
+        "https://nvidia.github.io/libnvidia-container/stable/deb/amd64"
+    )
+    assert on_node.sshd == desired.sshd and on_node.cuda == desired.cuda
+
+
+def test_debian_s_driver_is_pinned_to_the_branch_the_node_s_release_ships() -> None:
+    def on(distribution: Any, **driver: str) -> Any:
+        state, problems = build_desired_state({"nvidia_driver": {"source": "debian", **driver}})
+        assert problems == []
+        return for_platform(state, distribution, AMD64)
+
+    assert on(TRIXIE, version="550.163.01-2").nvidia_driver.version == "550.163.01-2"
+    assert on(BOOKWORM, branch="535").nvidia_driver.branch == "535"
+    assert on(TRIXIE).nvidia_driver.source == "debian"  # unpinned: what the release has
+    with pytest.raises(UnsupportedNode) as refused:
+        on(TRIXIE, version="535.261.03-1")
+    assert str(refused.value) == (
+        "nvidia_driver.source is 'debian' and pins branch 535, but Debian 13 (trixie) ships "
+        "Debian's driver branch 550; pin that branch for this node, or use source: nvidia"
+    )
+
+
+@pytest.mark.parametrize(
+    ("url", "problem"),
+    [
+        ("http://mirror/cuda/{release}/x86_64", "unknown placeholder {release}"),
+        ("http://mirror/cuda/{distro/x86_64", "an unmatched brace"),
+        ("http://mirror/cuda/}{distro}", "an unmatched brace"),
+    ],
+)
+def test_an_unknown_placeholder_is_an_inventory_problem(url: str, problem: str) -> None:
+    assert placeholder_problem(url) is not None and problem in str(placeholder_problem(url))
+    _, problems = build_desired_state({"apt": {"cuda_repo_url": url}})
+    assert [(p.key, p.reason) for p in problems] == [("apt.cuda_repo_url", problem_of(url))]
+
+
+def problem_of(url: str) -> str:
+    return str(placeholder_problem(url))
+
+
+def test_placeholder_urls_are_valid_inventory_data() -> None:
+    state, problems = build_desired_state(
+        {
+            "apt": {
+                "cuda_repo_url": "http://mirror:8089/nvidia/cuda/{distro}/{arch}",
+                "container_toolkit_repo_url": "http://mirror/lnc/stable/deb/{dpkg_arch}",
+            }
+        }
+    )
+    assert problems == []
+    assert state.apt.cuda_repo_url == "http://mirror:8089/nvidia/cuda/{distro}/{arch}"
+
+
+# --- Debian sources -----------------------------------------------------------------------------
+
+
+def test_debian_sources_are_the_node_s_release() -> None:
+    repos = DesiredState().apt
+    text = render_debian_sources(repos, TRIXIE)
+    assert "Suites: trixie trixie-updates\n" in text
+    assert "Suites: trixie-security\n" in text
+    assert "bookworm" not in text
+    assert debian_release_files(repos, TRIXIE) == [
+        "http://deb.debian.org/debian/dists/trixie/InRelease",
+        "http://deb.debian.org/debian-security/dists/trixie-security/InRelease",
+    ]
+    assert "Suites: bookworm bookworm-updates\n" in render_debian_sources(repos, BOOKWORM)
+
+
+def test_a_refused_node_s_roles_stop_at_the_first_thing_they_read() -> None:
+    refused = RefusedNode("node-1: not converged: the node runs 'Ubuntu 24.04.1 LTS'")
+    with pytest.raises(NodeRefused) as stopped:
+        _ = refused.apt  # type: ignore[attr-defined]
+    assert stopped.value.reason == "node-1: not converged: the node runs 'Ubuntu 24.04.1 LTS'"
+    assert str(stopped.value).endswith("\nNothing was changed.")
+    assert not hasattr(refused, "__deepcopy__")
+
+
+# --- the drift check reads the release too -------------------------------------------------------
+
+TRIXIE_OS = {
+    "os_release": os_release("debian", "13", "trixie"),
+    "architecture": "amd64",
+    "problems": [],
+}
+
+
+def test_drift_judges_sshd_by_the_node_s_release() -> None:
+    from .test_drift_rules import desired, findings, healthy_facts
+
+    bookworm_sshd = healthy_facts()
+    on_trixie = bookworm_sshd | {"os": TRIXIE_OS}
+    assert findings(on_trixie) == {
+        "sshd.kexalgorithms": Severity.WARNING,
+        "sshd.macs": Severity.WARNING,
+        "sshd.config": Severity.WARNING,
+    }
+    wanted = desired()
+    trixie_sshd = {
+        "effective": {k: [v] for k, v in expected_effective(wanted.sshd, TRIXIE).items()},
+        "config_sha1": hashlib.sha1(render_sshd_config(wanted.sshd, TRIXIE).encode()).hexdigest(),
+    }
+    assert findings(on_trixie | {"sshd": trixie_sshd}) == {}
+
+
+def test_drift_names_an_unsupported_or_unreadable_release() -> None:
+    from .test_drift_rules import findings, healthy_facts
+
+    ubuntu = {"os_release": os_release("ubuntu", "24.04", "noble"), "architecture": "amd64"}
+    assert findings(healthy_facts() | {"os": ubuntu}) == {"os.release": Severity.CRITICAL}
+    without = {key: value for key, value in healthy_facts().items() if key != "os"}
+    assert findings(without) == {"os.unreadable": Severity.WARNING}
+    assert findings(healthy_facts() | {"os": {"os_release": "debian"}}) == {
+        "os.unreadable": Severity.WARNING
+    }
+
+
+def test_control_hosts_are_exempt_from_penalties_where_sshd_has_them() -> None:
+    sshd = Sshd(penalty_exempt_networks=("10.0.0.5/32", "fd00::/8"))
+    exempt = "PerSourcePenaltyExemptList 10.0.0.5/32,fd00::/8"
+    assert exempt in render_sshd_config(sshd, TRIXIE).splitlines()
+    assert expected_effective(sshd, TRIXIE)["persourcepenaltyexemptlist"] == "10.0.0.5/32,fd00::/8"
+    # OpenSSH 9.2 has no per-source penalties and would refuse the keyword.
+    assert "PerSourcePenalty" not in render_sshd_config(sshd, BOOKWORM)
+    assert "PerSourcePenalty" not in render_sshd_config(Sshd(), TRIXIE)
