@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import shlex
+import time
 import tomllib
 from typing import Any
 
@@ -311,8 +312,15 @@ def test_dcgm_exporter_runs_where_declared(host: Any, desired: DesiredState) -> 
     assert DCGM_EXPORTER_PACKAGE in held(host)
     service = host.service(DCGM_EXPORTER_SERVICE)
     assert service.is_enabled and service.is_running
-    # NVIDIA's exporter serves Prometheus metrics on port 9400.
-    assert host.socket("tcp://9400").is_listening
+    # NVIDIA's exporter serves Prometheus metrics on port 9400 once it has started (the unit
+    # is active as soon as the process runs; the port follows its start-up).
+    listening = False
+    for _ in range(60):
+        listening = host.socket("tcp://9400").is_listening
+        if listening:
+            break
+        time.sleep(0.5)
+    assert listening, "nothing listens on port 9400"
 
 
 # --- GPU settings ------------------------------------------------------------------------------
