@@ -1,7 +1,8 @@
 """Lab nodes for integration tests: real Debian 12 / 13 systemd containers reached over SSH.
 
-GPUNODE_TEST_LAB_RELEASE picks their releases as `gpunode lab up --release` does: bookworm
-(the default), trixie, or mixed (bookworm and trixie in turn: lab-1 bookworm, lab-2 trixie).
+GPUNODE_TEST_LAB_RELEASE picks their releases as `gpunode lab up --release` does: mixed (the
+default: bookworm and trixie in turn, lab-1 bookworm, lab-2 trixie, so that every test runs
+against both releases), bookworm or trixie.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from lab import LOGIN_USER, REBOOT_COMMAND, Lab, LabNode, releases_of
 
 ROOT = Path(__file__).resolve().parents[2]
 LAB_NODES = int(os.environ.get("GPUNODE_TEST_LAB_NODES", "2"))
-LAB_RELEASES = releases_of(os.environ.get("GPUNODE_TEST_LAB_RELEASE", "bookworm"))
+LAB_RELEASES = releases_of(os.environ.get("GPUNODE_TEST_LAB_RELEASE", "mixed"))
 PYINFRA = str(Path(sys.executable).with_name("pyinfra"))
 GPUNODE = str(Path(sys.executable).with_name("gpunode"))
 
