@@ -367,7 +367,6 @@ class Lab:
             node.memory_mib = self._memory_mib(node.container)
         self._write_state(wanted)
         self.serve_repository()
-        self._stand_in_debian13_cuda()
         self.serve_package_cache()
         for node in wanted if scratch_disks else []:
             self.attach_scratch_disks(node, scratch_disks, scratch_disk_mib)
@@ -400,14 +399,6 @@ class Lab:
             return f"exited; see {log.name}" if process.poll() is not None else None
 
         self._wait_listening(aptrepo.DEFAULT_PORT, "the lab apt repository server", exited)
-
-    def _stand_in_debian13_cuda(self) -> None:
-        """Until the stand-in catalogue has NVIDIA's Debian 13 CUDA repository of its own,
-        trixie nodes are served Debian 12's at its path (cuda/debian13/x86_64): a link."""
-        cuda = self.repo_dir / "cuda"
-        own = cuda / "debian13"
-        if (cuda / "debian12").is_dir() and not own.exists() and not own.is_symlink():
-            own.symlink_to("debian12")
 
     def _repo_server_running(self) -> bool:
         return self._process_running(self.repo_pid_path, "lab.aptrepo")
