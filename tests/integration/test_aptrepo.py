@@ -48,8 +48,11 @@ dpkg-divert --list | sort
 sha256sum /usr/bin/nvidia-smi /var/lib/gpunode-lab/hardware.json
 find /etc /usr/share/keyrings /usr/local /usr/src /usr/bin /lib/systemd/system /lib/firmware \
      /var/lib/gpunode-lab /var/lib/apt/lists /var/cache/apt/archives \
-     /var/lib/systemd/deb-systemd-helper-enabled -xdev 2>/dev/null | grep -v /__pycache__ | sort
+     /var/lib/systemd/deb-systemd-helper-enabled -xdev 2>/dev/null \
+  | grep -v -e /__pycache__ -e /var/lib/gpunode-lab/answers | sort
 """
+# /var/lib/gpunode-lab/answers: the hardware doubles' replayed answers, a cache of the lab's
+# own (lab/hwsim), not node state a test leaves behind.
 
 
 def run(lab: Lab, node: LabNode, command: str) -> str:
