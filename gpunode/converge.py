@@ -19,6 +19,7 @@ from gpunode.distributions import (
 )
 from gpunode.inventory import desired_state
 from gpunode.model import DesiredState
+from gpunode.reach import detect_dead_peer
 from gpunode.refusal import NodeRefused, refusals_fail_this_node
 from gpunode.run_lock import node_run_lock
 
@@ -93,6 +94,9 @@ def converging(
     desired = desired_state()
     if early is not None:
         early(desired)
+    # Before the first read of the node: the fact cache reads everything the run needs in
+    # that one command (its GPUs too), and a node that stops answering must fail, not hang.
+    detect_dead_peer(host)
     try:
         on_node = for_platform(desired, *this_node())
     except UnsupportedNode as error:
