@@ -314,13 +314,18 @@ def test_dcgm_exporter_runs_where_declared(host: Any, desired: DesiredState) -> 
     assert service.is_enabled and service.is_running
     # NVIDIA's exporter serves Prometheus metrics on port 9400 once it has started (the unit
     # is active as soon as the process runs; the port follows its start-up).
-    listening = False
-    for _ in range(60):
-        listening = host.socket("tcp://9400").is_listening
-        if listening:
+    fetch = (
+        'python3 -c "import urllib.request; print(urllib.request.urlopen('
+        "'http://127.0.0.1:9400/metrics', timeout=5).read().decode())\""
+    )
+    metrics = ""
+    for _ in range(30):
+        result = host.run(fetch)
+        metrics = result.stdout if result.rc == 0 else ""
+        if metrics:
             break
-        time.sleep(0.5)
-    assert listening, "nothing listens on port 9400"
+        time.sleep(1)
+    assert "DCGM_FI_DEV_" in metrics, "no DCGM metrics on port 9400"
 
 
 # --- GPU settings ------------------------------------------------------------------------------
