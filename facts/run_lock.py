@@ -27,12 +27,13 @@ WAIT_S = 10
 
 _ACQUIRE = rf"""
 mkdir -p {LOCK_DIR}
-# The process whose life is this run's: the sshd of this connection (or, run locally, the
-# first ancestor that is not a shell or sudo).
+# The process whose life is this run's: the sshd of this connection (OpenSSH 10, Debian 13:
+# sshd-session; the listener above it is named sshd and outlives every connection), or, run
+# locally, the first ancestor that is not a shell or sudo.
 pid=$PPID
 while [ "$pid" -gt 1 ]; do
   case "$(cat /proc/$pid/comm 2>/dev/null)" in
-    sshd) break ;;
+    sshd|sshd-session) break ;;
     sh|dash|bash|sudo) ;;
     *) [ -z "$fallback" ] && fallback=$pid ;;
   esac

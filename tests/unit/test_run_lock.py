@@ -65,3 +65,23 @@ def test_lock_fact_reads_its_answer() -> None:
     }
     assert "stale=''" in fact.command(owner="me")
     assert NodeRunLock.cacheable is False
+
+
+def test_the_lock_is_tied_to_openssh_10s_per_connection_process(tmp_path: Path) -> None:
+    # OpenSSH 10 (Debian 13) names the per-connection process sshd-session; its listener,
+    # named sshd, outlives every connection: a lock tied to it would never be released.
+    import shlex
+    import shutil
+
+    from facts.run_lock import _ACQUIRE
+
+    start = _ACQUIRE.index("pid=$PPID")
+    end = _ACQUIRE.index('[ "$pid" -gt 1 ] || pid=')
+    walk = _ACQUIRE[start:end]
+    session = tmp_path / "sshd-session"
+    shutil.copy("/bin/dash" if Path("/bin/dash").exists() else "/bin/sh", session)
+    # sshd-session -> sh (the walk): the walk must stop at sshd-session, not go on above it.
+    script = f"sh -c {shlex.quote(walk + 'echo $pid')}; echo parent=$$"
+    result = subprocess.run([str(session), "-c", script], capture_output=True, text=True)
+    found, parent = result.stdout.split()
+    assert parent == f"parent={found}", result
