@@ -29,6 +29,16 @@ class SshCrypto:
     macs: tuple[str, ...]
 
 
+# Both policies' ciphers, in the policies' order.
+HARDENED_CIPHERS = (
+    "chacha20-poly1305@openssh.com",
+    "aes256-gcm@openssh.com",
+    "aes256-ctr",
+    "aes192-ctr",
+    "aes128-gcm@openssh.com",
+    "aes128-ctr",
+)
+
 # ssh-audit 3.9.0, src/ssh_audit/builtin_policies.py (`ssh-audit -L` lists the names), read
 # 2026-12-01. The policies also list the pseudo-algorithms ext-info-s and
 # kex-strict-s-v00@openssh.com, which sshd announces by itself; they are not configured.
@@ -43,14 +53,7 @@ POLICIES: dict[str, SshCrypto] = {
             "diffie-hellman-group18-sha512",
             "diffie-hellman-group-exchange-sha256",
         ),
-        ciphers=(
-            "chacha20-poly1305@openssh.com",
-            "aes256-gcm@openssh.com",
-            "aes256-ctr",
-            "aes192-ctr",
-            "aes128-gcm@openssh.com",
-            "aes128-ctr",
-        ),
+        ciphers=HARDENED_CIPHERS,
         macs=(
             "hmac-sha2-256-etm@openssh.com",
             "hmac-sha2-512-etm@openssh.com",
@@ -65,14 +68,7 @@ POLICIES: dict[str, SshCrypto] = {
             "sntrup761x25519-sha512",
             "sntrup761x25519-sha512@openssh.com",
         ),
-        ciphers=(
-            "chacha20-poly1305@openssh.com",
-            "aes256-gcm@openssh.com",
-            "aes256-ctr",
-            "aes192-ctr",
-            "aes128-gcm@openssh.com",
-            "aes128-ctr",
-        ),
+        ciphers=HARDENED_CIPHERS,
         macs=(
             "hmac-sha2-512-etm@openssh.com",
             "hmac-sha2-256-etm@openssh.com",

@@ -203,13 +203,7 @@ def _serve_metrics(name: str, daemon: Daemon, address: tuple[str, int]) -> None:
     server = http.server.ThreadingHTTPServer(address, Handler)
     _write_pid_file(daemon)
 
-    def stop(_signal: int, _frame: object) -> None:
-        with contextlib.suppress(OSError):
-            Path(daemon.pid_file).unlink()
-        sys.exit(0)
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
+    _stop_on_signals(daemon)
     sys.stderr.write(f"{name} {STANDIN_VERSION} serving on {address[0]}:{address[1]}\n")
     sys.stderr.flush()
     server.serve_forever()
@@ -232,6 +226,18 @@ def _daemonize(daemon: Daemon) -> None:
         os.dup2(devnull, stream)
 
 
+def _stop_on_signals(daemon: Daemon) -> None:
+    """SIGTERM and SIGINT end the daemon, its pid file removed (as systemd's stop expects)."""
+
+    def stop(_signal: int, _frame: object) -> None:
+        with contextlib.suppress(OSError):
+            Path(daemon.pid_file).unlink()
+        sys.exit(0)
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+
+
 def _write_pid_file(daemon: Daemon) -> None:
     path = Path(daemon.pid_file)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -244,13 +250,7 @@ def _run(name: str, daemon: Daemon) -> None:
         # ps and pgrep show the daemon's own name, not python3.
         ctypes.CDLL(None).prctl(PR_SET_NAME, name.encode()[:15], 0, 0, 0)
 
-    def stop(_signal: int, _frame: object) -> None:
-        with contextlib.suppress(OSError):
-            Path(daemon.pid_file).unlink()
-        sys.exit(0)
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
+    _stop_on_signals(daemon)
     sys.stderr.write(f"{name} {STANDIN_VERSION} started (gpunode lab stand-in)\n")
     sys.stderr.flush()
     while True:
