@@ -23,7 +23,7 @@ from gpunode.model import upstream_version
 PROC_VERSION_PATH = "/proc/driver/nvidia/version"
 
 # Installed packages the fact reports: NVIDIA driver, CUDA and companion packages.
-REPORTED_PACKAGES = r"nvidia|^libcuda|^libnv|^cuda|^datacenter-gpu-manager|^libnccl"
+REPORTED_PACKAGES = r"nvidia|^libcuda|^libnv|^cuda|^datacenter-gpu-manager|^libnccl|^nvlsm$"
 SEPARATOR = "|"
 # The parts of the fact's command (gpunode.framing), in order.
 PARTS = ("installed", "loaded", "installed-module", "kernel", "headers", "lists")

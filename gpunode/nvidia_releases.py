@@ -122,6 +122,19 @@ def bundled_driver(release: str) -> str:
     return TOOLKIT_DRIVER[f"{release}.0"]
 
 
+def driver_cuda_version(driver: str) -> str | None:
+    """The CUDA version a driver reports (``nvidia-smi``'s "CUDA Version", NVML's
+    ``nvmlSystemGetCudaDriverVersion``): the newest release whose GA toolkit's bundled driver
+    it reaches, e.g. 13.0 for 580.105.08 (13.1's GA toolkit needs 590.44.01). None: older than
+    every release listed."""
+    reached = [
+        release
+        for release in releases()
+        if version_key(driver) >= version_key(bundled_driver(release))
+    ]
+    return reached[-1] if reached else None
+
+
 def compatibility_floor(release: str) -> str | None:
     """The oldest driver ``release`` runs on at all (minor-version compatibility)."""
     return MINOR_VERSION_COMPATIBILITY.get(int(release.split(".")[0]))

@@ -32,13 +32,12 @@ from pyinfra.api import deploy, operation
 from pyinfra.facts.systemd import SystemdEnabled, SystemdStatus
 
 from facts.nvidia_packages import NvidiaPackages
-from gpunode.expected.packages import fabric_manager_packages
+from gpunode.expected.packages import NVLSM_PACKAGE, fabric_manager_packages
 from gpunode.model import DesiredState, upstream_version
 from roles.cuda import held_packages
 from roles.nvidia_driver import APT_INSTALL, installed_driver_version
 
 SERVICE = "nvidia-fabricmanager.service"
-NVLSM_PACKAGE = "nvlsm"
 # Fabric Manager packages of every branch (NSCQ and the combined metapackages too).
 FABRIC_MANAGER_PACKAGE = re.compile(
     r"(nvidia-fabricmanager(-[0-9]{3})?|libnvidia-nscq(-[0-9]{3})?|"

@@ -18,11 +18,7 @@ from gpunode.distributions import Distribution, UnsupportedNode, platform_of, su
 from gpunode.drift.findings import HARDWARE_TICKET, RUN_DEPLOY, Finding, Severity
 from gpunode.drift.shape import checked_facts
 from gpunode.expected.firewall import TABLE, render_ruleset
-from gpunode.expected.packages import (
-    TOOLKIT_PACKAGES,
-    driver_packages_for,
-    toolkit_keeps_cdi_spec,
-)
+from gpunode.expected.packages import held_packages, toolkit_keeps_cdi_spec
 from gpunode.expected.sshd import expected_effective, render_sshd_config
 from gpunode.model import DesiredState
 from gpunode.nvidia_releases import CDI_REFRESH_SPEC
@@ -349,27 +345,27 @@ def tls_rules(desired: DesiredState, facts: dict[str, Any]) -> Iterator[tuple]:
 
 
 def package_rules(desired: DesiredState, facts: dict[str, Any]) -> Iterator[tuple]:
-    """Pinned NVIDIA packages at their versions and held (changed by hand = drift)."""
+    """Every package a role pins and holds (driver, Fabric Manager, NVLink subnet manager,
+    IMEX, DCGM and its exporter, container toolkit) installed at its version and held: a
+    package changed, removed or unheld by hand is drift."""
+    wanted = held_packages(desired)
     section: Section = facts.get("packages") or {}
     if "packages" not in section:
-        if desired.nvidia_driver.source != "none" or desired.container_runtime.toolkit_version:
+        if wanted:
             yield from _unreadable("packages", section)
         return
     installed: dict[str, str] = section["packages"]
     held = set(section.get("held", []))
-    pinned: dict[str, str] = {}
-    driver = desired.nvidia_driver
-    if driver.source != "none" and driver.version:
-        spec = driver_packages_for(driver, driver.version)
-        pinned.update({name: driver.version for name in spec.versioned})
-    if desired.container_runtime.toolkit_version:
-        pinned.update(
-            {name: desired.container_runtime.toolkit_version for name in TOOLKIT_PACKAGES}
-        )
-    for name, version in sorted(pinned.items()):
+    for name, version in sorted(wanted.items()):
         found = installed.get(name)
-        if found != version:
-            yield f"packages.version:{name}", CRIT, version, found or "not installed", RUN_DEPLOY
+        if found is None or (version is not None and found != version):
+            yield (
+                f"packages.version:{name}",
+                CRIT,
+                version or "installed",
+                found or "not installed",
+                RUN_DEPLOY,
+            )
         elif name not in held:
             yield f"packages.hold:{name}", WARN, "held", "not held", RUN_DEPLOY
 

@@ -1,7 +1,8 @@
-"""The NVIDIA packages the data pins: the driver's and the container toolkit's apt packages.
+"""The NVIDIA packages the data pins: the driver's, Fabric Manager's, the NVLink subnet
+manager's, IMEX's, DCGM's and its exporter's, and the container toolkit's apt packages.
 
-The roles (roles/nvidia_driver.py, roles/container_toolkit.py) install and hold them; the drift
-check compares the installed versions and holds with them.
+The roles install and hold them; the drift check compares the installed versions and holds
+with ``held_packages`` (what every role holds, with the version each must be at).
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 import gpunode.nvidia_releases as nvidia_releases
-from gpunode.model import NvidiaDriver
+from gpunode.model import DesiredState, NvidiaDriver
 
 # The container toolkit's packages, all at container_runtime.toolkit_version.
 TOOLKIT_PACKAGES = (
@@ -123,6 +124,9 @@ def fabric_manager_packages(branch: str) -> tuple[str, ...]:
     return ("nvidia-fabricmanager", "libnvidia-nscq")
 
 
+# The NVLink Subnet Manager (Blackwell NVSwitch systems): a calendar-versioned package of its
+# own, not at the driver's version.
+NVLSM_PACKAGE = "nvlsm"
 DCGM3_PACKAGE = "datacenter-gpu-manager"
 DCGM_EXPORTER_PACKAGE = "datacenter-gpu-manager-exporter"
 
@@ -141,3 +145,37 @@ def imex_packages(branch: str) -> tuple[str, ...]:
     if nvidia_releases.fabric_manager_suffixed(branch):
         return (f"nvidia-imex-{branch}",)
     return ("nvidia-imex",)
+
+
+def held_packages(desired: DesiredState) -> dict[str, str | None]:
+    """Every package a role installs and holds for ``desired``, with the exact apt version it
+    must be at (None: any version, held where the role first installed it: no pin in data).
+
+    Mirrors the roles' conditions: the driver (with a pinned version), Fabric Manager where
+    NVSwitch is expected (at its own pin, else the driver's), the NVLink subnet manager where
+    it is needed, IMEX on multi-node NVLink systems, DCGM and its exporter when enabled, and
+    the container toolkit when its version is pinned.
+    """
+    held: dict[str, str | None] = {}
+    driver = desired.nvidia_driver
+    if driver.source != "none" and driver.branch:
+        if driver.version:
+            spec = driver_packages_for(driver, driver.version)
+            held.update(dict.fromkeys(spec.versioned, driver.version))
+        if desired.needs_fabric_manager:
+            version = desired.fabric_manager.version or driver.version
+            held.update(dict.fromkeys(fabric_manager_packages(str(driver.branch)), version))
+            if desired.needs_nvlsm:
+                held[NVLSM_PACKAGE] = desired.fabric_manager.nvlsm_version
+        if desired.needs_imex:
+            held.update(dict.fromkeys(imex_packages(str(driver.branch)), driver.version))
+    dcgm = desired.dcgm
+    if dcgm.enabled:
+        packages = dcgm_packages(dcgm.release_major, desired.dcgm_cuda_major)
+        held.update(dict.fromkeys(packages, dcgm.version))
+        if dcgm.exporter:
+            held[DCGM_EXPORTER_PACKAGE] = dcgm.exporter_version
+    toolkit = desired.container_runtime.toolkit_version
+    if toolkit:
+        held.update(dict.fromkeys(TOOLKIT_PACKAGES, toolkit))
+    return held

@@ -178,6 +178,8 @@ def reset_gpu(gpu: State) -> None:
 # Written by the lab's stand-in NVIDIA kernel module packages (lab.standin.catalogue,
 # INSTALLED_DRIVER_VERSION_PATH), beside the state file: the driver a reboot loads.
 INSTALLED_DRIVER_VERSION_FILE = "installed-driver-version"
+# And the CUDA version that driver reports (the highest its release supports).
+INSTALLED_DRIVER_CUDA_VERSION_FILE = "installed-driver-cuda-version"
 
 
 def reboot(state: State) -> None:
@@ -186,13 +188,17 @@ def reboot(state: State) -> None:
     Persistence mode, power limit, application clocks (nvidia-smi(1)) and MIG instances are
     not persistent across a reboot; a deploy has to apply them again at every boot. Where a
     stand-in driver package recorded its version, the reboot loads that driver
-    (``driver_version``).
+    (``driver_version``) and reports its CUDA version (``cuda_version``).
     """
-    installed = state_path().parent / INSTALLED_DRIVER_VERSION_FILE
+    directory = state_path().parent
     with contextlib.suppress(OSError):
-        version = installed.read_text(encoding="utf-8").strip()
+        version = (directory / INSTALLED_DRIVER_VERSION_FILE).read_text(encoding="utf-8").strip()
         if version:
             state["driver_version"] = version
+    with contextlib.suppress(OSError):
+        cuda = (directory / INSTALLED_DRIVER_CUDA_VERSION_FILE).read_text(encoding="utf-8")
+        if cuda.strip():
+            state["cuda_version"] = cuda.strip()
     for gpu in state["gpus"]:
         reset_gpu(gpu)
         gpu["compute_processes"] = []  # a reboot ends every process

@@ -80,11 +80,15 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from gpunode.nvidia_releases import driver_cuda_version
+
 CUDA_REPO = "cuda"
 LIBNVIDIA_CONTAINER_REPO = "libnvidia-container"
 
 INSTALLED_DRIVER_VERSION_PATH = "/var/lib/gpunode-lab/installed-driver-version"
 INSTALLED_KERNEL_MODULE_FLAVOUR_PATH = "/var/lib/gpunode-lab/installed-kernel-module-flavour"
+# The CUDA version that driver reports (nvidia_releases.driver_cuda_version), for the simulator.
+INSTALLED_DRIVER_CUDA_VERSION_PATH = "/var/lib/gpunode-lab/installed-driver-cuda-version"
 
 CUDA_MAINTAINER = "cudatools <cudatools@nvidia.com>"
 CONTAINER_MAINTAINER = "NVIDIA CORPORATION <cudatools@nvidia.com>"
@@ -739,6 +743,7 @@ exit 0
 
 def _kernel_module_scripts(version: str, flavour: str) -> dict[str, str]:
     # Recorded for the GPU simulator: what a (simulated) reboot would load. DKMS never runs.
+    cuda = driver_cuda_version(version) or "N/A"
     postinst = f"""#!/bin/sh
 set -e
 if [ "$1" = configure ]; then
@@ -746,6 +751,7 @@ if [ "$1" = configure ]; then
     echo {version} > {INSTALLED_DRIVER_VERSION_PATH}.new
     mv {INSTALLED_DRIVER_VERSION_PATH}.new {INSTALLED_DRIVER_VERSION_PATH}
     echo {flavour} > {INSTALLED_KERNEL_MODULE_FLAVOUR_PATH}
+    echo {cuda} > {INSTALLED_DRIVER_CUDA_VERSION_PATH}
 fi
 exit 0
 """
@@ -754,7 +760,8 @@ set -e
 case "$1" in
     remove|purge)
         if [ "$(cat {INSTALLED_DRIVER_VERSION_PATH} 2>/dev/null)" = {version} ]; then
-            rm -f {INSTALLED_DRIVER_VERSION_PATH} {INSTALLED_KERNEL_MODULE_FLAVOUR_PATH}
+            rm -f {INSTALLED_DRIVER_VERSION_PATH} {INSTALLED_KERNEL_MODULE_FLAVOUR_PATH} \\
+                {INSTALLED_DRIVER_CUDA_VERSION_PATH}
         fi ;;
 esac
 exit 0

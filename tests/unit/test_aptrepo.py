@@ -246,6 +246,12 @@ def test_maintainer_scripts_are_valid_shell():
             assert result.returncode == 0, f"{package.name} {script}: {result.stderr}"
 
 
+# The CUDA version each stand-in branch's driver reports ("CUDA Version" of nvidia-smi): CUDA
+# Toolkit release notes, Table 3 (12.4 GA bundles 550.54.14, 12.8 GA 570.26, 13.0 GA 580.65.06,
+# 13.2 GA 595.45.04; the next minor's GA needs the next branch).
+REPORTED_CUDA = {"550": "12.4", "570": "12.8", "580": "13.0", "595": "13.2"}
+
+
 def test_kernel_module_packages_record_the_version_and_flavour_they_install():
     for package in catalogue():
         if package.name not in ("nvidia-kernel-dkms", "nvidia-kernel-open-dkms"):
@@ -257,6 +263,9 @@ def test_kernel_module_packages_record_the_version_and_flavour_they_install():
             in postinst
         )
         assert f"echo {flavour} > /var/lib/gpunode-lab/installed-kernel-module-flavour" in postinst
+        # What nvidia-smi says after the reboot: the branch's CUDA version (its release notes).
+        cuda = REPORTED_CUDA[package.upstream_version.split(".")[0]]
+        assert f"echo {cuda} > /var/lib/gpunode-lab/installed-driver-cuda-version" in postinst
         assert "dkms" not in postinst.replace("nvidia-kernel", "")
 
 

@@ -147,8 +147,8 @@ def healthy_facts() -> dict[str, Any]:
             "cdi_spec": {"present": True, "uuids": ["GPU-0", "GPU-1"]},
         },
         "packages": {
-            "packages": {name: "580.95.05-1" for name in DRIVER_PACKAGES},
-            "held": sorted(DRIVER_PACKAGES),
+            "packages": {name: "580.95.05-1" for name in DRIVER_PACKAGES + FABRIC_MANAGER},
+            "held": sorted(DRIVER_PACKAGES + FABRIC_MANAGER),
         },
         "nccl": {"conf": dict(NCCL_ENV), "profile": dict(NCCL_ENV)},
         "mounts": {
@@ -158,6 +158,9 @@ def healthy_facts() -> dict[str, Any]:
     }
 
 
+# An NVSwitch node on branch 580: Fabric Manager's unsuffixed packages at the driver's version
+# (NVIDIA's CUDA repository, debian12 Packages index; see gpunode/nvidia_releases.py).
+FABRIC_MANAGER = ("nvidia-fabricmanager", "libnvidia-nscq")
 DRIVER_PACKAGES = driver_packages_for(
     desired().nvidia_driver, desired().nvidia_driver.version
 ).versioned
@@ -260,8 +263,14 @@ FAULTS = [
                  {"packages.version:nvidia-open": Severity.CRITICAL}, id="package-changed-by-hand"),
     pytest.param(set_path("packages.held", ["nvidia-driver"]),
                  {f"packages.hold:{name}": Severity.WARNING
-                  for name in ("nvidia-open", "nvidia-kernel-open-dkms", "nvidia-driver-cuda")},
+                  for name in ("nvidia-open", "nvidia-kernel-open-dkms", "nvidia-driver-cuda",
+                               "nvidia-fabricmanager", "libnvidia-nscq")},
                  id="packages-unheld"),
+    pytest.param(set_path("packages.packages.nvidia-fabricmanager", "580.82.07-1"),
+                 {"packages.version:nvidia-fabricmanager": Severity.CRITICAL},
+                 id="fabric-manager-changed-by-hand"),
+    pytest.param(set_path("packages.held", sorted((*DRIVER_PACKAGES, "nvidia-fabricmanager"))),
+                 {"packages.hold:libnvidia-nscq": Severity.WARNING}, id="nscq-unheld"),
     pytest.param(set_path("container_runtime.docker.nvidia_runtime", False),
                  {"runtime.docker": Severity.WARNING}, id="docker-lost-nvidia-runtime"),
     pytest.param(set_path("container_runtime.cdi_spec.uuids", ["GPU-0", "GPU-7"]),
@@ -416,3 +425,53 @@ def test_a_spec_left_by_a_newer_toolkit_beside_117s_is_a_second_spec() -> None:
     facts["container_runtime"]["nvidia_ctk_version"] = "1.17.8"
     facts["container_runtime"]["cdi_refresh_spec"] = {"present": True, "uuids": ["GPU-0"]}
     assert findings(facts) == {"runtime.cdi.second_spec": Severity.WARNING}
+
+
+def _without(facts: dict[str, Any], name: str) -> dict[str, Any]:
+    del facts["packages"]["packages"][name]
+    return facts
+
+
+def test_every_held_stack_package_is_checked_where_the_data_enables_it() -> None:
+    """DCGM 4 with its exporter, the NVLink subnet manager (B200 NVSwitch) and IMEX (GB200
+    NVL72): each pinned package missing, at another version or unheld is its own finding;
+    unpinned ones only need to be there and held."""
+    blackwell = copy.deepcopy(DATA) | {
+        "expected_hardware": DATA["expected_hardware"] | {"gpu_model": "NVIDIA GB200"},
+        "dcgm": {"enabled": True, "version": "1:4.6.0-1", "exporter": True},
+        "fabric_manager": {"nvlsm_version": "2025.10.11-1"},
+        "imex": {"nodes": ["10.0.0.1", "10.0.0.2"]},
+    }
+    blackwell["nvidia_driver"] = DATA["nvidia_driver"] | {"flavour": "open"}
+    state = desired(blackwell)
+    versions = {
+        "datacenter-gpu-manager-4-core": "1:4.6.0-1",
+        "datacenter-gpu-manager-4-cuda13": "1:4.6.0-1",
+        "datacenter-gpu-manager-exporter": "4.8.3-1",
+        "nvlsm": "2025.10.11-1",
+        "nvidia-imex": "580.95.05-1",
+    }
+    facts = healthy_facts()
+    facts["packages"]["packages"].update(versions)
+    facts["packages"]["held"] = sorted(facts["packages"]["held"] + list(versions))
+    healthy = findings(facts, state)
+    assert not [key for key in healthy if key.startswith("packages.")], healthy
+
+    changed = copy.deepcopy(facts)
+    changed["packages"]["packages"]["nvlsm"] = "2025.06.1-1"
+    assert findings(changed, state)["packages.version:nvlsm"] == Severity.CRITICAL
+    missing = _without(copy.deepcopy(facts), "datacenter-gpu-manager-exporter")
+    assert findings(missing, state)["packages.version:datacenter-gpu-manager-exporter"] == (
+        Severity.CRITICAL
+    )
+    unheld = copy.deepcopy(facts)
+    unheld["packages"]["held"].remove("nvidia-imex")
+    unheld["packages"]["held"].remove("datacenter-gpu-manager-4-cuda13")
+    assert {key: value for key, value in findings(unheld, state).items() if "hold" in key} == {
+        "packages.hold:nvidia-imex": Severity.WARNING,
+        "packages.hold:datacenter-gpu-manager-4-cuda13": Severity.WARNING,
+    }
+    # The exporter has no pin in this data: any installed version is fine, once held.
+    other = copy.deepcopy(facts)
+    other["packages"]["packages"]["datacenter-gpu-manager-exporter"] = "4.9.0-1"
+    assert "packages.version:datacenter-gpu-manager-exporter" not in findings(other, state)

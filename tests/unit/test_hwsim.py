@@ -352,6 +352,26 @@ def test_reboot_forgets_the_settings_the_driver_does_not_keep(
     assert node.query(fields) == [["Disabled", "300.00 W", "1710 MHz"]]
 
 
+def test_reboot_loads_the_installed_driver_and_reports_its_cuda_version(
+    lab_node: Callable[..., LabNode],
+) -> None:
+    # What the stand-in kernel module package records (lab.standin.catalogue): a change from
+    # the profile's 590 driver (CUDA 13.1) down to 580 takes effect at the reboot only.
+    node = lab_node("hgx-h100")
+    record = node.state_file.parent
+    (record / "installed-driver-version").write_text("580.105.08\n")
+    (record / "installed-driver-cuda-version").write_text("13.0\n")
+    root = ElementTree.fromstring(node.ok("nvidia-smi", "-q", "-x"))
+    assert (root.findtext("driver_version"), root.findtext("cuda_version")) == ("590.48.01", "13.1")
+    node.ok("gpunode-lab-hw", "reboot")
+    root = ElementTree.fromstring(node.ok("nvidia-smi", "-q", "-x"))
+    assert (root.findtext("driver_version"), root.findtext("cuda_version")) == (
+        "580.105.08",
+        "13.0",
+    )
+    assert "CUDA Version: 13.0" in node.ok("nvidia-smi")
+
+
 # --- faults -----------------------------------------------------------------------------------
 
 

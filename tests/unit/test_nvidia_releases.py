@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import datetime
+import re
+from pathlib import Path
 
 import pytest
 
@@ -138,3 +140,35 @@ def test_the_fleet_keeps_each_hosts_notes_and_they_render_safely() -> None:
     assert fleet.notes["new-1"] == []
     [note] = fleet.notes["old-1"]
     assert note.startswith("inv.py: old-1: note: nvidia_driver.branch = '570': driver branch 570")
+
+
+FIXTURES = Path(__file__).parent.parent / "fixtures"
+
+
+def _reported_pairs() -> list[tuple[str, str, str]]:
+    """(driver, CUDA version, file) as real nvidia-smi output reports them: the XML captures'
+    <driver_version>/<cuda_version> and the text captures' "Driver Version: ... CUDA
+    Version: ..." header (tests/fixtures/PROVENANCE.md)."""
+    pairs = []
+    for path in sorted((FIXTURES / "nvidia-smi-xml").glob("*.xml")):
+        text = path.read_text(errors="replace")
+        driver = re.search(r"<driver_version>([^<]+)</driver_version>", text)
+        cuda = re.search(r"<cuda_version>([^<]+)</cuda_version>", text)
+        if driver and cuda:
+            pairs.append((driver[1], cuda[1], path.name))
+    for path in sorted((FIXTURES / "nvidia-smi-capture").glob("*.txt")):
+        header = re.search(r"Driver Version: ([0-9.]+) +CUDA Version: ([0-9.]+)", path.read_text())
+        if header:
+            pairs.append((header[1], header[2], path.name))
+    return pairs
+
+
+def test_the_cuda_version_a_driver_reports_matches_every_real_capture() -> None:
+    # The table starts at CUDA 12.0: drivers older than its 525.60.13 report 11.x or less.
+    pairs = [
+        pair for pair in _reported_pairs() if nv.version_key(pair[0]) >= nv.version_key("525.60.13")
+    ]
+    assert len(pairs) >= 5, pairs
+    for driver, cuda, name in pairs:
+        assert nv.driver_cuda_version(driver) == cuda, name
+    assert nv.driver_cuda_version("418.43") is None
