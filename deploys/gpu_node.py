@@ -28,9 +28,8 @@ from roles.nccl import nccl
 from roles.nvidia_driver import nvidia_driver
 from roles.nvidia_repos import nvidia_repositories
 from roles.nvme_cache import nvme_cache
-from roles.tls import open_ca_early
 
-with converging(early=open_ca_early) as desired:
+with converging() as desired:
     base_system(desired=desired)
     node_hardening(desired)
     nvidia_repositories(desired=desired)

@@ -14,7 +14,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gpunode.converge import converging
 from roles.hardening import node_hardening
-from roles.tls import open_ca_early
 
-with converging(early=open_ca_early) as desired:
+with converging() as desired:
     node_hardening(desired)

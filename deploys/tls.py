@@ -15,7 +15,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gpunode.converge import converging
-from roles.tls import open_ca_early, tls_certificate
+from roles.tls import tls_certificate
 
-with converging(early=open_ca_early) as desired:
+with converging() as desired:
     tls_certificate(desired=desired)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, cast
 
@@ -75,9 +75,7 @@ def this_node() -> tuple[Distribution, Architecture]:
 
 
 @contextmanager
-def converging(
-    early: Callable[[DesiredState], None] | None = None,
-) -> Iterator[DesiredState]:
+def converging() -> Iterator[DesiredState]:
     """This node's validated desired state, for the roles of a deploy.
 
     Facts are cached for the run, the whole inventory is validated (one bad host stops every
@@ -85,15 +83,12 @@ def converging(
     refused, before anything is read beyond its release or changed on it), the node's run
     lock is taken before any role reads or changes it, and a node a role refuses fails alone,
     before anything changes on it. The desired state handed to the roles is this node's: the
-    repository URLs name its release and architecture. ``early`` is called with the desired
-    state before the node is first read (work a role will wait for, started sooner).
+    repository URLs name its release and architecture.
     """
     factcache.install()
     pyinfra_patches.replace_operation_order()
     pyinfra_patches.remember_global_arguments()
     desired = desired_state()
-    if early is not None:
-        early(desired)
     # Before the first read of the node: the fact cache reads everything the run needs in
     # that one command (its GPUs too), and a node that stops answering must fail, not hang.
     detect_dead_peer(host)

@@ -34,7 +34,8 @@ import os
 import re
 import secrets
 import stat
-from collections.abc import Mapping
+import sys
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -95,15 +96,45 @@ class CsrRefused(PkiError):
 
 @dataclass(frozen=True)
 class CertificateAuthority:
-    """The loaded CA: its certificate and (in memory only) its private key."""
+    """The loaded CA: its certificate, and its private key, decrypted (in memory only) the
+    first time something is signed with it (``private_key``, ``unlock``).
+
+    The key's bcrypt KDF costs about a second of CPU by design; a run where every node
+    certificate is valid needs only the CA certificate and so never pays it, and the key
+    exists in this process's memory only on runs that sign."""
 
     directory: Path
     certificate: x509.Certificate
-    private_key: ec.EllipticCurvePrivateKey = field(repr=False)
+    # Decrypts the key (raising CaError: wrong passphrase, not the certificate's key).
+    key_source: Callable[[], ec.EllipticCurvePrivateKey] = field(repr=False, compare=False)
+    _unlocked: list[ec.EllipticCurvePrivateKey] = field(
+        default_factory=list, repr=False, compare=False
+    )
 
     @property
     def certificate_pem(self) -> str:
         return self.certificate.public_bytes(serialization.Encoding.PEM).decode()
+
+    @property
+    def private_key(self) -> ec.EllipticCurvePrivateKey:
+        if not self._unlocked:
+            self._unlocked.append(_off_the_event_loop(self.key_source))
+        return self._unlocked[0]
+
+    def unlock(self) -> None:
+        """Decrypt the key now (CaError if the passphrase is wrong): for a caller that must
+        know before it changes anything that it will be able to sign."""
+        _ = self.private_key
+
+
+def _off_the_event_loop(work: Callable[[], Any]) -> Any:
+    """Run ``work`` in gevent's thread pool where pyinfra's event loop runs (the KDF releases
+    the GIL: only the greenlet that needs the key waits, every other host's goes on), else
+    here."""
+    gevent = sys.modules.get("gevent")
+    if gevent is None:
+        return work()
+    return gevent.get_hub().threadpool.apply(work)
 
 
 def ca_directory(env: Mapping[str, str] = os.environ, configured: str | None = None) -> Path:
@@ -234,6 +265,28 @@ def _load_ca(directory: Path, passphrase: bytes | None, reencrypt: bool) -> Cert
             f"`{HOW_TO_CHANGE_PASSPHRASE.format(rounds=CA_KEY_KDF_ROUNDS, key_path=key_path)}` "
             "and set the new one; nothing was changed"
         )
+    try:
+        certificate = x509.load_pem_x509_certificate(cert_path.read_bytes())
+    except ValueError:
+        raise CaError(f"{cert_path} is not a PEM certificate") from None
+
+    secret: bytes = passphrase
+
+    def decrypted_key() -> ec.EllipticCurvePrivateKey:
+        return _decrypt_ca_key(key_path, cert_path, certificate, secret, reencrypt)
+
+    return CertificateAuthority(directory, certificate, decrypted_key)
+
+
+def _decrypt_ca_key(
+    key_path: Path,
+    cert_path: Path,
+    certificate: x509.Certificate,
+    passphrase: bytes,
+    reencrypt: bool,
+) -> ec.EllipticCurvePrivateKey:
+    """The CA key, decrypted and checked against the CA certificate; a key encrypted the old
+    way is re-encrypted on the way (``reencrypt``: not in a dry run)."""
     key_pem = key_path.read_bytes()
     try:
         if key_pem.startswith(OPENSSH_KEY_HEADER):
@@ -247,10 +300,6 @@ def _load_ca(directory: Path, passphrase: bytes | None, reencrypt: bool) -> Cert
             f"wrong passphrase for the CA key {key_path} (from {_passphrase_source()}); "
             "nothing was changed"
         ) from None
-    try:
-        certificate = x509.load_pem_x509_certificate(cert_path.read_bytes())
-    except ValueError:
-        raise CaError(f"{cert_path} is not a PEM certificate") from None
     if not isinstance(private_key, ec.EllipticCurvePrivateKey) or _public_der(
         private_key.public_key()
     ) != _public_der(certificate.public_key()):
@@ -263,7 +312,7 @@ def _load_ca(directory: Path, passphrase: bytes | None, reencrypt: bool) -> Cert
             f"re-encrypted the CA key {key_path} with bcrypt-pbkdf ({CA_KEY_KDF_ROUNDS} rounds); "
             "backups of the old file still have the old, weaker encryption"
         )
-    return CertificateAuthority(directory, certificate, private_key)
+    return private_key
 
 
 def _create_ca(directory: Path, passphrase: bytes) -> CertificateAuthority:
@@ -309,7 +358,7 @@ def _create_ca(directory: Path, passphrase: bytes) -> CertificateAuthority:
     _write_new(
         directory / CA_CERT_NAME, certificate.public_bytes(serialization.Encoding.PEM), 0o644
     )
-    return CertificateAuthority(directory, certificate, private_key)
+    return CertificateAuthority(directory, certificate, lambda: private_key)
 
 
 def _key_usage(**granted: bool) -> x509.KeyUsage:
@@ -358,44 +407,16 @@ def _replace_private(path: Path, content: bytes) -> None:
 
 
 _opened: dict[Path, CertificateAuthority] = {}
-# directory -> (passphrase, create, the pending open_ca in a thread): see open_early.
-_opening: dict[Path, tuple[bytes, bool, Any]] = {}
-
-
-def open_early(tls: Tls, create: bool = True, env: Mapping[str, str] = os.environ) -> None:
-    """Start loading the existing CA that ``tls`` names in a thread of gevent's pool, for
-    ``certificate_authority`` to wait for: the key's bcrypt KDF (about a second of CPU, which
-    releases the GIL) then runs beside the deploy's SSH reads and preparation instead of
-    stopping every host's greenlet for that second. The same ``open_ca``, with the same
-    errors, raised where they always were; a CA that does not exist yet is made there too."""
-    directory = ca_directory(env, tls.ca_directory)
-    if directory in _opened or directory in _opening:
-        return
-    try:
-        passphrase = ca_passphrase(env, tls.ca_passphrase_file)
-    except CaError:
-        return  # certificate_authority raises it
-    if passphrase is None or not (directory / CA_KEY_NAME).exists():
-        return
-    import gevent
-
-    job = gevent.get_hub().threadpool.spawn(open_ca, directory, passphrase, create)
-    _opening[directory] = (passphrase, create, job)
 
 
 def certificate_authority(
     tls: Tls, create: bool = True, env: Mapping[str, str] = os.environ
 ) -> CertificateAuthority | None:
-    """The CA that ``tls`` and the environment name, loaded once per process (``open_ca``;
-    started by ``open_early`` where a deploy did)."""
+    """The CA that ``tls`` and the environment name, loaded once per process (``open_ca``:
+    its key is decrypted when first used)."""
     directory = ca_directory(env, tls.ca_directory)
     if directory not in _opened:
-        passphrase = ca_passphrase(env, tls.ca_passphrase_file)
-        pending = _opening.pop(directory, None)
-        if pending is not None and pending[:2] == (passphrase, create):
-            authority = pending[2].get()  # open_ca's result, or its CaError raised here
-        else:
-            authority = open_ca(directory, passphrase, create=create)
+        authority = open_ca(directory, ca_passphrase(env, tls.ca_passphrase_file), create=create)
         if authority is None:
             return None
         _opened[directory] = authority

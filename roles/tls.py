@@ -36,7 +36,6 @@ from gpunode.pki import (
     PkiError,
     WantedCertificate,
     certificate_authority,
-    open_early,
     reissue_reason,
     sign_csr,
     wanted_certificate,
@@ -169,6 +168,10 @@ def node_certificate(
             f"({report['days_to_expiry']} days)"
         )
         return
+    if authority is not None:
+        # Now, while the run is still being prepared: a wrong passphrase stops it before
+        # any host is changed. Only here, so a run with nothing to sign never decrypts it.
+        authority.unlock()
     expected_public_key: str | None = report["public_key_pem"]
     if report["key"] in ("absent", "unreadable"):
         yield key_generation_command()
@@ -233,13 +236,6 @@ def _dry_run() -> bool:
     return bool(context.params.get("dry"))
 
 
-def open_ca_early(desired: DesiredState) -> None:
-    """Start loading the CA for ``tls_certificate`` (pki.open_early), where TLS is enabled:
-    for deploys that run it, as soon as the desired state is known."""
-    if desired.tls.enabled:
-        open_early(desired.tls, create=not _dry_run())
-
-
 @deploy("TLS")
 def tls_certificate(desired: DesiredState) -> None:
     tls = desired.tls
@@ -247,8 +243,9 @@ def tls_certificate(desired: DesiredState) -> None:
         host.noop("tls.enabled is false: no node certificate is managed")
         return
     wanted = wanted_certificate(host.name, tls)
-    # Loaded (or created, on a real run) before any host is touched: a missing or wrong
-    # passphrase stops the run with nothing changed.
+    # Loaded (or created, on a real run) before any host is touched: a missing or short
+    # passphrase or half a CA stops the run with nothing changed; a wrong passphrase does
+    # where a certificate is due (node_certificate decrypts the key while preparing).
     authority = certificate_authority(tls, create=not _dry_run())
     ca_pem = authority.certificate_pem if authority else PLANNED_CA_PEM
 

@@ -148,10 +148,10 @@ def test_a_key_encrypted_the_old_way_still_loads_and_is_re_encrypted(
     key_path.write_bytes(old_format_key(authority.private_key, PASSPHRASE))
     assert key_path.read_bytes().startswith(b"-----BEGIN ENCRYPTED PRIVATE KEY-----")
     with pytest.raises(CaError, match="wrong passphrase"):
-        pki.open_ca(ca_dir, b"not the passphrase")
+        unlocked(pki.open_ca(ca_dir, b"not the passphrase"))
     assert key_path.read_bytes().startswith(b"-----BEGIN ENCRYPTED PRIVATE KEY-----")
 
-    assert pki.open_ca(ca_dir, PASSPHRASE, create=False) is not None  # a dry run
+    assert unlocked(pki.open_ca(ca_dir, PASSPHRASE, create=False)) is not None  # a dry run
     assert key_path.read_bytes().startswith(b"-----BEGIN ENCRYPTED PRIVATE KEY-----")
 
     loaded = pki.open_ca(ca_dir, PASSPHRASE)
@@ -161,7 +161,7 @@ def test_a_key_encrypted_the_old_way_still_loads_and_is_re_encrypted(
     assert pki.openssh_key_encryption(migrated) == ("aes256-ctr", "bcrypt", TEST_KDF_ROUNDS)
     assert mode_of(key_path) == 0o600
     assert sorted(path.name for path in ca_dir.iterdir()) == ["ca.crt", "ca.key"]
-    assert pki.open_ca(ca_dir, PASSPHRASE) is not None
+    assert unlocked(pki.open_ca(ca_dir, PASSPHRASE)) is not None
     assert key_path.read_bytes() == migrated, "re-encrypted once, then left alone"
 
 
@@ -209,13 +209,44 @@ def test_existing_ca_is_reused_unchanged(ca_dir: Path, authority: CertificateAut
     assert snapshot(ca_dir) == before
 
 
+def unlocked(authority: CertificateAuthority | None) -> CertificateAuthority | None:
+    """``authority`` with its key decrypted (what signing does first)."""
+    if authority is not None:
+        authority.unlock()
+    return authority
+
+
 def test_wrong_passphrase_is_refused_and_nothing_changes(
     ca_dir: Path, authority: CertificateAuthority
 ) -> None:
     before = snapshot(ca_dir)
+    opened = pki.open_ca(ca_dir, b"not the passphrase")
+    assert opened is not None and opened.certificate == authority.certificate
     with pytest.raises(CaError, match=r"wrong passphrase for the CA key .*nothing was changed"):
-        pki.open_ca(ca_dir, b"not the passphrase")
+        opened.unlock()
     assert snapshot(ca_dir) == before
+
+
+def test_the_key_is_decrypted_only_when_something_is_signed(
+    ca_dir: Path, authority: CertificateAuthority, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The bcrypt KDF is the CA's cost by design: a run with nothing to sign never pays it.
+    decrypted: list[bytes] = []
+    real = serialization.load_ssh_private_key
+
+    def counting(data: bytes, password: bytes | None, *args: Any, **kwargs: Any) -> Any:
+        decrypted.append(data)
+        return real(data, password, *args, **kwargs)
+
+    monkeypatch.setattr(serialization, "load_ssh_private_key", counting)
+    opened = pki.open_ca(ca_dir, PASSPHRASE)
+    assert opened is not None and opened.certificate_pem == authority.certificate_pem
+    assert decrypted == []
+    opened.unlock()
+    opened.unlock()
+    key = opened.private_key
+    assert len(decrypted) == 1
+    assert key.private_numbers() == authority.private_key.private_numbers()
 
 
 def test_no_passphrase_for_a_new_ca_says_how_to_set_one(ca_dir: Path) -> None:
@@ -314,30 +345,24 @@ def test_certificate_authority_opens_the_ca_the_inventory_names(tmp_path: Path) 
     assert sorted(path.name for path in (tmp_path / "ca").iterdir()) == ["ca.crt", "ca.key"]
 
 
-def test_a_ca_opened_early_is_the_one_certificate_authority_gives_with_its_errors(
+def test_certificate_authority_opens_each_ca_once_and_decrypts_its_key_on_use(
     tmp_path: Path, authority: CertificateAuthority, ca_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(pki, "_opened", {})
-    monkeypatch.setattr(pki, "_opening", {})
     tls = Tls(enabled=True, ca_directory=str(ca_dir))
     right = {"GPUNODE_CA_PASSPHRASE": PASSPHRASE.decode()}
-    pki.open_early(tls, env=right)
-    assert ca_dir in pki._opening  # the key's KDF runs in a thread from here
     opened = pki.certificate_authority(tls, env=right)
-    assert opened is not None and not pki._opening
+    assert opened is not None and pki.certificate_authority(tls, env=right) is opened
     assert opened.private_key.private_numbers() == authority.private_key.private_numbers()
-    # A wrong passphrase: nothing raised early, the same CaError where it always was.
+    # A wrong passphrase: the CA certificate is usable; the same CaError where it signs.
     monkeypatch.setattr(pki, "_opened", {})
     wrong = {"GPUNODE_CA_PASSPHRASE": "not the passphrase at all"}
     before = snapshot(ca_dir)
-    pki.open_early(tls, env=wrong)
+    refused = pki.certificate_authority(tls, env=wrong)
+    assert refused is not None and refused.certificate == authority.certificate
     with pytest.raises(CaError, match=r"wrong passphrase for the CA key .*nothing was changed"):
-        pki.certificate_authority(tls, env=wrong)
+        refused.unlock()
     assert snapshot(ca_dir) == before
-    # No CA yet: it is made where it always was, never early.
-    fresh = Tls(enabled=True, ca_directory=str(tmp_path / "new-ca"))
-    pki.open_early(fresh, env=right)
-    assert not pki._opening and not (tmp_path / "new-ca").exists()
 
 
 # --- names --------------------------------------------------------------------------------

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import datetime
 import ipaddress
+import shutil
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -20,7 +22,7 @@ from facts.tls import NodeCertificate, parse_node_certificate
 from gpunode import framing, pki
 from gpunode.framing import PREFIX
 from gpunode.model import Tls
-from gpunode.pki import CertificateAuthority, WantedCertificate
+from gpunode.pki import CaError, CertificateAuthority, WantedCertificate
 from roles.tls import (
     TRUST_LINK,
     TRUST_PATH,
@@ -198,6 +200,30 @@ def test_certificate_for_other_names_is_reissued_for_the_existing_key(
     assert len(commands) == 1 and isinstance(commands[0], FunctionCommand)
     assert commands[0].kwargs["expected_public_key_pem"] == public_pem(key)
     assert commands[0].kwargs["reason"].startswith("names differ")
+
+
+def test_the_ca_key_is_decrypted_while_preparing_and_only_where_a_certificate_is_due(
+    authority: CertificateAuthority, tmp_path: Path
+) -> None:
+    # The same CA on disk, opened with a wrong passphrase: its certificate checks a valid
+    # node certificate (nothing to sign, nothing decrypted, no error); where one is due the
+    # wrong passphrase stops the operation before it yields anything to run.
+    copy = tmp_path / "ca"
+    shutil.copytree(authority.directory, copy)
+    wrong = pki.open_ca(copy, b"not the unit test passphrase", create=False)
+    assert wrong is not None
+    key = ec.generate_private_key(ec.SECP256R1())
+    certificate = pki.issue_certificate(authority, key.public_key(), WANTED, now=NOW)
+    valid = parse_node_certificate(fact_lines(certificate, public_pem(key)), now=NOW)
+    commands, noops = operation_output(
+        node_certificate, {NodeCertificate: valid}, wanted=WANTED, authority=wrong, now=NOW
+    )
+    assert commands == [] and len(noops) == 1
+    missing = parse_node_certificate(fact_lines(None, None), now=NOW)
+    with pytest.raises(CaError, match="wrong passphrase for the CA key"):
+        operation_output(
+            node_certificate, {NodeCertificate: missing}, wanted=WANTED, authority=wrong, now=NOW
+        )
 
 
 def test_unreadable_key_is_made_anew(authority: CertificateAuthority) -> None:
