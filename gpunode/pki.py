@@ -128,12 +128,14 @@ class CertificateAuthority:
 
 
 def _off_the_event_loop(work: Callable[[], Any]) -> Any:
-    """Run ``work`` in gevent's thread pool where pyinfra's event loop runs (the KDF releases
-    the GIL: only the greenlet that needs the key waits, every other host's goes on), else
-    here."""
-    gevent = sys.modules.get("gevent")
-    if gevent is None:
+    """Run ``work`` in gevent's thread pool from a greenlet of pyinfra's event loop (the KDF
+    releases the GIL: only the host that needs the key waits, every other host's greenlet
+    goes on), else here: outside any greenlet there is no loop to keep going."""
+    greenlet = sys.modules.get("greenlet")
+    if greenlet is None or greenlet.getcurrent().parent is None:
         return work()
+    import gevent
+
     return gevent.get_hub().threadpool.apply(work)
 
 
