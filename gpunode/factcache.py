@@ -219,6 +219,13 @@ PYINFRA_FACTS: dict[str, dict[str, Check]] = {
     "pyinfra.facts.server:Groups": {},
     "pyinfra.facts.server:Os": {},
     "pyinfra.facts.server:TmpDir": {},
+    # The node's clock, read with the batch at the start of the run (apt's list age).
+    "pyinfra.facts.server:Date": {},
+    # ``~user`` goes into the command unquoted: the account name must be one.
+    "pyinfra.facts.server:AuthorizedKeys": {
+        "user": lambda value: bool(isinstance(value, str) and _ACCOUNT.fullmatch(value)),
+        "path": _optional(_is_text),
+    },
     "pyinfra.facts.systemd:SystemdStatus": _SYSTEMD,
     "pyinfra.facts.systemd:SystemdEnabled": _SYSTEMD,
     "pyinfra.facts.deb:DebPackages": {},

@@ -38,15 +38,14 @@ DIVERTED_PATHS = ("/usr/bin/nvidia-smi", "/usr/sbin/ibstat", "/usr/sbin/nvme")
 
 NODE_LIBRARY = "/usr/local/lib/gpunode-lab"
 NODE_PACKAGE = "gpunode_lab_hw"
-NODE_MODULES = ("hwstate", "nvidia_smi", "ibstat", "nvme", "hwctl", "modinfo")
+NODE_MODULES = ("hwstate", "nvidia_smi", "ibstat", "nvme", "hwctl")
 COMMANDS = {
     "/usr/bin/nvidia-smi": "nvidia_smi",
     "/usr/sbin/ibstat": "ibstat",
     "/usr/sbin/nvme": "nvme",
     "/usr/local/sbin/gpunode-lab-hw": "hwctl",
-    # Ahead of the real one in PATH: answers for the stand-in NVIDIA module only.
-    "/usr/local/sbin/modinfo": "modinfo",
 }
+MODINFO_PATH = "/usr/local/sbin/modinfo"
 # The query doubles whose answers are replayed for the same state (hwstate, "replayed answers").
 REPLAYED = ("nvidia_smi", "ibstat", "nvme")
 FIXTURES = Path(__file__).resolve().parents[2] / "tests" / "fixtures"
@@ -74,6 +73,8 @@ def node_files(profile: str, hostname: str) -> dict[str, tuple[bytes, int]]:
     code = code_digest()
     for command, module in COMMANDS.items():
         files[command] = (_wrapper(command, module, code), 0o755)
+    # Ahead of the real one in PATH: answers for the stand-in NVIDIA module only, in shell.
+    files[MODINFO_PATH] = (modinfo.script().encode(), 0o755)
     for template in TEMPLATES:
         files[f"{hwstate.DEFAULT_SHARE_DIR}/{Path(template).name}"] = (
             (FIXTURES / template).read_bytes(),
@@ -129,17 +130,6 @@ def _wrapper(command: str, module: str, code: str) -> bytes:
         f'/usr/bin/python3 -S -P -m {NODE_PACKAGE}.{module} "$@"\n'
     )
     dispatch = ""
-    if module == "modinfo":
-        # Only calls about the NVIDIA module are the double's (modinfo.answer); any other
-        # goes straight to the real modinfo, without a Python start-up that costs more than
-        # modinfo itself. Without a real one, the double says the module is not found.
-        reals = " ".join(modinfo.REAL_MODINFO)
-        dispatch = (
-            f'case "$#:$1:$3" in\n'
-            f"  1:{modinfo.MODULE}:|3:-F:{modinfo.MODULE}) ;;\n"
-            f'  *) for real in {reals}; do [ -x "$real" ] && exec "$real" "$@"; done ;;\n'
-            "esac\n"
-        )
     if module in REPLAYED:
         dispatch = _replay(module, code)
     return (

@@ -74,6 +74,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import shlex
 import tomllib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
@@ -81,6 +82,8 @@ from pathlib import Path
 from typing import Any
 
 from gpunode.nvidia_releases import driver_cuda_version
+
+from . import nvidia_ctk
 
 CUDA_REPO = "cuda"
 LIBNVIDIA_CONTAINER_REPO = "libnvidia-container"
@@ -520,6 +523,26 @@ def _container_tools_contents(context: dict[str, str]) -> Contents:
     return [PackageFile("/usr/bin/nvidia-container-cli", script, 0o755)], {}
 
 
+# The stand-in's Python, beside /usr/bin/nvidia-ctk (found from it, so that an unpacked
+# package runs too).
+NVIDIA_CTK_STANDIN = "/usr/lib/gpunode-lab-standin/nvidia_ctk.py"
+
+
+def _nvidia_ctk_wrapper(upstream: str) -> str:
+    """/usr/bin/nvidia-ctk: the real one is a Go program that answers ``--version`` at once,
+    and the drift check and every no-op deploy ask it; so this answers that itself, without
+    a Python start-up, and runs the stand-in for everything else."""
+    lines = nvidia_ctk.version_text(upstream).splitlines()
+    printed = " ".join(shlex.quote(line) for line in lines)
+    return f"""#!/bin/sh
+# gpunode lab stand-in for nvidia-ctk {upstream}.
+case "$*" in
+    --version|-v) printf '%s\\n' {printed}; exit 0 ;;
+esac
+exec /usr/bin/python3 -I "${{0%/*}}/../lib/gpunode-lab-standin/nvidia_ctk.py" "$@"
+"""
+
+
 def cdi_refresh_shipped(upstream: str) -> bool:
     """Whether this Container Toolkit release's -base package ships the nvidia-cdi-refresh units."""
     return _version_key(upstream) >= _version_key(CDI_REFRESH_FROM)
@@ -528,7 +551,8 @@ def cdi_refresh_shipped(upstream: str) -> bool:
 def _toolkit_base_contents(context: dict[str, str]) -> Contents:
     upstream = context["upstream"]
     files = [
-        PackageFile("/usr/bin/nvidia-ctk", _python_standin("nvidia_ctk.py", upstream), 0o755),
+        PackageFile("/usr/bin/nvidia-ctk", _nvidia_ctk_wrapper(upstream), 0o755),
+        PackageFile(NVIDIA_CTK_STANDIN, _python_standin("nvidia_ctk.py", upstream), 0o644),
         PackageFile(
             "/usr/bin/nvidia-container-runtime", _container_runtime_script(upstream), 0o755
         ),

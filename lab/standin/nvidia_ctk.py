@@ -251,9 +251,11 @@ def main(argv: Sequence[str]) -> int:
     return 0
 
 
-def version_text() -> str:
-    commit = hashlib.sha1(f"nvidia-container-toolkit {STANDIN_VERSION}".encode()).hexdigest()
-    return f"NVIDIA Container Toolkit CLI version {STANDIN_VERSION}\ncommit: {commit}\n"
+def version_text(version: str | None = None) -> str:
+    """What ``nvidia-ctk --version`` prints for ``version`` (None: this stand-in's)."""
+    version = version or STANDIN_VERSION
+    commit = hashlib.sha1(f"nvidia-container-toolkit {version}".encode()).hexdigest()
+    return f"NVIDIA Container Toolkit CLI version {version}\ncommit: {commit}\n"
 
 
 # --- runtime configure ---------------------------------------------------------------------------

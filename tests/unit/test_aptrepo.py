@@ -360,6 +360,9 @@ def test_the_packaged_nvidia_ctk_reports_its_release(built: Built, tmp_path: Pat
     result = _run(tmp_path / "usr/bin/nvidia-ctk", "--version")
     upstream = version.removesuffix("-1")
     assert result.stdout.startswith(f"NVIDIA Container Toolkit CLI version {upstream}\ncommit: ")
+    # The wrapper answers --version itself; the stand-in behind it says the same.
+    behind = _run(tmp_path / "usr/bin/nvidia-ctk", "--quiet", "--version")
+    assert behind.returncode == 0 and behind.stdout == result.stdout
 
 
 # --- signatures and keys -------------------------------------------------------------------

@@ -268,6 +268,11 @@ def test_a_planted_plan_cannot_run_commands_on_the_node(plan_dir: Path) -> None:
             "kwargs": {"packages": ["nvidia-driver; touch /tmp/PWNED-package"]},
             "connector": CONNECTOR,
         },
+        {  # ~user goes into pyinfra's command unquoted
+            "fact": "pyinfra.facts.server:AuthorizedKeys",
+            "kwargs": {"user": "root$(touch /tmp/PWNED-user)", "path": None},
+            "connector": CONNECTOR,
+        },
         {"fact": "os:system", "kwargs": {}, "connector": CONNECTOR},
         {"fact": "facts.not_loaded:Anything", "kwargs": {}, "connector": CONNECTOR},
         {  # an argument the fact does not take
@@ -349,6 +354,25 @@ def test_a_plan_others_can_write_or_that_is_not_ours_is_ignored(
     plan_dir.chmod(0o700)
     monkeypatch.setattr(os, "geteuid", lambda: os.getuid() + 1)
     assert factcache._load_plan("node-1") == []
+
+
+def test_the_clock_and_an_accounts_keys_are_read_with_the_batch(plan_dir: Path) -> None:
+    # Two facts every harden run reads: planned, they cost no round trip of their own.
+    plant_plan(
+        [
+            {"fact": "pyinfra.facts.server:Date", "kwargs": {}, "connector": CONNECTOR},
+            {
+                "fact": "pyinfra.facts.server:AuthorizedKeys",
+                "kwargs": {"user": "gpuadmin", "path": None},
+                "connector": CONNECTOR,
+            },
+        ]
+    )
+    loaded = factcache._load_plan("node-1")
+    assert [(cls.__name__, kwargs) for cls, kwargs, _ in loaded] == [
+        ("Date", {}),
+        ("AuthorizedKeys", {"user": "gpuadmin", "path": None}),
+    ]
 
 
 def test_only_allow_listed_fact_classes_are_named() -> None:

@@ -22,6 +22,7 @@ from facts.gpu import GpuDevices
 from lab.hwsim import (
     COMMANDS,
     DIVERTED_PATHS,
+    MODINFO_PATH,
     NODE_LIBRARY,
     PROFILES,
     initial_state,
@@ -56,7 +57,9 @@ class LabNode:
             target.write_bytes(content)
             target.chmod(mode)
         self.state_file = self.path(DEFAULT_STATE_PATH)
-        self.commands = {Path(command).name: self.path(command) for command in COMMANDS}
+        self.commands = {
+            Path(command).name: self.path(command) for command in (*COMMANDS, MODINFO_PATH)
+        }
 
     def path(self, node_path: str) -> Path:
         return self.root / node_path.lstrip("/")
@@ -123,6 +126,7 @@ def test_node_files_install_the_doubles_over_the_diverted_tools() -> None:
         assert mode == 0o755
         assert content.startswith(b"#!/bin/sh\n")
         assert f"/usr/local/lib/gpunode-lab/gpunode_lab_hw/{module}.py" in files
+    assert files[MODINFO_PATH][1] == 0o755 and files[MODINFO_PATH][0].startswith(b"#!/bin/sh\n")
     assert json.loads(files[DEFAULT_STATE_PATH][0]) == initial_state("a100", "lab-node-1")
     assert f"{DEFAULT_SHARE_DIR}/a10g.xml" in files
 
@@ -812,31 +816,44 @@ def test_modinfo_without_a_standin_driver_finds_no_nvidia_module(
     assert "nvidia" in missing.stderr and "not found" in missing.stderr
 
 
-def test_modinfo_wrapper_starts_python_only_for_the_nvidia_module(tmp_path: Path) -> None:
-    # The shipped wrapper, with its real modinfo and its python3 replaced by scripts that
-    # say they ran: any other module goes to the real modinfo, the NVIDIA one to the double.
+def test_modinfo_double_is_shell_and_hands_every_other_call_to_the_real_one(
+    tmp_path: Path,
+) -> None:
+    # The shipped double, with its real modinfo replaced by a script that says it ran and a
+    # python3 that fails: the real modinfo is a C program, and so the double starts no Python.
     from lab.hwsim import modinfo
 
     real, python = tmp_path / "real-modinfo", tmp_path / "python3"
     real.write_text('#!/bin/sh\necho "real $*"\n')
-    python.write_text('#!/bin/sh\necho "double $*"\n')
-    wrapper = tmp_path / "modinfo"
+    python.write_text('#!/bin/sh\necho "python started" >&2; exit 99\n')
+    double = tmp_path / "modinfo"
     content = node_files("a100", "lab-node-1")["/usr/local/sbin/modinfo"][0].decode()
-    content = content.replace(" ".join(modinfo.REAL_MODINFO), str(real))
-    wrapper.write_text(content.replace("/usr/bin/python3", str(python)))
-    for script in (real, python, wrapper):
+    assert "python" not in content
+    double.write_text(content.replace(" ".join(modinfo.REAL_MODINFO), str(real)))
+    for script in (real, python, double):
         script.chmod(0o755)
+    record = tmp_path / "state"
+    record.mkdir()
+    env = {"PATH": f"{tmp_path}:/usr/bin:/bin", STATE_ENV: str(record / "hardware.json")}
 
     def run(*args: str) -> str:
         return subprocess.run(
-            [wrapper, *args], capture_output=True, text=True, check=True
+            [double, *args], capture_output=True, text=True, check=True, env=env
         ).stdout.strip()
 
     assert run("-n", "ib_umad") == "real -n ib_umad"
     assert run("-F", "version", "ib_ipoib") == "real -F version ib_ipoib"
     assert run("-n", "nvidia") == "real -n nvidia", "a call the double does not answer"
-    assert run("-F", "version", "nvidia").endswith("gpunode_lab_hw.modinfo -F version nvidia")
-    assert run("nvidia").startswith("double ")
+    assert run("-F", "version", "nvidia") == "real -F version nvidia", "no stand-in driver"
+    (record / "installed-driver-version").write_text("580.105.08\n")
+    assert run("-F", "version", "nvidia") == "580.105.08"
+    assert run("-F", "license", "nvidia") == "Dual MIT/GPL"
+    (record / "installed-kernel-module-flavour").write_text("proprietary\n")
+    assert run("-F", "license", "nvidia") == "NVIDIA"
+    assert run("nvidia").splitlines()[1:3] == [
+        "version:         580.105.08",
+        "license:         NVIDIA",
+    ]
 
 
 # --- replayed answers (hwstate) -----------------------------------------------------------
