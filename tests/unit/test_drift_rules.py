@@ -137,7 +137,7 @@ def healthy_facts() -> dict[str, Any]:
             "live": "table inet gpunode {}",
             "file_loads": "table inet gpunode {}",
             "file_sha256": hashlib.sha256(
-                render_ruleset(wanted.firewall, wanted.sshd.port).encode()
+                render_ruleset(wanted.firewall, wanted.sshd.port, wanted.exporter_ports).encode()
             ).hexdigest(),
             "unit_enabled": True,
         },
@@ -416,3 +416,18 @@ def test_a_spec_left_by_a_newer_toolkit_beside_117s_is_a_second_spec() -> None:
     facts["container_runtime"]["nvidia_ctk_version"] = "1.17.8"
     facts["container_runtime"]["cdi_refresh_spec"] = {"present": True, "uuids": ["GPU-0"]}
     assert findings(facts) == {"runtime.cdi.second_spec": Severity.WARNING}
+
+
+def test_a_ruleset_without_the_exporters_ports_is_drift_once_an_exporter_runs() -> None:
+    """Enabling node_exporter changes the ruleset gpunode wants (its port opens to the
+    monitoring networks): the persisted one of before is drift."""
+    firewall = {"enabled": True, "monitoring_networks": ["10.10.50.0/24"]}
+    before = desired({**DATA, "firewall": firewall})
+    facts = healthy_facts()
+    facts["firewall"]["file_sha256"] = hashlib.sha256(
+        render_ruleset(before.firewall, before.sshd.port, before.exporter_ports).encode()
+    ).hexdigest()
+    assert findings(facts, before) == {}
+    with_exporter = desired({**DATA, "firewall": firewall, "node_exporter": {"enabled": True}})
+    assert with_exporter.exporter_ports == (9100,)
+    assert findings(facts, with_exporter) == {"firewall.ruleset": Severity.WARNING}
