@@ -96,6 +96,8 @@ class Scrape:
     status: int | None  # None: no HTTP answer
     body: str
     error: str
+    # The exporter's certificate serial number (hex, as ssl gives it); None without a handshake.
+    peer_serial: str | None = None
 
 
 def scrape(
@@ -118,6 +120,7 @@ def scrape(
             socket.create_connection((address, port), timeout=timeout) as raw,
             context.wrap_socket(raw, server_hostname=name) as connection,
         ):
+            peer_serial = (connection.getpeercert() or {}).get("serialNumber")
             connection.sendall(request)
             chunks = []
             while chunk := connection.recv(65536):
@@ -128,5 +131,5 @@ def scrape(
     status_line = head.split(b"\r\n", 1)[0].decode(errors="replace")
     parts = status_line.split()
     if len(parts) < 2 or not parts[1].isdigit():
-        return Scrape(None, "", f"no HTTP status line: {status_line[:120]!r}")
-    return Scrape(int(parts[1]), body.decode(errors="replace"), "")
+        return Scrape(None, "", f"no HTTP status line: {status_line[:120]!r}", peer_serial)
+    return Scrape(int(parts[1]), body.decode(errors="replace"), "", peer_serial)

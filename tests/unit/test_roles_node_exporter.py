@@ -105,6 +105,19 @@ class Served:
     ca: Path
     client: ClientCertificate
     directory: Path
+    authority: pki.CertificateAuthority
+    node_key: ec.EllipticCurvePrivateKey
+
+
+def install_node_certificate(served: Served) -> int:
+    """Issue the node a new certificate for its key, installed as roles/tls.py does (a
+    rename over node.crt); its serial number."""
+    wanted = pki.wanted_certificate("127.0.0.1", Tls(enabled=True))
+    certificate = pki.issue_certificate(served.authority, served.node_key.public_key(), wanted)
+    new = served.directory / "node.crt.new"
+    new.write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
+    new.replace(served.directory / "node.crt")
+    return certificate.serial_number
 
 
 def free_port() -> int:
@@ -163,7 +176,7 @@ def served(tmp_path: Path) -> Iterator[Served]:
             assert process.poll() is None, process.stderr.read().decode() if process.stderr else ""
             time.sleep(0.1)
         client = issue_client(authority, "scraper.example", tmp_path / "clients")
-        yield Served(port, tmp_path / "ca.crt", client, tmp_path)
+        yield Served(port, tmp_path / "ca.crt", client, tmp_path, authority, node_key)
     finally:
         process.terminate()
         process.wait(timeout=10)
@@ -193,3 +206,16 @@ def test_tls_12_is_refused(served: Served) -> None:
     answer = scrape("127.0.0.1", served.port, context)
     assert answer.status is None, answer
     assert "VERSION" in answer.error.upper(), answer.error
+
+
+def test_a_renewed_certificate_is_served_without_a_restart(served: Served) -> None:
+    """roles/tls.py renews with the same key: the running exporter serves the new
+    certificate from the next connection on, and no scrape fails (none restarts it)."""
+    context = client_context(served.ca, served.client)
+    before = scrape("127.0.0.1", served.port, context)
+    assert before.status == 200, before.error
+    serial = install_node_certificate(served)
+    after = scrape("127.0.0.1", served.port, context)
+    assert after.status == 200, after.error
+    assert after.peer_serial is not None and int(after.peer_serial, 16) == serial
+    assert before.peer_serial != after.peer_serial
