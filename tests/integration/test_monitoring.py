@@ -9,6 +9,7 @@ import re
 import shlex
 import ssl
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,7 +21,7 @@ from lab import Lab, LabNode
 from roles.node_exporter import GROUP, KEY_COPY_PATH
 from tests.mtls import ClientCertificate, client_context, foreign_client, issue_client, scrape
 
-from .conftest import lab_desired_state, run_pyinfra, ssh
+from .conftest import lab_desired_state, run_pyinfra, ssh, write_inventory
 
 pytestmark = pytest.mark.lab
 
@@ -186,3 +187,54 @@ def test_a_lost_key_copy_is_predicted_and_restored(
         node.address, desired.node_exporter.port, client_context(ca_file, scraper), node.name
     )
     assert answer.status == 200, answer.error
+
+
+@pytest.fixture
+def monitoring_network_only(
+    lab: Lab, converged: list[LabNode], desired: DesiredState, tmp_path: Path
+) -> Iterator[str]:
+    """The nodes' firewall without the lab's fabric network (which lets the nodes reach each
+    other on every port): the exporter's port open to the control side alone. Yields the
+    control side's address; the lab's own firewall is restored afterwards."""
+    control = ssh(lab, converged[0], "echo $SSH_CLIENT")
+    assert control.returncode == 0, control.stderr
+    address = control.stdout.split()[0]
+    data = {
+        "firewall": {
+            "enabled": True,
+            "admin_networks": [f"{address}/32"],
+            "monitoring_networks": [f"{address}/32"],
+        },
+        "tls": {
+            "enabled": True,
+            "ca_directory": desired.tls.ca_directory,
+            "ca_passphrase_file": desired.tls.ca_passphrase_file,
+        },
+        "node_exporter": {"enabled": True, "port": desired.node_exporter.port},
+    }
+    inventory = write_inventory(
+        tmp_path / "monitoring.py", lab, converged, {node.name: data for node in converged}
+    )
+    narrowed = run_pyinfra("deploys/firewall.py", inventory=inventory)
+    assert narrowed.returncode == 0, narrowed.output[-6000:]
+    yield address
+    restored = run_pyinfra("deploys/firewall.py")
+    assert restored.returncode == 0, restored.output[-6000:]
+
+
+def test_the_exporter_is_unreachable_from_outside_the_monitoring_networks(
+    lab: Lab,
+    converged: list[LabNode],
+    desired: DesiredState,
+    ca_file: Path,
+    scraper: ClientCertificate,
+    monitoring_network_only: str,
+) -> None:
+    target, outsider = converged[0], converged[1]
+    port = desired.node_exporter.port
+    # From the monitoring network (the control side): served.
+    answer = scrape(target.address, port, client_context(ca_file, scraper), target.name)
+    assert answer.status == 200, answer.error
+    # From the second node, outside it: dropped (the connect hangs until the timeout).
+    probe = ssh(lab, outsider, f"timeout 3 bash -c '</dev/tcp/{target.address}/{port}'")
+    assert probe.returncode == 124, (probe.returncode, probe.stderr)
