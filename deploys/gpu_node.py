@@ -25,6 +25,7 @@ from roles.hardening import node_hardening
 from roles.imex import imex
 from roles.infiniband import infiniband
 from roles.nccl import nccl
+from roles.node_exporter import node_exporter
 from roles.nvidia_driver import nvidia_driver
 from roles.nvidia_repos import nvidia_repositories
 from roles.nvme_cache import nvme_cache
@@ -44,3 +45,4 @@ with converging() as desired:
     nvme_cache(desired=desired)
     gpu_settings(desired=desired)
     gpu_metrics(desired=desired)
+    node_exporter(desired=desired)

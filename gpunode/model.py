@@ -465,7 +465,11 @@ class Firewall:
         (), "where metrics exporters may be scraped from", check=check_cidr, accepts=CIDR_ACCEPTS
     )
     metrics_ports: tuple[int, ...] = setting(
-        (9100, 9400), "exporter ports (node_exporter, dcgm-exporter)", min=1, max=65535
+        (),
+        "more TCP ports to open to monitoring_networks, beside those of the exporters gpunode "
+        "runs (node_exporter.port, DCGM's exporter on 9400), which are opened by themselves",
+        min=1,
+        max=65535,
     )
     fabric_networks: tuple[str, ...] = setting(
         (), "cluster fabric networks, allowed everything (NCCL, RoCE)", check=check_cidr,
@@ -1012,6 +1016,26 @@ class GpuMetrics:
     )
 
 
+# nvidia-dcgm-exporter's listen address (its default, ":9400"; roles/dcgm.py sets no other).
+DCGM_EXPORTER_PORT = 9400
+
+
+@dataclass(frozen=True)
+class NodeExporter:
+    """Debian's prometheus-node-exporter, serving only TLS 1.3 with the node certificate and
+    only to clients holding a certificate from gpunode's CA; it serves gpu_metrics' textfile."""
+
+    enabled: bool = setting(
+        False, "install prometheus-node-exporter and serve it over mutual TLS (needs tls.enabled)"
+    )
+    port: int = setting(
+        9100,
+        "TCP port it listens on; the firewall opens it to firewall.monitoring_networks only",
+        min=1,
+        max=65535,
+    )
+
+
 @dataclass(frozen=True)
 class ExpectedHardware:
     """What should be in the box; the drift check compares facts against it."""
@@ -1083,8 +1107,20 @@ class DesiredState:
     infiniband: Infiniband = setting(Infiniband(), "InfiniBand / RDMA")
     nvme_cache: NvmeCache = setting(NvmeCache(), "NVMe cache")
     gpu_metrics: GpuMetrics = setting(GpuMetrics(), "node-local GPU health metrics")
+    node_exporter: NodeExporter = setting(NodeExporter(), "node_exporter over mutual TLS")
     expected_hardware: ExpectedHardware = setting(ExpectedHardware(), "expected hardware")
     reboot: Reboot = setting(Reboot(), "how the node reboots")
+
+    @property
+    def exporter_ports(self) -> tuple[int, ...]:
+        """The ports of the metrics exporters gpunode runs here, which the firewall opens to
+        firewall.monitoring_networks (with firewall.metrics_ports)."""
+        ports = set()
+        if self.node_exporter.enabled:
+            ports.add(self.node_exporter.port)
+        if self.dcgm.enabled and self.dcgm.exporter:
+            ports.add(DCGM_EXPORTER_PORT)
+        return tuple(sorted(ports))
 
     @property
     def ip_forward(self) -> bool:
@@ -1154,6 +1190,7 @@ class DesiredState:
 
     def validate(self, builder: Builder, path: str) -> None:
         self._validate_imex(builder)
+        self._validate_node_exporter(builder)
         self._validate_admins(builder)
         self._validate_cuda_against_driver(builder)
         self._validate_kernel_module_flavour(builder)
@@ -1173,6 +1210,26 @@ class DesiredState:
                 f"expected_hardware.gpu_model {model!r} does not support MIG",
                 "mig only on " + ", ".join(MIG_CAPABLE_MODELS),
             )
+
+    def _validate_node_exporter(self, builder: Builder) -> None:
+        exporter = self.node_exporter
+        if not exporter.enabled:
+            return
+        if not self.tls.enabled:
+            builder.problem(
+                "node_exporter.enabled", True,
+                "node_exporter serves only over TLS with the node certificate, and tls.enabled "
+                "is false",
+                "tls.enabled: true, or node_exporter.enabled: false",
+            )  # fmt: skip
+        taken = {self.sshd.port: "sshd.port"}
+        if self.dcgm.enabled and self.dcgm.exporter:
+            taken[DCGM_EXPORTER_PORT] = "DCGM's exporter (dcgm.exporter)"
+        if exporter.port in taken:
+            builder.problem(
+                "node_exporter.port", exporter.port, f"taken by {taken[exporter.port]}",
+                "a port no other service of the node listens on (9100 by default)",
+            )  # fmt: skip
 
     def _validate_admins(self, builder: Builder) -> None:
         seen: set[str] = set()

@@ -86,7 +86,9 @@ WantedBy=sysinit.target
 # --- guard 1: preflight ----------------------------------------------------------------------
 
 
-def ssh_cut_reason(firewall: Firewall, ssh_port: int, client: dict | None) -> str | None:
+def ssh_cut_reason(
+    firewall: Firewall, ssh_port: int, client: dict | None, exporter_ports: tuple[int, ...] = ()
+) -> str | None:
     """Why the ruleset would cut the current SSH session's source off, or None if it would not.
 
     ``client`` is the SshClient fact; None (not an SSH connection) cannot be judged here.
@@ -97,7 +99,8 @@ def ssh_cut_reason(firewall: Firewall, ssh_port: int, client: dict | None) -> st
     port = client["server_port"]
     if address.is_loopback:
         return None
-    if any(rule.admits(address, port) for rule in allow_rules(firewall, ssh_port)):
+    rules = allow_rules(firewall, ssh_port, exporter_ports)
+    if any(rule.admits(address, port) for rule in rules):
         return None
     return (
         f"the control machine reaches this node from {address} to TCP port {port} ($SSH_CLIENT "
@@ -108,9 +111,11 @@ def ssh_cut_reason(firewall: Firewall, ssh_port: int, client: dict | None) -> st
     )
 
 
-def refuse_if_ssh_would_be_cut(firewall: Firewall, ssh_port: int) -> None:
+def refuse_if_ssh_would_be_cut(
+    firewall: Firewall, ssh_port: int, exporter_ports: tuple[int, ...] = ()
+) -> None:
     client = host.get_fact(SshClient, _sudo=False)
-    reason = ssh_cut_reason(firewall, ssh_port, client)
+    reason = ssh_cut_reason(firewall, ssh_port, client, exporter_ports)
     if reason:
         raise OperationError(f"{host.name}: firewall refused: {reason}")
 
@@ -195,6 +200,7 @@ def ruleset(
     ssh_port: int,
     rollback_after_s: int = DEFAULT_ROLLBACK_AFTER_S,
     check_ssh_source: bool = True,
+    exporter_ports: tuple[int, ...] = (),
 ):
     """Table inet gpunode is live as rendered from ``firewall``, and loaded at boot from
     /etc/gpunode/firewall.nft. Applied when the file differs or the live table has drifted
@@ -206,10 +212,12 @@ def ruleset(
       unless a new SSH login confirmed access first (guard 2)
     + check_ssh_source: whether a ruleset that would drop the current SSH session's source is
       refused before anything changes (guard 1, ``firewall.ssh_preflight``)
+    + exporter_ports: the ports of the exporters gpunode runs (``DesiredState.exporter_ports``),
+      opened to ``firewall.monitoring_networks`` only
     """
-    content = render_ruleset(firewall, ssh_port)
+    content = render_ruleset(firewall, ssh_port, exporter_ports)
     if check_ssh_source:
-        refuse_if_ssh_would_be_cut(firewall, ssh_port)
+        refuse_if_ssh_would_be_cut(firewall, ssh_port, exporter_ports)
     current = host.get_fact(FirewallState)
     if current["file_load_error"]:
         # Without a scratch namespace drift cannot be judged; applying again is the safe side.
@@ -298,9 +306,10 @@ def firewall(
     if check_ssh_source is None:
         check_ssh_source = wanted.ssh_preflight
     ssh_port = desired.sshd.port
+    exporter_ports = desired.exporter_ports
     # At prepare time, so a ruleset that would cut SSH stops the run before any change.
     if check_ssh_source:
-        refuse_if_ssh_would_be_cut(wanted, ssh_port)
+        refuse_if_ssh_would_be_cut(wanted, ssh_port, exporter_ports)
 
     nft_installed = host.get_fact(FirewallState)["nft"]
     apt.packages(
@@ -323,6 +332,7 @@ def firewall(
         ssh_port=ssh_port,
         rollback_after_s=rollback_after_s,
         check_ssh_source=check_ssh_source,
+        exporter_ports=exporter_ports,
     )
     systemd.service(
         name=f"{UNIT_NAME} enabled",

@@ -1,12 +1,14 @@
 """Node-local GPU health metrics: the probe writes a node_exporter textfile every few minutes.
 
 The same probe the drift check runs over SSH is installed on the node (with the pure-Python
-pynvml beside it, so the node needs no pip) and run by a systemd timer; Prometheus then sees
-XIDs, ECC, row remapping and throttling between nightly drift checks.
+pynvml beside it, so the node needs no pip, and its textfile renderer) and run by a systemd
+timer; Prometheus then sees XIDs, ECC, row remapping and throttling between nightly drift
+checks. The metric names are ``gpunode.probe.textfile``'s; monitoring/ alerts on them.
 """
 
 from __future__ import annotations
 
+import shlex
 from io import StringIO
 
 from pyinfra import host
@@ -14,6 +16,7 @@ from pyinfra.api import deploy
 from pyinfra.operations import files, systemd
 
 from facts.freshness import UnitsNeedDaemonReload
+from facts.tls import CERT_PATH
 from gpunode.model import DesiredState
 from gpunode.probe.parsers import PROBE_INSTALL_DIR, installed_probe_files
 
@@ -24,16 +27,57 @@ METRICS_FILE = "gpunode_gpu.prom"
 PROBE_FILE_NAMES = {
     "gpu_probe.py": "GPU probe",
     "gpu_record.py": "GPU record parser (the probe loads it from beside itself)",
+    "textfile.py": "GPU metrics renderer (the probe loads it from beside itself)",
     "pynvml.py": "pynvml (pure Python, shipped so the node needs no pip)",
 }
 
 
-def render_units(textfile_dir: str, interval_minutes: int) -> tuple[str, str]:
+def probe_arguments(
+    metrics_file: str,
+    expected_gpus: int | None = None,
+    expected_nvlinks: int | None = None,
+    certificates: tuple[str, ...] = (),
+    expected_persistence: bool | None = None,
+) -> str:
+    """The probe's options for writing ``metrics_file``, which comes last.
+
+    The expected counts (``expected_hardware``) and persistence mode (``gpu_settings``) are
+    written beside what is found, for the alert rules in monitoring/ to compare; each
+    certificate's notAfter is written for the expiry alert (node_exporter has no metric of
+    its own for it).
+    """
+    words: list[str] = []
+    if expected_gpus is not None:
+        words += ["--expected-gpus", str(expected_gpus)]
+    if expected_nvlinks is not None:
+        words += ["--expected-nvlinks", str(expected_nvlinks)]
+    if expected_persistence is not None:
+        words += ["--expected-persistence", "on" if expected_persistence else "off"]
+    for certificate in certificates:
+        words += ["--certificate", certificate]
+    words += ["--prometheus", metrics_file]
+    return " ".join(shlex.quote(word) for word in words)
+
+
+def render_units(
+    textfile_dir: str,
+    interval_minutes: int,
+    expected_gpus: int | None = None,
+    expected_nvlinks: int | None = None,
+    certificates: tuple[str, ...] = (),
+    expected_persistence: bool | None = None,
+) -> tuple[str, str]:
+    arguments = probe_arguments(
+        f"{textfile_dir}/{METRICS_FILE}",
+        expected_gpus,
+        expected_nvlinks,
+        certificates,
+        expected_persistence,
+    )
     service = (
         "[Unit]\nDescription=gpunode GPU health metrics for node_exporter\n\n"
         "[Service]\nType=oneshot\n"
-        f"ExecStart=/usr/bin/python3 -I {INSTALL_DIR}/gpu_probe.py "
-        f"--prometheus {textfile_dir}/{METRICS_FILE}\n"
+        f"ExecStart=/usr/bin/python3 -I {INSTALL_DIR}/gpu_probe.py {arguments}\n"
         "Nice=10\n"
     )
     timer = (
@@ -65,7 +109,16 @@ def gpu_metrics(desired: DesiredState) -> None:
             mode="644",
         )
     files.directory(name=f"Directory {wanted.textfile_dir}", path=wanted.textfile_dir, mode="755")
-    service, timer_text = render_units(wanted.textfile_dir, wanted.interval_minutes)
+    hardware = desired.expected_hardware
+    service, timer_text = render_units(
+        wanted.textfile_dir,
+        wanted.interval_minutes,
+        expected_gpus=hardware.gpu_count,
+        expected_nvlinks=hardware.nvlink_links_per_gpu,
+        # The node certificate the exporters serve (roles.tls), for the expiry alert.
+        certificates=(CERT_PATH,) if desired.tls.enabled else (),
+        expected_persistence=desired.gpu_settings.persistence_mode,
+    )
     service_op = files.put(
         name=f"{UNIT}.service", src=StringIO(service), dest=f"{unit_dir}/{UNIT}.service"
     )

@@ -306,7 +306,9 @@ def firewall_drift(desired: DesiredState, state: dict) -> list[tuple[str, Severi
         drift.append(
             ("rules", Severity.WARNING, f"live rules as {RULESET_PATH}", "changed by hand")
         )
-    rendered = hashlib.sha256(render_ruleset(wanted, desired.sshd.port).encode()).hexdigest()
+    rendered = hashlib.sha256(
+        render_ruleset(wanted, desired.sshd.port, desired.exporter_ports).encode()
+    ).hexdigest()
     if state.get("file_sha256") != rendered:
         drift.append(("ruleset", Severity.WARNING, "ruleset from inventory data", "different"))
     if not state.get("unit_enabled"):

@@ -39,7 +39,12 @@ class AllowRule:
         return any(address in ipaddress.ip_network(network) for network in self.networks)
 
 
-def allow_rules(firewall: Firewall, ssh_port: int) -> list[AllowRule]:
+def allow_rules(
+    firewall: Firewall, ssh_port: int, exporter_ports: tuple[int, ...] = ()
+) -> list[AllowRule]:
+    """The ruleset's allow-rules; ``exporter_ports`` (``DesiredState.exporter_ports``: the
+    exporters gpunode runs) are opened to the monitoring networks with firewall.metrics_ports."""
+    metrics_ports = tuple(sorted({*exporter_ports, *firewall.metrics_ports}))
     rules = [
         AllowRule(
             "admin", "SSH from firewall.admin_networks", firewall.admin_networks, "tcp",
@@ -47,7 +52,7 @@ def allow_rules(firewall: Firewall, ssh_port: int) -> list[AllowRule]:
         ),
         AllowRule(
             "monitoring", "metrics from firewall.monitoring_networks",
-            firewall.monitoring_networks, "tcp", firewall.metrics_ports,
+            firewall.monitoring_networks, "tcp", metrics_ports,
         ),
         AllowRule("fabric", "everything from firewall.fabric_networks", firewall.fabric_networks),
     ]  # fmt: skip
@@ -80,11 +85,11 @@ def _ports(ports: Iterable[int]) -> str:
     return str(unique[0]) if len(unique) == 1 else "{ " + ", ".join(map(str, unique)) + " }"
 
 
-def render_ruleset(firewall: Firewall, ssh_port: int) -> str:
+def render_ruleset(firewall: Firewall, ssh_port: int, exporter_ports: tuple[int, ...] = ()) -> str:
     """The file nft loads: replaces table inet gpunode, and only it, in one transaction."""
     sets: list[str] = []
     accepts: list[str] = []
-    for rule in allow_rules(firewall, ssh_port):
+    for rule in allow_rules(firewall, ssh_port, exporter_ports):
         match = f" {rule.protocol} dport {_ports(rule.ports)}" if rule.protocol else ""
         for version, family, address_type in ((4, "ip", "ipv4_addr"), (6, "ip6", "ipv6_addr")):
             networks = _collapsed(rule.networks, version)

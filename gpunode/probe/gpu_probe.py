@@ -45,32 +45,38 @@ from datetime import datetime, timedelta, timezone
 from typing import Any, NamedTuple
 
 RECORD_MODULE = "gpunode.probe.gpu_record"
+TEXTFILE_MODULE = "gpunode.probe.textfile"
 
 
-def _load_record_module() -> None:
-    """Make ``gpunode.probe.gpu_record`` importable wherever this file runs.
+def _load_module(name: str = RECORD_MODULE) -> Any:
+    """Make ``name`` (``gpunode.probe.gpu_record``, ``.textfile``) importable wherever this
+    file runs, and return it.
 
-    On the control side it is the package's module. ``parsers.probe_program`` registers it in
-    ``sys.modules`` before this file runs; where ``roles.gpu_metrics`` installed the probe as a
-    script, gpu_record.py lies beside it (``python3 -I`` puts no script directory on sys.path).
+    On the control side it is the package's module. ``parsers.probe_program`` registers the
+    record in ``sys.modules`` before this file runs; where ``roles.gpu_metrics`` installed the
+    probe as a script, the modules lie beside it (``python3 -I`` puts no script directory on
+    sys.path).
     """
-    if RECORD_MODULE in sys.modules:
-        return
+    if name in sys.modules:
+        return sys.modules[name]
     try:
-        importlib.import_module(RECORD_MODULE)
+        return importlib.import_module(name)
     except ImportError:
-        path = os.path.join(os.path.dirname(os.path.realpath(__file__)), "gpu_record.py")
-        spec = importlib.util.spec_from_file_location(RECORD_MODULE, path)
+        file_name = name.rsplit(".", 1)[-1] + ".py"
+        path = os.path.join(os.path.dirname(os.path.realpath(__file__)), file_name)
+        spec = importlib.util.spec_from_file_location(name, path)
         if spec is None or spec.loader is None:
             raise
         module = importlib.util.module_from_spec(spec)
-        sys.modules[RECORD_MODULE] = module
+        sys.modules[name] = module
         spec.loader.exec_module(module)
+        return module
 
 
-_load_record_module()
+_load_module()
 
 from gpunode.probe.gpu_record import (  # noqa: E402 - importable only once loaded above
+    CLOCK_EVENT_REASON_BITS,
     MAX_LINE_CHARS,
     NVLINK_COMMAND,
     XML_COMMAND,
@@ -114,19 +120,6 @@ SMI_EXIT_REASONS = {
 }
 EXIT_DRIVER_NOT_LOADED = 9
 VERSION_MISMATCH_TEXT = "Driver/library version mismatch"
-
-# NVML clocks event (formerly throttle) reason bits, named as nvidia-smi's XML names them.
-CLOCK_EVENT_REASON_BITS = {
-    0x1: "gpu_idle",
-    0x2: "applications_clocks_setting",
-    0x4: "sw_power_cap",
-    0x8: "hw_slowdown",
-    0x10: "sync_boost",
-    0x20: "sw_thermal_slowdown",
-    0x40: "hw_thermal_slowdown",
-    0x80: "hw_power_brake_slowdown",
-    0x100: "display_clocks_setting",
-}
 
 
 # --- nvidia-smi failures ----------------------------------------------------------------------
@@ -298,6 +291,7 @@ def version_comparison(
 
 # --- NVML -------------------------------------------------------------------------------------
 
+MIB = 1024 * 1024
 FABRIC_STATES = {0: None, 1: "Not Started", 2: "In Progress", 3: "Completed"}
 
 
@@ -348,6 +342,7 @@ class NvmlReader:
         reasons = self.get("nvmlDeviceGetCurrentClocksEventReasons", handle)
         if reasons is None:
             reasons = self.get("nvmlDeviceGetCurrentClocksThrottleReasons", handle)
+        utilization = self.get("nvmlDeviceGetUtilizationRates", handle)
         clock_types = {
             "graphics": nvml.NVML_CLOCK_GRAPHICS,
             "sm": nvml.NVML_CLOCK_SM,
@@ -392,6 +387,11 @@ class NvmlReader:
                 "failure": None if remapped is None else bool(remapped[3]),
             },
             "mig_mode": {"current": self.enabled(mig[0]), "pending": self.enabled(mig[1])},
+            "utilization_percent": {
+                "gpu": getattr(utilization, "gpu", None),
+                "memory": getattr(utilization, "memory", None),
+            },
+            "memory_mib": self._memory(handle),
             "temperature_c": {
                 "gpu": self.get("nvmlDeviceGetTemperature", handle, nvml.NVML_TEMPERATURE_GPU),
                 "memory": self._memory_temperature(handle),
@@ -449,6 +449,20 @@ class NvmlReader:
             "application_clocks_note": "",
             "supported_clocks_mhz": supported,
         }
+
+    def _memory(self, handle: Any) -> Result:
+        """Framebuffer total and used, MiB as nvidia-smi prints them.
+
+        The v2 call counts the driver's reserved memory apart, as nvidia-smi does; the v1
+        call (older drivers) counts it as used.
+        """
+        version = getattr(self.nvml, "nvmlMemory_v2", None)
+        info = None if version is None else self.get("nvmlDeviceGetMemoryInfo", handle, version)
+        if info is None:
+            info = self.get("nvmlDeviceGetMemoryInfo", handle)
+        if info is None:
+            return {"total": None, "used": None}
+        return {"total": int(info.total) // MIB, "used": int(info.used) // MIB}
 
     def _performance_state(self, handle: Any) -> str | None:
         state = self.get("nvmlDeviceGetPerformanceState", handle)
@@ -810,73 +824,6 @@ def parse_since(text: str) -> datetime:
     return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)  # noqa: UP017
 
 
-def _metric_labels(**labels: object) -> str:
-    text = ",".join(
-        f'{key}="{str(value).replace(chr(92), chr(92) * 2).replace(chr(34), chr(92) + chr(34))}"'
-        for key, value in labels.items()
-    )
-    return "{" + text + "}"
-
-
-# (metric, help, value from one normalized GPU)
-GPU_METRICS = (
-    ("gpunode_gpu_persistence_mode", "1 if persistence mode is on",
-     lambda gpu: gpu.get("persistence_mode")),
-    ("gpunode_gpu_ecc_uncorrected_volatile", "uncorrectable ECC errors since the last reset",
-     lambda gpu: ((gpu.get("ecc_errors") or {}).get("volatile") or {}).get("uncorrected")),
-    ("gpunode_gpu_remapped_rows_pending", "1 if a row remap waits for a reset",
-     lambda gpu: (gpu.get("remapped_rows") or {}).get("pending")),
-    ("gpunode_gpu_remapped_rows_failure", "1 if row remapping failed",
-     lambda gpu: (gpu.get("remapped_rows") or {}).get("failure")),
-    ("gpunode_gpu_temperature_celsius", "GPU temperature",
-     lambda gpu: (gpu.get("temperature_c") or {}).get("gpu")),
-    ("gpunode_gpu_power_draw_watts", "power draw",
-     lambda gpu: (gpu.get("power_w") or {}).get("draw")),
-    ("gpunode_gpu_nvlink_active_links", "active NVLinks",
-     lambda gpu: (gpu.get("nvlink") or {}).get("active")),
-)  # fmt: skip
-
-
-def render_prometheus(report: dict[str, Any]) -> str:
-    """node_exporter textfile metrics for a probe report (node-local health mode)."""
-    lines = [
-        "# HELP gpunode_gpu_probe_ok 1 if the GPU probe could read the GPUs",
-        "# TYPE gpunode_gpu_probe_ok gauge",
-        f"gpunode_gpu_probe_ok{_metric_labels(state=report.get('state'))} "
-        f"{int(report.get('state') == 'ok')}",
-        "# HELP gpunode_gpu_count GPUs the driver reports",
-        "# TYPE gpunode_gpu_count gauge",
-        f"gpunode_gpu_count {len(report.get('gpus') or [])}",
-    ]
-    gpus = report.get("gpus") or []
-    for metric, help_text, value_of in GPU_METRICS:
-        lines += [f"# HELP {metric} {help_text}", f"# TYPE {metric} gauge"]
-        for gpu in gpus:
-            value = value_of(gpu)
-            if value is not None:
-                labels = _metric_labels(gpu=gpu.get("index"), uuid=gpu.get("uuid"))
-                lines.append(f"{metric}{labels} {float(value):g}")
-    lines += [
-        "# HELP gpunode_gpu_clock_event_reason 1 per active clock event (throttle) reason",
-        "# TYPE gpunode_gpu_clock_event_reason gauge",
-    ]
-    for gpu in gpus:
-        for reason in gpu.get("clock_event_reasons") or []:
-            labels = _metric_labels(gpu=gpu.get("index"), uuid=gpu.get("uuid"), reason=reason)
-            lines.append(f"gpunode_gpu_clock_event_reason{labels} 1")
-    lines += [
-        "# HELP gpunode_gpu_xid_events XID events in the probe's window, per XID",
-        "# TYPE gpunode_gpu_xid_events gauge",
-    ]
-    counts: dict[tuple[object, object], int] = {}
-    for event in (report.get("xid_events") or {}).get("events") or []:
-        key = (event.get("xid"), event.get("pci"))
-        counts[key] = counts.get(key, 0) + 1
-    for (xid, pci), count in sorted(counts.items(), key=str):
-        lines.append(f"gpunode_gpu_xid_events{_metric_labels(xid=xid, pci=pci)} {count}")
-    return "\n".join(lines) + "\n"
-
-
 def write_atomically(path: str, content: str) -> None:
     """node_exporter must never read half a file: write beside it, then rename."""
     directory = os.path.dirname(os.path.abspath(path))
@@ -895,6 +842,24 @@ def main(argv: list[str]) -> int:
     parser.add_argument(
         "--prometheus", metavar="FILE", help="write node_exporter textfile metrics, not JSON"
     )
+    parser.add_argument(
+        "--expected-gpus", type=int, metavar="N", help="GPUs the inventory expects (metrics)"
+    )
+    parser.add_argument(
+        "--expected-nvlinks", type=int, metavar="N", help="NVLinks per GPU expected up (metrics)"
+    )
+    parser.add_argument(
+        "--expected-persistence",
+        choices=("on", "off"),
+        help="persistence mode the inventory wants (metrics)",
+    )
+    parser.add_argument(
+        "--certificate",
+        action="append",
+        default=[],
+        metavar="PEM",
+        help="a certificate whose expiry the metrics report (repeatable)",
+    )
     options = parser.parse_args(argv)
     nvml, origin = (None, "disabled by --no-nvml") if options.no_nvml else load_pynvml()
     try:
@@ -907,7 +872,19 @@ def main(argv: list[str]) -> int:
             "gpus": [],
         }
     if options.prometheus:
-        write_atomically(options.prometheus, render_prometheus(report))
+        # Only the installed copy writes metrics: the probe the drift check ships over SSH
+        # carries no renderer (see parsers.probe_program).
+        textfile = _load_module(TEXTFILE_MODULE)
+        system = System()
+        certificates = [textfile.certificate_expiry(system, path) for path in options.certificate]
+        persistence = options.expected_persistence
+        expected = textfile.Expected(
+            options.expected_gpus,
+            options.expected_nvlinks,
+            None if persistence is None else persistence == "on",
+        )
+        content = textfile.render_prometheus(report, expected, certificates)
+        write_atomically(options.prometheus, content)
         return 0
     sys.stdout.write(json.dumps(report, sort_keys=True, separators=(",", ":")) + "\n")
     return 0

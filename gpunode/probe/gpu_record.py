@@ -27,6 +27,8 @@ The record, one dict per GPU (None wherever the driver does not say):
 - ``ecc_errors``: ``{"volatile", "aggregate"}`` each ``{"corrected", "uncorrected"}``;
   ``retired_pages``: ``{"supported", "single_bit", "double_bit", "pending"}``;
   ``remapped_rows``: ``{"supported", "correctable", "uncorrectable", "pending", "failure"}``;
+- ``utilization_percent``: ``{"gpu", "memory"}`` (None in MIG mode); ``memory_mib``:
+  ``{"total", "used"}`` of the framebuffer (used without the driver's reserved part);
 - ``temperature_c``: ``{"gpu", "memory"}``; ``pcie``: ``{"gen_current", "gen_max",
   "width_current", "width_max"}``; ``fabric``: ``{"state", "status"}``;
 - ``nvlink``: ``nvlink_summary`` (state ok / all_inactive / none / mig_mode / unreadable,
@@ -49,6 +51,19 @@ XML_COMMAND = "nvidia-smi -q -x"
 NVLINK_COMMAND = "nvidia-smi nvlink -s"
 REASON_PREFIXES = ("clocks_event_reason_", "clocks_throttle_reason_")
 REASON_ALIASES = {"display_clock_setting": "display_clocks_setting"}
+# NVML's clocks event (formerly throttle) reason bits, named as nvidia-smi's XML names them
+# (the probe's NVML path reads the mask; the textfile writes each reason).
+CLOCK_EVENT_REASON_BITS = {
+    0x1: "gpu_idle",
+    0x2: "applications_clocks_setting",
+    0x4: "sw_power_cap",
+    0x8: "hw_slowdown",
+    0x10: "sync_boost",
+    0x20: "sw_thermal_slowdown",
+    0x40: "hw_thermal_slowdown",
+    0x80: "hw_power_brake_slowdown",
+    0x100: "display_clocks_setting",
+}
 
 # How nvidia-smi says a value is not there; all read as None.
 UNAVAILABLE = re.compile(
@@ -66,7 +81,7 @@ RECORD_KEYS = frozenset(
         "vbios_version", "persistence_mode", "performance_state", "ecc_mode", "ecc_errors",
         "retired_pages", "remapped_rows", "mig_mode", "temperature_c", "power_w", "clocks_mhz",
         "clock_event_reasons", "pcie", "fabric", "nvlink", "application_clocks_mhz",
-        "application_clocks_note", "supported_clocks_mhz",
+        "application_clocks_note", "supported_clocks_mhz", "utilization_percent", "memory_mib",
     }
 )  # fmt: skip
 
@@ -352,6 +367,14 @@ def gpu_from_xml(gpu: ElementTree.Element, position: int) -> Result:
         "mig_mode": {
             "current": enabled(_text(gpu, "mig_mode/current_mig")),
             "pending": enabled(_text(gpu, "mig_mode/pending_mig")),
+        },
+        "utilization_percent": {
+            "gpu": integer(_text(gpu, "utilization/gpu_util")),
+            "memory": integer(_text(gpu, "utilization/memory_util")),
+        },
+        "memory_mib": {
+            "total": integer(_text(gpu, "fb_memory_usage/total")),
+            "used": integer(_text(gpu, "fb_memory_usage/used")),
         },
         "temperature_c": {
             "gpu": integer(_text(gpu, "temperature/gpu_temp")),

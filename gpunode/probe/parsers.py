@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from gpunode import framing
-from gpunode.probe import gpu_probe, gpu_record
+from gpunode.probe import gpu_probe, gpu_record, textfile
 from gpunode.probe.gpu_probe import SCHEMA, XID_COMMAND, nvidia_smi_failure, parse_xid_events
 from gpunode.probe.gpu_record import (
     NVLINK_COMMAND,
@@ -753,6 +753,7 @@ def installed_probe_files(ship_pynvml: bool = True) -> dict[str, Path]:
     files = {
         "gpu_probe.py": Path(gpu_probe.__file__),
         "gpu_record.py": Path(gpu_record.__file__),
+        "textfile.py": Path(textfile.__file__),
     }
     pynvml_path = _find_pynvml() if ship_pynvml else None
     if pynvml_path is not None:

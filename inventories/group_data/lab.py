@@ -54,6 +54,8 @@ firewall = {
 }
 
 gpu_metrics = {"enabled": True}
+# Scraped over mutual TLS from the control side (firewall.monitoring_networks above).
+node_exporter = {"enabled": True}
 
 # The control side scans sshd (ssh-audit) and tries refused logins in tests: OpenSSH 10's
 # per-source penalties must not shut it out of the trixie nodes for the runs that follow.

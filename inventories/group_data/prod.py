@@ -31,6 +31,11 @@ firewall = {
 
 tls = {"enabled": True, "renew_before_days": 30}
 
+# GPU health on every node: the probe's textfile, served by node_exporter over mutual TLS to
+# the monitoring network only (firewall.monitoring_networks); alert rules in monitoring/.
+gpu_metrics = {"enabled": True}
+node_exporter = {"enabled": True}
+
 # An air-gapped site: every repository is the local mirror.
 apt = {
     "debian_mirror": "http://mirror.dc1.example.net/debian",

@@ -137,7 +137,7 @@ def healthy_facts() -> dict[str, Any]:
             "live": "table inet gpunode {}",
             "file_loads": "table inet gpunode {}",
             "file_sha256": hashlib.sha256(
-                render_ruleset(wanted.firewall, wanted.sshd.port).encode()
+                render_ruleset(wanted.firewall, wanted.sshd.port, wanted.exporter_ports).encode()
             ).hexdigest(),
             "unit_enabled": True,
         },
@@ -475,3 +475,18 @@ def test_every_held_stack_package_is_checked_where_the_data_enables_it() -> None
     other = copy.deepcopy(facts)
     other["packages"]["packages"]["datacenter-gpu-manager-exporter"] = "4.9.0-1"
     assert "packages.version:datacenter-gpu-manager-exporter" not in findings(other, state)
+
+
+def test_a_ruleset_without_the_exporters_ports_is_drift_once_an_exporter_runs() -> None:
+    """Enabling node_exporter changes the ruleset gpunode wants (its port opens to the
+    monitoring networks): the persisted one of before is drift."""
+    firewall = {"enabled": True, "monitoring_networks": ["10.10.50.0/24"]}
+    before = desired({**DATA, "firewall": firewall})
+    facts = healthy_facts()
+    facts["firewall"]["file_sha256"] = hashlib.sha256(
+        render_ruleset(before.firewall, before.sshd.port, before.exporter_ports).encode()
+    ).hexdigest()
+    assert findings(facts, before) == {}
+    with_exporter = desired({**DATA, "firewall": firewall, "node_exporter": {"enabled": True}})
+    assert with_exporter.exporter_ports == (9100,)
+    assert findings(facts, with_exporter) == {"firewall.ruleset": Severity.WARNING}

@@ -118,6 +118,29 @@ BAD_INPUTS = [
         id="metrics-port-zero",
     ),
     pytest.param(
+        {"node_exporter": {"enabled": True}},
+        "node_exporter.enabled = True: node_exporter serves only over TLS with the node "
+        "certificate, and tls.enabled is false; accepted: tls.enabled: true, or "
+        "node_exporter.enabled: false",
+        id="node-exporter-without-tls",
+    ),
+    pytest.param(
+        {"tls": {"enabled": True}, "node_exporter": {"enabled": True, "port": 22}},
+        "node_exporter.port = 22: taken by sshd.port; accepted: a port no other service of the "
+        "node listens on (9100 by default)",
+        id="node-exporter-on-the-ssh-port",
+    ),
+    pytest.param(
+        {
+            "tls": {"enabled": True},
+            "dcgm": {"enabled": True, "exporter": True, "cuda_major": 13},
+            "node_exporter": {"enabled": True, "port": 9400},
+        },
+        "node_exporter.port = 9400: taken by DCGM's exporter (dcgm.exporter); accepted: a port "
+        "no other service of the node listens on (9100 by default)",
+        id="node-exporter-on-dcgms-port",
+    ),
+    pytest.param(
         {"nvidia_driver": {"source": "nvidia", "branch": "550", "version": "550.abc"}},
         "nvidia_driver.version = '550.abc': malformed; accepted: an apt package version such "
         "as '550.127.08-1'",
@@ -343,6 +366,21 @@ def test_every_problem_is_reported_not_just_the_first() -> None:
         "sshd.port",
         "sshd.max_auth_tries",
     ]
+
+
+def test_the_exporters_gpunode_runs_are_the_ports_the_firewall_opens() -> None:
+    state, problems = build_desired_state({})
+    assert problems == [] and state.exporter_ports == ()
+    state, problems = build_desired_state(
+        {
+            "tls": {"enabled": True},
+            "node_exporter": {"enabled": True, "port": 9101},
+            "dcgm": {"enabled": True, "exporter": True, "cuda_major": 13},
+        }
+    )
+    assert problems == [] and state.exporter_ports == (9101, 9400)
+    state, problems = build_desired_state({"dcgm": {"enabled": False, "exporter": True}})
+    assert problems == [] and state.exporter_ports == ()
 
 
 def test_defaults_are_valid_and_safe() -> None:

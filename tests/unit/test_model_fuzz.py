@@ -400,6 +400,15 @@ def _textfile_dir(state: DesiredState, value: str) -> None:
     (exec_start,) = [line for line in service.splitlines() if line.startswith("ExecStart=")]
     assert "%" not in value  # systemd specifiers
     assert shlex.split(exec_start)[-1] == f"{value}/{METRICS_FILE}"
+    # node_exporter's $ARGS: systemd splits them at whitespace, unquoted.
+    from roles.node_exporter import render_defaults
+
+    (args,) = [
+        line for line in render_defaults(9100, value).splitlines() if line.startswith("ARGS=")
+    ]
+    assert args.removeprefix('ARGS="').removesuffix('"').split()[-1] == (
+        f"--collector.textfile.directory={value}"
+    )
 
 
 RENDERED: dict[str, Callable[[DesiredState, str], None]] = {

@@ -115,7 +115,9 @@ class FakeNvml(types.SimpleNamespace):
 
     def __init__(self, state: dict[str, Any], init_error: int | None = None) -> None:
         pynvml = real_pynvml()
-        names = [name for name in vars(pynvml) if name.startswith(("NVML", "c_nvml"))]
+        names = [
+            name for name in vars(pynvml) if name.startswith(("NVML", "c_nvml", "nvmlMemory_v"))
+        ]
         super().__init__(**{name: getattr(pynvml, name) for name in names})
         self.gpus = [gpu for gpu in state["gpus"] if gpu["present"]]
         self.state = state
@@ -266,6 +268,24 @@ class FakeNvml(types.SimpleNamespace):
     def nvmlDeviceGetCurrentClocksEventReasons(self, gpu: dict[str, Any]) -> int:
         return sum(
             nvidia_smi.REASON_BITS[name] for name, on in gpu["clocks_event_reasons"].items() if on
+        )
+
+    # utilisation and memory
+    def nvmlDeviceGetUtilizationRates(self, gpu: dict[str, Any]) -> Any:
+        if gpu["mig_mode"]["current"] == "Enabled":  # per instance only, as on a real GPU
+            raise self.not_supported()
+        return self.c_nvmlUtilization_t(gpu=0, memory=0)
+
+    def nvmlDeviceGetMemoryInfo(self, gpu: dict[str, Any], version: int | None = None) -> Any:
+        memory, mib = gpu["memory"], 1024 * 1024
+        if version is None:  # v1: the reserved part counts as used
+            used = memory["reserved_mib"] + memory["used_mib"]
+            return self.c_nvmlMemory_t(total=memory["total_mib"] * mib, used=used * mib)
+        return self.c_nvmlMemory_v2_t(
+            version=version,
+            total=memory["total_mib"] * mib,
+            reserved=memory["reserved_mib"] * mib,
+            used=memory["used_mib"] * mib,
         )
 
     # links and fabric
@@ -657,22 +677,26 @@ def test_fabric_info_structure_is_the_real_one() -> None:
 def test_the_probe_installed_as_roles_gpu_metrics_lays_it_out_runs(
     lab_root: Path, tmp_path: Path
 ) -> None:
-    """gpu_probe.py and gpu_record.py side by side, run as the metrics unit runs them."""
-    from gpunode.probe import gpu_record
-    from roles.gpu_metrics import METRICS_FILE
+    """The probe's files side by side (gpu_record.py and textfile.py beside gpu_probe.py), run
+    as the metrics unit runs them; its output is clean for promtool."""
+    from roles.gpu_metrics import METRICS_FILE, probe_arguments
+
+    from .prometheus_tools import check_metrics
 
     installed = tmp_path / "gpunode-probe"
     installed.mkdir()
-    for module in (gpu_probe, gpu_record):
-        source = Path(str(module.__file__))
-        (installed / source.name).write_text(source.read_text(encoding="utf-8"))
+    for name, source in installed_probe_files(ship_pynvml=False).items():
+        (installed / name).write_text(source.read_text(encoding="utf-8"))
     metrics = tmp_path / METRICS_FILE
-    run_command(
-        f"cd / && python3 -I {installed}/gpu_probe.py --no-nvml --prometheus {metrics}", lab_root
-    )
+    arguments = probe_arguments(str(metrics), expected_gpus=8, expected_nvlinks=18)
+    run_command(f"cd / && python3 -I {installed}/gpu_probe.py --no-nvml {arguments}", lab_root)
     text = metrics.read_text(encoding="utf-8")
     assert 'gpunode_gpu_probe_ok{state="ok"} 1' in text
-    assert "gpunode_gpu_count 8" in text
+    assert "gpunode_gpus 8" in text
+    assert "gpunode_gpus_expected 8" in text
+    assert "gpunode_gpu_nvlink_links_expected 18" in text
+    checked = check_metrics(text)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
 
 
 def answer_nvlink_status(node: FakeNode, answer: Completed) -> None:

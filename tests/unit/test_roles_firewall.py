@@ -120,6 +120,18 @@ def test_monitoring_fabric_and_extra_rules() -> None:
     assert "extra_1_ipv4" not in text
 
 
+def test_the_exporters_ports_open_to_the_monitoring_networks_only() -> None:
+    wanted = firewall(monitoring_networks=("192.168.0.0/24",), metrics_ports=(9200,))
+    text = render_ruleset(wanted, 22, exporter_ports=(9100, 9400))
+    assert (
+        "ip saddr @monitoring_ipv4 tcp dport { 9100, 9200, 9400 } accept "
+        'comment "metrics from firewall.monitoring_networks"' in text
+    )
+    assert text.count("9100") == 1
+    # No monitoring network: an exporter's port stays closed.
+    assert "9100" not in render_ruleset(firewall(), 22, exporter_ports=(9100,))
+
+
 def test_monitoring_networks_without_metrics_ports_open_nothing() -> None:
     text = render_ruleset(firewall(monitoring_networks=("192.168.0.0/24",), metrics_ports=()), 22)
     assert "monitoring" not in text

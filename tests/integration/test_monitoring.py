@@ -1,0 +1,240 @@
+"""deploys/gpu_node.py's monitoring on lab nodes: node_exporter over mutual TLS 1.3, scraped
+from the control side as Prometheus would, with the GPU probe's metrics; every other client
+refused; the firewall opening the exporter's port to the monitoring networks only."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import shlex
+import ssl
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gpunode import pki
+from gpunode.expected.firewall import render_ruleset
+from gpunode.model import DesiredState
+from lab import Lab, LabNode
+from roles.node_exporter import GROUP, KEY_COPY_PATH
+from tests.mtls import ClientCertificate, client_context, foreign_client, issue_client, scrape
+
+from .conftest import lab_desired_state, run_pyinfra, ssh, write_inventory
+
+pytestmark = pytest.mark.lab
+
+DEPLOY = "deploys/gpu_node.py"
+KEY_COPY_OP = f"node_exporter | Node key copy {KEY_COPY_PATH} for the exporters' group"
+
+
+def sudo(lab: Lab, node: LabNode, command: str) -> str:
+    result = ssh(lab, node, f"sudo sh -c {shlex.quote(command)}")
+    assert result.returncode == 0, f"{node.name}: {command}: {result.stderr}"
+    return result.stdout
+
+
+@pytest.fixture(scope="module")
+def desired() -> DesiredState:
+    state = lab_desired_state()
+    assert state.node_exporter.enabled and state.gpu_metrics.enabled
+    return state
+
+
+@pytest.fixture(scope="module")
+def converged(lab: Lab, lab_nodes: list[LabNode], desired: DesiredState) -> list[LabNode]:
+    run = run_pyinfra(DEPLOY)
+    assert run.returncode == 0, run.output[-6000:]
+    for node in lab_nodes:
+        # The probe's timer first fires a minute after boot: write the textfile now.
+        sudo(lab, node, "systemctl start gpunode-gpu-metrics.service")
+    return lab_nodes
+
+
+@pytest.fixture(scope="module")
+def ca_file(lab: Lab, desired: DesiredState) -> Path:
+    assert desired.tls.ca_directory
+    return Path(desired.tls.ca_directory) / "ca.crt"
+
+
+@pytest.fixture(scope="module")
+def scraper(desired: DesiredState, tmp_path_factory: pytest.TempPathFactory) -> ClientCertificate:
+    """A client certificate issued by the lab's gpunode CA, as the scraper gets one."""
+    authority = pki.certificate_authority(desired.tls, create=False)
+    assert authority is not None, "the lab CA does not exist after the converge"
+    return issue_client(authority, "prometheus.lab", tmp_path_factory.mktemp("scraper"))
+
+
+def test_a_scraper_with_a_gpunode_certificate_gets_the_probes_metrics(
+    converged: list[LabNode], desired: DesiredState, ca_file: Path, scraper: ClientCertificate
+) -> None:
+    for node in converged:
+        answer = scrape(
+            node.address,
+            desired.node_exporter.port,
+            client_context(ca_file, scraper),
+            server_name=node.name,  # the node certificate names the inventory host
+        )
+        assert answer.status == 200, f"{node.name}: {answer.error}"
+        body = answer.body
+        assert re.search(r'^gpunode_gpu_probe_ok\{state="ok"\} 1$', body, re.M), node.name
+        gpus = re.search(r"^gpunode_gpus (\d+)$", body, re.M)
+        assert gpus and int(gpus.group(1)) > 0, node.name
+        assert "gpunode_gpu_temperature_celsius{" in body
+        assert re.search(r"^node_textfile_scrape_error 0$", body, re.M)
+        assert (
+            'gpunode_tls_certificate_not_after_timestamp_seconds{path="/etc/gpunode/tls/node.crt"}'
+            in body
+        )
+
+
+def test_a_scraper_without_a_client_certificate_is_refused(
+    converged: list[LabNode], desired: DesiredState, ca_file: Path
+) -> None:
+    node = converged[0]
+    answer = scrape(
+        node.address, desired.node_exporter.port, client_context(ca_file, None), node.name
+    )
+    assert answer.status is None and "gpunode_gpus" not in answer.body, answer
+
+
+def test_a_client_certificate_from_another_ca_is_refused(
+    converged: list[LabNode], desired: DesiredState, ca_file: Path, tmp_path: Path
+) -> None:
+    node = converged[0]
+    context = client_context(ca_file, foreign_client(tmp_path))
+    answer = scrape(node.address, desired.node_exporter.port, context, node.name)
+    assert answer.status is None, answer
+
+
+def test_tls_12_is_refused(
+    converged: list[LabNode], desired: DesiredState, ca_file: Path, scraper: ClientCertificate
+) -> None:
+    node = converged[0]
+    port = desired.node_exporter.port
+    context = client_context(ca_file, scraper, maximum=ssl.TLSVersion.TLSv1_2)
+    answer = scrape(node.address, port, context, node.name)
+    assert answer.status is None and "VERSION" in answer.error.upper(), answer
+    # And as an operator would try it, with openssl's own client.
+    tried = subprocess.run(
+        ["openssl", "s_client", "-tls1_2", "-connect", f"{node.address}:{port}",
+         "-CAfile", str(ca_file), "-cert", str(scraper.certificate), "-key", str(scraper.key)],
+        input="", capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    assert tried.returncode != 0, tried.stdout
+    assert "protocol version" in tried.stdout + tried.stderr, tried.stdout + tried.stderr
+
+
+def test_the_node_key_stays_roots_and_the_exporter_reads_its_copy(
+    lab: Lab, converged: list[LabNode]
+) -> None:
+    for node in converged:
+        assert sudo(lab, node, "stat -c '%a %U %G' /etc/gpunode/tls/node.key").split() == [
+            "600", "root", "root",
+        ]  # fmt: skip
+        assert sudo(lab, node, f"stat -c '%a %U %G' {KEY_COPY_PATH}").split() == [
+            "640", "root", GROUP,
+        ]  # fmt: skip
+        assert (
+            sudo(lab, node, f"cmp /etc/gpunode/tls/node.key {KEY_COPY_PATH} && echo same").strip()
+            == "same"
+        )
+        # The exporter runs as Debian's unprivileged user, with the group that reads the copy.
+        status = sudo(lab, node, "systemctl show -p MainPID --value prometheus-node-exporter")
+        groups = sudo(lab, node, f"ps -o user:32=,supgrp:200= -p {status.strip()}").split()
+        assert groups[0] == "prometheus" and GROUP in groups[1].split(","), groups
+
+
+def test_the_firewall_opens_the_exporter_port_to_the_monitoring_networks_only(
+    lab: Lab, converged: list[LabNode], desired: DesiredState
+) -> None:
+    assert desired.node_exporter.port in desired.exporter_ports
+    rendered = render_ruleset(desired.firewall, desired.sshd.port, desired.exporter_ports)
+    ports = ", ".join(str(port) for port in desired.exporter_ports)
+    wanted = f"ip saddr @monitoring_ipv4 tcp dport {{ {ports} }} accept"
+    assert wanted in rendered
+    for node in converged:
+        assert sudo(lab, node, "sha256sum < /etc/gpunode/firewall.nft").split()[0] == (
+            hashlib.sha256(rendered.encode()).hexdigest()
+        )
+        live = sudo(lab, node, "nft list chain inet gpunode input")
+        assert re.search(rf"ip saddr @monitoring_ipv4 tcp dport {{ {ports} }} accept", live)
+
+
+def test_second_run_changes_nothing(converged: list[LabNode]) -> None:
+    second = run_pyinfra(DEPLOY)
+    assert second.returncode == 0, second.output[-6000:]
+    assert second.changed_operations() == {}
+
+
+def test_a_lost_key_copy_is_predicted_and_restored(
+    lab: Lab, converged: list[LabNode], desired: DesiredState, ca_file: Path,
+    scraper: ClientCertificate,
+) -> None:  # fmt: skip
+    node = converged[0]
+    sudo(lab, node, f"rm -f {KEY_COPY_PATH}")
+    dry = run_pyinfra("--dry", DEPLOY)
+    assert dry.returncode == 0, dry.output[-6000:]
+    assert dry.results is not None
+    predicted = {(op["name"], h) for op in dry.results["plan"] for h in op["hosts_with_change"]}
+    assert predicted == {(KEY_COPY_OP, node.name)}
+    repair = run_pyinfra(DEPLOY)
+    assert repair.returncode == 0, repair.output[-6000:]
+    changed = {(name, h) for name, hosts in repair.changed_operations().items() for h in hosts}
+    assert changed == predicted
+    answer = scrape(
+        node.address, desired.node_exporter.port, client_context(ca_file, scraper), node.name
+    )
+    assert answer.status == 200, answer.error
+
+
+@pytest.fixture
+def monitoring_network_only(
+    lab: Lab, converged: list[LabNode], desired: DesiredState, tmp_path: Path
+) -> Iterator[str]:
+    """The nodes' firewall without the lab's fabric network (which lets the nodes reach each
+    other on every port): the exporter's port open to the control side alone. Yields the
+    control side's address; the lab's own firewall is restored afterwards."""
+    control = ssh(lab, converged[0], "echo $SSH_CLIENT")
+    assert control.returncode == 0, control.stderr
+    address = control.stdout.split()[0]
+    data = {
+        "firewall": {
+            "enabled": True,
+            "admin_networks": [f"{address}/32"],
+            "monitoring_networks": [f"{address}/32"],
+        },
+        "tls": {
+            "enabled": True,
+            "ca_directory": desired.tls.ca_directory,
+            "ca_passphrase_file": desired.tls.ca_passphrase_file,
+        },
+        "node_exporter": {"enabled": True, "port": desired.node_exporter.port},
+    }
+    inventory = write_inventory(
+        tmp_path / "monitoring.py", lab, converged, {node.name: data for node in converged}
+    )
+    narrowed = run_pyinfra("deploys/firewall.py", inventory=inventory)
+    assert narrowed.returncode == 0, narrowed.output[-6000:]
+    yield address
+    restored = run_pyinfra("deploys/firewall.py")
+    assert restored.returncode == 0, restored.output[-6000:]
+
+
+def test_the_exporter_is_unreachable_from_outside_the_monitoring_networks(
+    lab: Lab,
+    converged: list[LabNode],
+    desired: DesiredState,
+    ca_file: Path,
+    scraper: ClientCertificate,
+    monitoring_network_only: str,
+) -> None:
+    target, outsider = converged[0], converged[1]
+    port = desired.node_exporter.port
+    # From the monitoring network (the control side): served.
+    answer = scrape(target.address, port, client_context(ca_file, scraper), target.name)
+    assert answer.status == 200, answer.error
+    # From the second node, outside it: dropped (the connect hangs until the timeout).
+    probe = ssh(lab, outsider, f"timeout 3 bash -c '</dev/tcp/{target.address}/{port}'")
+    assert probe.returncode == 124, (probe.returncode, probe.stderr)
