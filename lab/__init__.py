@@ -716,15 +716,30 @@ class Lab:
             container=controller["container"],
             address=controller["address"],
             profile="",
+            release=controller.get("release", DEFAULT_RELEASE),
         )
 
-    def slurm_up(self) -> LabNode:
+    def slurm_members(self) -> list[LabNode]:
+        """The lab nodes that join the controller: those of its Debian release.
+
+        A Slurm cluster is one Slurm release here: Debian 12 has Slurm 22.05, Debian 13 has
+        24.11, and slurmctld talks to slurmd of its own and the two releases before it only
+        (Slurm's upgrade guide: 24.11 takes 24.05 and 23.11), so a node of the other Debian
+        release could not join; in a mixed lab it is no Slurm node.
+        """
+        controller = self.slurm_controller()
+        if controller is None:
+            return []
+        return [node for node in self.nodes() if node.release == controller.release]
+
+    def slurm_up(self, release: str | None = None) -> LabNode:
         """Bring up the lab's Slurm controller (slurmctld and munge, Debian's packages from
         the lab's package cache) and the cluster's MUNGE key; kept when already running.
 
-        The GPU nodes join it when converged with the lab inventory (``slurm`` in its group
-        data, from :meth:`slurm_settings`): gpunode's slurm role, not the lab, makes them
-        Slurm nodes.
+        ``release``: the controller's Debian release (default: the first node's). The nodes
+        of that release (:meth:`slurm_members`) join it when converged with the lab inventory
+        (their ``slurm`` data, from :meth:`slurm_settings`): gpunode's slurm role, not the
+        lab, makes them Slurm nodes.
         """
         from gpunode.expected.slurm import render_slurm_conf
 
@@ -732,15 +747,31 @@ class Lab:
         self._ensure_key()
         network = self._ensure_network()
         self.serve_package_cache()
+        if release is None:
+            nodes = self.nodes()
+            release = nodes[0].release if nodes else DEFAULT_RELEASE
+        if release not in distributions.BY_CODENAME:
+            raise LabError(f"Slurm controller: unknown release {release!r}")
         node = LabNode(
             name=SLURM_CONTROLLER,
             container=f"{self.name}-{SLURM_CONTROLLER}",
             address=f"{self.network_prefix}.{SLURM_CONTROLLER_OCTET}",
             profile="",
+            release=release,
         )
+        kept = self.slurm_controller()
+        if kept is not None and kept.release != release:
+            self._remove_container(kept.container)
         self._ensure_munge_key()
         self.slurm_path.write_text(
-            json.dumps({"name": node.name, "container": node.container, "address": node.address})
+            json.dumps(
+                {
+                    "name": node.name,
+                    "container": node.container,
+                    "address": node.address,
+                    "release": node.release,
+                }
+            )
             + "\n"
         )
         settings = self.slurm_settings()
@@ -748,7 +779,7 @@ class Lab:
         if not self._running(node.container):
             public_key = self.key_path.with_suffix(".pub").read_bytes()
             archive = _tar({f"/home/{LOGIN_USER}/.ssh/authorized_keys": (public_key, 0o600)})
-            self._start(node, self._ensure_image(DEFAULT_RELEASE), network, archive)
+            self._start(node, self._ensure_image(release), network, archive)
         container = self.client.containers.get(node.container)
         packages = " ".join(SLURM_CONTROLLER_PACKAGES)
         install = (

@@ -32,7 +32,11 @@ def cmd_lab_up(args: argparse.Namespace) -> int:
         )
     if args.slurm:
         controller = lab.slurm_up()
-        print(f"Slurm controller {controller.name} at {controller.address} (slurmctld, munge)")
+        members = ", ".join(node.name for node in lab.slurm_members()) or "none"
+        print(
+            f"Slurm controller {controller.name} at {controller.address} ({controller.release}: "
+            f"slurmctld, munge); its nodes once converged: {members}"
+        )
     if args.scratch_disks:
         disks = ", ".join(f"/dev/nvme{index}n1" for index in range(args.scratch_disks))
         print(f"scratch disks on every node: {disks} ({args.scratch_disk_mib} MiB each)")

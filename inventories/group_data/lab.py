@@ -66,20 +66,6 @@ sshd = {"penalty_exempt_networks": [f"{_lab.gateway}/32"]}
 # reboot: if-needed performs through the lab's reboot command.
 reboot = {"command": list(REBOOT_COMMAND)}
 
-# Slurm: the lab's controller, while `gpunode lab up --slurm` runs one; the nodes join it as
-# dynamic nodes with the GRES of their simulated GPUs (roles/slurm.py). Without one, off.
-_slurm = _lab.slurm_settings()
-if _slurm is not None:
-    slurm = {
-        "enabled": True,
-        "controller": _slurm.controller,
-        "controller_address": _slurm.controller_address,
-        "cluster_name": _slurm.cluster_name,
-        "munge_key_file": _slurm.munge_key_file,
-        # Lab-only (lab.Lab.slurm_settings says why): jobs tracked by process, not cgroups.
-        "cgroup_enforcement": _slurm.cgroup_enforcement,
-    }
-
 # The fabric: simulated HCAs (ibstat) and the lab bridge as the NCCL socket interface.
 infiniband = {"enabled": True}
 nccl = {"env": {"NCCL_SOCKET_IFNAME": "eth0", "NCCL_IB_HCA": "mlx5", "NCCL_DEBUG": "WARN"}}
