@@ -54,6 +54,10 @@ def cmd_lab_status(_: argparse.Namespace) -> int:
     lab = Lab()
     for node in lab.nodes():
         print(f"{node.name:<8} {node.address:<14} {node.profile:<10} {node.release}")
+    controller = lab.slurm_controller()
+    if controller is not None:
+        role = "slurmctld"
+        print(f"{controller.name:<8} {controller.address:<14} {role:<10} {controller.release}")
     return 0
 
 
