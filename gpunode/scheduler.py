@@ -55,7 +55,9 @@ class NodeStatus:
 
     name: str
     state: str  # the scheduler's word for it, lowercase: idle, mixed, allocated, drained...
-    reason: str | None  # why it is drained or down, as whoever did it wrote it
+    # Why it is drained or down, as whoever did it wrote it; Slurm may still show the last
+    # reason a while after a resume, so it says something only while the node is drained.
+    reason: str | None
     responding: bool = True
 
     @property

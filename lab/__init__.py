@@ -67,6 +67,7 @@ SLURM_CONTROLLER_OCTET = 10
 SLURM_CLUSTER = "lab"
 SLURM_CONTROLLER_PACKAGES = ("slurmctld", "slurm-client", "munge")
 SLURM_CONTROLLER_TIMEOUT_S = 600
+SLURMCTLD_STATE = "/var/lib/slurm/slurmctld"  # StateSaveLocation (gpunode.expected.slurm)
 
 # Packages of a minimal Debian cloud-like node; python3 serves testinfra-free probes later.
 NODE_PACKAGES = (
@@ -581,9 +582,17 @@ class Lab:
         with contextlib.suppress(docker.errors.NotFound):
             self.client.containers.get(name).remove(force=True)
 
-    def _start(self, node: LabNode, image: str, network: str, archive: bytes | None = None) -> None:
+    def _start(
+        self,
+        node: LabNode,
+        image: str,
+        network: str,
+        archive: bytes | None = None,
+        mounts: dict[str, str] | None = None,
+    ) -> None:
         """Create and boot ``node``'s container; ``archive`` (a tar stream) replaces the GPU
-        node's files (simulated hardware and login key)."""
+        node's files (simulated hardware and login key); ``mounts``: host directory ->
+        container path, besides the cgroup tree."""
         self._remove_container(node.container)
         started = time.monotonic()
         container = self.client.containers.create(
@@ -601,7 +610,10 @@ class Lab:
             cap_add=["SYS_ADMIN", "NET_ADMIN"],
             security_opt=["seccomp=unconfined", "apparmor=unconfined"],
             cgroupns="host",
-            volumes={"/sys/fs/cgroup": {"bind": "/sys/fs/cgroup", "mode": "rw"}},
+            volumes={
+                "/sys/fs/cgroup": {"bind": "/sys/fs/cgroup", "mode": "rw"},
+                **{host: {"bind": path, "mode": "rw"} for host, path in (mounts or {}).items()},
+            },
             tmpfs={"/run": "", "/run/lock": "", "/tmp": ""},
             stop_signal="SIGRTMIN+3",
             network=network,
@@ -679,6 +691,13 @@ class Lab:
     @property
     def slurm_path(self) -> Path:
         return self.state_dir / "slurm.json"
+
+    @property
+    def slurmctld_state_dir(self) -> Path:
+        """slurmctld's StateSaveLocation, on the lab host: per controller release."""
+        controller = self.slurm_controller()
+        release = controller.release if controller else DEFAULT_RELEASE
+        return self.state_dir / f"slurmctld-{release}"
 
     @property
     def munge_key_path(self) -> Path:
@@ -779,7 +798,13 @@ class Lab:
         if not self._running(node.container):
             public_key = self.key_path.with_suffix(".pub").read_bytes()
             archive = _tar({f"/home/{LOGIN_USER}/.ssh/authorized_keys": (public_key, 0o600)})
-            self._start(node, self._ensure_image(release), network, archive)
+            # slurmctld's state outlives its container (slurm_down, then slurm_up): the dynamic
+            # nodes it knew are pinged again, as a controller rebuilt on the same state does.
+            # A controller without it never learns of a slurmd already running.
+            state = self.slurmctld_state_dir
+            state.mkdir(parents=True, exist_ok=True)
+            mounts = {str(state): SLURMCTLD_STATE}
+            self._start(node, self._ensure_image(release), network, archive, mounts)
         container = self.client.containers.get(node.container)
         packages = " ".join(SLURM_CONTROLLER_PACKAGES)
         install = (
@@ -804,6 +829,7 @@ class Lab:
         )
         self._controller_exec(
             container,
+            f"chown slurm:slurm {SLURMCTLD_STATE} && "
             "chown munge:munge /etc/munge/munge.key.lab && "
             "mv -f /etc/munge/munge.key.lab /etc/munge/munge.key && "
             "systemctl restart munge && systemctl enable slurmctld && "

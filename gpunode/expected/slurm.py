@@ -19,7 +19,7 @@ and 24.05/24.11 (``-Z``, ``--conf``, ``--conf-server``); Slurm's dynamic_nodes.h
 ``File``); cgroup.conf(5) (``ConstrainDevices``). Checked with Debian 12's packages: a
 ``slurmd -Z`` node with ``--conf "Gres=gpu:h100:8 Feature=h100"`` registers IDLE in a
 ``Nodes=ALL`` partition, and a job given ``--gres=gpu:2`` sees CUDA_VISIBLE_DEVICES=0,1.
-Debian 13's Slurm 24.11 is not yet checked on a node.
+Checked again on Debian 13 nodes with its slurmd 24.11.5-4+deb13u1 (slurmctld of the same).
 """
 
 from __future__ import annotations
