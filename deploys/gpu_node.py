@@ -29,6 +29,7 @@ from roles.node_exporter import node_exporter
 from roles.nvidia_driver import nvidia_driver
 from roles.nvidia_repos import nvidia_repositories
 from roles.nvme_cache import nvme_cache
+from roles.slurm import slurm
 
 with converging() as desired:
     base_system(desired=desired)
@@ -46,3 +47,4 @@ with converging() as desired:
     gpu_settings(desired=desired)
     gpu_metrics(desired=desired)
     node_exporter(desired=desired)
+    slurm(desired=desired)

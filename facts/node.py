@@ -14,6 +14,7 @@ from facts.fabric import Mounts, NcclSettings
 from facts.firewall import FirewallState
 from facts.hardware import GpuReport, InfinibandPorts, NvmeDevices
 from facts.nvidia_packages import NvidiaPackages
+from facts.slurm import SlurmGres
 from facts.sshd import SshdState
 from facts.tls import NodeCertificate
 from gpunode import framing
@@ -102,7 +103,7 @@ def parse_node_os(output: list[str]) -> dict[str, Any]:
 
 class NodeState(FactBatch):
     """The node's release, GPU, InfiniBand, NVMe, sshd, firewall, TLS, NVIDIA packages,
-    container runtimes, NCCL settings and mounts."""
+    container runtimes, NCCL settings, mounts and Slurm GRES."""
 
     FACTS: ClassVar[dict[str, type[FactBase]]] = {
         "os": NodeOs,
@@ -116,4 +117,5 @@ class NodeState(FactBatch):
         "container_runtime": ContainerRuntimeConfig,
         "nccl": NcclSettings,
         "mounts": Mounts,
+        "slurm": SlurmGres,
     }

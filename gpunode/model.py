@@ -1036,6 +1036,73 @@ class NodeExporter:
     )
 
 
+# Slurm names: a cluster (lowercase, as slurmdbd stores it), a partition, node features and
+# GRES types (letters, digits and ._- only: they sit unquoted in slurm.conf and gres.conf).
+SLURM_CLUSTER_NAME = r"[a-z][a-z0-9_-]{0,39}"
+SLURM_NAME = r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}"
+SLURM_GRES_TYPE = r"[a-z0-9][a-z0-9_.-]{0,63}"
+
+
+@dataclass(frozen=True)
+class Slurm:
+    """slurmd on the GPU node: a dynamic node (``slurmd -Z``) of the declared controller, its
+    GRES (gres.conf) generated from the GPUs the node reports, the cluster's MUNGE key."""
+
+    enabled: bool = setting(False, "install slurmd and munge and join the node to the cluster")
+    controller: str | None = setting(
+        None, "host name of the slurmctld host (SlurmctldHost)", pattern=HOST_NAME,
+        accepts="a host name such as slurmctl or slurmctl.cluster.example",
+    )  # fmt: skip
+    controller_address: str | None = setting(
+        None, "its address, where the host name does not resolve from the nodes",
+        check=check_ip_address, accepts="an IP address",
+    )  # fmt: skip
+    cluster_name: str = setting(
+        "gpunode", "ClusterName", pattern=SLURM_CLUSTER_NAME,
+        accepts="lowercase letters, digits, _ and -, starting with a letter (at most 40)",
+    )  # fmt: skip
+    partition: str = setting(
+        "gpu", "the partition every node is in (Nodes=ALL, the default partition)",
+        pattern=SLURM_NAME, accepts="letters, digits and ._- (at most 64)",
+    )  # fmt: skip
+    features: tuple[str, ...] = setting(
+        (), "node features (Feature=) besides the GPU type, which every node has",
+        pattern=SLURM_NAME, accepts="letters, digits and ._- (at most 64 each)",
+    )  # fmt: skip
+    gpu_type: str | None = setting(
+        None, "GRES type of the node's GPUs; unset: from the GPU's product name "
+        "(NVIDIA H100 80GB HBM3 -> h100_80gb_hbm3)",
+        pattern=SLURM_GRES_TYPE, accepts="lowercase letters, digits and ._- (at most 64)",
+    )  # fmt: skip
+    max_node_count: int = setting(
+        1024, "MaxNodeCount: how many dynamic nodes the controller accepts", min=1, max=65000
+    )
+    munge_key_file: str | None = setting(
+        None, "file on the control machine holding the cluster's MUNGE key (sent to the node, "
+        "0400 munge:munge; never shown)", check=check_absolute_path,
+        accepts="an absolute path",
+    )  # fmt: skip
+    cgroup_enforcement: bool = setting(
+        True, "track and confine jobs with cgroups (proctrack/cgroup, task/cgroup, "
+        "ConstrainDevices=yes): a job opens only the GPUs it was given",
+    )  # fmt: skip
+
+    def validate(self, builder: Builder, path: str) -> None:
+        if not self.enabled:
+            return
+        if self.controller is None:
+            builder.problem(
+                f"{path}.controller", None, "slurmd needs its controller",
+                "the slurmctld host's name",
+            )  # fmt: skip
+        if self.munge_key_file is None:
+            builder.problem(
+                f"{path}.munge_key_file", None,
+                "slurmd authenticates to the controller with the cluster's MUNGE key",
+                "the path of the key file on the control machine",
+            )  # fmt: skip
+
+
 @dataclass(frozen=True)
 class ExpectedHardware:
     """What should be in the box; the drift check compares facts against it."""
@@ -1108,6 +1175,7 @@ class DesiredState:
     nvme_cache: NvmeCache = setting(NvmeCache(), "NVMe cache")
     gpu_metrics: GpuMetrics = setting(GpuMetrics(), "node-local GPU health metrics")
     node_exporter: NodeExporter = setting(NodeExporter(), "node_exporter over mutual TLS")
+    slurm: Slurm = setting(Slurm(), "Slurm compute node (slurmd)")
     expected_hardware: ExpectedHardware = setting(ExpectedHardware(), "expected hardware")
     reboot: Reboot = setting(Reboot(), "how the node reboots")
 

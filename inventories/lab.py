@@ -3,7 +3,8 @@ and each node's Debian release (groups bookworm and trixie)."""
 
 from lab import Lab
 
-_nodes = Lab().nodes()
+_lab = Lab()
+_nodes = _lab.nodes()
 if not _nodes:
     raise SystemExit("inventories/lab.py: no lab nodes; run `gpunode lab up --nodes 2` first")
 
@@ -12,9 +13,32 @@ _NO_IB = {
     "nccl": {"env": {"NCCL_SOCKET_IFNAME": "eth0", "NCCL_IB_DISABLE": "1", "NCCL_DEBUG": "WARN"}}
 }
 
+# Slurm: the lab's controller, while `gpunode lab up --slurm` runs one; the nodes of its
+# Debian release (one Slurm release per cluster: Lab.slurm_members) join it as dynamic nodes
+# with the GRES of their simulated GPUs (roles/slurm.py). Without one, no node has Slurm.
+_slurm_settings = _lab.slurm_settings()
+_slurm_members = {node.name for node in _lab.slurm_members()}
+_SLURM = {}
+if _slurm_settings is not None:
+    _SLURM = {
+        "slurm": {
+            "enabled": True,
+            "controller": _slurm_settings.controller,
+            "controller_address": _slurm_settings.controller_address,
+            "cluster_name": _slurm_settings.cluster_name,
+            "munge_key_file": _slurm_settings.munge_key_file,
+            # Lab-only (Lab.slurm_settings says why): jobs tracked by process, not cgroups.
+            "cgroup_enforcement": _slurm_settings.cgroup_enforcement,
+        }
+    }
+
 _by_profile: dict[str, list] = {"hgx-h100": [], "a100": [], "pcie-a10g": []}
 for _node in _nodes:
-    _data = {"ssh_hostname": _node.address, **(_NO_IB if _node.profile == "pcie-a10g" else {})}
+    _data = {
+        "ssh_hostname": _node.address,
+        **(_NO_IB if _node.profile == "pcie-a10g" else {}),
+        **(_SLURM if _node.name in _slurm_members else {}),
+    }
     _by_profile[_node.profile].append((_node.name, _data))
 
 h100_nodes = _by_profile["hgx-h100"]

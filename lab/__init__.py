@@ -29,10 +29,13 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpunode import distributions
 from lab import hwsim
+
+if TYPE_CHECKING:
+    from gpunode.model import Slurm
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 LABEL = "lab"
@@ -57,6 +60,14 @@ SCRATCH_DISK_MIB = 1024
 # bridge gateway. Not 3142, which a system-wide apt-cacher-ng service may hold.
 PACKAGE_CACHE_PORT = 3143
 APT_CACHER_NG = "/usr/sbin/apt-cacher-ng"
+# The lab's Slurm controller (`gpunode lab up --slurm`): its own container on the bridge,
+# beside the GPU nodes, running Debian's slurmctld and munge.
+SLURM_CONTROLLER = "slurmctl"
+SLURM_CONTROLLER_OCTET = 10
+SLURM_CLUSTER = "lab"
+SLURM_CONTROLLER_PACKAGES = ("slurmctld", "slurm-client", "munge")
+SLURM_CONTROLLER_TIMEOUT_S = 600
+SLURMCTLD_STATE = "/var/lib/slurm/slurmctld"  # StateSaveLocation (gpunode.expected.slurm)
 
 # Packages of a minimal Debian cloud-like node; python3 serves testinfra-free probes later.
 NODE_PACKAGES = (
@@ -571,7 +582,17 @@ class Lab:
         with contextlib.suppress(docker.errors.NotFound):
             self.client.containers.get(name).remove(force=True)
 
-    def _start(self, node: LabNode, image: str, network: str) -> None:
+    def _start(
+        self,
+        node: LabNode,
+        image: str,
+        network: str,
+        archive: bytes | None = None,
+        mounts: dict[str, str] | None = None,
+    ) -> None:
+        """Create and boot ``node``'s container; ``archive`` (a tar stream) replaces the GPU
+        node's files (simulated hardware and login key); ``mounts``: host directory ->
+        container path, besides the cgroup tree."""
         self._remove_container(node.container)
         started = time.monotonic()
         container = self.client.containers.create(
@@ -589,16 +610,21 @@ class Lab:
             cap_add=["SYS_ADMIN", "NET_ADMIN"],
             security_opt=["seccomp=unconfined", "apparmor=unconfined"],
             cgroupns="host",
-            volumes={"/sys/fs/cgroup": {"bind": "/sys/fs/cgroup", "mode": "rw"}},
+            volumes={
+                "/sys/fs/cgroup": {"bind": "/sys/fs/cgroup", "mode": "rw"},
+                **{host: {"bind": path, "mode": "rw"} for host, path in (mounts or {}).items()},
+            },
             tmpfs={"/run": "", "/run/lock": "", "/tmp": ""},
             stop_signal="SIGRTMIN+3",
             network=network,
         )
         self.client.networks.get(network).disconnect(container)
         self.client.networks.get(network).connect(container, ipv4_address=node.address)
-        container.put_archive("/", self._node_archive(node))
+        container.put_archive("/", archive if archive is not None else self._node_archive(node))
         container.start()
         self._wait_booted(container, node)
+        if archive is None:
+            self._enable_gpu_devices(container, node)
         node.boot_s = round(time.monotonic() - started, 2)
         host_key = container.exec_run(["cat", "/etc/ssh/ssh_host_ed25519_key.pub"])
         if host_key.exit_code != 0:
@@ -620,7 +646,17 @@ class Lab:
             for path, entry in hwsim.node_files(node.profile, node.name).items()
             if path != hwstate.DEFAULT_STATE_PATH
         }
-        self.client.containers.get(node.container).put_archive("/", _tar(programs))
+        container = self.client.containers.get(node.container)
+        container.put_archive("/", _tar(programs))
+        self._enable_gpu_devices(container, node)
+
+    def _enable_gpu_devices(self, container: Any, node: LabNode) -> None:
+        """/dev/nvidiaN now and at every boot of ``node`` (hwsim.DEVICES_UNIT)."""
+        result = container.exec_run(
+            ["sh", "-c", f"systemctl daemon-reload && systemctl enable --now {hwsim.DEVICES_UNIT}"]
+        )
+        if result.exit_code != 0:
+            raise LabError(f"{node.name}: GPU device files: {result.output.decode().strip()}")
 
     def _node_archive(self, node: LabNode) -> bytes:
         """Simulated hardware plus the lab login key, as one tar stream."""
@@ -650,6 +686,185 @@ class Lab:
                     return
             time.sleep(0.5)
         raise LabError(f"{node.name} did not finish booting in {BOOT_TIMEOUT_S} s")
+
+    # --- Slurm controller ----------------------------------------------------------------------
+    @property
+    def slurm_path(self) -> Path:
+        return self.state_dir / "slurm.json"
+
+    @property
+    def slurmctld_state_dir(self) -> Path:
+        """slurmctld's StateSaveLocation, on the lab host: per controller release."""
+        controller = self.slurm_controller()
+        release = controller.release if controller else DEFAULT_RELEASE
+        return self.state_dir / f"slurmctld-{release}"
+
+    @property
+    def munge_key_path(self) -> Path:
+        """The cluster's MUNGE key on the control side (``slurm.munge_key_file``), 0600."""
+        return self.state_dir / "munge.key"
+
+    def slurm_settings(self) -> Slurm | None:
+        """The ``slurm`` settings of the lab's nodes while its controller is up, else None."""
+        from gpunode.model import Slurm
+
+        if not self.slurm_path.exists():
+            return None
+        controller = json.loads(self.slurm_path.read_text())
+        # Lab-only: the nodes are containers sharing the host's cgroup tree (cgroupns=host).
+        # slurmd's cgroup plugins would make its job cgroups at the root of the host's
+        # hierarchies (/sys/fs/cgroup/<controller>/slurm_<node>), shared by every lab whose
+        # nodes have the same names and left behind by `lab down`; so the lab's jobs are
+        # tracked by process (checked by hand: with cgroups on, a lab job got its device
+        # cgroup and ran).
+        return Slurm(
+            enabled=True,
+            controller=controller["name"],
+            controller_address=controller["address"],
+            cluster_name=SLURM_CLUSTER,
+            munge_key_file=str(self.munge_key_path),
+            cgroup_enforcement=False,
+        )
+
+    def slurm_controller(self) -> LabNode | None:
+        if not self.slurm_path.exists():
+            return None
+        controller = json.loads(self.slurm_path.read_text())
+        return LabNode(
+            name=controller["name"],
+            container=controller["container"],
+            address=controller["address"],
+            profile="",
+            release=controller.get("release", DEFAULT_RELEASE),
+        )
+
+    def slurm_members(self) -> list[LabNode]:
+        """The lab nodes that join the controller: those of its Debian release.
+
+        A Slurm cluster is one Slurm release here: Debian 12 has Slurm 22.05, Debian 13 has
+        24.11, and slurmctld talks to slurmd of its own and the two releases before it only
+        (Slurm's upgrade guide: 24.11 takes 24.05 and 23.11), so a node of the other Debian
+        release could not join; in a mixed lab it is no Slurm node.
+        """
+        controller = self.slurm_controller()
+        if controller is None:
+            return []
+        return [node for node in self.nodes() if node.release == controller.release]
+
+    def slurm_up(self, release: str | None = None) -> LabNode:
+        """Bring up the lab's Slurm controller (slurmctld and munge, Debian's packages from
+        the lab's package cache) and the cluster's MUNGE key; kept when already running.
+
+        ``release``: the controller's Debian release (default: the first node's). The nodes
+        of that release (:meth:`slurm_members`) join it when converged with the lab inventory
+        (their ``slurm`` data, from :meth:`slurm_settings`): gpunode's slurm role, not the
+        lab, makes them Slurm nodes.
+        """
+        from gpunode.expected.slurm import render_slurm_conf
+
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self._ensure_key()
+        network = self._ensure_network()
+        self.serve_package_cache()
+        if release is None:
+            nodes = self.nodes()
+            release = nodes[0].release if nodes else DEFAULT_RELEASE
+        if release not in distributions.BY_CODENAME:
+            raise LabError(f"Slurm controller: unknown release {release!r}")
+        node = LabNode(
+            name=SLURM_CONTROLLER,
+            container=f"{self.name}-{SLURM_CONTROLLER}",
+            address=f"{self.network_prefix}.{SLURM_CONTROLLER_OCTET}",
+            profile="",
+            release=release,
+        )
+        kept = self.slurm_controller()
+        if kept is not None and kept.release != release:
+            self._remove_container(kept.container)
+        self._ensure_munge_key()
+        self.slurm_path.write_text(
+            json.dumps(
+                {
+                    "name": node.name,
+                    "container": node.container,
+                    "address": node.address,
+                    "release": node.release,
+                }
+            )
+            + "\n"
+        )
+        settings = self.slurm_settings()
+        assert settings is not None
+        if not self._running(node.container):
+            public_key = self.key_path.with_suffix(".pub").read_bytes()
+            archive = _tar({f"/home/{LOGIN_USER}/.ssh/authorized_keys": (public_key, 0o600)})
+            # slurmctld's state outlives its container (slurm_down, then slurm_up): the dynamic
+            # nodes it knew are pinged again, as a controller rebuilt on the same state does.
+            # A controller without it never learns of a slurmd already running.
+            state = self.slurmctld_state_dir
+            state.mkdir(parents=True, exist_ok=True)
+            mounts = {str(state): SLURMCTLD_STATE}
+            self._start(node, self._ensure_image(release), network, archive, mounts)
+        container = self.client.containers.get(node.container)
+        packages = " ".join(SLURM_CONTROLLER_PACKAGES)
+        install = (
+            f"echo 'Acquire::http::Proxy \"{self.package_cache_url}\";' "
+            "> /etc/apt/apt.conf.d/90gpunode-lab-proxy && "
+            # Installed already (a controller kept from an earlier `up --slurm`): no apt.
+            f"installed=$(dpkg-query -W -f='${{Status}}\\n' {packages} 2>/dev/null "
+            "| grep -c 'install ok installed'); "
+            f'[ "$installed" = {len(SLURM_CONTROLLER_PACKAGES)} ] && exit 0; '
+            "apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q "
+            f"--no-install-recommends {packages}"
+        )
+        self._controller_exec(container, install, "installing slurmctld")
+        container.put_archive(
+            "/",
+            _tar(
+                {
+                    "/etc/munge/munge.key.lab": (self.munge_key_path.read_bytes(), 0o400),
+                    "/etc/slurm/slurm.conf": (render_slurm_conf(settings).encode(), 0o644),
+                }
+            ),
+        )
+        self._controller_exec(
+            container,
+            f"chown slurm:slurm {SLURMCTLD_STATE} && "
+            "chown munge:munge /etc/munge/munge.key.lab && "
+            "mv -f /etc/munge/munge.key.lab /etc/munge/munge.key && "
+            "systemctl restart munge && systemctl enable slurmctld && "
+            "systemctl restart slurmctld",
+            "starting slurmctld",
+        )
+        deadline = time.monotonic() + SLURM_CONTROLLER_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if container.exec_run(["scontrol", "ping"]).output.decode().count("is UP"):
+                return node
+            time.sleep(1)
+        raise LabError(f"slurmctld on {node.container} did not answer scontrol ping")
+
+    def slurm_down(self) -> None:
+        """Remove the lab's Slurm controller (the nodes' slurmd are left as they are)."""
+        controller = self.slurm_controller()
+        if controller is not None:
+            self._remove_container(controller.container)
+        self.slurm_path.unlink(missing_ok=True)
+
+    def _ensure_munge_key(self) -> None:
+        """A 128-character hex key (munged takes any key of 32 bytes or more), made once."""
+        if self.munge_key_path.exists():
+            return
+        with contextlib.suppress(FileExistsError):
+            descriptor = os.open(self.munge_key_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(descriptor, "w") as handle:
+                handle.write(secrets.token_hex(64) + "\n")
+
+    @staticmethod
+    def _controller_exec(container: Any, script: str, what: str) -> None:
+        result = container.exec_run(["sh", "-c", script])
+        if result.exit_code != 0:
+            output = result.output.decode(errors="replace").strip()[-2000:]
+            raise LabError(f"Slurm controller: {what} failed: {output}")
 
     # --- scratch disks -----------------------------------------------------------------------
     @property

@@ -30,6 +30,13 @@ def cmd_lab_up(args: argparse.Namespace) -> int:
             f"{node.name:<8} {node.address:<14} {node.profile:<10} {node.release:<9} "
             f"{node.boot_s:>7.2f} {node.memory_mib:>8.1f}"
         )
+    if args.slurm:
+        controller = lab.slurm_up()
+        members = ", ".join(node.name for node in lab.slurm_members()) or "none"
+        print(
+            f"Slurm controller {controller.name} at {controller.address} ({controller.release}: "
+            f"slurmctld, munge); its nodes once converged: {members}"
+        )
     if args.scratch_disks:
         disks = ", ".join(f"/dev/nvme{index}n1" for index in range(args.scratch_disks))
         print(f"scratch disks on every node: {disks} ({args.scratch_disk_mib} MiB each)")
@@ -47,6 +54,10 @@ def cmd_lab_status(_: argparse.Namespace) -> int:
     lab = Lab()
     for node in lab.nodes():
         print(f"{node.name:<8} {node.address:<14} {node.profile:<10} {node.release}")
+    controller = lab.slurm_controller()
+    if controller is not None:
+        role = "slurmctld"
+        print(f"{controller.name:<8} {controller.address:<14} {role:<10} {controller.release}")
     return 0
 
 
@@ -87,6 +98,11 @@ def register(commands: Any) -> None:
     )
     up.add_argument(
         "--scratch-disk-mib", type=int, default=SCRATCH_DISK_MIB, help="size of each scratch disk"
+    )
+    up.add_argument(
+        "--slurm",
+        action="store_true",
+        help="also a Slurm controller (slurmctld, munge) the nodes join when converged",
     )
     up.set_defaults(func=reporting_lab_errors(cmd_lab_up))
     down = lab_commands.add_parser("down", help="remove everything the lab made")

@@ -19,6 +19,7 @@ from gpunode.drift.findings import HARDWARE_TICKET, RUN_DEPLOY, Finding, Severit
 from gpunode.drift.shape import checked_facts
 from gpunode.expected.firewall import TABLE, render_ruleset
 from gpunode.expected.packages import held_packages, toolkit_keeps_cdi_spec
+from gpunode.expected.slurm import GRES_CONF, GresGpu, gres_gpus, gres_summary
 from gpunode.expected.sshd import expected_effective, render_sshd_config
 from gpunode.model import DesiredState
 from gpunode.nvidia_releases import CDI_REFRESH_SPEC
@@ -559,6 +560,51 @@ def access_rules(desired: DesiredState, facts: dict[str, Any]) -> Iterator[tuple
             yield f"accounts.admin:{name}", WARN, f"{name} can log in", found, RUN_DEPLOY
 
 
+SLURM_GRES_FIX = (
+    "drain the node; once its GPUs are as they should be, run deploys/gpu_node.py (it "
+    "rewrites gres.conf from the GPUs and restarts slurmd)"
+)
+
+
+def slurm_rules(desired: DesiredState, facts: dict[str, Any]) -> Iterator[tuple]:
+    """The GRES slurmd hands out (gres.conf) against the GPUs the driver reports.
+
+    Critical: Slurm gives jobs the GPUs of gres.conf; one the node no longer has is handed to
+    a job that then fails (or waits on a GPU that is not there), so jobs should not land on
+    the node until it is repaired or its GRES rewritten.
+    """
+    if not desired.slurm.enabled:
+        return
+    section: Section = facts.get("slurm") or {}
+    state = section.get("state")
+    if state == "absent":
+        found = f"absent: {section.get('reason') or 'no gres.conf'}"
+        yield "slurm.gres_conf", WARN, "gres.conf of the node's GPUs", found, RUN_DEPLOY
+        return
+    if state != "ok":
+        yield from _unreadable("slurm", section)
+        return
+    yield from _unread_lines("slurm", GRES_CONF, section.get("problems"))
+    report: Section = facts.get("gpu") or {}
+    if report.get("state") != "ok":
+        return  # the GPU rules say why the GPUs are unknown
+    expected, _ = gres_gpus(report.get("gpus") or [], desired.slurm.gpu_type)
+    listed_gres = sorted(
+        GresGpu(str(gpu.get("type")), str(gpu.get("file"))) for gpu in section["gres"]
+    )
+    if listed_gres == expected:
+        return
+    files = {gpu.file for gpu in expected}
+    listed = {gpu.file for gpu in listed_gres}
+    details = [f"gres.conf {gres_summary(listed_gres)}"]
+    if gone := sorted(listed - files):
+        details.append(f"no GPU of the node at {', '.join(gone)}")
+    if unlisted := sorted(files - listed):
+        details.append(f"GPUs not in gres.conf: {', '.join(unlisted)}")
+    expected_text = f"GRES {gres_summary(expected)} (the node's {len(expected)} GPUs)"
+    yield "slurm.gres", CRIT, expected_text, "; ".join(details), SLURM_GRES_FIX
+
+
 RULES: tuple[Rule, ...] = (
     os_rules,
     gpu_rules,
@@ -572,6 +618,7 @@ RULES: tuple[Rule, ...] = (
     nccl_rules,
     nvme_cache_rules,
     access_rules,
+    slurm_rules,
 )
 
 

@@ -92,6 +92,13 @@ SECTION_SHAPES: dict[str, Shape] = {
         }
     ),
     "nccl": Record({**_STATE, "conf": Maybe(MapOf(Str)), "profile": Maybe(MapOf(Str))}),
+    "slurm": Record(
+        {
+            **_STATE,
+            "gres": ListOf(Record({"name": _TEXT, "type": _TEXT, "file": _TEXT})),
+            "problems": Maybe(ListOf(Str)),
+        }
+    ),
     # Mount point -> mount; a rule looks up the declared mount point.
     "mounts": Record(_STATE, rest=_MOUNT),
 }

@@ -10,4 +10,5 @@ library: no pyinfra, no host state, nothing from ``roles/``, ``facts/`` or ``gpu
 * ``sshd``: the whole sshd_config and what ``sshd -T`` must print for it.
 * ``firewall``: the nftables ruleset of table inet gpunode.
 * ``packages``: the NVIDIA driver's and the container toolkit's apt packages.
+* ``slurm``: slurm.conf, gres.conf (from the node's GPUs), cgroup.conf and slurmd's arguments.
 """

@@ -13,6 +13,8 @@ settings for real and tests inject drift with ``gpunode-lab-hw``. Only lab nodes
   ``/usr/local/sbin/gpunode-lab-hw``, ``/usr/local/sbin/modinfo``: shell wrappers running
   those modules;
 - ``/usr/local/share/gpunode-lab/``: the captured outputs used as templates;
+- ``/etc/systemd/system/gpunode-lab-gpu-devices.service``: makes ``/dev/nvidiaN`` of the
+  present GPUs at boot (``gpunode-lab-hw devices``), as the loaded driver would;
 - ``/var/lib/gpunode-lab/hardware.json``: the hardware state (``profiles.initial_state``);
 - ``/lib/modules/<release>/modules.dep`` listing ``nvidia.ko``, as depmod leaves it on a GPU
   node whose driver is built: the simulated GPUs have a loaded driver from the first boot, and
@@ -46,6 +48,24 @@ COMMANDS = {
     "/usr/local/sbin/gpunode-lab-hw": "hwctl",
 }
 MODINFO_PATH = "/usr/local/sbin/modinfo"
+# Makes /dev/nvidiaN at every boot (the container's /dev is new at each start); the lab
+# enables it once the node has booted (``DEVICES_UNIT``).
+DEVICES_UNIT = "gpunode-lab-gpu-devices.service"
+DEVICES_UNIT_TEXT = b"""\
+[Unit]
+Description=Device files of the lab node's simulated GPUs (/dev/nvidiaN)
+DefaultDependencies=no
+After=local-fs.target
+Before=sysinit.target slurmd.service
+
+[Service]
+Type=oneshot
+ExecStart=/usr/local/sbin/gpunode-lab-hw devices
+RemainAfterExit=yes
+
+[Install]
+WantedBy=sysinit.target
+"""
 # The query doubles whose answers are replayed for the same state (hwstate, "replayed answers").
 REPLAYED = ("nvidia_smi", "ibstat", "nvme")
 FIXTURES = Path(__file__).resolve().parents[2] / "tests" / "fixtures"
@@ -75,6 +95,7 @@ def node_files(profile: str, hostname: str) -> dict[str, tuple[bytes, int]]:
         files[command] = (_wrapper(command, module, code), 0o755)
     # Ahead of the real one in PATH: answers for the stand-in NVIDIA module only, in shell.
     files[MODINFO_PATH] = (modinfo.script().encode(), 0o755)
+    files[f"/etc/systemd/system/{DEVICES_UNIT}"] = (DEVICES_UNIT_TEXT, 0o644)
     for template in TEMPLATES:
         files[f"{hwstate.DEFAULT_SHARE_DIR}/{Path(template).name}"] = (
             (FIXTURES / template).read_bytes(),

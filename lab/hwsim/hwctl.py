@@ -5,6 +5,7 @@ Tests use it to look at what a deploy converged and to inject drift or faults::
     gpunode-lab-hw show [PATH]           # the state (or the part at PATH) as JSON
     gpunode-lab-hw set PATH VALUE        # e.g. set gpus.3.present false
     gpunode-lab-hw reboot                # what a reboot does to the GPUs (hwstate.reboot)
+    gpunode-lab-hw devices               # /dev/nvidiaN of the GPUs, as the driver makes them
 
 PATH is dotted, list positions are numbers: ``gpus.3.ecc_errors.volatile.dram_uncorrectable``,
 ``ib_ports.0.state``. It must already exist, so a typo fails instead of adding a key nobody
@@ -15,13 +16,19 @@ string, so ``set ib_ports.0.state Down`` works unquoted.
 from __future__ import annotations
 
 import json
+import os
+import stat
 import sys
 from collections.abc import Sequence
 from typing import Any
 
 from . import hwstate
 
-USAGE = "usage: gpunode-lab-hw show [PATH] | set PATH VALUE | reboot\n"
+USAGE = "usage: gpunode-lab-hw show [PATH] | set PATH VALUE | reboot | devices\n"
+# The NVIDIA driver's character devices: major 195, minor the GPU's minor number
+# (nvidia-modprobe makes /dev/nvidiaN so; nvidia-smi -q reports the minor number).
+NVIDIA_MAJOR = 195
+DEVICE_DIR_ENV = "GPUNODE_LAB_DEV_DIR"
 EXIT_USAGE = 2
 
 
@@ -39,6 +46,8 @@ def main(argv: Sequence[str]) -> int:
             path, text = arguments
             with hwstate.mutate() as state:
                 assign(state, path, parse_value(text))
+        elif command == "devices" and not arguments:
+            make_device_files(hwstate.load(), os.environ.get(DEVICE_DIR_ENV, "/dev"))
         elif command == "reboot" and not arguments:
             with hwstate.mutate() as state:
                 hwstate.reboot(state)
@@ -49,6 +58,30 @@ def main(argv: Sequence[str]) -> int:
         sys.stderr.write(f"gpunode-lab-hw: {error}\n")
         return 1
     return 0
+
+
+def make_device_files(state: Any, directory: str) -> list[str]:
+    """/dev/nvidiaN (character device 195:N, mode 0666) for every present GPU, as the loaded
+    driver has them made; made ones are kept, as on a node whose GPU falls off the bus later.
+
+    Slurm's gres.conf names them (File=) and slurmd looks at them; nothing opens them.
+    """
+    made = []
+    for gpu in state["gpus"]:
+        minor = gpu.get("minor_number")
+        if not gpu.get("present") or not isinstance(minor, int):
+            continue
+        path = os.path.join(directory, f"nvidia{minor}")
+        try:
+            if stat.S_ISCHR(os.stat(path).st_mode):
+                continue
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+        os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(NVIDIA_MAJOR, minor))
+        os.chmod(path, 0o666)
+        made.append(path)
+    return made
 
 
 def parse_value(text: str) -> Any:

@@ -1,0 +1,221 @@
+"""The workload scheduler as fleet operations see it: a node's state and drain reason, drain,
+resume, and the jobs running on a node.
+
+Rolling changes and health-driven drain use this interface only, so another scheduler
+(Kubernetes: cordon, drain and the pods of a node through kubectl) is another
+implementation of :class:`Scheduler`. :class:`SlurmScheduler` runs Slurm's own commands
+(``sinfo``, ``squeue``, ``scontrol``) through a :data:`Runner`: on the control machine
+when it is a Slurm client (:func:`local_runner`), or on the controller over SSH
+(:func:`shell_runner` around any way of running a shell command there).
+
+A drain gpunode makes carries a reason starting with :data:`GPUNODE_REASON_PREFIX`; a node
+drained with any other reason was drained by a person or another tool, and gpunode never
+resumes it (:attr:`NodeStatus.drained_by_gpunode`).
+
+Slurm's output is node text: parsers keep the lines they can read and name the others.
+Sources (read 2026-12-01): sinfo(1) (``-N``, ``-h``, ``-o %N %T %E``; states and their
+suffixes), squeue(1) (``-w``, ``-t``, ``-o %i``), scontrol(1) (``update NodeName=...
+State=DRAIN Reason=...``, ``State=RESUME``), of Slurm 22.05 and 24.11.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import subprocess
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+GPUNODE_REASON_PREFIX = "gpunode:"
+# Slurm node names as gpunode passes them (host names); reasons: printable, one line, and
+# without the characters sinfo's output separator or a shell would take.
+NODE_NAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]{0,62}[A-Za-z0-9])?")
+REASON = re.compile(r"[A-Za-z0-9 ._:,/=+@()#-]{1,200}")
+MAX_OUTPUT_LINES = 100_000
+# The job states that hold a node's resources (squeue -t): running, completing,
+# configuring (booting its nodes), suspended (its memory still held).
+BUSY_JOB_STATES = ("RUNNING", "COMPLETING", "CONFIGURING", "SUSPENDED")
+DRAINED_STATES = frozenset({"drained", "draining"})
+_FIELD_SEPARATOR = "|"
+_STATE = re.compile(r"[a-z_]+")
+_JOB_ID = re.compile(r"[0-9]+(_[0-9]+|\+[0-9]+)?")
+
+# argv -> (exit status, stdout, stderr)
+Runner = Callable[[Sequence[str]], tuple[int, str, str]]
+
+
+class SchedulerError(RuntimeError):
+    """The scheduler refused or failed a request; the message says which and why."""
+
+
+@dataclass(frozen=True)
+class NodeStatus:
+    """One node as the scheduler sees it."""
+
+    name: str
+    state: str  # the scheduler's word for it, lowercase: idle, mixed, allocated, drained...
+    # Why it is drained or down, as whoever did it wrote it; Slurm may still show the last
+    # reason a while after a resume, so it says something only while the node is drained.
+    reason: str | None
+    responding: bool = True
+
+    @property
+    def drained(self) -> bool:
+        """Drained or draining: no new job lands on it."""
+        return self.state in DRAINED_STATES
+
+    @property
+    def drained_by_gpunode(self) -> bool:
+        return self.drained and (self.reason or "").startswith(GPUNODE_REASON_PREFIX)
+
+
+@dataclass(frozen=True)
+class StatusReport:
+    nodes: dict[str, NodeStatus]
+    problems: list[str]  # lines that could not be read, quoted and cut
+
+
+class Scheduler(Protocol):
+    def status(self, nodes: Sequence[str]) -> StatusReport:
+        """The state of ``nodes``; a node the scheduler does not know is not in it."""
+        ...
+
+    def drain(self, node: str, reason: str) -> None:
+        """No new job on ``node``; its running jobs go on. ``reason`` is stored with it."""
+        ...
+
+    def resume(self, node: str) -> None:
+        """``node`` takes jobs again."""
+        ...
+
+    def running_jobs(self, node: str) -> list[str]:
+        """The ids of the jobs that hold ``node``'s resources now."""
+        ...
+
+
+def gpunode_reason(text: str) -> str:
+    """A drain reason gpunode writes: the prefix, then ``text``."""
+    return check_reason(f"{GPUNODE_REASON_PREFIX} {text}")
+
+
+def check_node(name: str) -> str:
+    if not NODE_NAME.fullmatch(name):
+        raise SchedulerError(f"{name!r} is not a node name")
+    return name
+
+
+def check_reason(reason: str) -> str:
+    if not REASON.fullmatch(reason):
+        raise SchedulerError(
+            f"drain reason {reason[:80]!r}: one line of at most 200 letters, digits, spaces "
+            "and ._:,/=+@()#-"
+        )
+    return reason
+
+
+def local_runner(timeout_s: float = 60) -> Runner:
+    """Runs the scheduler's commands on this machine (a Slurm client of the cluster)."""
+
+    def run(argv: Sequence[str]) -> tuple[int, str, str]:
+        try:
+            done = subprocess.run(
+                list(argv), capture_output=True, text=True, timeout=timeout_s, check=False
+            )
+        except (OSError, subprocess.TimeoutExpired) as error:
+            return 127, "", f"{argv[0]}: {error}"
+        return done.returncode, done.stdout, done.stderr
+
+    return run
+
+
+def shell_runner(execute: Callable[[str], tuple[int, str, str]]) -> Runner:
+    """A runner from anything that runs one shell command line elsewhere (SSH to the
+    controller, say): every word is quoted."""
+
+    def run(argv: Sequence[str]) -> tuple[int, str, str]:
+        return execute(shlex.join(argv))
+
+    return run
+
+
+def parse_sinfo(lines: Iterable[str]) -> StatusReport:
+    """``sinfo -h -N -o '%N|%T|%E'`` -> each node once (sinfo lists a node per partition).
+
+    A state's suffix says more than the state: ``*`` the node does not respond, ``~`` and
+    ``#`` power saving, ``!``, ``%`` and ``@`` power and reboot requests; the state is kept
+    without it, ``responding`` from ``*``.
+    """
+    nodes: dict[str, NodeStatus] = {}
+    problems: list[str] = []
+    for number, line in enumerate(lines, start=1):
+        if number > MAX_OUTPUT_LINES:
+            problems.append(f"output past {MAX_OUTPUT_LINES} lines not read")
+            break
+        text = line.rstrip("\n")
+        if not text.strip():
+            continue
+        fields = text.split(_FIELD_SEPARATOR, 2)
+        if len(fields) != 3:
+            problems.append(f"line {number}: {text[:120]!r}")
+            continue
+        name, raw_state, reason = (field.strip() for field in fields)
+        state = raw_state.rstrip("*~#!%$@^-").lower()
+        if not NODE_NAME.fullmatch(name) or not _STATE.fullmatch(state):
+            problems.append(f"line {number}: {text[:120]!r}")
+            continue
+        nodes[name] = NodeStatus(
+            name=name,
+            state=state,
+            reason=None if reason in ("", "none", "(null)") else reason[:400],
+            responding="*" not in raw_state,
+        )
+    return StatusReport(nodes, problems)
+
+
+class SlurmScheduler:
+    """:class:`Scheduler` on Slurm, through ``run`` (see :data:`Runner`)."""
+
+    def __init__(self, run: Runner):
+        self._run = run
+
+    def _call(self, argv: list[str]) -> str:
+        code, stdout, stderr = self._run(argv)
+        if code != 0:
+            message = " ".join((stderr or stdout).split())[:300] or "no message"
+            raise SchedulerError(f"{argv[0]} {argv[1]}: exit status {code}: {message}")
+        return stdout
+
+    def status(self, nodes: Sequence[str]) -> StatusReport:
+        names = [check_node(node) for node in nodes]
+        if not names:
+            return StatusReport({}, [])
+        output = self._call(
+            ["sinfo", "--noheader", "--Node", "--nodes", ",".join(names), "--format", "%N|%T|%E"]
+        )
+        report = parse_sinfo(output.splitlines())
+        wanted = set(names)
+        return StatusReport(
+            {name: status for name, status in report.nodes.items() if name in wanted},
+            report.problems,
+        )
+
+    def drain(self, node: str, reason: str) -> None:
+        self._call(
+            ["scontrol", "update", f"NodeName={check_node(node)}", "State=DRAIN",
+             f"Reason={check_reason(reason)}"]
+        )  # fmt: skip
+
+    def resume(self, node: str) -> None:
+        self._call(["scontrol", "update", f"NodeName={check_node(node)}", "State=RESUME"])
+
+    def running_jobs(self, node: str) -> list[str]:
+        output = self._call(
+            ["squeue", "--noheader", "--nodelist", check_node(node),
+             "--states", ",".join(BUSY_JOB_STATES), "--format", "%i"]
+        )  # fmt: skip
+        jobs = [line.strip() for line in output.splitlines() if line.strip()]
+        unreadable = [job for job in jobs if not _JOB_ID.fullmatch(job)]
+        if unreadable:
+            raise SchedulerError(f"squeue: unreadable job ids {unreadable[:5]!r}")
+        return jobs
