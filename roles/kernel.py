@@ -32,7 +32,14 @@ from facts.kernel import FileModes, LoginDefs, PasswordStates, SysctlState
 from gpunode.model import DesiredState
 from gpunode.schema import one_line
 
-SYSCTL_PATH = "/etc/sysctl.d/90-gpunode-hardening.conf"
+# systemd-sysctl applies the sysctl.d files of /etc, /run and /usr/lib in the order of their
+# names, the last value of a key winning; Debian's procps ships protect-links.conf (with
+# fs.protected_fifos = 1), which sorts after any name that starts with a digit: under the
+# old name 90-gpunode-hardening.conf, a reboot of a Debian 12 host put
+# fs.protected_fifos back to 1. "zz-" sorts after every packaged file.
+SYSCTL_PATH = "/etc/sysctl.d/zz-gpunode-hardening.conf"
+# Where earlier gpunode versions wrote it: removed, so that one file holds the values.
+OLD_SYSCTL_PATHS = ("/etc/sysctl.d/90-gpunode-hardening.conf",)
 BLACKLIST_PATH = "/etc/modprobe.d/gpunode-blacklist.conf"
 LIMITS_PATH = "/etc/security/limits.d/gpunode.conf"
 COREDUMP_PATH = "/etc/systemd/coredump.conf.d/gpunode.conf"
@@ -474,6 +481,8 @@ def _managed_file(name: str, path: str, content: str, mode: str = "644") -> None
 def kernel_hardening(desired: DesiredState) -> None:
     values = sysctl_values(desired)
     _managed_file("Persistent sysctls", SYSCTL_PATH, render_sysctl_conf(values))
+    for old_path in OLD_SYSCTL_PATHS:
+        files.file(name="No sysctl file of an earlier gpunode", path=old_path, present=False)
     live_sysctls(name="Sysctls in the running kernel", values=values)
 
     modules, refused = blacklisted_modules(desired.kernel.blacklist_modules)

@@ -445,3 +445,18 @@ def test_sysctl_file_never_gets_a_second_line_from_a_value() -> None:
     # (tests/unit/test_model.py); the renderer refuses to write it as well.
     with pytest.raises(ValueError, match="control character"):
         render_sysctl_conf({"vm.max_map_count": "262144\nkernel.modprobe = /tmp/x"})
+
+
+def test_the_sysctl_file_is_applied_after_every_packaged_one() -> None:
+    # systemd-sysctl applies sysctl.d files by name, the last value winning: Debian's
+    # procps protect-links.conf (fs.protected_fifos = 1) must come before gpunode's file.
+    from pathlib import PurePosixPath
+
+    from roles.kernel import OLD_SYSCTL_PATHS, SYSCTL_PATH
+
+    packaged = ["50-default.conf", "50-pid-max.conf", "99-sysctl.conf", "protect-links.conf"]
+    names = sorted([*packaged, PurePosixPath(SYSCTL_PATH).name])
+    assert names[-1] == PurePosixPath(SYSCTL_PATH).name
+    assert SYSCTL_PATH not in OLD_SYSCTL_PATHS
+    # The old name sorted before protect-links.conf: a reboot undid fs.protected_fifos = 2.
+    assert sorted([*packaged, PurePosixPath(OLD_SYSCTL_PATHS[0]).name])[-1] == "protect-links.conf"

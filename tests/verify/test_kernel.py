@@ -9,7 +9,8 @@ import pytest
 
 from gpunode.model import DesiredState
 
-SYSCTL_PATH = "/etc/sysctl.d/90-gpunode-hardening.conf"
+# After every packaged sysctl.d file (roles/kernel.py: SYSCTL_PATH).
+SYSCTL_PATH = "/etc/sysctl.d/zz-gpunode-hardening.conf"
 BLACKLIST_PATH = "/etc/modprobe.d/gpunode-blacklist.conf"
 LIMITS_PATH = "/etc/security/limits.d/gpunode.conf"
 UNATTENDED_UPGRADES_PATH = "/etc/apt/apt.conf.d/51gpunode-unattended-upgrades"
