@@ -35,8 +35,9 @@ from lab import Lab  # noqa: E402
 # Facts a plan may name are only looked up among modules already imported (factcache never
 # imports on a plan's word): the deploys import these.
 FACT_MODULES = (
-    "facts.accounts", "facts.apt", "facts.container_runtime", "facts.fabric", "facts.firewall",
-    "facts.freshness", "facts.gpu", "facts.hardware", "facts.kernel", "facts.node",
+    "facts.accounts", "facts.apt", "facts.audit", "facts.container_runtime", "facts.fabric",
+    "facts.firewall", "facts.freshness", "facts.gpu", "facts.hardware", "facts.kernel",
+    "facts.node",
     "facts.nvidia_packages", "facts.run_lock", "facts.sshd", "facts.tls", "roles.cuda",
 )  # fmt: skip
 _TIMES = re.compile(r"(\d+)m([\d.]+)s\s+(\d+)m([\d.]+)s")

@@ -14,6 +14,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gpunode.converge import converging
+from roles.audit import file_integrity
 from roles.base import base_system
 from roles.container_toolkit import container_toolkit
 from roles.cuda import cuda_toolkits
@@ -48,3 +49,5 @@ with converging() as desired:
     gpu_metrics(desired=desired)
     node_exporter(desired=desired)
     slurm(desired=desired)
+    # Last: it takes what the roles above changed into the file integrity database.
+    file_integrity(desired=desired)

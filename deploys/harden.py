@@ -13,7 +13,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gpunode.converge import converging
+from roles.audit import file_integrity
 from roles.hardening import node_hardening
 
 with converging() as desired:
     node_hardening(desired)
+    # Last: it takes what the roles above changed into the file integrity database.
+    file_integrity(desired=desired)

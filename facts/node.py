@@ -8,6 +8,7 @@ from typing import Any, ClassVar
 
 from pyinfra.api import FactBase
 
+from facts.audit import FileIntegrityState
 from facts.batch import FactBatch
 from facts.container_runtime import ContainerRuntimeConfig
 from facts.fabric import Mounts, NcclSettings
@@ -103,7 +104,7 @@ def parse_node_os(output: list[str]) -> dict[str, Any]:
 
 class NodeState(FactBatch):
     """The node's release, GPU, InfiniBand, NVMe, sshd, firewall, TLS, NVIDIA packages,
-    container runtimes, NCCL settings, mounts and Slurm GRES."""
+    container runtimes, NCCL settings, mounts, Slurm GRES and the file integrity check."""
 
     FACTS: ClassVar[dict[str, type[FactBase]]] = {
         "os": NodeOs,
@@ -118,4 +119,5 @@ class NodeState(FactBatch):
         "nccl": NcclSettings,
         "mounts": Mounts,
         "slurm": SlurmGres,
+        "file_integrity": FileIntegrityState,
     }

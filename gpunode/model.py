@@ -1016,6 +1016,60 @@ class GpuMetrics:
     )
 
 
+# A systemd OnCalendar expression (systemd.time(7)): the characters its forms use.
+CALENDAR = r"[A-Za-z0-9*:,./~ -]{1,64}"
+CALENDAR_ACCEPTS = "a systemd OnCalendar expression such as '*-*-* 03:30:00' or 'daily'"
+
+
+@dataclass(frozen=True)
+class FileIntegrity:
+    """AIDE over the system's programs and configuration, checked on a schedule; what
+    changed outside a gpunode run is an alert in the drift report until it is accepted."""
+
+    enabled: bool = setting(False, "install AIDE, build its database, check on a schedule")
+    paths: tuple[str, ...] = setting(
+        ("/boot", "/etc", "/usr/bin", "/usr/sbin", "/usr/lib/modules", "/usr/lib/systemd",
+         "/usr/local"),
+        "what AIDE watches (Debian 12 and 13 have merged /usr: /bin and /sbin are in /usr). "
+        "Never datasets, scratch space or the NVMe cache: they change all the time",
+        pattern=ABSOLUTE_PATH, accepts=ABSOLUTE_PATH_ACCEPTS,
+    )  # fmt: skip
+    exclude: tuple[str, ...] = setting(
+        # Rewritten by the system itself: the dynamic linker's cache (ldconfig after every
+        # library install), the clock's drift file, files the container or DHCP client
+        # writes, lock files and AIDE's own.
+        ("/etc/ld.so.cache", "/etc/adjtime", "/etc/resolv.conf", "/etc/hostname",
+         "/etc/hosts", "/etc/mtab", "/etc/.pwd.lock", "/etc/machine-id", "/etc/aide"),
+        "paths under those not watched",
+        pattern=ABSOLUTE_PATH, accepts=ABSOLUTE_PATH_ACCEPTS,
+    )  # fmt: skip
+    schedule: str = setting(
+        "*-*-* 03:30:00", "when the check runs (a 30 min random delay is added)",
+        pattern=CALENDAR, accepts=CALENDAR_ACCEPTS,
+    )  # fmt: skip
+    max_age_hours: int = setting(
+        48, "a last check older than this is a drift finding (the timer stopped)", min=1,
+        max=24 * 31,
+    )  # fmt: skip
+
+    def validate(self, builder: Builder, path: str) -> None:
+        for key in ("paths", "exclude"):
+            for index, value in enumerate(getattr(self, key)):
+                reason = check_absolute_path(value)
+                if reason is not None:
+                    builder.problem(f"{path}.{key}[{index}]", value, reason,
+                                    ABSOLUTE_PATH_ACCEPTS)  # fmt: skip
+        if self.enabled and not self.paths:
+            builder.problem(f"{path}.paths", [], "nothing to watch", "at least one path")
+
+
+@dataclass(frozen=True)
+class Audit:
+    """Security audits on a schedule: file integrity (AIDE)."""
+
+    file_integrity: FileIntegrity = setting(FileIntegrity(), "AIDE file integrity")
+
+
 # nvidia-dcgm-exporter's listen address (its default, ":9400"; roles/dcgm.py sets no other).
 DCGM_EXPORTER_PORT = 9400
 
@@ -1176,6 +1230,7 @@ class DesiredState:
     gpu_metrics: GpuMetrics = setting(GpuMetrics(), "node-local GPU health metrics")
     node_exporter: NodeExporter = setting(NodeExporter(), "node_exporter over mutual TLS")
     slurm: Slurm = setting(Slurm(), "Slurm compute node (slurmd)")
+    audit: Audit = setting(Audit(), "security audits on a schedule (file integrity)")
     expected_hardware: ExpectedHardware = setting(ExpectedHardware(), "expected hardware")
     reboot: Reboot = setting(Reboot(), "how the node reboots")
 

@@ -75,6 +75,9 @@ WRITTEN_AGAINST: dict[str, str] = {
     "pyinfra.api.state.State.get_results_for_host": "(self, host)",
     "pyinfra.api.state.State.get_op_data_for_host": "(self, host, op_hash)",
     "pyinfra.api.state.State.trigger_callbacks": "(self, method_name, *args, **kwargs)",
+    # read by host_changed_in_this_run
+    "pyinfra.api.state.State.get_meta_for_host": "(self, host)",
+    "pyinfra.api.operation.OperationMeta.did_change": "(self)",
     "pyinfra.api.operation.OperationMeta.is_complete": "(self)",
     "pyinfra.api.operation.OperationMeta.set_complete": (
         "(self, success, commands, combined_output, retry_attempts=0, max_retries=0)"
@@ -240,6 +243,21 @@ def record_failed_operation(state: Any, host: Any, op_hash: str) -> None:
     if not meta.is_complete():
         meta.set_complete(False, [], CommandOutput([]))
     state.trigger_callbacks("operation_host_error", host, op_hash)
+
+
+def host_changed_in_this_run(host: Any) -> bool:
+    """Whether an operation of this run changed ``host`` (while executing: one that ran before
+    the caller did), or, while the deploy is being prepared with changes predicted (--dry,
+    or no -y), whether one prepared so far will. With -y nothing is predicted, and the
+    caller's operation is asked only while executing."""
+    _guard()
+    state = host.state
+    if not state.is_executing:
+        return bool(state.get_meta_for_host(host).ops_change)
+    return any(
+        data.operation_meta.is_complete() and data.operation_meta.did_change()
+        for data in state.ops[host].values()
+    )
 
 
 def inner(operation: Any) -> Callable[..., Any]:

@@ -17,6 +17,7 @@ from typing import Any
 from gpunode.distributions import Distribution, UnsupportedNode, platform_of, supported
 from gpunode.drift.findings import HARDWARE_TICKET, RUN_DEPLOY, Finding, Severity
 from gpunode.drift.shape import checked_facts
+from gpunode.expected.audit import is_system_binary
 from gpunode.expected.firewall import TABLE, render_ruleset
 from gpunode.expected.packages import held_packages, toolkit_keeps_cdi_spec
 from gpunode.expected.slurm import GRES_CONF, GresGpu, gres_gpus, gres_summary
@@ -605,6 +606,72 @@ def slurm_rules(desired: DesiredState, facts: dict[str, Any]) -> Iterator[tuple]
     yield "slurm.gres", CRIT, expected_text, "; ".join(details), SLURM_GRES_FIX
 
 
+INTEGRITY_FIX = (
+    "find out who changed it (auditd, shell history, the package log); reinstall the package "
+    "or restore the file, then accept: sudo python3 -I /usr/local/lib/gpunode-audit/"
+    "file_integrity.py --config /etc/gpunode/aide.conf --state /var/lib/gpunode/aide accept"
+)
+INTEGRITY_OVERDUE_FIX = "systemctl status gpunode-file-integrity.timer; run deploys/gpu_node.py"
+# The alerts one finding lists by name: enough to start looking, few enough for a table.
+MAX_INTEGRITY_PATHS_SHOWN = 5
+
+
+def file_integrity_rules(
+    desired: DesiredState, facts: dict[str, Any], now: datetime.datetime | None = None
+) -> Iterator[tuple]:
+    """AIDE's alerts (files changed outside a gpunode run that no package explains):
+    critical where a program or library changed (a trojaned binary runs every job), a
+    warning elsewhere; a database missing or a check overdue is a warning."""
+    settings = desired.audit.file_integrity
+    if not settings.enabled:
+        return
+    section: Section = facts.get("file_integrity") or {}
+    state = section.get("state")
+    if state == "absent":
+        found = f"absent: {section.get('reason') or 'aide is not installed'}"
+        yield "audit.file_integrity", WARN, "AIDE installed and checking", found, RUN_DEPLOY
+        return
+    if state != "ok":
+        yield from _unreadable("file_integrity", section)
+        return
+    yield from _unread_lines("file_integrity", "summary.json", section.get("problems"))
+    if not section.get("database"):
+        yield ("audit.file_integrity.database", WARN, "AIDE's database built",
+               "no database", RUN_DEPLOY)  # fmt: skip
+        return
+    summary: Section = section.get("summary") or {}
+    if summary.get("last_error"):
+        yield ("audit.file_integrity.error", WARN, "the last AIDE check ran",
+               str(summary["last_error"]), REPORT_BUG)  # fmt: skip
+    last = summary.get("last_check") or summary.get("initialised")
+    now = now or datetime.datetime.now(datetime.UTC)
+    if last:
+        checked = datetime.datetime.strptime(last, "%Y-%m-%dT%H:%M:%SZ").replace(
+            tzinfo=datetime.UTC
+        )
+        age_hours = (now - checked).total_seconds() / 3600
+        if age_hours > settings.max_age_hours:
+            yield ("audit.file_integrity.overdue", WARN,
+                   f"an AIDE check within {settings.max_age_hours} h",
+                   f"last check {last} ({age_hours:.0f} h ago)",
+                   INTEGRITY_OVERDUE_FIX)  # fmt: skip
+    alerts = summary.get("alerts") or []
+    count = max(int(summary.get("alert_count") or 0), len(alerts))
+    if not count:
+        return
+    binaries = [alert for alert in alerts if is_system_binary(str(alert.get("path")))]
+    severity = CRIT if binaries else WARN
+    shown = (binaries or alerts)[:MAX_INTEGRITY_PATHS_SHOWN]
+    listed = "; ".join(f"{alert.get('kind')} {alert.get('path')}" for alert in shown)
+    more = count - len(shown)
+    found = f"{count} changed outside a gpunode run: {listed}" + (
+        f" (and {more} more)" if more > 0 else ""
+    )
+    where = "system programs or libraries" if binaries else "watched files"
+    yield ("audit.file_integrity.changed", severity, f"{where} as gpunode or a package left them",
+           found, INTEGRITY_FIX)  # fmt: skip
+
+
 RULES: tuple[Rule, ...] = (
     os_rules,
     gpu_rules,
@@ -619,6 +686,7 @@ RULES: tuple[Rule, ...] = (
     nvme_cache_rules,
     access_rules,
     slurm_rules,
+    file_integrity_rules,
 )
 
 

@@ -99,6 +99,25 @@ SECTION_SHAPES: dict[str, Shape] = {
             "problems": Maybe(ListOf(Str)),
         }
     ),
+    "file_integrity": Record(
+        {
+            **_STATE,
+            "database": _FLAG,
+            "summary": Maybe(
+                Record(
+                    {
+                        "alerts": Maybe(
+                            ListOf(Record({"kind": _TEXT, "path": _TEXT, "found": _TEXT}))
+                        ),
+                        "alert_count": Maybe(Int),
+                        "last_check": _TEXT,
+                        "last_error": _TEXT,
+                    }
+                )
+            ),
+            "problems": Maybe(ListOf(Str)),
+        }
+    ),
     # Mount point -> mount; a rule looks up the declared mount point.
     "mounts": Record(_STATE, rest=_MOUNT),
 }

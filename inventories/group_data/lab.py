@@ -1,6 +1,7 @@
 """Data for every host of inventories/lab.py (pyinfra names this group after the file)."""
 
-from lab import LOGIN_USER, REBOOT_COMMAND, Lab
+from gpunode.model import FileIntegrity
+from lab import LOGIN_USER, REBOOT_COMMAND, Lab, hwsim
 
 _lab = Lab()
 
@@ -54,6 +55,14 @@ firewall = {
 }
 
 gpu_metrics = {"enabled": True}
+# File integrity (AIDE) as production has it, but for the hardware doubles: test equipment
+# that `gpunode lab up` rewrites on the node, outside any gpunode run.
+audit = {
+    "file_integrity": {
+        "enabled": True,
+        "exclude": [*FileIntegrity().exclude, *hwsim.simulator_paths()],
+    }
+}
 # Scraped over mutual TLS from the control side (firewall.monitoring_networks above).
 node_exporter = {"enabled": True}
 

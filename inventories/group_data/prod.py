@@ -35,6 +35,9 @@ tls = {"enabled": True, "renew_before_days": 30}
 # the monitoring network only (firewall.monitoring_networks); alert rules in monitoring/.
 gpu_metrics = {"enabled": True}
 node_exporter = {"enabled": True}
+# Files changed outside a gpunode run (no package explains them) are drift findings: AIDE
+# over the system's programs and configuration, checked nightly.
+audit = {"file_integrity": {"enabled": True, "schedule": "*-*-* 03:30:00"}}
 
 # An air-gapped site: every repository is the local mirror.
 apt = {

@@ -78,6 +78,23 @@ TEMPLATES = (
 )
 
 
+def simulator_paths() -> tuple[str, ...]:
+    """Where in a node's system directories the doubles live (``lab up`` rewrites them): what
+    the lab's file integrity check leaves out, as production has the real tools there."""
+    paths = (
+        NODE_LIBRARY,
+        "/usr/local/share/gpunode-lab",
+        *COMMANDS,
+        MODINFO_PATH,
+        *DIVERTED_PATHS,
+        f"/etc/systemd/system/{DEVICES_UNIT}",
+        f"/etc/systemd/system/multi-user.target.wants/{DEVICES_UNIT}",
+        # modules.dep of the host's kernel, whose modules a container does not have
+        f"/usr/lib/modules/{os.uname().release}",
+    )
+    return tuple(dict.fromkeys(paths))
+
+
 def node_files(profile: str, hostname: str) -> dict[str, tuple[bytes, int]]:
     """Absolute node path -> (content, mode) of every file a ``profile`` lab node needs."""
     package = f"{NODE_LIBRARY}/{NODE_PACKAGE}"

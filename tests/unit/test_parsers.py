@@ -21,6 +21,7 @@ import pytest
 
 from gpunode import framing
 from gpunode.framing import PartOutput
+from gpunode.probe import file_integrity
 from gpunode.probe.parsers import (
     SECTION_COMMANDS,
     combined_command,
@@ -75,7 +76,14 @@ CAPTURE_CASES: list[tuple[str, Extract, Parser]] = [
     ("load -q", capture_section("load :: query (-q)"), parse_page_retirement),
 ]
 
+
 # Every command capture in tests/fixtures, with the parser(s) that read it.
+def _aide_entries(text: str) -> dict:
+    """AIDE's JSON report as the node program reads it (gpunode/probe/file_integrity.py)."""
+    entries = file_integrity.differences(json.loads(text))
+    return {"state": "ok" if entries else "empty", "command": "aide --check", "entries": entries}
+
+
 FIXTURE_CASES: dict[str, list[tuple[str, Extract, Parser]]] = {
     "nvidia-smi-xml/a100-sxm4-v12.xml": [("-q -x", whole, parse_nvidia_smi_xml)],
     "nvidia-smi-xml/tesla-t4.xml": [("-q -x", whole, parse_nvidia_smi_xml)],
@@ -103,6 +111,8 @@ FIXTURE_CASES: dict[str, list[tuple[str, Extract, Parser]]] = {
     "page-retirement/bad_nvsmi8_output.txt": [("PAGE_RETIREMENT", whole, parse_page_retirement)],
     "syslog/1dev_6flap_syslog": [("syslog", whole, parse_ib_flaps)],
     "syslog/0flap_syslog": [("syslog", whole, parse_ib_flaps)],
+    "aide/check-0.18.3-deb12.json": [("aide --check (JSON)", whole, _aide_entries)],
+    "aide/check-0.18.3-deb12-added-changed.json": [("aide --check (JSON)", whole, _aide_entries)],
 }
 NOT_COMMAND_OUTPUT = {
     "PROVENANCE.md": "where the fixtures come from",

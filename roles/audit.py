@@ -1,0 +1,122 @@
+"""Security audits on a schedule: file integrity with AIDE.
+
+AIDE (Debian's ``aide``) with gpunode's own configuration (gpunode.expected.audit) over the
+declared paths; ``file_integrity.py`` (installed beside it) keeps the database and a summary
+the drift check reads. The database is built once; a timer checks on the schedule; and the
+last step of every run that changed the node takes that run's changes into the database,
+so a deploy is never reported as tampering, while what changed before the run started is
+classified as a nightly check would (an alert unless a package explains it).
+
+This role runs last in a deploy: it must see every operation before it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+from datetime import datetime
+from io import StringIO
+from pathlib import Path
+
+from pyinfra import host
+from pyinfra.api import deploy, operation
+from pyinfra.facts.server import Date
+from pyinfra.operations import apt, files, systemd
+
+from facts.audit import FileIntegrityState
+from facts.freshness import UnitsNeedDaemonReload
+from gpunode import pyinfra_patches
+from gpunode.expected import audit as expected
+from gpunode.model import DesiredState
+from gpunode.probe import file_integrity as file_integrity_program
+
+UNIT_DIR = "/etc/systemd/system"
+SERVICE = f"{UNIT_DIR}/{expected.UNIT}.service"
+TIMER = f"{UNIT_DIR}/{expected.UNIT}.timer"
+
+
+@operation()
+def integrity_database_built(initialised: bool) -> Generator[str, None, None]:
+    """
+    Build AIDE's database of the watched paths, once: later checks compare with it.
+
+    + initialised: whether the node has one (the FileIntegrityState fact)
+    """
+    if initialised:
+        host.noop("AIDE's database exists")
+        return
+    yield expected.init_command()
+
+
+@operation()
+def integrity_database_takes_this_run(run_started: datetime) -> Generator[str, None, None]:
+    """
+    Take what this run changed on the node into AIDE's database (only when it changed
+    something), classifying what changed before the run as a nightly check does.
+
+    + run_started: the node's clock when the run read its facts, before any change
+    """
+    if not pyinfra_patches.host_changed_in_this_run(host):
+        host.noop("nothing else changed on the node in this run")
+        return
+    yield expected.adopt_command(run_started.timestamp())
+
+
+def _no_file_integrity() -> None:
+    timer = files.file(name="No file integrity timer", path=TIMER, present=False)
+    files.file(name="No file integrity service", path=SERVICE, present=False)
+    systemd.daemon_reload(name="Reload systemd after removing units", _if=timer.did_change)
+
+
+@deploy("File integrity (AIDE)")
+def file_integrity(desired: DesiredState) -> None:
+    settings = desired.audit.file_integrity
+    if not settings.enabled:
+        _no_file_integrity()
+        return
+    # Read before anything of this role changes the node: the run's start for the database.
+    run_started = host.get_fact(Date)
+    # aide alone: aide-common (recommended) brings Debian's configuration and its daily
+    # check of the whole system, which this role does not use.
+    apt.packages(name="AIDE", packages=["aide"], no_recommends=True)
+    files.directory(name=f"Directory {expected.PROGRAM_DIR}", path=expected.PROGRAM_DIR,
+                    mode="755")  # fmt: skip
+    files.put(
+        name="file integrity program",
+        src=str(Path(file_integrity_program.__file__)),
+        dest=expected.PROGRAM,
+        mode="644",
+    )
+    files.directory(name="Directory /etc/gpunode", path="/etc/gpunode", mode="755")
+    files.put(
+        name="AIDE configuration (watched paths)",
+        src=StringIO(expected.render_aide_conf(settings)),
+        dest=expected.CONFIG,
+        mode="644",
+    )
+    files.directory(name=f"Directory {expected.STATE_DIR}", path=expected.STATE_DIR, mode="700")
+    state = host.get_fact(FileIntegrityState)
+    integrity_database_built(name="AIDE database built", initialised=bool(state.get("database")))
+    service = files.put(
+        name=f"{expected.UNIT}.service", src=StringIO(expected.render_service()), dest=SERVICE
+    )
+    timer = files.put(
+        name=f"{expected.UNIT}.timer",
+        src=StringIO(expected.render_timer(settings.schedule)),
+        dest=TIMER,
+    )
+    unloaded = host.get_fact(UnitsNeedDaemonReload, units=[f"{expected.UNIT}.service",
+                                                            f"{expected.UNIT}.timer"])  # fmt: skip
+    systemd.daemon_reload(
+        name="Reload systemd after a unit change",
+        _if=lambda: service.did_change() or timer.did_change() or unloaded,
+    )
+    systemd.service(
+        name=f"{expected.UNIT}.timer enabled and running",
+        service=f"{expected.UNIT}.timer",
+        running=True,
+        enabled=True,
+    )
+    # A new configuration watches other paths: what that adds is this run's doing too.
+    integrity_database_takes_this_run(
+        name="AIDE database takes this run's changes", run_started=run_started
+    )

@@ -1,0 +1,150 @@
+"""File integrity (AIDE, roles.audit) on a lab node: real AIDE, real dpkg, real drift check.
+
+The lab inventory enables audit.file_integrity, so every converge of the suite runs it; this
+module proves what it is for: a run's own changes are taken in, a binary planted outside a
+run is a critical finding that a later run does not hide, a package installed by apt is
+explained by dpkg, and an operator's accept clears the alerts.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gpunode.expected.audit import CONFIG, PROGRAM, STATE_DIR, SUMMARY, UNIT
+from lab import Lab, LabNode
+
+from .conftest import run_pyinfra, ssh
+
+pytestmark = pytest.mark.lab
+
+ROOT = Path(__file__).resolve().parents[2]
+GPUNODE = str(Path(sys.executable).with_name("gpunode"))
+DEPLOY = "deploys/harden.py"
+IMPLANT = "/usr/local/bin/gpunode-test-implant"
+# A sysctl no other test sets: a change of gpunode's own sysctl file, made by a run.
+EXTRA_SYSCTL = 'kernel={"sysctls": {"vm.max_map_count": "262144"}}'
+
+
+def run_ok(lab: Lab, node: LabNode, command: str) -> str:
+    result = ssh(lab, node, command)
+    assert result.returncode == 0, f"{command}: {result.stdout} {result.stderr}"
+    return result.stdout
+
+
+def summary(lab: Lab, node: LabNode) -> dict:
+    return json.loads(run_ok(lab, node, f"sudo cat {SUMMARY}"))
+
+
+def check_now(lab: Lab, node: LabNode) -> dict:
+    """The nightly check, run now by its own unit (oneshot: returns once it has run)."""
+    run_ok(lab, node, f"sudo systemctl start {UNIT}.service")
+    return summary(lab, node)
+
+
+def drift_findings(node: LabNode) -> list[dict]:
+    """The file integrity findings of ``gpunode drift`` for the node, as the nightly job runs."""
+    completed = subprocess.run(
+        [GPUNODE, "drift", "inventories/lab.py", "--limit", node.name, "--json"],
+        cwd=ROOT, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    findings = json.loads(completed.stdout)["findings"]
+    return [f for f in findings if f["id"].startswith("audit.file_integrity")]
+
+
+@pytest.fixture(scope="module")
+def node(lab: Lab, lab_nodes: list[LabNode]) -> Iterator[LabNode]:
+    first = lab_nodes[0]
+    converge = run_pyinfra(DEPLOY, "--limit", first.name)
+    assert converge.returncode == 0, converge.output[-3000:]
+    yield first
+    # Leave the node as the rest of the suite expects it: no implant, no alert.
+    ssh(lab, first, f"sudo rm -f {IMPLANT}")
+    ssh(lab, first, f"sudo python3 -I {PROGRAM} --config {CONFIG} --state {STATE_DIR} accept")
+
+
+def test_the_database_is_built_and_checked_on_a_timer(lab: Lab, node: LabNode) -> None:
+    run_ok(lab, node, f"sudo test -s {STATE_DIR}/aide.db")
+    assert run_ok(lab, node, f"systemctl is-enabled {UNIT}.timer").strip() == "enabled"
+    state = check_now(lab, node)
+    assert state["last_check_kind"] == "check"
+    assert state["alerts"] == [], state
+    assert drift_findings(node) == []
+
+
+def test_a_second_run_changes_nothing(node: LabNode) -> None:
+    again = run_pyinfra(DEPLOY, "--limit", node.name)
+    assert again.returncode == 0, again.output[-3000:]
+    assert again.changed_operations() == {}, again.changed_operations()
+
+
+def test_a_runs_own_change_is_not_tampering(lab: Lab, node: LabNode) -> None:
+    changed = run_pyinfra(DEPLOY, "--limit", node.name, "--data", EXTRA_SYSCTL)
+    assert changed.returncode == 0, changed.output[-3000:]
+    assert "262144" in run_ok(lab, node, "cat /etc/sysctl.d/zz-gpunode-hardening.conf")
+    state = summary(lab, node)
+    assert state["last_check_kind"] == "gpunode-run"
+    assert state["last_explained"]["gpunode-run"] >= 1, state
+    assert check_now(lab, node)["alerts"] == []
+    assert drift_findings(node) == []
+
+
+def test_a_binary_planted_outside_a_run_is_critical_and_no_run_hides_it(
+    lab: Lab, node: LabNode
+) -> None:
+    run_ok(lab, node, f"sudo install -m 755 /bin/true {IMPLANT}")
+    alerts = check_now(lab, node)["alerts"]
+    assert [(a["kind"], a["path"]) for a in alerts] == [("added", IMPLANT)]
+    findings = drift_findings(node)
+    assert [(f["id"], f["severity"]) for f in findings] == [
+        ("audit.file_integrity.changed", "critical")
+    ]
+    assert IMPLANT in findings[0]["found"]
+    # A run that changes the node (it takes the extra sysctl of the test above out again)
+    # takes its own changes in, never the implant's alert.
+    back = run_pyinfra(DEPLOY, "--limit", node.name)
+    assert back.returncode == 0, back.output[-3000:]
+    assert "262144" not in run_ok(lab, node, "cat /etc/sysctl.d/zz-gpunode-hardening.conf")
+    assert summary(lab, node)["last_check_kind"] == "gpunode-run"
+    assert [a["path"] for a in summary(lab, node)["alerts"]] == [IMPLANT]
+    assert [f["severity"] for f in drift_findings(node)] == ["critical"]
+    # Removed, which the next check reports too, then accepted by an operator: clean again.
+    run_ok(lab, node, f"sudo rm {IMPLANT}")
+    assert ("removed", IMPLANT) in [(a["kind"], a["path"]) for a in check_now(lab, node)["alerts"]]
+    run_ok(lab, node, f"sudo python3 -I {PROGRAM} --config {CONFIG} --state {STATE_DIR} accept")
+    assert drift_findings(node) == []
+
+
+def test_a_changed_configuration_file_is_a_warning(lab: Lab, node: LabNode) -> None:
+    run_ok(lab, node, "echo 'PermitRootLogin yes' | sudo tee -a /etc/ssh/ssh_config >/dev/null")
+    try:
+        alerts = check_now(lab, node)["alerts"]
+        assert [(a["kind"], a["path"]) for a in alerts] == [("changed", "/etc/ssh/ssh_config")]
+        assert [(f["id"], f["severity"]) for f in drift_findings(node)] == [
+            ("audit.file_integrity.changed", "warning")
+        ]
+    finally:
+        run_ok(lab, node, "sudo sed -i '$d' /etc/ssh/ssh_config")
+        run_ok(lab, node, f"sudo systemctl start {UNIT}.service")
+        run_ok(lab, node, f"sudo python3 -I {PROGRAM} --config {CONFIG} --state {STATE_DIR} accept")
+
+
+def test_a_package_installed_with_apt_is_explained_by_dpkg(lab: Lab, node: LabNode) -> None:
+    # A small Debian package, installed as an operator would, outside any gpunode run.
+    apt = "sudo DEBIAN_FRONTEND=noninteractive apt-get"
+    run_ok(lab, node, f"if dpkg -s tree >/dev/null 2>&1; then {apt} purge -y -q tree; fi")
+    check_now(lab, node)
+    run_ok(lab, node, f"{apt} update -q && {apt} install -y -q tree")
+    try:
+        state = check_now(lab, node)
+        assert state["alerts"] == [], state
+        assert state["last_explained"]["package"] >= 1, state
+    finally:
+        run_ok(lab, node, f"{apt} purge -y -q tree")
+    state = check_now(lab, node)
+    assert state["alerts"] == [], state  # gone while dpkg was busy: the package's doing

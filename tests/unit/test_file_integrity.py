@@ -1,0 +1,256 @@
+"""File integrity (audit.file_integrity): AIDE's configuration, the node program's
+classification, the fact's parser and the drift rule."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from facts.audit import parse_file_integrity, parse_summary
+from gpunode import framing
+from gpunode.drift.findings import Severity
+from gpunode.drift.rules import file_integrity_rules
+from gpunode.expected.audit import OWN_CACHES, adopt_command, is_system_binary, render_aide_conf
+from gpunode.model import FileIntegrity, build_desired_state
+from gpunode.probe import file_integrity as program
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "aide"
+NOW = datetime.datetime(2026, 12, 1, 12, 0, tzinfo=datetime.UTC)
+
+
+def enabled(**settings: object) -> object:
+    state, problems = build_desired_state(
+        {"audit": {"file_integrity": {"enabled": True, **settings}}}
+    )
+    assert problems == []
+    return state
+
+
+# --- configuration ----------------------------------------------------------------------------
+
+
+def test_the_report_format_comes_before_the_report_url_it_applies_to() -> None:
+    lines = render_aide_conf(FileIntegrity(enabled=True)).splitlines()
+    assert lines.index("report_format=json") < lines.index("report_url=stdout")
+
+
+def test_paths_are_watched_and_exclusions_escaped_as_aide_regexes() -> None:
+    conf = render_aide_conf(
+        FileIntegrity(enabled=True, paths=("/etc", "/usr/bin"), exclude=("/etc/ld.so.cache",))
+    )
+    lines = conf.splitlines()
+    assert "/etc GpunodeIntegrity" in lines
+    assert "/usr/bin GpunodeIntegrity" in lines
+    # '.' is any character in a regex: escaped, and the exclusion covers what lies below.
+    assert r"!/etc/ld\.so\.cache($|/)" in lines
+    for cache in OWN_CACHES:
+        assert any(line.startswith("!" + cache.replace(".", r"\.")) for line in lines)
+    assert "GpunodeIntegrity = p+u+g+s+i+n+m+c+sha256+ftype" in lines
+
+
+@pytest.mark.parametrize(
+    ("settings", "key"),
+    [
+        ({"paths": ["etc"]}, "audit.file_integrity.paths[0]"),
+        ({"paths": ["/usr/../etc"]}, "audit.file_integrity.paths[0]"),
+        ({"exclude": ["/etc/$(reboot)"]}, "audit.file_integrity.exclude[0]"),
+        ({"schedule": "daily; rm -rf /"}, "audit.file_integrity.schedule"),
+        ({"schedule": "daily\nExecStart=/bin/sh"}, "audit.file_integrity.schedule"),
+        ({"paths": []}, "audit.file_integrity.paths"),
+    ],
+)
+def test_bad_settings_are_refused_naming_the_key(settings: dict, key: str) -> None:
+    _, problems = build_desired_state({"audit": {"file_integrity": {"enabled": True, **settings}}})
+    assert key in [problem.key for problem in problems], problems
+
+
+def test_the_adopt_step_never_dates_the_run_later_than_it_began() -> None:
+    # ctime at the run's first second counts as the run's: the start is rounded down.
+    assert adopt_command(1764590400.9).endswith("adopt --since 1764590400")
+
+
+# --- the node program --------------------------------------------------------------------------
+
+
+def test_aide_s_json_reports_give_each_entry_with_its_kind() -> None:
+    removed = json.loads((FIXTURES / "check-0.18.3-deb12.json").read_text())
+    assert program.differences(removed) == [
+        ("changed", "/etc"),
+        ("removed", "/etc/gpunode-capture-gone"),
+    ]
+    added = json.loads((FIXTURES / "check-0.18.3-deb12-added-changed.json").read_text())
+    assert program.differences(added) == [
+        ("changed", "/etc/ssh/ssh_config"),
+        ("changed", "/usr/local/bin"),
+        ("added", "/usr/local/bin/capture-added"),
+    ]
+
+
+def test_a_report_that_is_not_aide_s_shape_gives_no_entries() -> None:
+    assert program.differences({"added": ["/x"], "changed": "text"}) == []
+
+
+def test_a_file_dpkg_owns_unchanged_is_the_package_s_and_one_it_does_not_own_is_not(
+    tmp_path: Path,
+) -> None:
+    dpkg = shutil.which("dpkg")
+    assert dpkg is not None
+    verified: dict[str, set[str]] = {}
+    assert program.package_consistent(os.path.realpath(dpkg), verified)
+    stray = tmp_path / "stray"
+    stray.write_text("x")
+    assert not program.package_consistent(str(stray), verified)
+
+
+def test_what_changed_after_the_run_began_is_the_run_s_and_what_changed_before_is_an_alert(
+    tmp_path: Path,
+) -> None:
+    before = tmp_path / "before"
+    before.write_text("planted before the run")
+    time.sleep(0.05)
+    started = time.time()
+    time.sleep(0.05)
+    during = tmp_path / "during"
+    during.write_text("written by the run")
+    found = [("added", str(before)), ("added", str(during)), ("changed", str(tmp_path))]
+    alerts, explained = program.classify(found, database_time=time.time() + 3600, since=started)
+    assert alerts == [{"kind": "added", "path": str(before)}]
+    assert explained["gpunode-run"] == 1  # the directory's own change is its entries'
+
+
+def test_a_nightly_check_explains_nothing_by_time(tmp_path: Path) -> None:
+    planted = tmp_path / "planted"
+    planted.write_text("x")
+    alerts, explained = program.classify(
+        [("added", str(planted))], database_time=time.time() + 3600, since=None
+    )
+    assert alerts == [{"kind": "added", "path": str(planted)}]
+    assert explained["gpunode-run"] == 0
+
+
+def test_alerts_outlive_later_checks_until_accepted(tmp_path: Path) -> None:
+    program.write_summary(tmp_path, {"alerts": [{"kind": "added", "path": "/usr/bin/x"}],
+                                     "alert_count": 1})  # fmt: skip
+    assert program.read_summary(tmp_path)["alert_count"] == 1
+    program.accept(tmp_path)
+    after = program.read_summary(tmp_path)
+    assert after["alerts"] == [] and after["alert_count"] == 0 and after["accepted"]
+    assert not list(tmp_path.glob(".*.tmp"))  # written whole, then renamed
+
+
+# --- the fact ----------------------------------------------------------------------------------
+
+
+def _output(database: int, summary: str | None) -> list[str]:
+    parts: dict[str, framing.PartOutput | list[str]] = {
+        "database": framing.PartOutput("database", [], [], database)
+    }
+    parts["summary"] = (
+        summary.splitlines() if summary is not None else framing.PartOutput("summary", [], [], 1)
+    )
+    return framing.output_of(parts)
+
+
+def test_the_fact_reads_the_summary_the_program_writes() -> None:
+    summary = {
+        "alerts": [{"kind": "added", "path": "/usr/local/bin/x", "found": "2026-12-01T03:41:07Z"}],
+        "alert_count": 1,
+        "last_check": "2026-12-01T03:41:07Z",
+        "last_check_kind": "check",
+        "last_explained": {"package": 2, "gpunode-run": 0},
+    }
+    fact = parse_file_integrity(_output(0, json.dumps(summary, indent=1)))
+    assert fact["state"] == "ok" and fact["database"] is True
+    assert fact["summary"]["alerts"] == summary["alerts"]
+    assert fact["summary"]["explained"] == {"package": 2, "gpunode-run": 0}
+
+
+def test_no_database_and_no_summary_is_read_as_such() -> None:
+    fact = parse_file_integrity(_output(1, None))
+    assert fact["state"] == "ok" and fact["database"] is False and fact["summary"] == {}
+
+
+def test_a_bad_alert_is_named_and_the_good_ones_kept() -> None:
+    text = json.dumps(
+        {"alerts": [{"kind": "added", "path": "/usr/bin/ok"}, {"kind": "rm -rf", "path": 3},
+                    {"kind": "changed", "path": "/etc/a\x1b[31m"}]}
+    )  # fmt: skip
+    summary, problems = parse_summary(text)
+    assert [alert["path"] for alert in summary["alerts"]] == ["/usr/bin/ok"]
+    assert len(problems) == 2 and problems[0].startswith("alerts[1]")
+
+
+def test_a_summary_that_is_not_json_is_a_problem_not_a_crash() -> None:
+    fact = parse_file_integrity(_output(0, "{not json"))
+    assert fact["state"] == "ok" and fact["problems"][0].startswith("summary.json is not JSON")
+
+
+def test_output_cut_short_is_unreadable() -> None:
+    assert parse_file_integrity(["garbage"])["state"] == "unreadable"
+
+
+# --- the drift rule ----------------------------------------------------------------------------
+
+
+def _facts(alerts: list[dict], last_check: str = "2026-12-01T03:41:07Z", database: bool = True):
+    return {
+        "file_integrity": {
+            "state": "ok",
+            "reason": "",
+            "database": database,
+            "summary": {"alerts": alerts, "alert_count": len(alerts), "last_check": last_check},
+            "problems": [],
+        }
+    }
+
+
+def _findings(facts: dict, **settings: object) -> list[tuple[str, Severity]]:
+    return [
+        (finding[0], finding[1])
+        for finding in file_integrity_rules(enabled(**settings), facts, now=NOW)  # type: ignore[arg-type]
+    ]
+
+
+def test_a_changed_program_is_critical() -> None:
+    facts = _facts([{"kind": "added", "path": "/usr/local/bin/x"},
+                    {"kind": "changed", "path": "/etc/ssh/ssh_config"}])  # fmt: skip
+    found = list(file_integrity_rules(enabled(), facts, now=NOW))  # type: ignore[arg-type]
+    assert [(f[0], f[1]) for f in found] == [("audit.file_integrity.changed", Severity.CRITICAL)]
+    assert "/usr/local/bin/x" in found[0][3] and "2 changed" in found[0][3]
+
+
+def test_a_changed_configuration_file_alone_is_a_warning() -> None:
+    facts = _facts([{"kind": "changed", "path": "/etc/ssh/ssh_config"}])
+    assert _findings(facts) == [("audit.file_integrity.changed", Severity.WARNING)]
+
+
+def test_a_clean_recent_check_has_no_finding() -> None:
+    assert _findings(_facts([])) == []
+
+
+def test_an_overdue_check_and_a_missing_database_are_warnings() -> None:
+    assert _findings(_facts([], last_check="2026-11-25T03:41:07Z")) == [
+        ("audit.file_integrity.overdue", Severity.WARNING)
+    ]
+    assert _findings(_facts([], database=False)) == [
+        ("audit.file_integrity.database", Severity.WARNING)
+    ]
+
+
+def test_nothing_is_checked_when_file_integrity_is_off() -> None:
+    state, _ = build_desired_state({})
+    facts = _facts([{"kind": "added", "path": "/usr/bin/x"}])
+    assert list(file_integrity_rules(state, facts, now=NOW)) == []
+
+
+def test_system_binaries_are_the_programs_and_libraries() -> None:
+    assert is_system_binary("/usr/lib/x86_64-linux-gnu/libc.so.6")
+    assert is_system_binary("/boot/vmlinuz-6.1.0-40-amd64")
+    assert not is_system_binary("/etc/passwd")
+    assert not is_system_binary("/usr/library")  # a prefix of a name is not its directory
