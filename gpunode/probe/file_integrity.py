@@ -76,13 +76,24 @@ def aide(config: str, command: str) -> tuple[int, dict[str, Any], str]:
     """Run ``aide --<command>`` with the JSON report on stdout: exit status, report, errors."""
     # Before the configuration is read: report_format applies to the report_url lines after it.
     completed = run(["aide", f"--config={config}", "-B", "report_format=json", f"--{command}"])
+    parsed = parse_report(completed.stdout)
+    if parsed["state"] != "ok":
+        return NOT_JSON, {}, parsed["reason"]
+    return completed.returncode, parsed["report"], completed.stderr
+
+
+def parse_report(text: str) -> dict[str, Any]:
+    """AIDE's JSON report -> ``{"state": "ok", "report": ..., "entries": [(kind, path)]}``,
+    or ``{"state": "unreadable", "reason": ...}`` when it is not a JSON object."""
+    command = "aide --check (JSON report)"
     try:
-        report = json.loads(completed.stdout)
-    except ValueError:
-        report = None
+        report = json.loads(text)
+    except ValueError as error:
+        reason = f"AIDE's report is not JSON ({error}): {text[:200]!r}"
+        return {"state": "unreadable", "command": command, "reason": reason}
     if not isinstance(report, dict):
-        return NOT_JSON, {}, f"AIDE's report is not JSON: {completed.stdout[:200]!r}"
-    return completed.returncode, report, completed.stderr
+        return {"state": "unreadable", "command": command, "reason": "not a JSON object"}
+    return {"state": "ok", "command": command, "report": report, "entries": differences(report)}
 
 
 def differences(report: dict[str, Any]) -> list[tuple[str, str]]:

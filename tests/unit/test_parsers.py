@@ -78,12 +78,6 @@ CAPTURE_CASES: list[tuple[str, Extract, Parser]] = [
 
 
 # Every command capture in tests/fixtures, with the parser(s) that read it.
-def _aide_entries(text: str) -> dict:
-    """AIDE's JSON report as the node program reads it (gpunode/probe/file_integrity.py)."""
-    entries = file_integrity.differences(json.loads(text))
-    return {"state": "ok" if entries else "empty", "command": "aide --check", "entries": entries}
-
-
 FIXTURE_CASES: dict[str, list[tuple[str, Extract, Parser]]] = {
     "nvidia-smi-xml/a100-sxm4-v12.xml": [("-q -x", whole, parse_nvidia_smi_xml)],
     "nvidia-smi-xml/tesla-t4.xml": [("-q -x", whole, parse_nvidia_smi_xml)],
@@ -111,8 +105,10 @@ FIXTURE_CASES: dict[str, list[tuple[str, Extract, Parser]]] = {
     "page-retirement/bad_nvsmi8_output.txt": [("PAGE_RETIREMENT", whole, parse_page_retirement)],
     "syslog/1dev_6flap_syslog": [("syslog", whole, parse_ib_flaps)],
     "syslog/0flap_syslog": [("syslog", whole, parse_ib_flaps)],
-    "aide/check-0.18.3-deb12.json": [("aide --check (JSON)", whole, _aide_entries)],
-    "aide/check-0.18.3-deb12-added-changed.json": [("aide --check (JSON)", whole, _aide_entries)],
+    "aide/check-0.18.3-deb12.json": [("aide --check (JSON)", whole, file_integrity.parse_report)],
+    "aide/check-0.18.3-deb12-added-changed.json": [
+        ("aide --check (JSON)", whole, file_integrity.parse_report)
+    ],
 }
 NOT_COMMAND_OUTPUT = {
     "PROVENANCE.md": "where the fixtures come from",
