@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import datetime
 import hashlib
+import json
 import re
 import shlex
 import ssl
 import subprocess
 import time
+import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -266,6 +268,52 @@ def test_an_injected_fault_fires_its_alert_and_clears_after_the_fix(
         lambda: not prometheus.firing(fault.alert, **labels),
         ALERT_TIMEOUT,
     )
+
+
+def test_no_scrape_fails_across_a_certificate_renewal(
+    converged: list[LabNode],
+    desired: DesiredState,
+    prometheus: Prometheus,
+    ca_file: Path,
+    scraper: ClientCertificate,
+) -> None:
+    """roles/tls.py re-issues the node certificate (here: for a changed name, then back);
+    the running exporter serves each new one at once and Prometheus never fails a scrape."""
+    node = converged[0]
+    port = desired.node_exporter.port
+    instance = f"{node.address}:{port}"
+
+    def served_serial() -> str | None:
+        return scrape(node.address, port, client_context(ca_file, scraper)).peer_serial
+
+    before = served_serial()
+    assert before is not None
+    start = time.time()
+    wait_for_evaluation_after(prometheus, start)
+    tls = {
+        "enabled": True,
+        "ca_directory": desired.tls.ca_directory,
+        "ca_passphrase_file": desired.tls.ca_passphrase_file,
+        "ip_addresses": [node.address],
+        "names": ["renewed.lab.example"],
+    }
+    renewed = run_pyinfra(
+        "--limit", node.name, "--data", "tls=" + json.dumps(tls), "deploys/tls.py"
+    )
+    assert renewed.returncode == 0, renewed.output[-6000:]
+    assert node.name in renewed.changed_operations().get("TLS | Node certificate", [])
+    during = served_serial()
+    assert during not in (None, before)
+    restored = run_pyinfra("--limit", node.name, "deploys/tls.py")
+    assert restored.returncode == 0, restored.output[-6000:]
+    assert served_serial() not in (None, before, during)
+    wait_for_evaluation_after(prometheus, time.time())
+    window = int(time.time() - start) + 1
+    query = urllib.parse.quote(f'up{{instance="{instance}"}}[{window}s]')
+    (series,) = prometheus.api(f"query?query={query}")["result"]
+    values = [value for _, value in series["values"]]
+    # Scrapes before, during and after both renewals: every one of them succeeded.
+    assert len(values) >= 3 and set(values) == {"1"}, values
 
 
 def wait_for_evaluation_after(prometheus: Prometheus, moment: float) -> None:
