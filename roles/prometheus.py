@@ -44,6 +44,7 @@ from facts.tls import CA_PATH, CERT_PATH, KEY_PATH, NodeCertificate
 from gpunode.inventory import Fleet, current_fleet
 from gpunode.model import DesiredState
 from gpunode.monitoring import (
+    MonitoringError,
     ScraperTls,
     inventory_hosts,
     render_file_sd,
@@ -51,6 +52,7 @@ from gpunode.monitoring import (
     scrape_targets,
     shipped_rule_files,
 )
+from gpunode.refusal import NodeRefused
 
 PACKAGE = "prometheus"
 SERVICE = "prometheus.service"
@@ -164,9 +166,13 @@ def prometheus(desired: DesiredState) -> None:
     if not server.enabled:
         host.noop("prometheus.enabled is false: the host is left as found")
         return
-    # Everything is rendered before anything changes: a bad inventory stops here.
-    targets = render_file_sd(scrape_targets(inventory_hosts(*_inventory())))
-    config = render_config(desired)
+    # Everything is rendered before anything changes: an inventory the configuration cannot
+    # be made from (two hosts at one address) stops this host here, with nothing changed.
+    try:
+        targets = render_file_sd(scrape_targets(inventory_hosts(*_inventory())))
+        config = render_config(desired)
+    except MonitoringError as error:
+        raise NodeRefused(f"no Prometheus configuration from this inventory: {error}") from None
     rules = rule_destinations()
     defaults = render_defaults(server.port, server.retention_days)
     # The package first: it makes the prometheus user and brings promtool, which checks the
