@@ -74,7 +74,16 @@ def desired_state() -> DesiredState:
     The first call validates the whole inventory; pyinfra runs deploy files once per host,
     and a bad host anywhere must stop the run before any operation executes anywhere.
     """
-    from pyinfra import host, state
+    from pyinfra import host
+
+    return current_fleet().for_host(host.name)
+
+
+def current_fleet() -> Fleet:
+    """The running pyinfra inventory's validated fleet, every host of it (validated once
+    per inventory, its notes logged then): a role that looks at other hosts (the
+    monitoring host's scrape targets) reads them here."""
+    from pyinfra import state
 
     inventory = state.inventory
     fleet = _fleets.get(id(inventory))
@@ -84,7 +93,7 @@ def desired_state() -> DesiredState:
         for name in fleet.hosts:
             for note in fleet.notes.get(name, []):
                 logger.warning(note)
-    return fleet.for_host(host.name)
+    return fleet
 
 
 def _inventory_source() -> str:

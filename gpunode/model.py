@@ -1090,6 +1090,28 @@ class NodeExporter:
     )
 
 
+@dataclass(frozen=True)
+class Prometheus:
+    """A Prometheus server on this host (the monitoring host): Debian's ``prometheus``
+    scraping the node_exporter of every host of the inventory that runs one, over mutual
+    TLS 1.3 with this host's gpunode certificate, with gpunode's alerting and recording rules
+    (monitoring/rules)."""
+
+    enabled: bool = setting(
+        False,
+        "install prometheus here and scrape the inventory's node_exporters (needs tls.enabled: "
+        "its node certificate is the scraper's client certificate)",
+    )
+    port: int = setting(9090, "TCP port of its web UI and HTTP API", min=1, max=65535)
+    scrape_interval_seconds: int = setting(30, "how often every target is scraped", min=1, max=3600)
+    evaluation_interval_seconds: int = setting(
+        30, "how often the alerting and recording rules are evaluated", min=1, max=3600
+    )
+    retention_days: int = setting(
+        15, "how long samples are kept (--storage.tsdb.retention.time)", min=1, max=3650
+    )
+
+
 # Slurm names: a cluster (lowercase, as slurmdbd stores it), a partition, node features and
 # GRES types (letters, digits and ._- only: they sit unquoted in slurm.conf and gres.conf).
 SLURM_CLUSTER_NAME = r"[a-z][a-z0-9_-]{0,39}"
@@ -1229,6 +1251,7 @@ class DesiredState:
     nvme_cache: NvmeCache = setting(NvmeCache(), "NVMe cache")
     gpu_metrics: GpuMetrics = setting(GpuMetrics(), "node-local GPU health metrics")
     node_exporter: NodeExporter = setting(NodeExporter(), "node_exporter over mutual TLS")
+    prometheus: Prometheus = setting(Prometheus(), "Prometheus server (the monitoring host)")
     slurm: Slurm = setting(Slurm(), "Slurm compute node (slurmd)")
     audit: Audit = setting(Audit(), "security audits on a schedule (file integrity)")
     expected_hardware: ExpectedHardware = setting(ExpectedHardware(), "expected hardware")
@@ -1314,6 +1337,7 @@ class DesiredState:
     def validate(self, builder: Builder, path: str) -> None:
         self._validate_imex(builder)
         self._validate_node_exporter(builder)
+        self._validate_prometheus(builder)
         self._validate_admins(builder)
         self._validate_cuda_against_driver(builder)
         self._validate_kernel_module_flavour(builder)
@@ -1352,6 +1376,28 @@ class DesiredState:
             builder.problem(
                 "node_exporter.port", exporter.port, f"taken by {taken[exporter.port]}",
                 "a port no other service of the node listens on (9100 by default)",
+            )  # fmt: skip
+
+    def _validate_prometheus(self, builder: Builder) -> None:
+        server = self.prometheus
+        if not server.enabled:
+            return
+        if not self.tls.enabled:
+            builder.problem(
+                "prometheus.enabled", True,
+                "Prometheus scrapes the exporters with this host's node certificate as its "
+                "client certificate, and tls.enabled is false",
+                "tls.enabled: true, or prometheus.enabled: false",
+            )  # fmt: skip
+        taken = {self.sshd.port: "sshd.port"}
+        if self.node_exporter.enabled:
+            taken[self.node_exporter.port] = "node_exporter.port"
+        if self.dcgm.enabled and self.dcgm.exporter:
+            taken[DCGM_EXPORTER_PORT] = "DCGM's exporter (dcgm.exporter)"
+        if server.port in taken:
+            builder.problem(
+                "prometheus.port", server.port, f"taken by {taken[server.port]}",
+                "a port no other service of the host listens on (9090 by default)",
             )  # fmt: skip
 
     def _validate_admins(self, builder: Builder) -> None:

@@ -32,10 +32,20 @@ if _slurm_settings is not None:
         }
     }
 
+# group_data/lab.py's tls, and each node's certificate names its address too: the lab's
+# names resolve nowhere, and Prometheus verifies an exporter against the address it dials
+# (gpunode.monitoring.scrape_address).
+_TLS = {
+    "enabled": True,
+    "ca_directory": str(_lab.ca_dir),
+    "ca_passphrase_file": str(_lab.ca_passphrase_file()),
+}
+
 _by_profile: dict[str, list] = {"hgx-h100": [], "a100": [], "pcie-a10g": []}
 for _node in _nodes:
     _data = {
         "ssh_hostname": _node.address,
+        "tls": {**_TLS, "ip_addresses": [_node.address]},
         **(_NO_IB if _node.profile == "pcie-a10g" else {}),
         **(_SLURM if _node.name in _slurm_members else {}),
     }

@@ -22,7 +22,8 @@ admin_users = [
 ]
 
 # The lab's internal CA lives beside the lab, under a generated passphrase
-# (GPUNODE_CA_DIR / GPUNODE_CA_PASSPHRASE in the environment still win).
+# (GPUNODE_CA_DIR / GPUNODE_CA_PASSPHRASE in the environment still win). inventories/lab.py
+# gives each node this with its address added (tls.ip_addresses): keep the two alike.
 tls = {
     "enabled": True,
     "ca_directory": str(_lab.ca_dir),

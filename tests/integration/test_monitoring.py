@@ -1,14 +1,21 @@
 """deploys/gpu_node.py's monitoring on lab nodes: node_exporter over mutual TLS 1.3, scraped
 from the control side as Prometheus would, with the GPU probe's metrics; every other client
-refused; the firewall opening the exporter's port to the monitoring networks only."""
+refused; the firewall opening the exporter's port to the monitoring networks only. A real
+Prometheus, configured by gpunode.monitoring from the lab inventory with gpunode's rules,
+scrapes every node and turns an injected fault into a firing alert, which clears when the
+fault is fixed."""
 
 from __future__ import annotations
 
+import datetime
 import hashlib
+import json
 import re
 import shlex
 import ssl
 import subprocess
+import time
+import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,9 +24,12 @@ import pytest
 from gpunode import pki
 from gpunode.expected.firewall import render_ruleset
 from gpunode.model import DesiredState
+from gpunode.monitoring import NODE_EXPORTER_JOB
 from lab import Lab, LabNode
+from roles.gpu_metrics import METRICS_FILE
 from roles.node_exporter import GROUP, KEY_COPY_PATH
 from tests.mtls import ClientCertificate, client_context, foreign_client, issue_client, scrape
+from tests.prometheus_server import FAULT_NAMES, Prometheus, lab_faults, lab_prometheus, wait_for
 
 from .conftest import lab_desired_state, run_pyinfra, ssh, write_inventory
 
@@ -160,6 +170,175 @@ def test_the_firewall_opens_the_exporter_port_to_the_monitoring_networks_only(
         )
         live = sudo(lab, node, "nft list chain inet gpunode input")
         assert re.search(rf"ip saddr @monitoring_ipv4 tcp dport {{ {ports} }} accept", live)
+
+
+# Scrape and rule evaluation interval of the test's Prometheus (seconds).
+INTERVAL = 2
+# Generous bounds against a hung run; the waits end as soon as what they wait for happens.
+UP_TIMEOUT = 120
+ALERT_TIMEOUT = 90
+GROUP_OF_PROFILE = {"hgx-h100": "h100_nodes", "a100": "a100_nodes", "pcie-a10g": "pcie_nodes"}
+
+
+@pytest.fixture(scope="module")
+def prometheus(
+    converged: list[LabNode],
+    ca_file: Path,
+    scraper: ClientCertificate,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Prometheus]:
+    directory = tmp_path_factory.mktemp("prometheus")
+    with lab_prometheus(directory, ca_file, scraper.certificate, scraper.key, INTERVAL) as server:
+        seen: list[list[dict]] = []
+
+        def every_node_up() -> bool:
+            seen[:] = [server.targets()]
+            return len(seen[0]) == len(converged) and all(t["health"] == "up" for t in seen[0])
+
+        try:
+            wait_for("every lab node's exporter to be up", every_node_up, UP_TIMEOUT)
+        except AssertionError as error:
+            raise AssertionError(f"{error}: {seen} {server.log_tail()}") from None
+        yield server
+
+
+def test_a_real_prometheus_scrapes_every_lab_node_over_mutual_tls(
+    prometheus: Prometheus, converged: list[LabNode], desired: DesiredState
+) -> None:
+    by_host = {target["labels"]["host"]: target for target in prometheus.targets()}
+    assert set(by_host) == {node.name for node in converged}
+    for node in converged:
+        target = by_host[node.name]
+        assert target["health"] == "up" and target["lastError"] == "", target
+        assert target["scrapeUrl"] == (
+            f"https://{node.address}:{desired.node_exporter.port}/metrics"
+        )
+        assert target["labels"]["job"] == NODE_EXPORTER_JOB
+        assert target["labels"]["group"] == GROUP_OF_PROFILE[node.profile]
+    # The probe's textfile came through the exporter into Prometheus, labelled by host.
+    gpus = prometheus.api("query?query=gpunode_gpus")["result"]
+    counts = {sample["metric"]["host"]: int(sample["value"][1]) for sample in gpus}
+    assert set(counts) == {node.name for node in converged} and min(counts.values()) > 0
+
+
+def probe_textfile(lab: Lab, node: LabNode, desired: DesiredState) -> str:
+    """Run the node's GPU probe now (its timer would, within gpu_metrics.interval_minutes)
+    and return the textfile it wrote."""
+    sudo(lab, node, "systemctl start gpunode-gpu-metrics.service")
+    return sudo(lab, node, f"cat {desired.gpu_metrics.textfile_dir}/{METRICS_FILE}")
+
+
+@pytest.mark.parametrize("fault_name", FAULT_NAMES)
+def test_an_injected_fault_fires_its_alert_and_clears_after_the_fix(
+    lab: Lab,
+    converged: list[LabNode],
+    desired: DesiredState,
+    prometheus: Prometheus,
+    fault_name: str,
+) -> None:
+    node = next(node for node in converged if node.profile == "hgx-h100")
+    bus_id = sudo(lab, node, "gpunode-lab-hw show gpus.0.pci_bus_id").strip().strip('"')
+    fault = lab_faults(bus_id)[fault_name]
+    labels = {"host": node.name, **dict(fault.labels)}
+    healthy = probe_textfile(lab, node, desired)
+    assert not re.search(fault.shows, healthy, re.M), healthy
+    # Healthy: once the rules have been evaluated on this textfile, the alert is silent.
+    wait_for_evaluation_after(prometheus, time.time())
+    assert prometheus.firing(fault.alert, **labels) == []
+    sudo(lab, node, fault.inject)
+    try:
+        faulty = probe_textfile(lab, node, desired)
+        assert re.search(fault.shows, faulty, re.M), faulty
+        (alert,) = wait_for(
+            f"{fault.alert} firing for {labels}",
+            lambda: prometheus.firing(fault.alert, **labels),
+            ALERT_TIMEOUT,
+        )
+        assert alert["labels"]["severity"] in ("critical", "warning"), alert
+        assert (
+            node.name in alert["annotations"]["summary"]
+            or node.address in (alert["annotations"]["summary"])
+        ), alert
+    finally:
+        sudo(lab, node, fault.fix)
+    fixed = probe_textfile(lab, node, desired)
+    assert not re.search(fault.shows, fixed, re.M), fixed
+    wait_for(
+        f"{fault.alert} to clear for {labels}",
+        lambda: not prometheus.firing(fault.alert, **labels),
+        ALERT_TIMEOUT,
+    )
+
+
+def test_no_scrape_fails_across_a_certificate_renewal(
+    converged: list[LabNode],
+    desired: DesiredState,
+    prometheus: Prometheus,
+    ca_file: Path,
+    scraper: ClientCertificate,
+) -> None:
+    """roles/tls.py re-issues the node certificate (here: for a changed name, then back);
+    the running exporter serves each new one at once and Prometheus never fails a scrape."""
+    node = converged[0]
+    port = desired.node_exporter.port
+    instance = f"{node.address}:{port}"
+
+    def served_serial() -> str | None:
+        return scrape(node.address, port, client_context(ca_file, scraper)).peer_serial
+
+    before = served_serial()
+    assert before is not None
+    start = time.time()
+    wait_for_evaluation_after(prometheus, start)
+    tls = {
+        "enabled": True,
+        "ca_directory": desired.tls.ca_directory,
+        "ca_passphrase_file": desired.tls.ca_passphrase_file,
+        "ip_addresses": [node.address],
+        "names": ["renewed.lab.example"],
+    }
+    renewed = run_pyinfra(
+        "--limit", node.name, "--data", "tls=" + json.dumps(tls), "deploys/tls.py"
+    )
+    assert renewed.returncode == 0, renewed.output[-6000:]
+    assert node.name in renewed.changed_operations().get("TLS | Node certificate", [])
+    during = served_serial()
+    assert during not in (None, before)
+    restored = run_pyinfra("--limit", node.name, "deploys/tls.py")
+    assert restored.returncode == 0, restored.output[-6000:]
+    assert served_serial() not in (None, before, during)
+    wait_for_evaluation_after(prometheus, time.time())
+    window = int(time.time() - start) + 1
+    query = urllib.parse.quote(f'up{{instance="{instance}"}}[{window}s]')
+    (series,) = prometheus.api(f"query?query={query}")["result"]
+    values = [value for _, value in series["values"]]
+    # Scrapes before, during and after both renewals: every one of them succeeded.
+    assert len(values) >= 3 and set(values) == {"1"}, values
+
+
+def wait_for_evaluation_after(prometheus: Prometheus, moment: float) -> None:
+    """Until every rule group has been evaluated on scrapes made after ``moment`` (Unix
+    time): a scrape of every target after it, then an evaluation after those scrapes."""
+
+    def scraped() -> float | None:
+        stamps = [unix_time(target["lastScrape"]) for target in prometheus.targets()]
+        return max(stamps) if stamps and min(stamps) > moment else None
+
+    latest = wait_for("a scrape of every target", scraped, ALERT_TIMEOUT)
+    wait_for(
+        "a rule evaluation after it",
+        lambda: all(
+            unix_time(group["lastEvaluation"]) > latest
+            for group in prometheus.api("rules")["groups"]
+        ),
+        ALERT_TIMEOUT,
+    )
+
+
+def unix_time(stamp: str) -> float:
+    """Prometheus' RFC 3339 time stamps (nanoseconds, Z or an offset) as Unix time."""
+    text = re.sub(r"(\.\d{6})\d*", r"\1", stamp.replace("Z", "+00:00"))
+    return datetime.datetime.fromisoformat(text).timestamp()
 
 
 def test_second_run_changes_nothing(converged: list[LabNode]) -> None:

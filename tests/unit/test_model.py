@@ -141,6 +141,28 @@ BAD_INPUTS = [
         id="node-exporter-on-dcgms-port",
     ),
     pytest.param(
+        {"prometheus": {"enabled": True}},
+        "prometheus.enabled = True: Prometheus scrapes the exporters with this host's node "
+        "certificate as its client certificate, and tls.enabled is false; accepted: "
+        "tls.enabled: true, or prometheus.enabled: false",
+        id="prometheus-without-tls",
+    ),
+    pytest.param(
+        {
+            "tls": {"enabled": True},
+            "node_exporter": {"enabled": True},
+            "prometheus": {"enabled": True, "port": 9100},
+        },
+        "prometheus.port = 9100: taken by node_exporter.port; accepted: a port no other service "
+        "of the host listens on (9090 by default)",
+        id="prometheus-on-the-exporters-port",
+    ),
+    pytest.param(
+        {"prometheus": {"scrape_interval_seconds": 0}},
+        "prometheus.scrape_interval_seconds = 0: out of range; accepted: an integer from 1 to 3600",
+        id="prometheus-scrape-interval-zero",
+    ),
+    pytest.param(
         {"nvidia_driver": {"source": "nvidia", "branch": "550", "version": "550.abc"}},
         "nvidia_driver.version = '550.abc': malformed; accepted: an apt package version such "
         "as '550.127.08-1'",

@@ -1,0 +1,24 @@
+"""The monitoring host: Prometheus scraping the inventory's node_exporters over mutual TLS.
+
+    pyinfra inventories/prod.py deploys/monitoring.py --limit monitoring
+
+Runs on the hosts with ``prometheus.enabled`` (every other host is left alone): their node
+certificate first (roles/tls.py; it is the scraper's client certificate), then Debian's
+prometheus with the scrape targets of every host of the inventory whose node_exporter is
+enabled, and gpunode's rules (roles/prometheus.py).
+"""
+
+import sys
+from pathlib import Path
+
+# Roles and facts live at the project root; pyinfra only adds the working directory.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from gpunode.converge import converging
+from roles.prometheus import prometheus
+from roles.tls import tls_certificate
+
+with converging() as desired:
+    if desired.prometheus.enabled:
+        tls_certificate(desired=desired)
+    prometheus(desired=desired)

@@ -1,0 +1,229 @@
+"""What the monitoring host's Prometheus loads, generated from the inventory.
+
+Three texts, one source of truth: the validated desired state of every host.
+
+``render_file_sd``
+    file-based service discovery targets (``file_sd_configs``): one per host whose
+    node_exporter is enabled, labelled ``host`` (the inventory name), ``group`` (its first
+    inventory group) and ``groups`` (all of them, Prometheus' ``,a,b,`` list idiom), and
+    ``gpu_model`` where ``expected_hardware.gpu_model`` says.
+``render_prometheus_config``
+    the server's configuration: ``scheme: https`` with a ``tls_config`` verifying every
+    exporter against gpunode's CA and presenting a client certificate issued by it, TLS 1.3
+    only; the shipped rules (``monitoring/rules``) as ``rule_files``.
+``scrape_address``
+    where Prometheus dials a host. Prometheus verifies the exporter's certificate against the
+    name it dials, and one ``tls_config.server_name`` cannot name a different host per target
+    (prometheus/prometheus#4827, open): it dials the host's address (``ssh_hostname``) when the
+    node certificate names that address (an IP inventory name, or one in
+    ``tls.ip_addresses``), else the inventory name, which the certificate always names and the
+    monitoring host must resolve.
+
+The texts are YAML whose every string is a JSON string (JSON's escapes are YAML's), so no
+inventory value can break out of its place; numbers and paths are checked before rendering.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gpunode.inventory import Fleet
+from gpunode.model import DNS_NAME, DesiredState, check_absolute_path
+from gpunode.sanitize import clean_text
+
+# The scrape job of gpunode's node_exporters; monitoring/rules reads it (up{job=~"gpunode-.*"}).
+NODE_EXPORTER_JOB = "gpunode-node-exporter"
+# What gpunode ships for Prometheus, beside this package.
+SHIPPED_RULES_DIR = Path(__file__).resolve().parents[1] / "monitoring" / "rules"
+# Prometheus label values gpunode writes: printable text of bounded length.
+MAX_LABEL_CHARS = 256
+
+
+class MonitoringError(ValueError):
+    """A value the Prometheus configuration cannot be made from; the message says which."""
+
+
+@dataclass(frozen=True)
+class InventoryHost:
+    """What the scrape configuration needs of one inventory host."""
+
+    name: str
+    desired: DesiredState
+    # pyinfra's ssh_hostname (None: the name is dialled).
+    address: str | None = None
+    groups: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class ScrapeTarget:
+    host: str
+    address: str  # what Prometheus dials: host:port ([v6]:port)
+    labels: tuple[tuple[str, str], ...]
+
+
+@dataclass(frozen=True)
+class ScraperTls:
+    """The scraper's side of mutual TLS: paths on the host Prometheus runs on."""
+
+    ca_file: str
+    cert_file: str
+    key_file: str
+
+
+def inventory_hosts(inventory: Any, fleet: Fleet) -> list[InventoryHost]:
+    """The hosts of a pyinfra Inventory with their validated desired state, in inventory
+    order; their groups are the inventory's own, without the one pyinfra names after the
+    inventory file (which every host of it is in)."""
+    file_group = Path(fleet.source).stem
+    found = []
+    for host in inventory:
+        if host.name not in fleet.hosts:
+            raise MonitoringError(f"host {host.name!r} has no validated desired state")
+        address = host.data.get("ssh_hostname")
+        groups = tuple(group for group in host.groups if group not in (file_group, "all"))
+        found.append(
+            InventoryHost(
+                host.name, fleet.hosts[host.name], str(address) if address else None, groups
+            )
+        )
+    return found
+
+
+def scrape_address(host: InventoryHost) -> str:
+    """The name or address Prometheus dials for ``host`` (see the module's docstring)."""
+    tls = host.desired.tls
+    named = {_ip(text) for text in (host.name, *tls.ip_addresses)} - {None}
+    if host.address is not None and _ip(host.address) is not None and _ip(host.address) in named:
+        return str(_ip(host.address))
+    if _ip(host.name) is not None:
+        return str(_ip(host.name))
+    if not re.fullmatch(DNS_NAME, host.name) or host.name.startswith("*"):
+        raise MonitoringError(f"host {host.name!r} is neither a DNS name nor an IP address")
+    return host.name
+
+
+def _ip(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    try:
+        return ipaddress.ip_address(text)
+    except ValueError:
+        return None
+
+
+def scrape_targets(hosts: Iterable[InventoryHost]) -> list[ScrapeTarget]:
+    """One target per host whose node_exporter is enabled, in the order given."""
+    targets = []
+    seen: dict[str, str] = {}
+    for host in hosts:
+        exporter = host.desired.node_exporter
+        if not exporter.enabled:
+            continue
+        dialled = scrape_address(host)
+        address = f"[{dialled}]:{exporter.port}" if ":" in dialled else f"{dialled}:{exporter.port}"
+        if address in seen:
+            raise MonitoringError(
+                f"hosts {seen[address]!r} and {host.name!r} are both scraped at {address}"
+            )
+        seen[address] = host.name
+        labels = [("host", host.name)]
+        if host.groups:
+            labels += [("group", host.groups[0]), ("groups", f",{','.join(host.groups)},")]
+        if host.desired.expected_hardware.gpu_model:
+            labels.append(("gpu_model", host.desired.expected_hardware.gpu_model))
+        targets.append(ScrapeTarget(host.name, address, tuple((k, _label(v)) for k, v in labels)))
+    return targets
+
+
+def _label(value: str) -> str:
+    cleaned = clean_text(value)
+    if cleaned != value or not value or len(value) > MAX_LABEL_CHARS:
+        raise MonitoringError(
+            f"label value {value!r} is not printable text of 1 to {MAX_LABEL_CHARS} characters"
+        )
+    return value
+
+
+def render_file_sd(targets: Sequence[ScrapeTarget]) -> str:
+    """``file_sd_configs`` targets (JSON, which Prometheus reads by the .json suffix)."""
+    entries = [{"targets": [target.address], "labels": dict(target.labels)} for target in targets]
+    return json.dumps(entries, indent=2) + "\n"
+
+
+def shipped_rule_files(directory: Path = SHIPPED_RULES_DIR) -> list[Path]:
+    """gpunode's alerting and recording rules, as the repository ships them."""
+    found = sorted(directory.glob("*.yml"))
+    if not found:
+        raise MonitoringError(f"no rule files in {directory}")
+    return found
+
+
+def _path(value: str, what: str) -> str:
+    problem = check_absolute_path(value)
+    if problem is not None:
+        raise MonitoringError(f"{what} {value!r}: {problem}")
+    return value
+
+
+def _seconds(value: int, what: str, low: int = 1, high: int = 86400) -> str:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise MonitoringError(f"{what} {value!r} is not a whole number of seconds {low}-{high}")
+    return f"{value}s"
+
+
+def _q(text: str) -> str:
+    return json.dumps(text)
+
+
+def render_prometheus_config(
+    *,
+    tls: ScraperTls,
+    file_sd_files: Sequence[str],
+    rule_files: Sequence[str],
+    scrape_interval_seconds: int,
+    evaluation_interval_seconds: int,
+    scrape_timeout_seconds: int | None = None,
+    refresh_interval_seconds: int = 60,
+) -> str:
+    """prometheus.yml: one https job of gpunode's node_exporters, found in ``file_sd_files``.
+
+    The timeout defaults to 10 s, or the interval where that is shorter (Prometheus refuses
+    a timeout longer than the interval).
+    """
+    interval = _seconds(scrape_interval_seconds, "scrape interval")
+    evaluation = _seconds(evaluation_interval_seconds, "evaluation interval")
+    timeout_value = (
+        min(10, scrape_interval_seconds) if scrape_timeout_seconds is None
+        else scrape_timeout_seconds
+    )  # fmt: skip
+    timeout = _seconds(timeout_value, "scrape timeout", high=scrape_interval_seconds)
+    refresh = _seconds(refresh_interval_seconds, "file_sd refresh interval")
+    if not file_sd_files:
+        raise MonitoringError("no file_sd target files")
+    lines = [
+        "# Managed by gpunode (gpunode.monitoring); local edits are replaced on the next run.",
+        "global:",
+        f"  scrape_interval: {interval}",
+        f"  scrape_timeout: {timeout}",
+        f"  evaluation_interval: {evaluation}",
+        "rule_files:",
+        *(f"  - {_q(_path(path, 'rule file'))}" for path in rule_files),
+        "scrape_configs:",
+        f"  - job_name: {_q(NODE_EXPORTER_JOB)}",
+        "    scheme: https",
+        "    tls_config:",
+        f"      ca_file: {_q(_path(tls.ca_file, 'CA file'))}",
+        f"      cert_file: {_q(_path(tls.cert_file, 'client certificate'))}",
+        f"      key_file: {_q(_path(tls.key_file, 'client key'))}",
+        "      min_version: TLS13",
+        "      insecure_skip_verify: false",
+        "    file_sd_configs:",
+        "      - files:",
+        *(f"          - {_q(_path(path, 'file_sd file'))}" for path in file_sd_files),
+        f"        refresh_interval: {refresh}",
+    ]
+    return "\n".join(lines) + "\n"
