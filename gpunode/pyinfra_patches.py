@@ -75,8 +75,8 @@ WRITTEN_AGAINST: dict[str, str] = {
     "pyinfra.api.state.State.get_results_for_host": "(self, host)",
     "pyinfra.api.state.State.get_op_data_for_host": "(self, host, op_hash)",
     "pyinfra.api.state.State.trigger_callbacks": "(self, method_name, *args, **kwargs)",
-    # read by host_changed_in_this_run
-    "pyinfra.api.state.State.get_meta_for_host": "(self, host)",
+    # read by host_changed_in_this_run (with StateOperationHostData's operation_meta and
+    # global_arguments, and OperationMeta.will_change, a property)
     "pyinfra.api.operation.OperationMeta.did_change": "(self)",
     "pyinfra.api.operation.OperationMeta.is_complete": "(self)",
     "pyinfra.api.operation.OperationMeta.set_complete": (
@@ -249,11 +249,19 @@ def host_changed_in_this_run(host: Any) -> bool:
     """Whether an operation of this run changed ``host`` (while executing: one that ran before
     the caller did), or, while the deploy is being prepared with changes predicted (--dry,
     or no -y), whether one prepared so far will. With -y nothing is predicted, and the
-    caller's operation is asked only while executing."""
+    caller's operation is asked only while executing.
+
+    A prediction counts what pyinfra's own plan lists as a change (``build_plan_json``):
+    an operation with an ``_if`` is only a conditional change there, its condition being
+    known only when it runs, so it is not counted.
+    """
     _guard()
     state = host.state
     if not state.is_executing:
-        return bool(state.get_meta_for_host(host).ops_change)
+        return any(
+            data.operation_meta.will_change and not data.global_arguments.get("_if")
+            for data in state.ops[host].values()
+        )
     return any(
         data.operation_meta.is_complete() and data.operation_meta.did_change()
         for data in state.ops[host].values()
