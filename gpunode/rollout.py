@@ -319,7 +319,7 @@ def converge_result(
         rebooted = {
             str(name)
             for operation in results["operations"]
-            if str(operation.get("name", "")).startswith(REBOOT_OPERATION)
+            if REBOOT_OPERATION in str(operation.get("name", ""))
             for name in operation.get("success", [])
         }
     except (ValueError, KeyError, TypeError):

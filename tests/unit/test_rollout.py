@@ -389,13 +389,15 @@ def test_is_ours_wants_this_rollouts_id_whole() -> None:
     assert not rollout.is_ours(NodeStatus("n1", "drained", "person"), run.state)
 
 
+REBOOT = "Loaded kernel module is the installed one"  # roles/nvidia_driver.py's name
+
+
 def test_pyinfra_results_tell_failed_and_rebooted_hosts() -> None:
     results = {
         "results": {
             "failed_hosts": ["n2"],
             "operations": [
-                {"name": "Loaded kernel module is the installed one (reboot: if-needed)",
-                 "success": ["n1"]},
+                {"name": f"NVIDIA driver | {REBOOT} (reboot: if-needed)", "success": ["n1"]},
                 {"name": "Base packages", "success": ["n1", "n2"]},
             ],
         }
