@@ -98,7 +98,33 @@ def cmd_drift(args: argparse.Namespace) -> int:
             print(f"gpunode drift: cannot write {path}: {error}", file=sys.stderr)
             unwritten += 1
     print(render_json(result) if args.json else render_table(result), end="")
+    if args.drain and not drain_for_drift(args, inventory, result):
+        unwritten += 1
     return max(result.exit_code, 2) if unwritten else result.exit_code
+
+
+def drain_for_drift(args: argparse.Namespace, inventory: object, result: object) -> bool:
+    """``--drain critical``: drain the scheduler nodes with critical findings, resume those
+    gpunode drained for drift that are clean now; False if the scheduler could not be asked.
+    What it did goes to stderr (stdout holds the report)."""
+    from gpunode.drift import drain
+    from gpunode.drift.findings import DriftResult
+    from gpunode.scheduler import SchedulerError
+
+    assert isinstance(result, DriftResult)
+    fleet = fleet_of(inventory, args.inventory)
+    scheduled = [name for name in result.checked_hosts if fleet.for_host(name).slurm.enabled]
+    if not scheduled:
+        return True
+    try:
+        scheduler = scheduler_from(args)
+        status = scheduler.status(scheduled)
+        for line in drain.apply(scheduler, drain.plan(result, scheduled, status.nodes)):
+            print(f"gpunode drift --drain: {line}", file=sys.stderr)
+    except SchedulerError as error:
+        print(f"gpunode drift --drain: {error}", file=sys.stderr)
+        return False
+    return True
 
 
 def scheduler_from(args: argparse.Namespace):  # type: ignore[no-untyped-def]
@@ -227,6 +253,15 @@ def build_parser() -> argparse.ArgumentParser:
     drift.add_argument(
         "--write-baseline", metavar="FILE", help="also write this run's JSON report here"
     )
+    drift.add_argument(
+        "--drain", choices=["critical"],
+        help="drain scheduler nodes with critical findings (reason 'gpunode: drift <ids>') and "
+        "resume those gpunode drained for drift once clean; never a drain of anyone else's",
+    )  # fmt: skip
+    drift.add_argument(
+        "--scheduler-ssh", metavar="SSH_ARGS",
+        help="with --drain: Slurm's commands over SSH with these arguments (sudo -n there)",
+    )  # fmt: skip
     drift.set_defaults(func=cmd_drift)
 
     from gpunode.rollout import EXIT_CODES

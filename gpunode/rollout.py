@@ -40,12 +40,7 @@ from pathlib import Path
 from typing import Protocol
 
 from gpunode.sanitize import clean_text
-from gpunode.scheduler import (
-    GPUNODE_REASON_PREFIX,
-    REASON,
-    NodeStatus,
-    Scheduler,
-)
+from gpunode.scheduler import GPUNODE_REASON_PREFIX, NodeStatus, Scheduler, bounded_reason
 
 # Exit codes (gpunode rollout --help and the README list them).
 EXIT_COMPLETE = 0  # every node done
@@ -63,8 +58,6 @@ EXIT_CODES = {
 
 STATE_VERSION = 1
 ROLLOUT_ID = re.compile(r"[0-9]{8}T[0-9]{6}-[0-9a-f]{4}")
-_UNSAFE_REASON_CHARACTER = re.compile(r"[^A-Za-z0-9 ._:,/=+@()#-]")
-MAX_REASON_CHARS = 200
 
 
 class Phase(StrEnum):
@@ -207,21 +200,8 @@ def new_state(
 
 
 def reason(prefix: str, what: str, items: Iterable[str] = ()) -> str:
-    """A drain reason: ``prefix what item,item``; characters Slurm's reason or sinfo's output
-    would take are replaced, and the items cut (``+N more``) to fit 200 characters."""
-    head = _UNSAFE_REASON_CHARACTER.sub("_", f"{prefix} {what}".strip())[:MAX_REASON_CHARS]
-    names = [_UNSAFE_REASON_CHARACTER.sub("_", item)[:80] for item in items]
-    text = head
-    for count, name in enumerate(names):
-        more = f" +{len(names) - count} more"
-        candidate = f"{text}{' ' if count == 0 else ','}{name}"
-        rest_fits = count == len(names) - 1 or len(candidate) + len(more) <= MAX_REASON_CHARS
-        if len(candidate) > MAX_REASON_CHARS or not rest_fits:
-            text += more
-            break
-        text = candidate
-    assert REASON.fullmatch(text), text
-    return text
+    """A drain reason: ``prefix what item,item`` (see :func:`gpunode.scheduler.bounded_reason`)."""
+    return bounded_reason(f"{prefix} {what}", items)
 
 
 def is_ours(status: NodeStatus | None, state: RolloutState) -> bool:

@@ -74,6 +74,11 @@ def ready(
     no XID left in a node's kernel log."""
     yield lab_nodes
     on_controller(lab, "scancel --user root; scontrol update NodeName=ALL State=RESUME")
+    # Until the jobs are gone: slurmctld's state outlives its container (Lab.slurm_up), and a
+    # job it still held when the controller went would hold its node in the next session.
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and on_controller(lab, "squeue -h -o %i")[1].strip():
+        time.sleep(1)
     for node in lab_nodes:
         sudo(lab, node, "journalctl --rotate --vacuum-files=1 >/dev/null 2>&1 || true")
 
@@ -321,3 +326,59 @@ def test_dry_prints_the_plan_and_changes_nothing(
     assert f"batch 1/{len(ready)}: {node.name}" in run.output
     assert f"{node.name}: drain (mixed), wait for jobs {job}, converge" in run.output
     assert slurm_view(lab, node)[0] in ("mixed", "allocated")
+
+
+def drift_drain(scheduler_ssh: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [GPUNODE, "drift", INVENTORY, "--json", "--drain", "critical",
+         "--scheduler-ssh", scheduler_ssh],
+        cwd=ROOT, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+
+
+def wait_for_view(lab: Lab, node: LabNode, state: str, reason: str) -> tuple[str, str]:
+    """Once sinfo shows ``state`` and ``reason`` (a drain reaches sinfo in a while)."""
+    deadline = time.monotonic() + 120
+    view = slurm_view(lab, node)[:2]
+    while time.monotonic() < deadline and view != (state, reason):
+        time.sleep(1)
+        view = slurm_view(lab, node)[:2]
+    return view
+
+
+def test_drift_drain_drains_a_critical_node_resumes_it_clean_and_never_a_hand_drained_one(
+    lab: Lab, ready: list[LabNode], members: list[LabNode], scheduler_ssh: str
+) -> None:
+    node = members[0]
+    clean_journal = "journalctl --rotate --vacuum-files=1 >/dev/null 2>&1"
+    sudo(lab, node, f"logger -t kernel '{XID_MESSAGE}'")
+    found = drift_drain(scheduler_ssh)
+    assert found.returncode == 1, found.stderr  # drift found
+    ids = [f["id"] for f in json.loads(found.stdout)["findings"] if f["host"] == node.name]
+    (xid,) = [finding for finding in ids if finding.startswith("gpu.xid:79")]
+    reason = f"gpunode: drift {xid}"
+    assert f"gpunode drift --drain: {node.name}: drained ({reason})" in found.stderr
+    assert wait_for_view(lab, node, "drained", reason) == ("drained", reason)
+    # A node without critical findings is not drained.
+    for other in members[1:]:
+        assert slurm_view(lab, other)[0] in ("idle", "mixed", "idle*")
+    sudo(lab, node, clean_journal)
+    clean = drift_drain(scheduler_ssh)
+    assert clean.returncode == 0, clean.stdout + clean.stderr
+    assert f"gpunode drift --drain: {node.name}: resumed (clean again)" in clean.stderr
+    assert takes_jobs(lab, node)
+    # Drained by a person: with a critical finding or clean, left alone by --drain.
+    code, output = on_controller(
+        lab, f"scontrol update NodeName={node.name} State=DRAIN Reason='bad fan, ticket 42'"
+    )
+    assert code == 0, output
+    sudo(lab, node, f"logger -t kernel '{XID_MESSAGE}'")
+    found = drift_drain(scheduler_ssh)
+    assert f"{node.name}: drained by someone else (bad fan, ticket 42): left alone" in found.stderr
+    assert wait_for_view(lab, node, "drained", "bad fan, ticket 42") == (
+        "drained", "bad fan, ticket 42"
+    )  # fmt: skip
+    sudo(lab, node, clean_journal)
+    clean = drift_drain(scheduler_ssh)
+    assert clean.returncode == 0, clean.stdout + clean.stderr
+    assert slurm_view(lab, node)[:2] == ("drained", "bad fan, ticket 42")
