@@ -7,7 +7,10 @@ on it between the drain and the resume. A node that fails the health gate (an XI
 kernel log) stays drained with the failed check in its reason, and with --max-failures 0 the
 later batch is untouched. A rollout killed mid-batch (its whole process group, as a control
 host going down) and started again finishes without touching the finished node again. A node
-drained by hand is neither drained, converged nor resumed.
+drained by hand is neither drained, converged nor resumed, by the rollout or by
+``gpunode drift --drain critical``, which drains a node with a critical finding and resumes
+it once clean. The GPU settings the simulated reboot resets come back from the boot unit
+before slurmd starts.
 """
 
 from __future__ import annotations
@@ -25,9 +28,10 @@ from typing import Any
 import pytest
 
 from lab import Lab, LabNode
+from roles.gpu_settings import BOOT_UNIT
 
 from . import test_slurm
-from .conftest import GPUNODE, ROOT, PyinfraRun
+from .conftest import GPUNODE, ROOT, PyinfraRun, run_pyinfra, write_inventory
 from .test_slurm import on_controller, sudo
 
 # test_slurm's module fixtures (its controller, converge and registration): shared, not copied.
@@ -382,3 +386,67 @@ def test_drift_drain_drains_a_critical_node_resumes_it_clean_and_never_a_hand_dr
     clean = drift_drain(scheduler_ssh)
     assert clean.returncode == 0, clean.stdout + clean.stderr
     assert slurm_view(lab, node)[:2] == ("drained", "bad fan, ticket 42")
+
+
+SETTINGS_DEPLOY = f"""\
+import sys
+
+sys.path.insert(0, {str(ROOT)!r})
+
+from gpunode.inventory import desired_state
+from roles.gpu_settings import gpu_settings
+
+gpu_settings(desired=desired_state())
+"""
+
+
+def unit_times(lab: Lab, node: LabNode, unit: str) -> dict[str, int]:
+    shown = sudo(
+        lab, node, f"systemctl show {unit} -p ActiveEnterTimestampMonotonic "
+        "-p InactiveExitTimestampMonotonic",
+    )  # fmt: skip
+    return {key: int(value) for key, value in (line.split("=", 1) for line in shown.splitlines())}
+
+
+def test_gpu_settings_come_back_at_boot_before_slurmd_starts(
+    lab: Lab, ready: list[LabNode], members: list[LabNode], tmp_path: Path
+) -> None:
+    node = members[0]
+    deploy = tmp_path / "gpu_settings.py"
+    deploy.write_text(SETTINGS_DEPLOY)
+    data = {"gpu_settings": {"persistence_mode": True, "power_limit_w": 500}}
+    inventory = write_inventory(tmp_path / "inventory.py", lab, [node], {node.name: data})
+    power = "nvidia-smi --query-gpu=power.limit,persistence_mode --format=csv,noheader"
+    try:
+        run = run_pyinfra(str(deploy), inventory=inventory)
+        assert run.returncode == 0, run.output[-4000:]
+        assert set(sudo(lab, node, power).splitlines()) == {"500.00 W, Enabled"}
+        assert sudo(lab, node, f"systemctl is-enabled {BOOT_UNIT}").strip() == "enabled"
+        # The lab's simulated reboot: the driver's defaults again, as on real hardware.
+        sudo(lab, node, "gpunode-lab-hw reboot")
+        assert set(sudo(lab, node, power).splitlines()) == {"700.00 W, Disabled"}
+        # The boot's order, by systemd: slurmd starting pulls nothing in, but in one
+        # transaction the settings unit must be done before slurmd begins to start.
+        sudo(lab, node, "systemctl stop slurmd")
+        sudo(lab, node, f"systemctl restart {BOOT_UNIT} slurmd.service")
+        assert set(sudo(lab, node, power).splitlines()) == {"500.00 W, Enabled"}
+        settings = unit_times(lab, node, BOOT_UNIT)
+        slurmd = unit_times(lab, node, "slurmd.service")
+        assert settings["ActiveEnterTimestampMonotonic"] <= slurmd["InactiveExitTimestampMonotonic"]
+        journal = sudo(lab, node, f"journalctl -u {BOOT_UNIT} -n 20 --no-pager -o cat")
+        assert "gpunode-gpu-settings: nvidia-smi -pl 500" in journal
+        # The health gate sees a setting the boot did not bring back.
+        sudo(lab, node, "nvidia-smi -pl 700")
+        drift = subprocess.run(
+            [GPUNODE, "drift", inventory, "--json"], cwd=ROOT, capture_output=True, text=True,
+            timeout=600,
+        )  # fmt: skip
+        found = {f["id"]: f["severity"] for f in json.loads(drift.stdout)["findings"]}
+        assert found.get("gpu.power_limit:0") == "critical", drift.stdout
+    finally:
+        # The lab's own settings again: its converge (power limit left as found) after the
+        # driver's defaults.
+        sudo(lab, node, "gpunode-lab-hw reboot")
+        again = run_pyinfra(DEPLOY, "--limit", node.name)
+        assert again.returncode == 0, again.output[-4000:]
+    assert takes_jobs(lab, node)
