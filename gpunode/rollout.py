@@ -497,13 +497,17 @@ class Rollout:
                 record = self.state.nodes[name]
                 since = record.waiting_since if record.waiting_since is not None else self.clock()
                 if self.clock() - since >= self.job_timeout_s:
-                    self.scheduler.resume(name)
+                    ours = self.still_ours(name)
+                    if ours:
+                        self.scheduler.resume(name)
                     record.drained = False
                     self.set(
                         name,
                         Phase.LEFT_OUT,
                         f"jobs {','.join(jobs[:5])} still running after --job-timeout "
-                        f"{self.job_timeout_s:g} s: resumed, not converged",
+                        f"{self.job_timeout_s:g} s: "
+                        + ("resumed" if ours else "drained by someone else meanwhile")
+                        + ", not converged",
                     )
                     continue
                 if name not in told:
@@ -571,8 +575,14 @@ class Rollout:
                 self.sleep(self.poll_s)
         self.timed("return and health gate", started)
 
+    def still_ours(self, name: str) -> bool:
+        """The node is still drained by this rollout (no one drained it again meanwhile)."""
+        return is_ours(self.status_of([name]).get(name), self.state)
+
     def fail(self, name: str, what: str, ids: list[str], note: str) -> None:
         record = self.state.nodes[name]
+        if record.scheduled and record.drained and not self.still_ours(name):
+            record.drained = False  # someone else's drain now: their reason stays
         if record.scheduled and record.drained:
             assert self.scheduler is not None
             # The failed checks become the drain's reason (still this rollout's).

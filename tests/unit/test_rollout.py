@@ -447,3 +447,35 @@ def test_the_help_documents_the_exit_codes(capsys: pytest.CaptureFixture[str]) -
     out = " ".join(capsys.readouterr().out.split())
     for code, meaning in rollout.EXIT_CODES.items():
         assert f"{code} {' '.join(meaning.split())}" in out
+
+
+def test_a_drain_someone_else_made_meanwhile_is_neither_resumed_nor_reworded() -> None:
+    # Jobs outlive the timeout, but a person drained the node in the meantime.
+    run, slurm, nodes, _ = make(["n1"], batch=1, canary=0, job_timeout_s=10)
+    slurm.nodes["n1"]["jobs"] = ["7"]
+    original = slurm.running_jobs
+
+    def jobs_then_a_person_drains(node: str) -> list[str]:
+        slurm.nodes[node].update(state="drained", reason="person: fan")
+        return original(node)
+
+    slurm.running_jobs = jobs_then_a_person_drains  # type: ignore[method-assign]
+    run.run()
+    assert phases(run) == {"n1": "left-out"}
+    assert "drained by someone else meanwhile" in run.state.nodes["n1"].note
+    assert ("resume", "n1") not in slurm.calls
+    assert slurm.nodes["n1"]["reason"] == "person: fan"
+    # A failed gate on a node a person drained meanwhile: their reason stays.
+    run, slurm, nodes, _ = make(["n1"], batch=1, canary=0)
+    nodes.broken["n1"] = ["gpu.xid:79"]
+    original_check = nodes.check
+
+    def check_then_a_person_drains(names: Sequence[str]) -> dict[str, CheckResult]:
+        slurm.nodes["n1"].update(state="drained", reason="person: memtest")
+        return original_check(names)
+
+    nodes.check = check_then_a_person_drains  # type: ignore[method-assign]
+    run.run()
+    assert phases(run) == {"n1": "failed"}
+    assert slurm.nodes["n1"]["reason"] == "person: memtest"
+    assert slurm.calls == [("drain", "n1")]
