@@ -409,18 +409,14 @@ class Rollout:
                 active = [name for name in batch if not self.state.nodes[name].phase.finished]
                 if not active:
                     continue
+                # Checked before a batch too: run again after a stop, a rollout goes on only
+                # with a larger --max-failures.
+                if self.state.failures > self.max_failures:
+                    return self.stop(index)
                 self.say(f"rollout {self.state.id}: {self.batch_label(index)}: {', '.join(active)}")
                 self.run_batch(index, active)
                 if self.state.failures > self.max_failures:
-                    self.state.outcome = "stopped"
-                    self.save()
-                    later = [n for b in self.state.batches[index + 1 :] for n in b]
-                    self.say(
-                        f"rollout {self.state.id}: stopped: {self.state.failures} failed, more "
-                        f"than --max-failures {self.max_failures}; untouched: "
-                        f"{', '.join(later) or 'none'}"
-                    )
-                    return EXIT_STOPPED
+                    return self.stop(index + 1)
         except (KeyboardInterrupt, Interrupted):
             self.state.outcome = "interrupted"
             self.save()
@@ -430,6 +426,16 @@ class Rollout:
         self.save()
         phases = {record.phase for record in self.state.nodes.values()}
         return EXIT_COMPLETE if phases <= {Phase.DONE} else EXIT_INCOMPLETE
+
+    def stop(self, first_untouched: int) -> int:
+        self.state.outcome = "stopped"
+        self.save()
+        later = [n for b in self.state.batches[first_untouched:] for n in b]
+        self.say(
+            f"rollout {self.state.id}: stopped: {self.state.failures} failed, more than "
+            f"--max-failures {self.max_failures}; untouched: {', '.join(later) or 'none'}"
+        )
+        return EXIT_STOPPED
 
     def run_batch(self, index: int, active: list[str]) -> None:
         started = self.clock()

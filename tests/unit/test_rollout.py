@@ -479,3 +479,18 @@ def test_a_drain_someone_else_made_meanwhile_is_neither_resumed_nor_reworded() -
     assert phases(run) == {"n1": "failed"}
     assert slurm.nodes["n1"]["reason"] == "person: memtest"
     assert slurm.calls == [("drain", "n1")]
+
+
+def test_run_again_after_a_stop_it_goes_on_only_with_a_larger_budget() -> None:
+    run, slurm, nodes, saved = make(max_failures=0)
+    nodes.broken["n1"] = ["gpu.xid:79"]
+    assert run.run(has_canary=True) == EXIT_STOPPED
+    state = RolloutState.from_json(saved[-1])
+    again, _, nodes_again, _ = make(state=state, slurm=slurm, nodes=FakeNodes(), max_failures=0)
+    assert again.run(has_canary=True) == EXIT_STOPPED
+    assert nodes_again.converged == []  # not one more batch
+    assert phases(again)["n2"] == "pending"
+    larger, _, nodes_larger, _ = make(state=state, slurm=slurm, nodes=FakeNodes(), max_failures=1)
+    assert larger.run(has_canary=True) == EXIT_INCOMPLETE
+    assert nodes_larger.converged == [["n2", "n3"], ["n4", "n5"]]
+    assert slurm.nodes["n1"]["state"] == "drained"  # the failed node stays drained
