@@ -171,7 +171,8 @@ def test_a_running_job_is_waited_for_and_no_job_starts_between_drain_and_resume(
     lab: Lab, ready: list[LabNode], members: list[LabNode], scheduler_ssh: str, tmp_path: Path
 ) -> None:
     node = members[0]
-    first = submit(lab, node, "sleep 12")
+    # Long enough to outlive any start of the rollout: it ends once the rollout waits for it.
+    first = submit(lab, node, "sleep 600")
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and job_field(lab, first, "JobState") != "RUNNING":
         time.sleep(0.5)
@@ -193,6 +194,8 @@ def test_a_running_job_is_waited_for_and_no_job_starts_between_drain_and_resume(
         if queued is None and reason.startswith("gpunode: rollout"):
             # Submitted while the node is drained: it must wait for the resume.
             queued = submit(lab, node, "true")
+        elif queued is not None and samples[-1].phases.get(node.name) == "waiting":
+            on_controller(lab, f"scancel {first}")  # the job ends while the rollout waits
         time.sleep(0.5)
     output = process.communicate(timeout=60)[0]
     assert process.returncode == 0, output[-4000:]
