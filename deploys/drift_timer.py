@@ -11,7 +11,11 @@ default 05:30 daily), x_drift_output_dir (default /var/lib/gpunode/drift), x_dri
 (default /var/lib/prometheus/node-exporter/gpunode_drift.prom), x_drift_ssh_key (the
 private key the check logs in to the nodes with; best one of its own) and
 x_drift_known_hosts (the nodes' host keys, default ~/.ssh/known_hosts): both are files on
-the machine that runs this deploy, copied to the control host.
+the machine that runs this deploy, copied to the control host. x_drift_drain: 'critical' runs
+the check with --drain critical (scheduler nodes with critical findings drained, those it
+drained resumed once clean), default 'off'; x_drift_scheduler_ssh: the [user@]host it reaches
+Slurm's commands on then (over SSH with the check's key and known_hosts, sudo -n there),
+default this host (the drift user must then be allowed to drain).
 
 The check never runs as root. It runs as the system user gpunode-drift (no password, no
 login shell, home /var/lib/gpunode-drift, which it cannot write), in a systemd sandbox: no
@@ -59,6 +63,8 @@ WRITABLE_ROOTS = ("/var/lib/", "/var/cache/", "/srv/")
 PATH = re.compile(r"/[A-Za-z0-9_.@+/-]*")
 INVENTORY = re.compile(r"[A-Za-z0-9_.-][A-Za-z0-9_./-]*\.py")
 CALENDAR = re.compile(r"[A-Za-z0-9*:,./~ -]{1,64}")
+# Where the check reaches Slurm's commands with --drain (an SSH destination, never an option).
+SSH_DESTINATION = re.compile(r"([a-z_][a-z0-9_-]{0,31}@)?[A-Za-z0-9][A-Za-z0-9.-]{0,252}")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
@@ -123,6 +129,22 @@ textfile = writable_path(
 if not textfile.endswith(".prom"):
     raise _refuse("x_drift_textfile", textfile, "node_exporter reads only *.prom files")
 textfile_dir = posixpath.dirname(textfile)
+# Health-driven drain (gpunode drift --drain critical), off unless the data turns it on.
+drain = host.data.get("x_drift_drain", "off")
+if drain not in ("off", "critical"):
+    raise _refuse("x_drift_drain", drain, "not 'off' or 'critical'")
+scheduler_ssh = host.data.get("x_drift_scheduler_ssh")
+if scheduler_ssh is not None and (
+    not isinstance(scheduler_ssh, str) or not SSH_DESTINATION.fullmatch(scheduler_ssh)
+):
+    raise _refuse("x_drift_scheduler_ssh", scheduler_ssh, "not a [user@]host to reach Slurm on")
+if scheduler_ssh is not None and drain == "off":
+    raise _refuse("x_drift_scheduler_ssh", scheduler_ssh, "given, but x_drift_drain is 'off'")
+drain_arguments = (
+    ["--drain", drain, *(["--scheduler-ssh", scheduler_ssh] if scheduler_ssh else [])]
+    if drain != "off"
+    else []
+)
 
 
 ssh_key = local_file("x_drift_ssh_key", host.data.get("x_drift_ssh_key"))
@@ -174,7 +196,7 @@ command = " ".join(
     shlex.quote(part)
     for part in [
         gpunode, "drift", inventory, "--baseline", latest, "--write-baseline", latest,
-        "--junit", f"{output_dir}/latest.xml", "--prometheus", textfile,
+        "--junit", f"{output_dir}/latest.xml", "--prometheus", textfile, *drain_arguments,
     ]
 )  # fmt: skip
 # The checkout and its Python are read where they are; home directories are hidden, so

@@ -98,7 +98,131 @@ def cmd_drift(args: argparse.Namespace) -> int:
             print(f"gpunode drift: cannot write {path}: {error}", file=sys.stderr)
             unwritten += 1
     print(render_json(result) if args.json else render_table(result), end="")
+    if args.drain and not drain_for_drift(args, inventory, result):
+        unwritten += 1
     return max(result.exit_code, 2) if unwritten else result.exit_code
+
+
+def drain_for_drift(args: argparse.Namespace, inventory: object, result: object) -> bool:
+    """``--drain critical``: drain the scheduler nodes with critical findings, resume those
+    gpunode drained for drift that are clean now; False if the scheduler could not be asked.
+    What it did goes to stderr (stdout holds the report)."""
+    from gpunode.drift import drain
+    from gpunode.drift.findings import DriftResult
+    from gpunode.scheduler import SchedulerError
+
+    assert isinstance(result, DriftResult)
+    fleet = fleet_of(inventory, args.inventory)
+    scheduled = [name for name in result.checked_hosts if fleet.for_host(name).slurm.enabled]
+    if not scheduled:
+        return True
+    try:
+        scheduler = scheduler_from(args)
+        status = scheduler.status(scheduled)
+        for line in drain.apply(scheduler, drain.plan(result, scheduled, status.nodes)):
+            print(f"gpunode drift --drain: {line}", file=sys.stderr)
+    except SchedulerError as error:
+        print(f"gpunode drift --drain: {error}", file=sys.stderr)
+        return False
+    return True
+
+
+def scheduler_from(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    """Slurm's commands on this machine, or over SSH on the host ``--scheduler-ssh`` names
+    (run there with ``sudo -n``: draining takes Slurm's operator rights)."""
+    import shlex
+    import subprocess
+
+    from gpunode.scheduler import SlurmScheduler, local_runner, shell_runner
+
+    if not args.scheduler_ssh:
+        return SlurmScheduler(local_runner())
+    ssh = ["ssh", "-o", "BatchMode=yes", *shlex.split(args.scheduler_ssh)]
+
+    def execute(line: str) -> tuple[int, str, str]:
+        try:
+            done = subprocess.run(
+                [*ssh, f"sudo -n {line}"], capture_output=True, text=True, timeout=120
+            )
+        except (OSError, subprocess.TimeoutExpired) as error:
+            return 255, "", f"ssh: {error}"
+        return done.returncode, done.stdout, done.stderr
+
+    return SlurmScheduler(shell_runner(execute))
+
+
+def cmd_rollout(args: argparse.Namespace) -> int:
+    import signal
+    from pathlib import Path
+
+    from gpunode import rollout
+    from gpunode.drift import select_hosts
+    from gpunode.drift.output import write_atomically
+    from gpunode.scheduler import SchedulerError
+
+    inventory = load_inventory(args.inventory)
+    try:
+        fleet = fleet_of(inventory, args.inventory)
+        hosts = select_hosts(inventory, args.limit)
+    except InvalidInventory as error:
+        print(str(error), file=sys.stderr)
+        return rollout.EXIT_ERROR
+    if not os.path.isfile(args.deploy):
+        print(f"gpunode rollout: no deploy file {args.deploy}", file=sys.stderr)
+        return rollout.EXIT_ERROR
+    path = Path(args.state or rollout.default_state_path(args.inventory, args.deploy, args.limit))
+    nodes = [(host.name, fleet.for_host(host.name).slurm.enabled) for host in hosts]
+    try:
+        state = None
+        if path.exists():
+            state = rollout.RolloutState.from_json(path.read_text())
+            if state.outcome == "complete":
+                state = None  # a finished rollout: this is a new one
+            elif (state.inventory, state.deploy) != (args.inventory, args.deploy):
+                raise rollout.RolloutError(
+                    f"{path} holds unfinished rollout {state.id} of {state.inventory} "
+                    f"{state.deploy}: finish it, or give another --state"
+                )
+            else:
+                print(f"rollout {state.id}: going on from {path} ({state.outcome})")
+        if state is None:
+            state = rollout.new_state(args.inventory, args.deploy, nodes, args.batch, args.canary)
+        scheduled = any(record.scheduled for record in state.nodes.values())
+        scheduler = scheduler_from(args) if scheduled else None
+        if args.dry:
+            status = jobs = None
+            if scheduler is not None:
+                names = [name for name, record in state.nodes.items() if record.scheduled]
+                status = scheduler.status(names).nodes
+                jobs = {name: scheduler.running_jobs(name) for name in names if name in status}
+            print(rollout.dry_plan(state, status, jobs or {}), end="")
+            return rollout.EXIT_COMPLETE
+
+        def save(current: rollout.RolloutState) -> None:
+            write_atomically(path, current.to_json())
+
+        def terminate(signum: int, frame: object) -> None:
+            raise rollout.Interrupted(f"signal {signum}")
+
+        signal.signal(signal.SIGTERM, terminate)
+        save(state)
+        print(f"rollout {state.id}: state in {path}")
+        run = rollout.Rollout(
+            state,
+            scheduler,
+            rollout.PyinfraNodes(args.inventory, args.deploy),
+            save,
+            max_failures=args.max_failures,
+            job_timeout_s=args.job_timeout,
+            return_timeout_s=args.return_timeout,
+            poll_s=args.poll,
+        )
+        code = run.run(has_canary=args.canary > 0)
+    except (rollout.RolloutError, SchedulerError, OSError) as error:
+        print(f"gpunode rollout: {error}", file=sys.stderr)
+        return rollout.EXIT_ERROR
+    print(rollout.summary_table(state), end="")
+    return code
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -129,7 +253,55 @@ def build_parser() -> argparse.ArgumentParser:
     drift.add_argument(
         "--write-baseline", metavar="FILE", help="also write this run's JSON report here"
     )
+    drift.add_argument(
+        "--drain", choices=["critical"],
+        help="drain scheduler nodes with critical findings (reason 'gpunode: drift <ids>') and "
+        "resume those gpunode drained for drift once clean; never a drain of anyone else's",
+    )  # fmt: skip
+    drift.add_argument(
+        "--scheduler-ssh", metavar="SSH_ARGS",
+        help="with --drain: Slurm's commands over SSH with these arguments (sudo -n there)",
+    )  # fmt: skip
     drift.set_defaults(func=cmd_drift)
+
+    from gpunode.rollout import EXIT_CODES
+
+    roll = commands.add_parser(
+        "rollout",
+        help="apply a deploy batch by batch: drain, converge, health gate, resume",
+        description="Batch by batch (the canary batch first): drain the nodes in the scheduler, "
+        "wait for their jobs, converge them, check them with the drift check (no critical "
+        "finding), resume those that pass. A node drained by anyone else is left alone. "
+        "Interrupted, the same command goes on where it stopped.",
+        epilog="exit status: "
+        + "; ".join(f"{code} {meaning}" for code, meaning in EXIT_CODES.items()),
+    )
+    roll.add_argument("inventory")
+    roll.add_argument("deploy")
+    roll.add_argument("--batch", type=int, default=1, help="nodes per batch (default 1)")
+    roll.add_argument("--canary", type=int, default=0, help="nodes in a first batch of their own")
+    roll.add_argument(
+        "--max-failures", type=int, default=0,
+        help="stop once more nodes than this failed (default 0: the first failure stops it)",
+    )  # fmt: skip
+    roll.add_argument(
+        "--job-timeout", type=float, default=3600, metavar="S",
+        help="seconds to wait for a drained node's jobs; then it is resumed and left out",
+    )  # fmt: skip
+    roll.add_argument(
+        "--return-timeout", type=float, default=900, metavar="S",
+        help="seconds a converged (rebooted) node has to answer and be checked",
+    )  # fmt: skip
+    roll.add_argument("--poll", type=float, default=5, metavar="S", help=argparse.SUPPRESS)
+    roll.add_argument("--limit", help="hosts or groups, comma-separated")
+    roll.add_argument("--dry", action="store_true", help="print the batches and plan only")
+    roll.add_argument("--state", metavar="PATH", help="the rollout's state file")
+    roll.add_argument(
+        "--scheduler-ssh", metavar="SSH_ARGS",
+        help="run Slurm's commands over SSH with these arguments (options and the "
+        "controller, e.g. 'admin@slurmctl'), with sudo -n; default: on this machine",
+    )  # fmt: skip
+    roll.set_defaults(func=cmd_rollout)
 
     for plugin in entry_points(group=COMMAND_PLUGINS):
         plugin.load()(commands)

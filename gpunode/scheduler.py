@@ -32,6 +32,8 @@ GPUNODE_REASON_PREFIX = "gpunode:"
 # without the characters sinfo's output separator or a shell would take.
 NODE_NAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]{0,62}[A-Za-z0-9])?")
 REASON = re.compile(r"[A-Za-z0-9 ._:,/=+@()#-]{1,200}")
+MAX_REASON_CHARS = 200
+_UNSAFE_REASON_CHARACTER = re.compile(r"[^A-Za-z0-9 ._:,/=+@()#-]")
 MAX_OUTPUT_LINES = 100_000
 # The job states that hold a node's resources (squeue -t): running, completing,
 # configuring (booting its nodes), suspended (its memory still held).
@@ -97,6 +99,25 @@ class Scheduler(Protocol):
 def gpunode_reason(text: str) -> str:
     """A drain reason gpunode writes: the prefix, then ``text``."""
     return check_reason(f"{GPUNODE_REASON_PREFIX} {text}")
+
+
+def bounded_reason(head: str, items: Iterable[str] = ()) -> str:
+    """A drain reason ``head item,item,...`` from text that may come from nodes (finding ids):
+    characters a reason may not hold become ``_``, and the items are cut (``+N more``) to fit
+    its 200 characters."""
+    text = _UNSAFE_REASON_CHARACTER.sub("_", " ".join(head.split()))[:MAX_REASON_CHARS]
+    names = [_UNSAFE_REASON_CHARACTER.sub("_", item)[:80] for item in items]
+    for count, name in enumerate(names):
+        more = f" +{len(names) - count} more"
+        candidate = f"{text}{' ' if count == 0 else ','}{name}"
+        last = count == len(names) - 1
+        if len(candidate) > MAX_REASON_CHARS or (
+            not last and len(candidate + more) > MAX_REASON_CHARS
+        ):
+            text += more
+            break
+        text = candidate
+    return check_reason(text or "gpunode")
 
 
 def check_node(name: str) -> str:

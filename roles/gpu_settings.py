@@ -5,6 +5,11 @@ as *pending* and are reported as such, never requested again on every run. The M
 (GPU instances) is only laid out on a GPU whose MIG mode is current; it does not survive a
 reset or reboot, so the next run lays it out again. Application clocks that a driver no longer
 reports (deprecated by driver 590 on Hopper) are reported, never requested again and again.
+
+What the driver forgets at a reboot (persistence mode, power limit, application clocks, MIG
+instances) is applied again at every boot by gpunode-gpu-settings.service, from a file this
+role writes, after the driver's persistence daemon and before slurmd: a node that reboots
+(a rolling driver change) never takes jobs with the driver's defaults.
 """
 
 from __future__ import annotations
@@ -12,13 +17,65 @@ from __future__ import annotations
 import shlex
 from collections import Counter
 from collections.abc import Iterable
+from io import StringIO
 from typing import Any
 
 from pyinfra import host
 from pyinfra.api import OperationError, deploy, operation
+from pyinfra.operations import files, systemd
 
 from facts.gpu import GpuDevices
-from gpunode.model import DesiredState
+from gpunode.model import DesiredState, GpuSettings
+
+BOOT_UNIT = "gpunode-gpu-settings.service"
+BOOT_UNIT_PATH = f"/etc/systemd/system/{BOOT_UNIT}"
+BOOT_SCRIPT = "/usr/local/sbin/gpunode-gpu-settings"
+BOOT_SETTINGS = "/etc/gpunode/gpu-settings.conf"
+
+# Plain sh: it runs before anything else of gpunode's is there to run. Its settings file is
+# root's, 0644, written by this role from values the model has checked (numbers, MIG profile
+# names); every value is passed as one quoted word.
+BOOT_SCRIPT_TEXT = f"""#!/bin/sh
+# Managed by gpunode (roles/gpu_settings.py): the GPU settings the driver forgets at a reboot,
+# applied again at boot from {BOOT_SETTINGS} ({BOOT_UNIT}, before slurmd).
+set -u
+PERSISTENCE='' POWER_LIMIT_W='' APPLICATION_CLOCKS='' MIG_LAYOUT=''
+. {BOOT_SETTINGS}
+status=0
+run() {{
+    echo "gpunode-gpu-settings: $*"
+    "$@" || {{ echo "gpunode-gpu-settings: failed: $*" >&2; status=1; }}
+}}
+[ -n "$PERSISTENCE" ] && run nvidia-smi -pm "$PERSISTENCE"
+[ -n "$POWER_LIMIT_W" ] && run nvidia-smi -pl "$POWER_LIMIT_W"
+[ -n "$APPLICATION_CLOCKS" ] && run nvidia-smi -ac "$APPLICATION_CLOCKS"
+if [ -n "$MIG_LAYOUT" ]; then
+    # GPUs whose MIG mode is on and that hold no instance: the driver kept none.
+    enabled=$(nvidia-smi --query-gpu=index,mig.mode.current --format=csv,noheader |
+        sed -n 's/^\\([0-9]*\\), *Enabled$/\\1/p')
+    for index in $enabled; do
+        nvidia-smi mig -i "$index" -lgi >/dev/null 2>&1 && continue
+        run nvidia-smi mig -i "$index" -cgi "$MIG_LAYOUT" -C
+    done
+fi
+exit "$status"
+"""
+
+BOOT_UNIT_TEXT = f"""# Managed by gpunode (roles/gpu_settings.py)
+[Unit]
+Description=GPU settings declared by gpunode, applied again at boot (the driver keeps none)
+After=systemd-modules-load.service nvidia-persistenced.service
+Before=slurmd.service
+ConditionPathExists={BOOT_SETTINGS}
+
+[Service]
+Type=oneshot
+RemainAfterExit=yes
+ExecStart={BOOT_SCRIPT}
+
+[Install]
+WantedBy=multi-user.target
+"""
 
 
 def _report_or_noop() -> dict[str, Any] | None:
@@ -339,6 +396,52 @@ def mig_layout(profiles: tuple[str, ...]):
         yield f"nvidia-smi mig -i {index} -cgi {order} -C"
 
 
+def boot_order(profiles: Iterable[str]) -> list[str]:
+    """The boot's creation order when no GPU's profile table is at hand: most compute slices
+    first (a large instance placed after small ones may find no room)."""
+    return sorted(profiles, key=lambda name: (-_compute_slices(name), name))
+
+
+def render_boot_settings(wanted: GpuSettings) -> str:
+    """The settings file the boot unit reads: shell assignments of checked values, quoted."""
+    lines = ["# Managed by gpunode (roles/gpu_settings.py): what the boot unit applies again."]
+    values: dict[str, str] = {}
+    if wanted.persistence_mode is not None:
+        values["PERSISTENCE"] = str(int(wanted.persistence_mode))
+    if wanted.power_limit_w is not None:
+        values["POWER_LIMIT_W"] = str(int(wanted.power_limit_w))
+    if wanted.application_clocks is not None:
+        clocks = wanted.application_clocks
+        values["APPLICATION_CLOCKS"] = f"{int(clocks.memory_mhz)},{int(clocks.graphics_mhz)}"
+    if wanted.mig and wanted.mig_layout:
+        values["MIG_LAYOUT"] = ",".join(boot_order(wanted.mig_layout))
+    lines += [f"{name}={shlex.quote(value)}" for name, value in values.items()]
+    return "\n".join(lines) + "\n"
+
+
+def boot_settings(wanted: GpuSettings) -> None:
+    """The boot unit, its script and its settings file; enabled (it runs at the next boot:
+    this run applies the settings itself)."""
+    files.directory(name="Directory /etc/gpunode", path="/etc/gpunode", mode="755")
+    files.put(
+        name=f"{BOOT_SETTINGS} (applied again at boot)", src=StringIO(render_boot_settings(wanted)),
+        dest=BOOT_SETTINGS, mode="644", user="root", group="root",
+    )  # fmt: skip
+    files.put(
+        name=f"{BOOT_SCRIPT}", src=StringIO(BOOT_SCRIPT_TEXT), dest=BOOT_SCRIPT, mode="755",
+        user="root", group="root",
+    )  # fmt: skip
+    unit = files.put(
+        name=f"{BOOT_UNIT_PATH} (before slurmd)", src=StringIO(BOOT_UNIT_TEXT),
+        dest=BOOT_UNIT_PATH, mode="644", user="root", group="root",
+    )  # fmt: skip
+    systemd.daemon_reload(name="Reload systemd for the boot unit", _if=unit.did_change)
+    systemd.service(
+        name=f"{BOOT_UNIT} enabled for the next boot", service=BOOT_UNIT, running=None,
+        enabled=True,
+    )  # fmt: skip
+
+
 @deploy("GPU settings")
 def gpu_settings(desired: DesiredState) -> None:
     wanted = desired.gpu_settings
@@ -358,3 +461,5 @@ def gpu_settings(desired: DesiredState) -> None:
             memory_mhz=wanted.application_clocks.memory_mhz,
             graphics_mhz=wanted.application_clocks.graphics_mhz,
         )
+    if host.get_fact(GpuDevices)["state"] == "ok":  # only where nvidia-smi answers
+        boot_settings(wanted)

@@ -128,6 +128,24 @@ def _gpu_device_rules(desired: DesiredState, gpu: dict[str, Any]) -> Iterator[tu
     if wanted_persistence is not None and persistence not in (None, wanted_persistence):
         want, got = _on_off(wanted_persistence), _on_off(bool(persistence))
         yield f"gpu.persistence:{label}", WARN, f"persistence {want}", got, RUN_DEPLOY
+    # The settings the driver forgets at a reboot (re-applied at boot by the gpu_settings
+    # role's unit): a node back from a reboot with its driver's defaults must take no job.
+    limit = (gpu.get("power_w") or {}).get("limit")
+    if settings.power_limit_w is not None and limit is not None and limit != settings.power_limit_w:
+        yield (
+            f"gpu.power_limit:{label}", CRIT, f"power limit {settings.power_limit_w} W",
+            f"{limit:g} W", RUN_DEPLOY,
+        )  # fmt: skip
+    clocks, wanted_clocks = gpu.get("application_clocks_mhz"), settings.application_clocks
+    if wanted_clocks is not None and clocks is not None:
+        mhz = {"memory": wanted_clocks.memory_mhz, "graphics": wanted_clocks.graphics_mhz}
+        if clocks != mhz:
+            yield (
+                f"gpu.application_clocks:{label}", CRIT,
+                f"memory {mhz['memory']} MHz, graphics {mhz['graphics']} MHz",
+                f"memory {clocks.get('memory')} MHz, graphics {clocks.get('graphics')} MHz",
+                RUN_DEPLOY,
+            )  # fmt: skip
     ecc = gpu.get("ecc_mode") or {}
     if settings.ecc is not None and ecc.get("current") not in (None, settings.ecc):
         pending = ecc.get("pending") == settings.ecc

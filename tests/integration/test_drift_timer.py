@@ -318,6 +318,9 @@ def test_missing_inventory_is_refused_before_any_change(
         ("x_drift_textfile", "/var/lib/node exporter/x.prom", "not an absolute path"),
         ("x_drift_ssh_key", "/nonexistent/drift_key", "no such file here"),
         ("x_drift_schedule", "daily\nExecStartPre=/bin/sh", "not a systemd OnCalendar"),
+        ("x_drift_drain", "all", "not 'off' or 'critical'"),
+        ("x_drift_scheduler_ssh", "-oProxyCommand=sh", "not a [user@]host to reach Slurm on"),
+        ("x_drift_scheduler_ssh", "admin@slurmctl", "given, but x_drift_drain is 'off'"),
     ],
 )
 def test_unsafe_settings_are_refused_before_any_change(
@@ -331,3 +334,18 @@ def test_unsafe_settings_are_refused_before_any_change(
     assert run.returncode != 0
     assert f"{setting} = {value!r}: {problem}" in run.output
     assert control_host_state(lab, node) == before
+
+
+def test_the_drain_setting_reaches_the_check_and_is_off_by_default(
+    lab: Lab, control_host: ControlHost, tmp_path: Path
+) -> None:
+    node = control_host.node
+    data = {**control_host.data, "x_drift_drain": "critical", "x_drift_scheduler_ssh": "admin@ctl"}
+    inventory = write_inventory(tmp_path / "control.py", lab, [node], {node.name: data})
+    run = run_pyinfra(DEPLOY, inventory=inventory)
+    assert run.returncode == 0, run.output
+    unit = ssh(lab, node, "systemctl cat gpunode-drift.service").stdout
+    assert f"--prometheus {TEXTFILE} --drain critical --scheduler-ssh admin@ctl\n" in unit
+    assert deploy(lab, control_host, tmp_path).returncode == 0
+    unit = ssh(lab, node, "systemctl cat gpunode-drift.service").stdout
+    assert f"--prometheus {TEXTFILE}\n" in unit and "--drain" not in unit

@@ -22,6 +22,7 @@ import pytest
 
 from lab import Lab, LabNode
 from lab.hwsim.hwstate import DEFAULT_STATE_PATH
+from roles.gpu_settings import BOOT_SCRIPT, BOOT_SETTINGS, BOOT_UNIT
 
 from .conftest import ROOT, PyinfraRun, run_pyinfra, ssh, write_inventory
 
@@ -90,15 +91,42 @@ def noops(run: PyinfraRun, node: LabNode) -> list[str]:
     return re.findall(rf"\[{re.escape(node.name)}\] noop: (.*)", run.output)
 
 
+def is_boot_unit(operation: str) -> bool:
+    """The boot unit's files (roles/gpu_settings.py, BOOT_*): they change with the data, the
+    GPUs' settings with nvidia-smi; ``boot_changes`` tells those apart."""
+    return any(path in operation for path in (BOOT_SETTINGS, BOOT_SCRIPT, BOOT_UNIT))
+
+
 def changed(run: PyinfraRun) -> set[tuple[str, str]]:
+    """The nvidia-smi settings the run changed (what this module is about)."""
     assert run.returncode == 0, run.output
-    return {(name, host) for name, hosts in run.changed_operations().items() for host in hosts}
+    return {
+        (name, host)
+        for name, hosts in run.changed_operations().items()
+        for host in hosts
+        if not is_boot_unit(name)
+    }
+
+
+def boot_changes(run: PyinfraRun) -> set[tuple[str, str]]:
+    assert run.returncode == 0, run.output
+    return {
+        (name, host)
+        for name, hosts in run.changed_operations().items()
+        for host in hosts
+        if is_boot_unit(name)
+    }
 
 
 def predicted(dry: PyinfraRun) -> set[tuple[str, str]]:
     assert dry.returncode == 0, dry.output
     assert dry.results is not None, dry.output
-    return {(op["name"], host) for op in dry.results["plan"] for host in op["hosts_with_change"]}
+    return {
+        (op["name"], host)
+        for op in dry.results["plan"]
+        for host in op["hosts_with_change"]
+        if not is_boot_unit(op["name"])
+    }
 
 
 @pytest.fixture(scope="module")
@@ -173,6 +201,10 @@ def test_application_clocks_set_once_and_deprecated_ones_reported(
 
     first = deploy(both, data)
     assert changed(first) == predicted(dry)
+    # The clocks are in the boot unit's settings now, applied again at every boot.
+    settings_file = f"GPU settings | {BOOT_SETTINGS} (applied again at boot)"
+    assert {(settings_file, h100.name), (settings_file, a100.name)} <= boot_changes(first)
+    assert "APPLICATION_CLOCKS=1593,1215" in ssh(lab, a100, f"cat {BOOT_SETTINGS}").stdout
     assert query(lab, a100, clocks) == ["1593 MHz, 1215 MHz"] * 8
     assert query(lab, h100, clocks) == [f"{DEPRECATED}, {DEPRECATED}"] * 8
     assert (
@@ -181,7 +213,7 @@ def test_application_clocks_set_once_and_deprecated_ones_reported(
     ) in noops(first, h100)
 
     second = deploy(both, data)
-    assert changed(second) == set()
+    assert changed(second) == set() and boot_changes(second) == set()
     assert "application clocks 1593,1215 MHz on all 8 GPUs that have them" in noops(second, a100)
 
     # A pair the A100 does not support: an error naming GPU and what it supports, no change.

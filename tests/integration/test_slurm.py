@@ -70,6 +70,11 @@ def controller(lab: Lab, lab_nodes: list[LabNode]) -> Iterator[LabNode]:
     # slurmctld's state outlives the controller (Lab.slurm_up): a test that failed with a
     # node drained must not leave it drained for the next run.
     on_controller(lab, "scancel --user root; scontrol update NodeName=ALL State=RESUME")
+    # Until the jobs are gone, or the saved state would hold a cancelled job that still
+    # holds its node (MIXED, not IDLE) when the next controller starts.
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and on_controller(lab, "squeue -h -o %i")[1].strip():
+        time.sleep(1)
     # The lab inventory enables slurm only while a controller runs: later tests of this
     # lab converge without it again.
     lab.slurm_down()

@@ -490,3 +490,33 @@ def test_a_ruleset_without_the_exporters_ports_is_drift_once_an_exporter_runs() 
     with_exporter = desired({**DATA, "firewall": firewall, "node_exporter": {"enabled": True}})
     assert with_exporter.exporter_ports == (9100,)
     assert findings(facts, with_exporter) == {"firewall.ruleset": Severity.WARNING}
+
+
+def test_power_limit_and_application_clocks_the_driver_forgot_are_critical() -> None:
+    data = {
+        **DATA,
+        "gpu_settings": {
+            **DATA["gpu_settings"],
+            "power_limit_w": 500,
+            "application_clocks": {"memory_mhz": 2619, "graphics_mhz": 1980},
+        },
+    }
+    facts = healthy_facts()
+    for gpu in facts["gpu"]["gpus"]:
+        gpu["power_w"] = {"limit": 500.0, "default_limit": 700.0}
+        gpu["application_clocks_mhz"] = {"memory": 2619, "graphics": 1980}
+    assert [f.id for f in evaluate("n1", desired(data), facts)] == []
+    # After a reboot: the driver's defaults on GPU 1.
+    facts["gpu"]["gpus"][1]["power_w"]["limit"] = 700.0
+    facts["gpu"]["gpus"][1]["application_clocks_mhz"] = {"memory": 2619, "graphics": 1755}
+    found = {f.id: f for f in evaluate("n1", desired(data), facts)}
+    assert {name: f.severity for name, f in found.items()} == {
+        "gpu.power_limit:1": Severity.CRITICAL,
+        "gpu.application_clocks:1": Severity.CRITICAL,
+    }
+    assert (found["gpu.power_limit:1"].expected, found["gpu.power_limit:1"].found) == (
+        "power limit 500 W", "700 W"
+    )  # fmt: skip
+    # A GPU whose driver reports no application clocks (590 on Hopper) is no finding.
+    facts["gpu"]["gpus"][1]["application_clocks_mhz"] = None
+    assert "gpu.application_clocks:1" not in {f.id for f in evaluate("n1", desired(data), facts)}

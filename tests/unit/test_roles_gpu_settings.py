@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import subprocess
+from pathlib import Path
 from typing import Any
 
 import pytest
 from pyinfra.api import OperationError
 
 from facts.gpu import GpuDevices
+from gpunode.model import build_desired_state
 from roles.gpu_settings import (
     application_clocks,
     mig_layout,
@@ -377,3 +380,89 @@ def test_layout_that_does_not_fit_is_an_error_naming_gpu_and_offers(
         f"{reason}"
     )
     assert message.endswith(OFFERS)
+
+
+# --- the boot unit: what the driver forgets, applied again at every boot ---------------------
+
+
+def boot_run(tmp_path: Path, settings: str, mig: str = "0, Enabled\n1, Disabled\n") -> list[str]:
+    """The boot script as systemd runs it, its settings file and nvidia-smi in ``tmp_path``
+    (a stand-in nvidia-smi that records its arguments; GPU 0 in MIG mode, without instances)."""
+    from roles.gpu_settings import BOOT_SCRIPT_TEXT, BOOT_SETTINGS
+
+    (tmp_path / "gpu-settings.conf").write_text(settings)
+    log = tmp_path / "calls"
+    fake = tmp_path / "nvidia-smi"
+    fake.write_text(
+        "#!/bin/sh\n"
+        f'echo "$*" >> {log}\n'
+        'case "$*" in\n'
+        f"  --query-gpu=*) printf '{mig}' ;;\n"
+        "  'mig -i 0 -lgi') exit 6 ;;\n"
+        "esac\n"
+    )
+    fake.chmod(0o755)
+    script = tmp_path / "gpunode-gpu-settings"
+    script.write_text(BOOT_SCRIPT_TEXT.replace(BOOT_SETTINGS, str(tmp_path / "gpu-settings.conf")))
+    done = subprocess.run(
+        ["sh", str(script)], env={"PATH": f"{tmp_path}:/usr/bin:/bin"}, capture_output=True,
+        text=True, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return log.read_text().splitlines() if log.exists() else []
+
+
+def test_the_boot_settings_file_holds_what_is_declared_quoted() -> None:
+    from roles.gpu_settings import render_boot_settings
+
+    wanted = build_desired_state(
+        {"gpu_settings": {"persistence_mode": True, "power_limit_w": 500, "mig": True,
+                          "mig_layout": ["1g.10gb", "3g.40gb", "3g.40gb"],
+                          "application_clocks": {"memory_mhz": 1593, "graphics_mhz": 1410}}}
+    )[0].gpu_settings  # fmt: skip
+    assert render_boot_settings(wanted).splitlines()[1:] == [
+        "PERSISTENCE=1",
+        "POWER_LIMIT_W=500",
+        "APPLICATION_CLOCKS=1593,1410",
+        "MIG_LAYOUT=3g.40gb,3g.40gb,1g.10gb",  # the largest first
+    ]
+    nothing = build_desired_state({"gpu_settings": {"persistence_mode": None}})[0].gpu_settings
+    assert render_boot_settings(nothing).splitlines()[1:] == []
+
+
+def test_the_boot_script_applies_each_declared_setting_and_lays_out_mig(tmp_path: Path) -> None:
+    calls = boot_run(
+        tmp_path,
+        "PERSISTENCE=1\nPOWER_LIMIT_W=500\nAPPLICATION_CLOCKS=1593,1410\n"
+        "MIG_LAYOUT=3g.40gb,3g.40gb\n",
+    )
+    assert calls == [
+        "-pm 1",
+        "-pl 500",
+        "-ac 1593,1410",
+        "--query-gpu=index,mig.mode.current --format=csv,noheader",
+        "mig -i 0 -lgi",
+        "mig -i 0 -cgi 3g.40gb,3g.40gb -C",  # GPU 1 is not in MIG mode
+    ]
+
+
+def test_the_boot_script_leaves_undeclared_settings_and_existing_instances(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "power").mkdir()
+    assert boot_run(tmp_path / "power", "POWER_LIMIT_W=300\n") == ["-pl 300"]
+    # GPU 1 in MIG mode already holds instances (-lgi lists them): left as they are.
+    (tmp_path / "mig").mkdir()
+    calls = boot_run(tmp_path / "mig", "MIG_LAYOUT=7g.80gb\n", mig="1, Enabled\n")
+    assert calls[-2:] == ["--query-gpu=index,mig.mode.current --format=csv,noheader",
+                          "mig -i 1 -lgi"]  # fmt: skip
+
+
+def test_the_boot_unit_runs_before_slurmd_after_the_persistence_daemon() -> None:
+    from roles.gpu_settings import BOOT_SCRIPT, BOOT_SETTINGS, BOOT_UNIT_TEXT
+
+    lines = BOOT_UNIT_TEXT.splitlines()
+    assert "Before=slurmd.service" in lines
+    assert "After=systemd-modules-load.service nvidia-persistenced.service" in lines
+    assert f"ExecStart={BOOT_SCRIPT}" in lines and "Type=oneshot" in lines
+    assert f"ConditionPathExists={BOOT_SETTINGS}" in lines

@@ -1,0 +1,458 @@
+"""`gpunode rollout` against real Slurm in the lab: the lab's slurmctld (test_slurm's
+controller and converge, shared), gpunode's CLI reaching it over SSH as an operator would.
+
+A job running on a node is waited for: the node is drained, converged (rebooted through the
+driver role: its simulated GPUs were running another driver) and resumed, and no job starts
+on it between the drain and the resume. A node that fails the health gate (an XID in its
+kernel log) stays drained with the failed check in its reason, and with --max-failures 0 the
+later batch is untouched. A rollout killed mid-batch (its whole process group, as a control
+host going down) and started again finishes without touching the finished node again. A node
+drained by hand is neither drained, converged nor resumed, by the rollout or by
+``gpunode drift --drain critical``, which drains a node with a critical finding and resumes
+it once clean. The GPU settings the simulated reboot resets come back from the boot unit
+before slurmd starts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from lab import Lab, LabNode
+from roles.gpu_settings import BOOT_UNIT
+
+from . import test_slurm
+from .conftest import GPUNODE, ROOT, PyinfraRun, run_pyinfra, write_inventory
+from .test_slurm import on_controller, sudo
+
+# test_slurm's module fixtures (its controller, converge and registration): shared, not copied.
+controller = test_slurm.controller
+members = test_slurm.members
+munge_key = test_slurm.munge_key
+converged = test_slurm.converged
+registered = test_slurm.registered
+
+pytestmark = pytest.mark.lab
+
+DEPLOY = "deploys/gpu_node.py"
+INVENTORY = "inventories/lab.py"
+# A kernel log line of an XID the drift check takes as critical (79: fallen off the bus).
+XID_MESSAGE = (
+    "NVRM: Xid (PCI:0000:18:00): 79, pid=4242, name=rollout-test, GPU has fallen off the bus."
+)
+# How long a rollout of the lab may take on a loaded lab host: a wait for an event, never an
+# assertion on time.
+ROLLOUT_TIMEOUT_S = 900
+
+
+@pytest.fixture(scope="module")
+def scheduler_ssh(lab: Lab, controller: LabNode, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """--scheduler-ssh for the lab's controller: its own host key, the lab's login key."""
+    container = lab.client.containers.get(controller.container)
+    key = container.exec_run(["cat", "/etc/ssh/ssh_host_ed25519_key.pub"]).output.decode()
+    known_hosts = tmp_path_factory.mktemp("controller") / "known_hosts"
+    known_hosts.write_text(f"{controller.address} {' '.join(key.split()[:2])}\n")
+    return (
+        f"-i {lab.key_path} -o UserKnownHostsFile={known_hosts} -o IdentitiesOnly=yes "
+        f"-o StrictHostKeyChecking=yes debian@{controller.address}"
+    )
+
+
+@pytest.fixture
+def ready(
+    lab: Lab,
+    registered: dict[str, dict[str, str]],
+    members: list[LabNode],
+    lab_nodes: list[LabNode],
+) -> Iterator[list[LabNode]]:
+    """Every lab node, Slurm members IDLE; afterwards no job left, nothing left drained and
+    no XID left in a node's kernel log."""
+    yield lab_nodes
+    on_controller(lab, "scancel --user root; scontrol update NodeName=ALL State=RESUME")
+    # Until the jobs are gone: slurmctld's state outlives its container (Lab.slurm_up), and a
+    # job it still held when the controller went would hold its node in the next session.
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and on_controller(lab, "squeue -h -o %i")[1].strip():
+        time.sleep(1)
+    for node in lab_nodes:
+        sudo(lab, node, "journalctl --rotate --vacuum-files=1 >/dev/null 2>&1 || true")
+
+
+def rollout_argv(scheduler_ssh: str, state: Path, *extra: str) -> list[str]:
+    return [
+        GPUNODE, "rollout", INVENTORY, DEPLOY, "--state", str(state),
+        "--scheduler-ssh", scheduler_ssh, "--poll", "1", *extra,
+    ]  # fmt: skip
+
+
+def run_rollout(scheduler_ssh: str, state: Path, *extra: str) -> PyinfraRun:
+    done = subprocess.run(
+        rollout_argv(scheduler_ssh, state, *extra),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=ROLLOUT_TIMEOUT_S,
+    )
+    results = json.loads(state.read_text()) if state.exists() else None
+    return PyinfraRun(done.returncode, done.stdout + done.stderr, results)
+
+
+def phase_of(state: Path) -> dict[str, str]:
+    try:
+        data = json.loads(state.read_text())
+    except (OSError, ValueError):
+        return {}
+    return {name: record["phase"] for name, record in data["nodes"].items()}
+
+
+def slurm_view(lab: Lab, node: LabNode) -> tuple[str, str, list[tuple[str, str]]]:
+    """(sinfo state, reason, [(job id, state)] of squeue) of ``node`` on the controller."""
+    _, sinfo = on_controller(lab, f"sinfo -h -N -n {node.name} -o '%T|%E'")
+    state, _, reason = (
+        sinfo.strip().splitlines()[0].partition("|") if sinfo.strip() else ("", "", "")
+    )
+    _, queue = on_controller(lab, f"squeue -h -w {node.name} -o '%i %T'")
+    jobs = [tuple(line.split()[:2]) for line in queue.splitlines() if len(line.split()) >= 2]
+    return state, reason, jobs  # type: ignore[return-value]
+
+
+def submit(lab: Lab, node: LabNode, command: str) -> str:
+    code, output = on_controller(
+        lab, f"sbatch --parsable -w {node.name} -o /dev/null --wrap {command!r}"
+    )
+    assert code == 0, output
+    return output.strip().split(";")[0]
+
+
+def job_field(lab: Lab, job: str, name: str) -> str:
+    _, output = on_controller(lab, f"scontrol show job -o {job}")
+    fields = dict(word.split("=", 1) for word in output.split() if "=" in word)
+    return fields.get(name, "")
+
+
+def drain_updates(lab: Lab, node: LabNode, rollout_id: str) -> int:
+    """How often slurmctld set ``node``'s reason to one of this rollout's."""
+    _, log = on_controller(lab, "cat /var/log/slurm/slurmctld.log")
+    return sum(
+        f"node {node.name} reason set to: gpunode: rollout {rollout_id}" in line
+        for line in log.splitlines()
+    )
+
+
+def takes_jobs(lab: Lab, node: LabNode) -> bool:
+    """Once ``node`` is idle or mixed and responding: right after a resume slurmctld shows it
+    not responding (``idle*``) until its next ping is answered ("now responding")."""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if slurm_view(lab, node)[0] in ("idle", "mixed"):
+            return True
+        time.sleep(1)
+    return False
+
+
+@dataclass
+class Sample:
+    phases: dict[str, str]
+    state: str
+    reason: str
+    jobs: list[tuple[str, str]]
+
+
+def test_a_running_job_is_waited_for_and_no_job_starts_between_drain_and_resume(
+    lab: Lab, ready: list[LabNode], members: list[LabNode], scheduler_ssh: str, tmp_path: Path
+) -> None:
+    node = members[0]
+    # Long enough to outlive any start of the rollout: it ends once the rollout waits for it.
+    first = submit(lab, node, "sleep 600")
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and job_field(lab, first, "JobState") != "RUNNING":
+        time.sleep(0.5)
+    assert job_field(lab, first, "JobState") == "RUNNING"
+    # The change needs a reboot: the node's simulated GPUs run another driver than installed.
+    installed = sudo(lab, node, "gpunode-lab-hw show driver_version").strip()
+    sudo(lab, node, "gpunode-lab-hw set driver_version '\"550.127.08\"'")
+    state = tmp_path / "state.json"
+    process = subprocess.Popen(
+        rollout_argv(scheduler_ssh, state, "--limit", node.name),
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    samples: list[Sample] = []
+    queued = None
+    deadline = time.monotonic() + ROLLOUT_TIMEOUT_S
+    while process.poll() is None and time.monotonic() < deadline:
+        slurm_state, reason, jobs = slurm_view(lab, node)
+        samples.append(Sample(phase_of(state), slurm_state, reason, jobs))
+        if queued is None and reason.startswith("gpunode: rollout"):
+            # Submitted while the node is drained: it must wait for the resume.
+            queued = submit(lab, node, "true")
+        elif queued is not None and samples[-1].phases.get(node.name) == "waiting":
+            on_controller(lab, f"scancel {first}")  # the job ends while the rollout waits
+        time.sleep(0.5)
+    output = process.communicate(timeout=60)[0]
+    assert process.returncode == 0, output[-4000:]
+    assert queued is not None, output
+    data = json.loads(state.read_text())
+    record = data["nodes"][node.name]
+    assert (record["phase"], record["rebooted"]) == ("done", True), record
+    assert f"{node.name}: waiting for jobs {first}" in output
+    assert sudo(lab, node, "gpunode-lab-hw show driver_version").strip() == installed
+    # While the rollout held the node: only the job that ran before the drain ran, and not
+    # once the converge had begun; the job queued meanwhile never ran before the resume.
+    held = [s for s in samples if s.phases.get(node.name) not in (None, "pending", "done")]
+    assert held, samples
+    for sample in held:
+        running = {job for job, job_state in sample.jobs if job_state == "RUNNING"}
+        assert running <= {first}, sample
+        if sample.phases[node.name] in ("converging", "checking", "resuming"):
+            assert running == set(), sample
+    # Slurm's own record: the queued job started after the first one ended, once resumed.
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and job_field(lab, queued, "JobState") != "COMPLETED":
+        time.sleep(0.5)
+    assert job_field(lab, queued, "JobState") == "COMPLETED"
+    assert job_field(lab, queued, "StartTime") >= job_field(lab, first, "EndTime")
+    assert takes_jobs(lab, node)
+
+
+def test_a_node_failing_the_health_gate_stays_drained_and_the_later_batch_is_untouched(
+    lab: Lab, ready: list[LabNode], members: list[LabNode], scheduler_ssh: str, tmp_path: Path
+) -> None:
+    node = members[0]
+    later = [other for other in ready if other != node]
+    assert later, "the lab needs two nodes"
+    sudo(lab, node, f"logger -t kernel '{XID_MESSAGE}'")
+    state = tmp_path / "state.json"
+    run = run_rollout(scheduler_ssh, state, "--canary", "1", "--batch", "1", "--max-failures", "0")
+    assert run.returncode == 3, run.output[-4000:]  # stopped by the budget
+    assert run.results is not None
+    rollout_id = run.results["id"]
+    record = run.results["nodes"][node.name]
+    assert record["phase"] == "failed", record
+    slurm_state, reason, _ = slurm_view(lab, node)
+    assert slurm_state in ("drained", "draining")
+    assert reason.startswith(f"gpunode: rollout {rollout_id} failed health gate gpu.xid:79"), reason
+    for other in later:
+        assert run.results["nodes"][other.name]["phase"] == "pending"
+        if other in members:
+            assert takes_jobs(lab, other)
+            assert drain_updates(lab, other, rollout_id) == 0
+    assert "stopped: 1 failed, more than --max-failures 0" in run.output
+
+
+def test_a_rollout_killed_mid_batch_finishes_without_touching_finished_nodes_twice(
+    lab: Lab, ready: list[LabNode], members: list[LabNode], scheduler_ssh: str, tmp_path: Path
+) -> None:
+    first, second = ready[0], ready[1]
+    state = tmp_path / "state.json"
+    process = subprocess.Popen(
+        rollout_argv(scheduler_ssh, state, "--batch", "1"),
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + ROLLOUT_TIMEOUT_S
+    while process.poll() is None and time.monotonic() < deadline:
+        if phase_of(state).get(second.name) == "converging":
+            break
+        time.sleep(0.2)
+    assert process.poll() is None, process.communicate()[0][-4000:]
+    # The control host goes down: the rollout and its pyinfra, all at once.
+    os.killpg(process.pid, signal.SIGKILL)
+    process.communicate(timeout=60)
+    killed = json.loads(state.read_text())
+    assert killed["nodes"][first.name]["phase"] == "done"
+    assert killed["nodes"][second.name]["phase"] == "converging"
+    if second in members:
+        assert slurm_view(lab, second)[1].startswith(f"gpunode: rollout {killed['id']}")
+    again = run_rollout(scheduler_ssh, state, "--batch", "1")
+    assert again.returncode == 0, again.output[-4000:]
+    assert again.results is not None and again.results["id"] == killed["id"]
+    assert f"going on from {state}" in again.output
+    assert {name: r["phase"] for name, r in again.results["nodes"].items()} == {
+        first.name: "done", second.name: "done"
+    }  # fmt: skip
+    # The finished node: not drained, converged, checked or resumed again.
+    assert not [line for line in again.output.splitlines() if f": {first.name}:" in line]
+    if first in members:
+        assert drain_updates(lab, first, killed["id"]) == 1
+    if second in members:
+        assert takes_jobs(lab, second)
+
+
+def test_a_node_drained_by_hand_is_neither_converged_nor_resumed(
+    lab: Lab, ready: list[LabNode], members: list[LabNode], scheduler_ssh: str, tmp_path: Path
+) -> None:
+    node = members[0]
+    others = [other for other in ready if other != node]
+    code, output = on_controller(
+        lab, f"scontrol update NodeName={node.name} State=DRAIN Reason='bad fan, ticket 42'"
+    )
+    assert code == 0, output
+    # Drift a converge would repair, on every node: persistence mode off on GPU 0.
+    for each in ready:
+        sudo(lab, each, "nvidia-smi -i 0 -pm 0 >/dev/null")
+    state = tmp_path / "state.json"
+    run = run_rollout(scheduler_ssh, state, "--batch", "2")
+    assert run.returncode == 1, run.output[-4000:]  # complete, one node skipped
+    assert run.results is not None
+    record: dict[str, Any] = run.results["nodes"][node.name]
+    assert record["phase"] == "skipped"
+    assert "drained by someone else (bad fan, ticket 42)" in record["note"]
+    assert slurm_view(lab, node)[:2] == ("drained", "bad fan, ticket 42")
+    assert drain_updates(lab, node, run.results["id"]) == 0
+    persistence = "nvidia-smi -i 0 --query-gpu=persistence_mode --format=csv,noheader"
+    try:
+        assert sudo(lab, node, persistence).strip() == "Disabled"  # not converged
+        for other in others:
+            assert run.results["nodes"][other.name]["phase"] == "done"
+            assert sudo(lab, other, persistence).strip() == "Enabled"  # converged
+    finally:
+        sudo(lab, node, "nvidia-smi -i 0 -pm 1 >/dev/null")
+
+
+def test_dry_prints_the_plan_and_changes_nothing(
+    lab: Lab, ready: list[LabNode], members: list[LabNode], scheduler_ssh: str, tmp_path: Path
+) -> None:
+    node = members[0]
+    job = submit(lab, node, "sleep 30")
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and job_field(lab, job, "JobState") != "RUNNING":
+        time.sleep(0.5)
+    state = tmp_path / "state.json"
+    run = run_rollout(scheduler_ssh, state, "--dry", "--canary", "1")
+    assert run.returncode == 0, run.output[-4000:]
+    assert not state.exists()
+    assert f"batch 1/{len(ready)}: {node.name}" in run.output
+    # (mixed or allocated: whether the job's CPU is all the node has Slurm count)
+    plan = rf"{node.name}: drain \((mixed|allocated)\), wait for jobs {job}, converge, "
+    assert re.search(plan + "health gate, resume", run.output), run.output
+    assert slurm_view(lab, node)[0] in ("mixed", "allocated")
+
+
+def drift_drain(scheduler_ssh: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [GPUNODE, "drift", INVENTORY, "--json", "--drain", "critical",
+         "--scheduler-ssh", scheduler_ssh],
+        cwd=ROOT, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+
+
+def wait_for_view(lab: Lab, node: LabNode, state: str, reason: str) -> tuple[str, str]:
+    """Once sinfo shows ``state`` and ``reason`` (a drain reaches sinfo in a while)."""
+    deadline = time.monotonic() + 120
+    view = slurm_view(lab, node)[:2]
+    while time.monotonic() < deadline and view != (state, reason):
+        time.sleep(1)
+        view = slurm_view(lab, node)[:2]
+    return view
+
+
+def test_drift_drain_drains_a_critical_node_resumes_it_clean_and_never_a_hand_drained_one(
+    lab: Lab, ready: list[LabNode], members: list[LabNode], scheduler_ssh: str
+) -> None:
+    node = members[0]
+    clean_journal = "journalctl --rotate --vacuum-files=1 >/dev/null 2>&1"
+    sudo(lab, node, f"logger -t kernel '{XID_MESSAGE}'")
+    found = drift_drain(scheduler_ssh)
+    assert found.returncode == 1, found.stderr  # drift found
+    ids = [f["id"] for f in json.loads(found.stdout)["findings"] if f["host"] == node.name]
+    (xid,) = [finding for finding in ids if finding.startswith("gpu.xid:79")]
+    reason = f"gpunode: drift {xid}"
+    assert f"gpunode drift --drain: {node.name}: drained ({reason})" in found.stderr
+    assert wait_for_view(lab, node, "drained", reason) == ("drained", reason)
+    # A node without critical findings is not drained.
+    for other in members[1:]:
+        assert slurm_view(lab, other)[0] in ("idle", "mixed", "idle*")
+    sudo(lab, node, clean_journal)
+    clean = drift_drain(scheduler_ssh)
+    assert clean.returncode == 0, clean.stdout + clean.stderr
+    assert f"gpunode drift --drain: {node.name}: resumed (clean again)" in clean.stderr
+    assert takes_jobs(lab, node)
+    # Drained by a person: with a critical finding or clean, left alone by --drain.
+    code, output = on_controller(
+        lab, f"scontrol update NodeName={node.name} State=DRAIN Reason='bad fan, ticket 42'"
+    )
+    assert code == 0, output
+    sudo(lab, node, f"logger -t kernel '{XID_MESSAGE}'")
+    found = drift_drain(scheduler_ssh)
+    assert f"{node.name}: drained by someone else (bad fan, ticket 42): left alone" in found.stderr
+    assert wait_for_view(lab, node, "drained", "bad fan, ticket 42") == (
+        "drained", "bad fan, ticket 42"
+    )  # fmt: skip
+    sudo(lab, node, clean_journal)
+    clean = drift_drain(scheduler_ssh)
+    assert clean.returncode == 0, clean.stdout + clean.stderr
+    assert slurm_view(lab, node)[:2] == ("drained", "bad fan, ticket 42")
+
+
+SETTINGS_DEPLOY = f"""\
+import sys
+
+sys.path.insert(0, {str(ROOT)!r})
+
+from gpunode.inventory import desired_state
+from roles.gpu_settings import gpu_settings
+
+gpu_settings(desired=desired_state())
+"""
+
+
+def unit_times(lab: Lab, node: LabNode, unit: str) -> dict[str, int]:
+    shown = sudo(
+        lab, node, f"systemctl show {unit} -p ActiveEnterTimestampMonotonic "
+        "-p InactiveExitTimestampMonotonic",
+    )  # fmt: skip
+    return {key: int(value) for key, value in (line.split("=", 1) for line in shown.splitlines())}
+
+
+def test_gpu_settings_come_back_at_boot_before_slurmd_starts(
+    lab: Lab, ready: list[LabNode], members: list[LabNode], tmp_path: Path
+) -> None:
+    node = members[0]
+    deploy = tmp_path / "gpu_settings.py"
+    deploy.write_text(SETTINGS_DEPLOY)
+    data = {"gpu_settings": {"persistence_mode": True, "power_limit_w": 500}}
+    inventory = write_inventory(tmp_path / "inventory.py", lab, [node], {node.name: data})
+    power = "nvidia-smi --query-gpu=power.limit,persistence_mode --format=csv,noheader"
+    try:
+        run = run_pyinfra(str(deploy), inventory=inventory)
+        assert run.returncode == 0, run.output[-4000:]
+        assert set(sudo(lab, node, power).splitlines()) == {"500.00 W, Enabled"}
+        assert sudo(lab, node, f"systemctl is-enabled {BOOT_UNIT}").strip() == "enabled"
+        # The lab's simulated reboot: the driver's defaults again, as on real hardware.
+        sudo(lab, node, "gpunode-lab-hw reboot")
+        assert set(sudo(lab, node, power).splitlines()) == {"700.00 W, Disabled"}
+        # The boot's order, by systemd: slurmd starting pulls nothing in, but in one
+        # transaction the settings unit must be done before slurmd begins to start.
+        sudo(lab, node, "systemctl stop slurmd")
+        sudo(lab, node, f"systemctl restart {BOOT_UNIT} slurmd.service")
+        assert set(sudo(lab, node, power).splitlines()) == {"500.00 W, Enabled"}
+        settings = unit_times(lab, node, BOOT_UNIT)
+        slurmd = unit_times(lab, node, "slurmd.service")
+        assert settings["ActiveEnterTimestampMonotonic"] <= slurmd["InactiveExitTimestampMonotonic"]
+        journal = sudo(lab, node, f"journalctl -u {BOOT_UNIT} -n 20 --no-pager -o cat")
+        assert "gpunode-gpu-settings: nvidia-smi -pl 500" in journal
+        # The health gate sees a setting the boot did not bring back.
+        sudo(lab, node, "nvidia-smi -pl 700")
+        drift = subprocess.run(
+            [GPUNODE, "drift", inventory, "--json"], cwd=ROOT, capture_output=True, text=True,
+            timeout=600,
+        )  # fmt: skip
+        found = {f["id"]: f["severity"] for f in json.loads(drift.stdout)["findings"]}
+        assert found.get("gpu.power_limit:0") == "critical", drift.stdout
+    finally:
+        # The lab's own settings again: its converge (power limit left as found) after the
+        # driver's defaults.
+        sudo(lab, node, "gpunode-lab-hw reboot")
+        again = run_pyinfra(DEPLOY, "--limit", node.name)
+        assert again.returncode == 0, again.output[-4000:]
+    assert takes_jobs(lab, node)
