@@ -27,8 +27,29 @@ from gpunode.schema import defaults_table
 COMMAND_PLUGINS = "gpunode.commands"
 
 
-def load_inventory(path: str):  # type: ignore[no-untyped-def]
-    """Load an inventory the way the pyinfra CLI does (group_data beside it included)."""
+def override_data(pairs: list[str] | None) -> dict[str, object]:
+    """``--data KEY=VALUE`` arguments as pyinfra's CLI reads its own (``parse_cli_arg``: true,
+    false, integers and JSON, else the text): the same overrides a deploy was run with."""
+    from pyinfra_cli.util import parse_cli_arg
+
+    data: dict[str, object] = {}
+    for pair in pairs or []:
+        key, separator, value = pair.partition("=")
+        if not separator or not key:
+            raise SystemExit(f"gpunode: --data {pair!r}: not KEY=VALUE")
+        data[key] = parse_cli_arg(value)
+    return data
+
+
+DATA_HELP = (
+    "override a data key on every host, as pyinfra's --data does (JSON values), to check "
+    "what a deploy run with the same overrides made; repeatable"
+)
+
+
+def load_inventory(path: str, data: list[str] | None = None):  # type: ignore[no-untyped-def]
+    """Load an inventory the way the pyinfra CLI does (group_data beside it included), with
+    ``--data`` overrides applied to every host as pyinfra applies them."""
     from pyinfra.api import State
     from pyinfra.context import ctx_state
     from pyinfra_cli.inventory import make_inventory
@@ -37,12 +58,13 @@ def load_inventory(path: str):  # type: ignore[no-untyped-def]
         raise SystemExit(f"gpunode: no inventory file {path}")
     if os.getcwd() not in sys.path:
         sys.path.append(os.getcwd())
+    overrides = override_data(data)
     with ctx_state.use(State()):
-        return make_inventory(path, cwd=os.getcwd())
+        return make_inventory(path, cwd=os.getcwd(), override_data=overrides or None)
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    inventory = load_inventory(args.inventory)
+    inventory = load_inventory(args.inventory, args.data)
     try:
         fleet = fleet_of(inventory, args.inventory)
     except InvalidInventory as error:
@@ -74,7 +96,7 @@ def cmd_drift(args: argparse.Namespace) -> int:
         write_atomically,
     )
 
-    inventory = load_inventory(args.inventory)
+    inventory = load_inventory(args.inventory, args.data)
     try:
         total = len(select_hosts(inventory, args.limit))
         result = run_drift(inventory, args.inventory, args.limit, stderr_progress(total))
@@ -231,6 +253,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     validate = commands.add_parser("validate", help="check an inventory's desired state")
     validate.add_argument("inventory")
+    validate.add_argument("--data", action="append", metavar="KEY=VALUE", help=DATA_HELP)
     validate.set_defaults(func=cmd_validate)
 
     defaults = commands.add_parser("defaults", help="print every setting with its default")
@@ -242,6 +265,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     drift.add_argument("inventory")
     drift.add_argument("--limit", help="hosts or groups, comma-separated")
+    drift.add_argument("--data", action="append", metavar="KEY=VALUE", help=DATA_HELP)
     drift.add_argument("--json", action="store_true", help="JSON on stdout instead of a table")
     drift.add_argument("--junit", metavar="FILE", help="also write a JUnit XML report")
     drift.add_argument(

@@ -1,7 +1,6 @@
 """Data for every host of inventories/lab.py (pyinfra names this group after the file)."""
 
-from gpunode.model import FileIntegrity
-from lab import LOGIN_USER, REBOOT_COMMAND, Lab, hwsim
+from lab import LOGIN_USER, REBOOT_COMMAND, Lab
 
 _lab = Lab()
 
@@ -56,14 +55,6 @@ firewall = {
 }
 
 gpu_metrics = {"enabled": True}
-# File integrity (AIDE) as production has it, but for the hardware doubles: test equipment
-# that `gpunode lab up` rewrites on the node, outside any gpunode run.
-audit = {
-    "file_integrity": {
-        "enabled": True,
-        "exclude": [*FileIntegrity().exclude, *hwsim.simulator_paths()],
-    }
-}
 # Scraped over mutual TLS from the control side (firewall.monitoring_networks above).
 node_exporter = {"enabled": True}
 

@@ -1,9 +1,12 @@
 """File integrity (AIDE, roles.audit) on a lab node: real AIDE, real dpkg, real drift check.
 
-The lab inventory enables audit.file_integrity, so every converge of the suite runs it; this
-module proves what it is for: a run's own changes are taken in, a binary planted outside a
-run is a critical finding that a later run does not hide, a package installed by apt is
-explained by dpkg, and an operator's accept clears the alerts.
+audit.file_integrity is turned on for this module's runs (``--data``, given to the deploys
+and to the drift check alike, as an operator would): a run's own changes are taken in, a
+binary planted outside a run is a critical finding that a later run does not hide, a
+package installed by apt is explained by dpkg, and an operator's accept clears the alerts.
+The lab's hardware doubles, which ``gpunode lab up`` rewrites on the node, are left out as
+production would have the real tools there. Other modules' runs leave the role off: it then
+removes its timer, so what they change by hand is never checked.
 """
 
 from __future__ import annotations
@@ -17,7 +20,8 @@ from pathlib import Path
 import pytest
 
 from gpunode.expected.audit import CONFIG, PROGRAM, STATE_DIR, SUMMARY, UNIT
-from lab import Lab, LabNode
+from gpunode.model import FileIntegrity
+from lab import Lab, LabNode, hwsim
 
 from .conftest import run_pyinfra, ssh
 
@@ -27,6 +31,14 @@ ROOT = Path(__file__).resolve().parents[2]
 GPUNODE = str(Path(sys.executable).with_name("gpunode"))
 DEPLOY = "deploys/harden.py"
 IMPLANT = "/usr/local/bin/gpunode-test-implant"
+AUDIT = "audit=" + json.dumps(
+    {
+        "file_integrity": {
+            "enabled": True,
+            "exclude": [*FileIntegrity().exclude, *hwsim.simulator_paths()],
+        }
+    }
+)
 # A sysctl no other test sets: a change of gpunode's own sysctl file, made by a run.
 EXTRA_SYSCTL = 'kernel={"sysctls": {"vm.max_map_count": "262144"}}'
 
@@ -50,7 +62,7 @@ def check_now(lab: Lab, node: LabNode) -> dict:
 def drift_findings(node: LabNode) -> list[dict]:
     """The file integrity findings of ``gpunode drift`` for the node, as the nightly job runs."""
     completed = subprocess.run(
-        [GPUNODE, "drift", "inventories/lab.py", "--limit", node.name, "--json"],
+        [GPUNODE, "drift", "inventories/lab.py", "--limit", node.name, "--data", AUDIT, "--json"],
         cwd=ROOT, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     findings = json.loads(completed.stdout)["findings"]
@@ -60,12 +72,15 @@ def drift_findings(node: LabNode) -> list[dict]:
 @pytest.fixture(scope="module")
 def node(lab: Lab, lab_nodes: list[LabNode]) -> Iterator[LabNode]:
     first = lab_nodes[0]
-    converge = run_pyinfra(DEPLOY, "--limit", first.name)
+    converge = run_pyinfra(DEPLOY, "--limit", first.name, "--data", AUDIT)
     assert converge.returncode == 0, converge.output[-3000:]
     yield first
-    # Leave the node as the rest of the suite expects it: no implant, no alert.
+    # Leave the node as the rest of the suite expects it: no implant, no alert, and the role
+    # off as the lab inventory has it (its timer and service removed).
     ssh(lab, first, f"sudo rm -f {IMPLANT}")
     ssh(lab, first, f"sudo python3 -I {PROGRAM} --config {CONFIG} --state {STATE_DIR} accept")
+    off = run_pyinfra(DEPLOY, "--limit", first.name)
+    assert off.returncode == 0, off.output[-3000:]
 
 
 def test_the_database_is_built_and_checked_on_a_timer(lab: Lab, node: LabNode) -> None:
@@ -78,13 +93,13 @@ def test_the_database_is_built_and_checked_on_a_timer(lab: Lab, node: LabNode) -
 
 
 def test_a_second_run_changes_nothing(node: LabNode) -> None:
-    again = run_pyinfra(DEPLOY, "--limit", node.name)
+    again = run_pyinfra(DEPLOY, "--limit", node.name, "--data", AUDIT)
     assert again.returncode == 0, again.output[-3000:]
     assert again.changed_operations() == {}, again.changed_operations()
 
 
 def test_a_runs_own_change_is_not_tampering(lab: Lab, node: LabNode) -> None:
-    changed = run_pyinfra(DEPLOY, "--limit", node.name, "--data", EXTRA_SYSCTL)
+    changed = run_pyinfra(DEPLOY, "--limit", node.name, "--data", AUDIT, "--data", EXTRA_SYSCTL)
     assert changed.returncode == 0, changed.output[-3000:]
     assert "262144" in run_ok(lab, node, "cat /etc/sysctl.d/zz-gpunode-hardening.conf")
     state = summary(lab, node)
@@ -107,7 +122,7 @@ def test_a_binary_planted_outside_a_run_is_critical_and_no_run_hides_it(
     assert IMPLANT in findings[0]["found"]
     # A run that changes the node (it takes the extra sysctl of the test above out again)
     # takes its own changes in, never the implant's alert.
-    back = run_pyinfra(DEPLOY, "--limit", node.name)
+    back = run_pyinfra(DEPLOY, "--limit", node.name, "--data", AUDIT)
     assert back.returncode == 0, back.output[-3000:]
     assert "262144" not in run_ok(lab, node, "cat /etc/sysctl.d/zz-gpunode-hardening.conf")
     assert summary(lab, node)["last_check_kind"] == "gpunode-run"
