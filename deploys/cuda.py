@@ -17,6 +17,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gpunode.converge import converging
+from roles.audit import file_integrity_takes_this_run
 from roles.container_toolkit import DEFAULT_CHECK_IMAGE, container_toolkit, gpu_container_check
 from roles.cuda import cuda_toolkits
 from roles.dcgm import dcgm
@@ -33,3 +34,5 @@ with converging() as desired:
         gpu_container_check(
             desired=desired, image=DEFAULT_CHECK_IMAGE if check_image == "1" else check_image
         )
+    # Last: this run's changes into the file integrity database (where it is on).
+    file_integrity_takes_this_run(desired=desired)

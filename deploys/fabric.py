@@ -14,6 +14,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gpunode.converge import converging
+from roles.audit import file_integrity_takes_this_run
 from roles.infiniband import infiniband
 from roles.nccl import nccl
 from roles.nvme_cache import nvme_cache
@@ -22,3 +23,5 @@ with converging() as desired:
     nccl(desired=desired)
     infiniband(desired=desired)
     nvme_cache(desired=desired)
+    # Last: this run's changes into the file integrity database (where it is on).
+    file_integrity_takes_this_run(desired=desired)

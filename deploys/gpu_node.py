@@ -49,5 +49,5 @@ with converging() as desired:
     gpu_metrics(desired=desired)
     node_exporter(desired=desired)
     slurm(desired=desired)
-    # Last: it takes what the roles above changed into the file integrity database.
+    # Last: AIDE's database built, or this run's changes taken into it (where it is on).
     file_integrity(desired=desired)

@@ -18,5 +18,5 @@ from roles.hardening import node_hardening
 
 with converging() as desired:
     node_hardening(desired)
-    # Last: it takes what the roles above changed into the file integrity database.
+    # Last: AIDE's database built, or this run's changes taken into it (where it is on).
     file_integrity(desired=desired)

@@ -15,6 +15,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gpunode.converge import converging
+from roles.audit import file_integrity_takes_this_run
 from roles.prometheus import prometheus
 from roles.tls import tls_certificate
 
@@ -22,3 +23,5 @@ with converging() as desired:
     if desired.prometheus.enabled:
         tls_certificate(desired=desired)
     prometheus(desired=desired)
+    # Last: this run's changes into the file integrity database (where it is on).
+    file_integrity_takes_this_run(desired=desired)

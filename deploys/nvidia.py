@@ -13,6 +13,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gpunode.converge import converging
+from roles.audit import file_integrity_takes_this_run
 from roles.fabric_manager import fabric_manager
 from roles.nvidia_driver import nvidia_driver
 from roles.nvidia_repos import nvidia_repositories
@@ -21,3 +22,5 @@ with converging() as desired:
     nvidia_repositories(desired=desired)
     nvidia_driver(desired=desired)
     fabric_manager(desired=desired)
+    # Last: this run's changes into the file integrity database (where it is on).
+    file_integrity_takes_this_run(desired=desired)

@@ -12,9 +12,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gpunode.converge import converging
+from roles.audit import file_integrity_takes_this_run
 from roles.kernel import kernel_hardening
 from roles.unattended_upgrades import unattended_upgrades
 
 with converging() as desired:
     kernel_hardening(desired=desired)
     unattended_upgrades(desired=desired)
+    # Last: this run's changes into the file integrity database (where it is on).
+    file_integrity_takes_this_run(desired=desired)

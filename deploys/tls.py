@@ -15,7 +15,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gpunode.converge import converging
+from roles.audit import file_integrity_takes_this_run
 from roles.tls import tls_certificate
 
 with converging() as desired:
     tls_certificate(desired=desired)
+    # Last: this run's changes into the file integrity database (where it is on).
+    file_integrity_takes_this_run(desired=desired)

@@ -7,7 +7,9 @@ last step of every run that changed the node takes that run's changes into the d
 so a deploy is never reported as tampering, while what changed before the run started is
 classified as a nightly check would (an alert unless a package explains it).
 
-This role runs last in a deploy: it must see every operation before it.
+Every deploy ends with ``file_integrity_takes_this_run``: whichever roles it runs, it must
+see every operation before it (a change by deploys/tls.py is a gpunode run's as much as one
+by deploys/gpu_node.py).
 """
 
 from __future__ import annotations
@@ -73,8 +75,6 @@ def file_integrity(desired: DesiredState) -> None:
     if not settings.enabled:
         _no_file_integrity()
         return
-    # Read before anything of this role changes the node: the run's start for the database.
-    run_started = host.get_fact(Date)
     # aide alone: aide-common (recommended) brings Debian's configuration and its daily
     # check of the whole system, which this role does not use.
     apt.packages(name="AIDE", packages=["aide"], no_recommends=True)
@@ -94,8 +94,6 @@ def file_integrity(desired: DesiredState) -> None:
         mode="644",
     )
     files.directory(name=f"Directory {expected.STATE_DIR}", path=expected.STATE_DIR, mode="700")
-    state = host.get_fact(FileIntegrityState)
-    integrity_database_built(name="AIDE database built", initialised=bool(state.get("database")))
     service = files.put(
         name=f"{expected.UNIT}.service", src=StringIO(expected.render_service()), dest=SERVICE
     )
@@ -116,7 +114,30 @@ def file_integrity(desired: DesiredState) -> None:
         running=True,
         enabled=True,
     )
-    # A new configuration watches other paths: what that adds is this run's doing too.
+    # Last, after every other role of the deploy: a database of the node as this run leaves
+    # it (on the first run the node is trusted as it is then), or this run's changes into it.
+    _this_run_into_the_database(built=False)
+
+
+@deploy("File integrity (AIDE)")
+def file_integrity_takes_this_run(desired: DesiredState) -> None:
+    """The last step of a deploy without the ``file_integrity`` role (deploys/tls.py, ...):
+    what this run changed, into AIDE's database, where file integrity is on and the node has
+    its database (``file_integrity``, in deploys/gpu_node.py and harden.py, builds it)."""
+    if desired.audit.file_integrity.enabled:
+        _this_run_into_the_database(built=True)
+
+
+def _this_run_into_the_database(built: bool) -> None:
+    """``built``: only where the node has its database already (nothing installed here)."""
+    # Read with the run's other facts, before anything changes the node: the run's start.
+    run_started = host.get_fact(Date)
+    if not host.get_fact(FileIntegrityState).get("database"):
+        if built:
+            host.noop("no AIDE database on the node yet (deploys/gpu_node.py builds it)")
+            return
+        integrity_database_built(name="AIDE database built", initialised=False)
+        return
     integrity_database_takes_this_run(
         name="AIDE database takes this run's changes", run_started=run_started
     )

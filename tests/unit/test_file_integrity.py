@@ -254,3 +254,36 @@ def test_system_binaries_are_the_programs_and_libraries() -> None:
     assert is_system_binary("/boot/vmlinuz-6.1.0-40-amd64")
     assert not is_system_binary("/etc/passwd")
     assert not is_system_binary("/usr/library")  # a prefix of a name is not its directory
+
+
+# --- every deploy ends with the AIDE step ------------------------------------------------------
+
+
+def _last_call_in_converging(path: Path) -> str | None:
+    import ast
+
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.With) and any(
+            isinstance(item.context_expr, ast.Call)
+            and getattr(item.context_expr.func, "id", None) == "converging"
+            for item in node.items
+        ):
+            last = node.body[-1]
+            if isinstance(last, ast.Expr) and isinstance(last.value, ast.Call):
+                return getattr(last.value.func, "id", None)
+            return None
+    return "no converging()"
+
+
+DEPLOYS = sorted((Path(__file__).resolve().parents[2] / "deploys").glob("*.py"))
+
+
+@pytest.mark.parametrize("deploy", DEPLOYS, ids=lambda path: path.name)
+def test_every_deploy_ends_with_this_run_into_the_integrity_database(deploy: Path) -> None:
+    # A run that changes the node without the step would leave its changes to be reported as
+    # tampering by the next check.
+    last = _last_call_in_converging(deploy)
+    if last == "no converging()":
+        assert deploy.name == "drift_timer.py"  # the control host's timer, no node roles
+        return
+    assert last in ("file_integrity", "file_integrity_takes_this_run"), deploy.name

@@ -480,6 +480,26 @@ def test_validate_command_names_inventory_host_and_key(tmp_path: Path) -> None:
     )
 
 
+def test_data_overrides_are_validated_as_a_deploy_s_would_be(tmp_path: Path) -> None:
+    inventory = tmp_path / "fleet.py"
+    inventory.write_text('h100_nodes = [("gpu-1", {})]\n')
+
+    def validate(*data: str) -> subprocess.CompletedProcess[str]:
+        arguments = [argument for pair in data for argument in ("--data", pair)]
+        return subprocess.run(
+            [sys.executable, "-m", "gpunode.cli", "validate", str(inventory), *arguments],
+            cwd=ROOT, capture_output=True, text=True,
+        )  # fmt: skip
+
+    good = validate('audit={"file_integrity": {"enabled": true}}')
+    assert good.returncode == 0, good.stderr
+    bad = validate('audit={"file_integrity": {"enabled": true, "schedule": "daily; reboot"}}')
+    assert bad.returncode == 1
+    assert "host gpu-1: audit.file_integrity.schedule = 'daily; reboot': malformed" in bad.stderr
+    malformed = validate("audit")
+    assert malformed.returncode != 0 and "--data 'audit': not KEY=VALUE" in malformed.stderr
+
+
 def test_defaults_command_documents_every_setting() -> None:
     result = subprocess.run(
         [sys.executable, "-m", "gpunode.cli", "defaults"],
