@@ -124,10 +124,12 @@ WantedBy=multi-user.target
 """
 
 
-def _customize_script(release: str = DEFAULT_RELEASE) -> str:
+def _customize_script(
+    release: str = DEFAULT_RELEASE, diverted: Iterable[str] = hwsim.DIVERTED_PATHS
+) -> str:
     diversions = "\n".join(
         f'chroot "$1" dpkg-divert --local --rename --divert {path}.distrib --add {path}'
-        for path in hwsim.DIVERTED_PATHS
+        for path in diverted
     )
     return f"""\
 set -e
@@ -983,16 +985,31 @@ class Lab:
 
     def _write_state(self, nodes: list[LabNode]) -> None:
         self.nodes_path.write_text(json.dumps([asdict(node) for node in nodes], indent=2) + "\n")
+        self.write_known_hosts()
+
+    def write_known_hosts(self) -> None:
+        """known_hosts of every node and VM the state names."""
+        everyone = [*self.nodes(), *self.vms()]
         self.known_hosts_path.write_text(
-            "".join(f"{node.address} {node.host_key}\n" for node in nodes)
+            "".join(f"{node.address} {node.host_key}\n" for node in everyone)
         )
+
+    def vms(self) -> list[Any]:
+        """The lab's VMs (``lab.vm.LabVm``), apart from its container nodes."""
+        from lab import vm
+
+        return list(vm.load_vms(self))
 
     # --- down ----------------------------------------------------------------------------------
     def down(self, keep_image: bool = False) -> None:
         """Remove every container, network and state file the lab made (and its image and
         package cache, unless ``keep_image``)."""
+        from lab import vm
+
         self._stop_repository()
         self._stop_package_cache()
+        # Before the network: their taps are on its bridge.
+        vm.down_vms(self)
         mine = {"label": f"{LABEL}={self.name}"}
         for container in self.client.containers.list(all=True, filters=mine):
             container.remove(force=True)
@@ -1003,6 +1020,7 @@ class Lab:
                 for image in self.client.images.list(name=image_repository(release)):
                     self.client.images.remove(image.id, force=True)
             shutil.rmtree(self.package_cache_dir, ignore_errors=True)
+            vm.remove_images()
         # After the containers: their mounts of the scratch disks are gone with them.
         self._detach_scratch_disks()
         if self.state_dir.exists():
