@@ -10,8 +10,8 @@ Each VM is reached over SSH on the lab's bridge exactly as a container node is.
   initramfs are copied out and booted with ``-kernel/-initrd``. Cached under
   ``$GPUNODE_LAB_CACHE/vm-images`` (named by a digest of the recipe), kept by
   ``lab down --keep-image``.
-- Each VM boots a qcow2 overlay of that base (the base stays clean), with ``nvme_drives``
-  emulated NVMe drives (sparse raw files, serials ``LABVM<index>N<drive>``) the real
+- Each VM boots its own sparse copy of that root filesystem (the base stays clean), with
+  ``nvme_drives`` emulated NVMe drives (sparse raw files, serials ``LABVM<index>N<drive>``) the real
   nvme-cli of the guest lists.
 - Network: a tap device enslaved to the lab's Docker bridge; the guest's address comes from
   the kernel command line (``ip=``, read by systemd-network-generator for systemd-networkd).
@@ -23,9 +23,11 @@ Each VM is reached over SSH on the lab's bridge exactly as a container node is.
   not reach systemd in ``KVM_PROBE_S`` is restarted under TCG and the verdict is kept
   beside the images (``GPUNODE_LAB_VM_ACCEL=kvm|tcg`` decides instead).
 
-Its kernel and initramfs are the image's, loaded by qemu: an ``update-initramfs`` run in the
-guest changes a file the VM does not boot from. Arrays other than root are assembled by udev
-and mdadm.conf in the root filesystem, as on any Debian host.
+Boot loader: a small supervisor (``python -m lab.vm supervise DIR``, the VM's recorded pid)
+reads the kernel and initramfs out of the VM's own root filesystem (debugfs, no mount) before
+each boot and runs qemu with ``-no-reboot``; when the guest reboots, qemu exits and the
+supervisor boots it again from its /boot, as a boot loader would. So an ``update-initramfs``
+in the guest is what its next boot uses. (The kernel release stays the image's.)
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ import shlex
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterable
@@ -52,6 +55,7 @@ from lab import (
     DEFAULT_RELEASE,
     LOGIN_USER,
     NODE_PACKAGES,
+    REPO_ROOT,
     LabError,
     LabNode,
     _customize_script,
@@ -119,6 +123,13 @@ WantedBy=multi-user.target
 """
 
 
+# The image's own initramfs has every module (MODULES=most: it was made in a chroot, which
+# cannot tell the VM's disk driver). A VM boots its own /boot at every boot, so an
+# update-initramfs in the guest (the NVMe cache role runs one for mdadm.conf) makes what the
+# next boot uses: with only the modules this VM uses it takes seconds, not minutes, under TCG.
+INITRAMFS_CONF = "MODULES=dep\nCOMPRESS=gzip\n"
+
+
 def _vm_customize_script(release: str) -> str:
     return (
         _customize_script(release, diverted=hwsim.VM_DIVERTED_PATHS)
@@ -131,6 +142,9 @@ cat > "$1/etc/systemd/system/gpunode-lab-vm-seed.service" <<'UNIT'
 chroot "$1" systemctl enable gpunode-lab-vm-seed.service
 chroot "$1" systemctl enable systemd-networkd.service systemd-network-generator.service
 echo '/dev/vda / ext4 errors=remount-ro 0 1' > "$1/etc/fstab"
+mkdir -p "$1/etc/initramfs-tools/conf.d"
+cat > "$1/etc/initramfs-tools/conf.d/gpunode-lab-vm.conf" <<'CONF'
+{INITRAMFS_CONF}CONF
 """
     )
 
@@ -145,6 +159,8 @@ class LabVm(LabNode):
     memory_limit_mib: int = DEFAULT_MEMORY_MIB
     nvme_serials: list[str] = field(default_factory=list)
     kernel: str = ""
+    # Its files (disk, drives, console log); the supervisor's command line names it.
+    directory: str = ""
 
 
 @dataclass(frozen=True)
@@ -182,7 +198,7 @@ def image_name(release: str) -> str:
 
 def ensure_image(lab: Lab, release: str = DEFAULT_RELEASE) -> VmImage:
     """The VM image of ``release``, built once (about as long as the container image)."""
-    for tool in ("mmdebstrap", "mkfs.ext4", "qemu-img"):
+    for tool in ("mmdebstrap", "mkfs.ext4", "debugfs"):
         if shutil.which(tool) is None:
             raise LabError(f"{tool} is missing: ./dev setup installs what the VM tier needs")
     image = VmImage(cache_root() / image_name(release), release)
@@ -320,11 +336,17 @@ def _wanted(
 
 
 def qemu_running(vm: LabVm) -> bool:
+    """Whether ``vm``'s supervisor (and so its qemu) runs: its pid, with its command line."""
     try:
-        cmdline = Path(f"/proc/{vm.pid}/cmdline").read_bytes().split(b"\0")
+        argv = Path(f"/proc/{vm.pid}/cmdline").read_bytes().split(b"\0")
     except OSError:
         return False
-    return vm.pid > 0 and b"-name" in cmdline and vm.container.encode() in cmdline
+    return vm.pid > 0 and bool(vm.directory) and _is_supervisor(argv, vm.directory)
+
+
+def _is_supervisor(argv: list[bytes], directory: str) -> bool:
+    words = [word for word in argv if word]
+    return len(words) >= 2 and words[-2:] == [b"supervise", directory.encode()]
 
 
 def up_vms(
@@ -401,7 +423,7 @@ def up_vms(
             )
         )
     for vm in final:
-        vm.memory_mib = _rss_mib(vm.pid)
+        vm.memory_mib = _rss_mib(_qemu_pid(lab, vm))
     _write_state(lab, final)
     return final
 
@@ -413,7 +435,7 @@ def _bridge(lab: Lab) -> str:
 
 
 def _prepare(lab: Lab, vm: LabVm, nvme_mib: int) -> None:
-    """The VM's overlay, drives, host key and seed (fresh: a VM started again starts clean)."""
+    """The VM's drives, host key and seed (fresh: a VM started again starts clean)."""
     directory = vm_dir(lab, vm)
     shutil.rmtree(directory, ignore_errors=True)
     directory.mkdir(parents=True)
@@ -466,9 +488,11 @@ def qemu_command(lab: Lab, vm: LabVm, image: VmImage, accel: str) -> list[str]:
         # TCG's translation cache is 1 GiB by default: as much again as the guest's memory.
         "-accel", "kvm" if accel == "kvm" else f"tcg,tb-size={TCG_CACHE_MIB}",
         "-smp", "1", "-cpu", "host" if accel == "kvm" else "max",
-        "-kernel", str(image.kernel), "-initrd", str(image.initrd), "-append", append,
-        # The overlay is thrown away with the VM: no host-crash safety is worth the flushes.
-        "-drive", f"file={directory / 'root.qcow2'},if=virtio,format=qcow2,cache=unsafe",
+        # Read out of the VM's own /boot before each boot (supervise).
+        "-kernel", str(directory / "vmlinuz"), "-initrd", str(directory / "initrd.img"),
+        "-append", append, "-no-reboot",
+        # The disk is thrown away with the VM: no host-crash safety is worth the flushes.
+        "-drive", f"file={directory / 'root.raw'},if=virtio,format=raw,cache=unsafe",
         "-netdev", f"tap,id=net0,ifname={vm.tap},script=no,downscript=no",
         "-device", f"virtio-net-pci,netdev=net0,mac=52:54:00:d5:{subnet:02x}:{octet:02x}",
         "-object", "rng-random,filename=/dev/urandom,id=rng0",
@@ -491,24 +515,25 @@ def _boot(lab: Lab, vm: LabVm, image: VmImage, bridge: str, accel: str, probe: b
     ``probe``: a KVM guest that shows no sign of systemd in KVM_PROBE_S is restarted under TCG.
     """
     directory = vm_dir(lab, vm)
-    overlay = directory / "root.qcow2"
-    overlay.unlink(missing_ok=True)
-    subprocess.run(
-        ["qemu-img", "create", "-q", "-f", "qcow2", "-F", "raw", "-b", str(image.root),
-         str(overlay)],
-        check=True,
-    )  # fmt: skip
+    root = directory / "root.raw"
+    root.unlink(missing_ok=True)
+    subprocess.run(["cp", "--sparse=always", str(image.root), str(root)], check=True)
+    (directory / "boot.json").write_text(
+        json.dumps({"argv": qemu_command(lab, vm, image, accel), "kernel": image.kernel_release})
+    )
     _ensure_tap(vm.tap, bridge)
     started = time.monotonic()
     console = directory / "console.log"
     console.unlink(missing_ok=True)
     log = (directory / "qemu.log").open("ab")
+    vm.directory = str(directory)
     process = subprocess.Popen(
-        qemu_command(lab, vm, image, accel),
+        [sys.executable, "-m", "lab.vm", "supervise", str(directory)],
         stdin=subprocess.DEVNULL,
         stdout=log,
         stderr=log,
         start_new_session=True,
+        cwd=REPO_ROOT,
     )
     vm.pid, vm.accel, vm.kernel = process.pid, accel, image.kernel_release
     if probe and accel == "kvm":
@@ -522,6 +547,7 @@ def _boot(lab: Lab, vm: LabVm, image: VmImage, bridge: str, accel: str, probe: b
             lab.log(f"{vm.name}: no boot under KVM in {KVM_PROBE_S} s; using TCG")
             _kill(process.pid)
             process.wait()
+            time.sleep(1)
             return _boot(lab, vm, image, bridge, "tcg")
     _wait_for_ssh(lab, vm, process, deadline=started + BOOT_TIMEOUT_S)
     vm.boot_s = round(time.monotonic() - started, 2)
@@ -596,8 +622,17 @@ def _rss_mib(pid: int) -> float:
 
 
 def _kill(pid: int) -> None:
+    """Kill a supervisor and its qemu (the supervisor leads their process group)."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGKILL)
+
+
+def _qemu_pid(lab: Lab, vm: LabVm) -> int:
+    with contextlib.suppress(OSError, ValueError):
+        return int((vm_dir(lab, vm) / "qemu.pid").read_text())
+    return 0
 
 
 def _stop(lab: Lab, vm: LabVm) -> None:
@@ -617,26 +652,33 @@ def _write_state(lab: Lab, vms: list[LabVm]) -> None:
 
 
 def _orphans(lab: Lab) -> list[int]:
-    """qemu processes of this lab's VMs that its state does not name (a run killed half-way
-    records no pid): told by their ``-name``."""
+    """Supervisors and qemu processes of this lab's VMs that its state may not name (a run
+    killed half-way records no pid): told by their VM directory or qemu ``-name``."""
     found = []
+    vms_root = str(lab.state_dir / "vms") + "/"
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
+            argv = [word for word in (entry / "cmdline").read_bytes().split(b"\0") if word]
         except OSError:
             continue
-        if not argv or not argv[0].endswith(b"qemu-system-x86_64") or b"-name" not in argv:
-            continue
-        name = argv[argv.index(b"-name") + 1] if argv.index(b"-name") + 1 < len(argv) else b""
-        if re.fullmatch(rb"%s-vm-\d+" % re.escape(lab.name.encode()), name):
+        if (
+            len(argv) >= 2
+            and argv[-2] == b"supervise"
+            and argv[-1].decode(errors="replace").startswith(vms_root)
+        ):
             found.append(int(entry.name))
+        elif argv and argv[0].endswith(b"qemu-system-x86_64") and b"-name" in argv:
+            index = argv.index(b"-name") + 1
+            name = argv[index] if index < len(argv) else b""
+            if re.fullmatch(rb"%s-vm-\d+" % re.escape(lab.name.encode()), name):
+                found.append(int(entry.name))
     return found
 
 
 def down_vms(lab: Lab) -> None:
-    """Kill every VM of the lab, remove its tap, overlay, drives and state."""
+    """Kill every VM of the lab, remove its tap, disk, drives and state."""
     for vm in load_vms(lab):
         _stop(lab, vm)
     for pid in _orphans(lab):
@@ -651,3 +693,54 @@ def down_vms(lab: Lab) -> None:
     if vms_path(lab).parent.exists():
         shutil.rmtree(lab.state_dir / "vms", ignore_errors=True)
         lab.write_known_hosts()
+
+
+# --- the boot loader ---------------------------------------------------------------------
+
+REBOOT_MARK = b"reboot: Restarting system"
+
+
+def extract_boot_files(directory: Path, kernel_release: str) -> None:
+    """The kernel and initramfs of the VM's own /boot, read from its disk with debugfs."""
+    for name, source in (
+        ("vmlinuz", f"/boot/vmlinuz-{kernel_release}"),
+        ("initrd.img", f"/boot/initrd.img-{kernel_release}"),
+    ):
+        target = directory / name
+        partial = directory / f".{name}.partial"
+        partial.unlink(missing_ok=True)
+        result = subprocess.run(
+            ["debugfs", "-R", f"dump {source} {partial}", str(directory / "root.raw")],
+            capture_output=True,
+            text=True,
+        )
+        # debugfs reports a missing file on stderr and still exits 0.
+        if result.returncode != 0 or not partial.exists() or partial.stat().st_size == 0:
+            raise LabError(f"{directory}: cannot read {source} from the VM's disk: {result.stderr}")
+        partial.rename(target)
+
+
+def supervise(directory: Path) -> int:
+    """Boot the VM in ``directory`` from its own /boot until it stops otherwise than by a
+    reboot (powered off, crashed, killed); returns qemu's last exit status."""
+    boot = json.loads((directory / "boot.json").read_text())
+    console = directory / "console.log"
+    while True:
+        extract_boot_files(directory, boot["kernel"])
+        offset = console.stat().st_size if console.exists() else 0
+        # -serial file: truncates; the log of every boot is kept by appending it here.
+        status = subprocess.run(boot["argv"], stdin=subprocess.DEVNULL).returncode
+        shown = console.read_bytes() if console.exists() else b""
+        with (directory / "consoles.log").open("ab") as kept:
+            kept.write(shown)
+        if status != 0 or REBOOT_MARK not in shown[offset if offset <= len(shown) else 0 :]:
+            return status
+        print(f"lab VM {directory.name}: rebooting from its own /boot", flush=True)
+
+
+if __name__ == "__main__":
+    import sys as _sys
+
+    if len(_sys.argv) == 3 and _sys.argv[1] == "supervise":
+        raise SystemExit(supervise(Path(_sys.argv[2])))
+    raise SystemExit("usage: python -m lab.vm supervise VM_DIRECTORY")

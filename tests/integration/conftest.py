@@ -3,6 +3,12 @@
 GPUNODE_TEST_LAB_RELEASE picks their releases as `gpunode lab up --release` does: mixed (the
 default: bookworm and trixie in turn, lab-1 bookworm, lab-2 trixie, so that every test runs
 against both releases), bookworm or trixie.
+
+The VM part of the suite (tests marked ``vm``, test_vm_*.py) runs on ``lab_vms``: one lab VM
+with a real kernel (`gpunode lab up --vms 1`: 1 GiB, four emulated NVMe drives) of the first
+of those releases, booted when a VM test first needs it and removed at the end of the session.
+The VM tests sort last among the integration tests, so no container test's deploy of
+inventories/lab.py meets it.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import pytest
 from gpunode.distributions import BY_CODENAME
 from gpunode.model import DesiredState
 from lab import LOGIN_USER, REBOOT_COMMAND, Lab, LabNode, releases_of
+from lab import vm as lab_vm
 
 ROOT = Path(__file__).resolve().parents[2]
 LAB_NODES = int(os.environ.get("GPUNODE_TEST_LAB_NODES", "2"))
@@ -80,6 +87,14 @@ def lab() -> Lab:
 @pytest.fixture(scope="session")
 def lab_nodes(lab: Lab) -> Iterator[list[LabNode]]:
     yield lab.up(LAB_NODES, releases=LAB_RELEASES)
+
+
+@pytest.fixture(scope="session")
+def lab_vms(lab: Lab) -> Iterator[list[lab_vm.LabVm]]:
+    # Small on purpose (CI time): one VM, 1 GiB, 3 drives for the RAID0 and one for refusals.
+    vms = lab_vm.up_vms(lab, 1, releases=LAB_RELEASES[:1], memory_mib=1024, nvme_drives=4)
+    yield vms
+    lab_vm.down_vms(lab)
 
 
 def ssh(

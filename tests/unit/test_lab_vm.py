@@ -5,7 +5,9 @@ before anything is made. Booting is the integration tests' (test_vm_storage.py).
 from __future__ import annotations
 
 import json
+import re
 import shlex
+import subprocess
 from dataclasses import asdict
 from pathlib import Path
 
@@ -47,8 +49,10 @@ def test_the_qemu_command_boots_the_image_kernel_with_the_vm_s_address_and_drive
     command = lab_vm.qemu_command(lab, vm, image, "tcg")
     options = dict(zip(command[1::2], command[2::2], strict=False))
     assert command[0] == "qemu-system-x86_64"
-    assert options["-kernel"] == str(image.kernel)
-    assert options["-initrd"] == str(image.initrd)
+    # The VM's own kernel and initramfs, read from its disk before each boot (supervise).
+    assert options["-kernel"] == str(lab_vm.vm_dir(lab, vm) / "vmlinuz")
+    assert options["-initrd"] == str(lab_vm.vm_dir(lab, vm) / "initrd.img")
+    assert "-no-reboot" in command
     assert options["-accel"].startswith("tcg,")
     assert options["-m"] == "1024"
     append = options["-append"].split()
@@ -62,9 +66,9 @@ def test_the_qemu_command_boots_the_image_kernel_with_the_vm_s_address_and_drive
     ]
     assert f"tap,id=net0,ifname={vm.tap},script=no,downscript=no" in command
     assert f"name={lab_vm.SEED_NAME},file={lab_vm.vm_dir(lab, vm) / 'seed.tar'}" in command
-    # The base image is never written: each VM boots its own overlay.
+    # The base image is never written: each VM boots its own copy.
     (root,) = [word for word in command if word.startswith("file=") and "if=virtio" in word]
-    assert "root.qcow2" in root
+    assert root.startswith(f"file={lab_vm.vm_dir(lab, vm) / 'root.raw'},")
     assert str(image.root) not in " ".join(command)
     kvm = lab_vm.qemu_command(lab, vm, image, "kvm")
     assert dict(zip(kvm[1::2], kvm[2::2], strict=False))["-accel"] == "kvm"
@@ -187,3 +191,33 @@ def test_accel_can_be_forced_and_a_bad_choice_is_named(monkeypatch: pytest.Monke
     monkeypatch.setenv("GPUNODE_LAB_VM_ACCEL", "xen")
     with pytest.raises(lab_vm.LabError, match=shlex.quote("xen")):
         lab_vm._known_accel()
+
+
+def test_the_boot_files_are_read_from_the_vm_s_own_disk(tmp_path: Path) -> None:
+    # A real ext4 image, made as the VM image is (mkfs.ext4 -d), with a /boot of its own.
+    tree = tmp_path / "tree"
+    (tree / "boot").mkdir(parents=True)
+    (tree / "boot" / "vmlinuz-6.1.0-9-amd64").write_bytes(b"kernel")
+    (tree / "boot" / "initrd.img-6.1.0-9-amd64").write_bytes(b"updated initramfs")
+    directory = tmp_path / "vm"
+    directory.mkdir()
+    subprocess.run(
+        ["mkfs.ext4", "-q", "-d", str(tree), str(directory / "root.raw"), "8M"], check=True
+    )
+    lab_vm.extract_boot_files(directory, "6.1.0-9-amd64")
+    assert (directory / "vmlinuz").read_bytes() == b"kernel"
+    assert (directory / "initrd.img").read_bytes() == b"updated initramfs"
+    # A kernel release the disk lacks is an error, not an empty kernel.
+    with pytest.raises(
+        lab_vm.LabError, match=re.escape("cannot read /boot/vmlinuz-6.1.0-10-amd64")
+    ):
+        lab_vm.extract_boot_files(directory, "6.1.0-10-amd64")
+    assert (directory / "vmlinuz").read_bytes() == b"kernel"
+
+
+def test_a_supervisor_is_told_by_its_command_line(tmp_path: Path) -> None:
+    directory = str(tmp_path / "vms" / "lab-vm-1")
+    argv = [b"/usr/bin/python3", b"-m", b"lab.vm", b"supervise", directory.encode(), b""]
+    assert lab_vm._is_supervisor(argv, directory)
+    assert not lab_vm._is_supervisor(argv, directory + "0")
+    assert not lab_vm._is_supervisor([b"sleep", b"60", b""], directory)
