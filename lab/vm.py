@@ -398,8 +398,7 @@ def up_vms(
             existing[vm.name] = vm
         else:
             _stop(lab, vm)
-    kept = {vm.pid for vm in existing.values()}
-    for pid in set(_orphans(lab)) - kept:
+    for pid in _orphans(lab, kept={vm.pid for vm in existing.values()}):
         _kill(pid)
     lab.serve_repository()
     lab.serve_package_cache()
@@ -651,9 +650,11 @@ def _write_state(lab: Lab, vms: list[LabVm]) -> None:
     lab.write_known_hosts()
 
 
-def _orphans(lab: Lab) -> list[int]:
+def _orphans(lab: Lab, kept: set[int] | None = None) -> list[int]:
     """Supervisors and qemu processes of this lab's VMs that its state may not name (a run
-    killed half-way records no pid): told by their VM directory or qemu ``-name``."""
+    killed half-way records no pid): told by their VM directory or qemu ``-name``. Those of
+    the ``kept`` supervisors (their process groups) are not orphans."""
+    kept = kept or set()
     found = []
     vms_root = str(lab.state_dir / "vms") + "/"
     for entry in Path("/proc").iterdir():
@@ -663,6 +664,9 @@ def _orphans(lab: Lab) -> list[int]:
             argv = [word for word in (entry / "cmdline").read_bytes().split(b"\0") if word]
         except OSError:
             continue
+        with contextlib.suppress(OSError):
+            if os.getpgid(int(entry.name)) in kept:
+                continue
         if (
             len(argv) >= 2
             and argv[-2] == b"supervise"

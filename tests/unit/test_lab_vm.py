@@ -8,6 +8,7 @@ import json
 import re
 import shlex
 import subprocess
+import time
 from dataclasses import asdict
 from pathlib import Path
 
@@ -221,3 +222,24 @@ def test_a_supervisor_is_told_by_its_command_line(tmp_path: Path) -> None:
     assert lab_vm._is_supervisor(argv, directory)
     assert not lab_vm._is_supervisor(argv, directory + "0")
     assert not lab_vm._is_supervisor([b"sleep", b"60", b""], directory)
+
+
+def test_orphans_are_this_lab_s_supervisors_but_not_the_kept_ones(tmp_path: Path) -> None:
+    lab = Lab(state_dir=tmp_path, name="gpunode-x", subnet_index=7)
+    directory = str(lab_vm.vms_path(lab).parent / "vms" / "lab-vm-1")
+    # A process with a supervisor's command line (sh names its arguments $0 and $1).
+    process = subprocess.Popen(
+        ["sh", "-c", "sleep 30", "supervise", directory], start_new_session=True
+    )
+    try:
+        for _ in range(50):
+            if process.pid in lab_vm._orphans(lab):
+                break
+            time.sleep(0.1)
+        assert process.pid in lab_vm._orphans(lab)
+        assert process.pid not in lab_vm._orphans(lab, kept={process.pid})
+        other = Lab(state_dir=tmp_path / "other", name="gpunode-y", subnet_index=8)
+        assert process.pid not in lab_vm._orphans(other)
+    finally:
+        process.kill()
+        process.wait()
