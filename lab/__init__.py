@@ -12,6 +12,7 @@ doubles in ``lab.hwsim``; they are only ever placed on lab nodes.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import io
 import json
@@ -25,7 +26,7 @@ import sys
 import tarfile
 import tempfile
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -189,6 +190,36 @@ class LabNode:
     memory_mib: float = 0.0
 
 
+# Locks this process holds: path -> (open file, depth). flock is per open file, so a second
+# flock of the same file in one process would wait for itself.
+_HELD_LOCKS: dict[str, tuple[Any, int]] = {}
+
+
+@contextlib.contextmanager
+def state_lock(state_dir: Path) -> Iterator[None]:
+    """The lab's state (nodes, VMs, known_hosts, its servers) changed by one process at a
+    time: the test suite boots its VM in a process of its own while the container nodes come
+    up (tests/integration/conftest.py). Re-entrant within a process."""
+    state_dir.mkdir(parents=True, exist_ok=True)
+    path = str(state_dir / ".lock")
+    if path in _HELD_LOCKS:
+        handle, depth = _HELD_LOCKS[path]
+        _HELD_LOCKS[path] = (handle, depth + 1)
+    else:
+        handle = open(path, "a")  # noqa: SIM115 (held until the outermost exit)
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        _HELD_LOCKS[path] = (handle, 1)
+    try:
+        yield
+    finally:
+        handle, depth = _HELD_LOCKS[path]
+        if depth > 1:
+            _HELD_LOCKS[path] = (handle, depth - 1)
+        else:
+            del _HELD_LOCKS[path]
+            handle.close()
+
+
 def _tar(files: dict[str, tuple[bytes, int]]) -> bytes:
     """Absolute node path -> (content, mode), as a tar stream for put_archive."""
     buffer = io.BytesIO()
@@ -329,6 +360,17 @@ class Lab:
         ``scratch_disks`` > 0 also gives every node that many scratch disks
         (:meth:`attach_scratch_disks`); without it nodes get none, as before.
         """
+        with state_lock(self.state_dir):
+            return self._up(count, profiles, scratch_disks, scratch_disk_mib, releases)
+
+    def _up(
+        self,
+        count: int,
+        profiles: Iterable[str],
+        scratch_disks: int,
+        scratch_disk_mib: int,
+        releases: Iterable[str],
+    ) -> list[LabNode]:
         profile_cycle = list(profiles)
         unknown = [p for p in profile_cycle if p not in hwsim.PROFILES]
         if unknown or not profile_cycle:
@@ -990,9 +1032,10 @@ class Lab:
     def write_known_hosts(self) -> None:
         """known_hosts of every node and VM the state names."""
         everyone = [*self.nodes(), *self.vms()]
-        self.known_hosts_path.write_text(
-            "".join(f"{node.address} {node.host_key}\n" for node in everyone)
-        )
+        # Whole or not at all: ssh may read it at any moment (another process's run).
+        partial = self.known_hosts_path.with_suffix(".partial")
+        partial.write_text("".join(f"{node.address} {node.host_key}\n" for node in everyone))
+        partial.replace(self.known_hosts_path)
 
     def vms(self) -> list[Any]:
         """The lab's VMs (``lab.vm.LabVm``), apart from its container nodes."""
@@ -1004,6 +1047,13 @@ class Lab:
     def down(self, keep_image: bool = False) -> None:
         """Remove every container, network and state file the lab made (and its image and
         package cache, unless ``keep_image``)."""
+        if not self.state_dir.exists():
+            self._down(keep_image)
+            return
+        with state_lock(self.state_dir):
+            self._down(keep_image)
+
+    def _down(self, keep_image: bool) -> None:
         from lab import vm
 
         self._stop_repository()

@@ -44,6 +44,7 @@ def cmd_lab_up(args: argparse.Namespace) -> int:
             memory_mib=args.vm_memory_mib,
             nvme_drives=args.vm_nvme_drives,
             nvme_mib=args.vm_nvme_mib,
+            listed=not args.vms_unlisted,
         )
     print(
         f"{'node':<9} {'address':<14} {'profile':<10} {'release':<9} {'boot s':>7} {'RAM MiB':>8}"
@@ -93,6 +94,7 @@ def cmd_lab_status(_: argparse.Namespace) -> int:
             f"{guest.name:<9} {guest.address:<14} {guest.profile:<10} {guest.release:<9} "
             f"VM {state}, {guest.accel}, kernel {guest.kernel}, "
             f"{len(guest.nvme_serials)} NVMe drives"
+            + ("" if guest.listed else ", not in inventories/lab.py")
         )
     return 0
 
@@ -120,6 +122,12 @@ def register(commands: Any) -> None:
         default=None,
         metavar="N",
         help="also N VMs with a real kernel (qemu; KVM where it boots, else TCG), group vms",
+    )
+    up.add_argument(
+        "--vms-unlisted",
+        action="store_true",
+        help="leave the VMs out of inventories/lab.py (the test suite's VM: its tests deploy "
+        "with inventories of their own)",
     )
     up.add_argument(
         "--vm-profiles",

@@ -61,6 +61,7 @@ from lab import (
     _customize_script,
     _tar,
     hwsim,
+    state_lock,
 )
 
 if TYPE_CHECKING:
@@ -77,6 +78,7 @@ ROOT_DISK_SIZE = "4G"
 # A TCG guest on two busy cores: boot to sshd takes about a minute, several in parallel more.
 BOOT_TIMEOUT_S = 600
 KVM_PROBE_S = 30
+KVM_DEVICE = Path("/dev/kvm")
 TCG_CACHE_MIB = 128
 # What the serial console shows once the kernel has handed over to systemd.
 BOOTED_MARKERS = (b"Welcome to Debian", b"systemd[1]:")
@@ -161,6 +163,8 @@ class LabVm(LabNode):
     kernel: str = ""
     # Its files (disk, drives, console log); the supervisor's command line names it.
     directory: str = ""
+    # In inventories/lab.py (group vms); the test suite's VM is not (up_vms).
+    listed: bool = True
 
 
 @dataclass(frozen=True)
@@ -278,9 +282,10 @@ def _known_accel() -> str | None:
     if forced != "auto":
         raise LabError(f"GPUNODE_LAB_VM_ACCEL={forced!r}: kvm, tcg or auto")
     try:
-        with open("/dev/kvm", "rb"):
+        with KVM_DEVICE.open("rb"):
             pass
     except OSError:
+        # No KVM here (most CI machines): TCG straight away, nothing to probe.
         return "tcg"
     with contextlib.suppress(OSError, ValueError, KeyError):
         verdict = json.loads(_accel_verdict_path().read_text())
@@ -317,7 +322,13 @@ def _tap_prefix(lab: Lab) -> str:
 
 
 def _wanted(
-    lab: Lab, count: int, profiles: list[str], releases: list[str], memory_mib: int, drives: int
+    lab: Lab,
+    count: int,
+    profiles: list[str],
+    releases: list[str],
+    memory_mib: int,
+    drives: int,
+    listed: bool = True,
 ) -> list[LabVm]:
     octet = int(lab.network_prefix.rsplit(".", 1)[1])
     return [
@@ -330,6 +341,7 @@ def _wanted(
             tap=f"{_tap_prefix(lab)}{index}",
             memory_limit_mib=memory_mib,
             nvme_serials=[f"LABVM{octet}X{index}N{drive}" for drive in range(drives)],
+            listed=listed,
         )
         for index in range(1, count + 1)
     ]
@@ -357,10 +369,13 @@ def up_vms(
     memory_mib: int = DEFAULT_MEMORY_MIB,
     nvme_drives: int = DEFAULT_NVME_DRIVES,
     nvme_mib: int = DEFAULT_NVME_MIB,
+    listed: bool = True,
 ) -> list[LabVm]:
     """Bring the lab to ``count`` running VMs; running ones of the same release are kept.
 
-    Booted in parallel; each returns once it accepts the lab's SSH login.
+    Booted in parallel; each returns once it accepts the lab's SSH login. ``listed``: whether
+    inventories/lab.py lists them (group vms); the test suite's VM is not, so that no
+    container test's deploy of that inventory reaches it.
     """
     profile_cycle, release_cycle = list(profiles), list(releases)
     unknown = [p for p in profile_cycle if p not in hwsim.PROFILES]
@@ -380,34 +395,39 @@ def up_vms(
         raise LabError("lab VMs need root on the lab host (tap devices on the lab bridge)")
     if shutil.which("qemu-system-x86_64") is None:
         raise LabError("qemu-system-x86_64 is missing: apt-get install qemu-system-x86")
-    lab.state_dir.mkdir(parents=True, exist_ok=True)
-    lab._ensure_key()
-    bridge = _bridge(lab)
-    wanted = _wanted(lab, count, profile_cycle, release_cycle, memory_mib, nvme_drives)
+    # The image first, outside the lab's lock: the longest part when it is built, and only
+    # this module's cache is touched (the container nodes may come up meanwhile).
     images = {release: ensure_image(lab, release) for release in dict.fromkeys(release_cycle)}
-    by_name = {vm.name: vm for vm in wanted}
-    existing = {}
-    for vm in load_vms(lab):
-        keep = by_name.get(vm.name)
-        if (
-            keep is not None
-            and qemu_running(vm)
-            and (vm.release, vm.nvme_serials, vm.memory_limit_mib)
-            == (keep.release, keep.nvme_serials, keep.memory_limit_mib)
-        ):
-            existing[vm.name] = vm
-        else:
-            _stop(lab, vm)
-    for pid in _orphans(lab, kept={vm.pid for vm in existing.values()}):
-        _kill(pid)
-    lab.serve_repository()
-    lab.serve_package_cache()
-    to_start = [vm for vm in wanted if vm.name not in existing]
-    for vm in to_start:
-        _prepare(lab, vm, nvme_mib)
-    final = [existing.get(vm.name, vm) for vm in wanted]
-    # known_hosts first: the host keys are made here, so the first login already checks them.
-    _write_state(lab, final)
+    wanted = _wanted(lab, count, profile_cycle, release_cycle, memory_mib, nvme_drives, listed)
+    with state_lock(lab.state_dir):
+        lab._ensure_key()
+        bridge = _bridge(lab)
+        by_name = {vm.name: vm for vm in wanted}
+        existing = {}
+        for vm in load_vms(lab):
+            keep = by_name.get(vm.name)
+            if (
+                keep is not None
+                and qemu_running(vm)
+                and (vm.release, vm.nvme_serials, vm.memory_limit_mib)
+                == (keep.release, keep.nvme_serials, keep.memory_limit_mib)
+            ):
+                vm.listed = keep.listed
+                existing[vm.name] = vm
+            else:
+                _stop(lab, vm)
+        for pid in _orphans(lab, kept={vm.pid for vm in existing.values()}):
+            _kill(pid)
+        lab.serve_repository()
+        lab.serve_package_cache()
+        to_start = [vm for vm in wanted if vm.name not in existing]
+        for vm in to_start:
+            _prepare(lab, vm, nvme_mib)
+        final = [existing.get(vm.name, vm) for vm in wanted]
+        # known_hosts first: the host keys are made here, so the first login already checks
+        # them.
+        _write_state(lab, final)
+    # Booting takes minutes under TCG; the lab's state may change meanwhile (not this VM's).
     accel = _known_accel()
     if accel is None and to_start:
         # The first VM finds out whether KVM boots here; the others follow its verdict.
@@ -423,7 +443,8 @@ def up_vms(
         )
     for vm in final:
         vm.memory_mib = _rss_mib(_qemu_pid(lab, vm))
-    _write_state(lab, final)
+    with state_lock(lab.state_dir):
+        _write_state(lab, final)
     return final
 
 
@@ -646,7 +667,10 @@ def _stop(lab: Lab, vm: LabVm) -> None:
 
 
 def _write_state(lab: Lab, vms: list[LabVm]) -> None:
-    vms_path(lab).write_text(json.dumps([asdict(vm) for vm in vms], indent=2) + "\n")
+    # Whole or not at all: inventories/lab.py may read it at any moment (another process).
+    partial = vms_path(lab).with_suffix(".partial")
+    partial.write_text(json.dumps([asdict(vm) for vm in vms], indent=2) + "\n")
+    partial.replace(vms_path(lab))
     lab.write_known_hosts()
 
 
@@ -683,6 +707,14 @@ def _orphans(lab: Lab, kept: set[int] | None = None) -> list[int]:
 
 def down_vms(lab: Lab) -> None:
     """Kill every VM of the lab, remove its tap, disk, drives and state."""
+    if not lab.state_dir.exists():
+        _down_vms(lab)
+        return
+    with state_lock(lab.state_dir):
+        _down_vms(lab)
+
+
+def _down_vms(lab: Lab) -> None:
     for vm in load_vms(lab):
         _stop(lab, vm)
     for pid in _orphans(lab):

@@ -1,6 +1,6 @@
 """The lab's VM tier (lab.vm) as far as it is decided here: names, addresses, the qemu command,
 the image recipe, the per-VM files, the state; and `gpunode lab up --vms` refusing bad sizes
-before anything is made. Booting is the integration tests' (test_vm_storage.py)."""
+before anything is made. Booting is the integration tests' (test_vm.py)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import json
 import re
 import shlex
 import subprocess
+import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -140,8 +141,10 @@ def test_the_lab_inventory_lists_vms_in_their_own_group(
     monkeypatch.setenv("GPUNODE_LAB_NAME", "gpunode-x")
     monkeypatch.setenv("GPUNODE_LAB_SUBNET", "7")
     lab = Lab()
-    vm = vms(lab, 1)[0]
-    lab_vm.vms_path(lab).write_text(json.dumps([asdict(vm)]))
+    vm, tests_own = vms(lab, 2)
+    # The test suite's VM (lab up --vms-unlisted) is reached by its tests' inventories alone.
+    tests_own.listed = False
+    lab_vm.vms_path(lab).write_text(json.dumps([asdict(vm), asdict(tests_own)]))
     monkeypatch.chdir(Path(__file__).resolve().parents[2])
     inventory = load_inventory("inventories/lab.py")
     (host,) = list(inventory)
@@ -184,6 +187,63 @@ def test_vms_are_opt_in_and_nodes_zero_means_vms_only() -> None:
     assert (args.nodes, args.vms) == (2, None)
     args = build_parser().parse_args(["lab", "up", "--nodes", "0", "--vms", "1"])
     assert (args.nodes, args.vms, args.vm_nvme_drives, args.vm_memory_mib) == (0, 1, 4, 1024)
+    assert not args.vms_unlisted
+    args = build_parser().parse_args(["lab", "up", "--nodes", "0", "--vms", "1", "--vms-unlisted"])
+    assert args.vms_unlisted
+
+
+def test_the_lab_inventory_with_only_unlisted_vms_has_no_nodes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from gpunode.cli import load_inventory
+
+    monkeypatch.setenv("GPUNODE_LAB_DIR", str(tmp_path))
+    lab = Lab()
+    (vm,) = vms(lab, 1)
+    vm.listed = False
+    lab_vm.vms_path(lab).write_text(json.dumps([asdict(vm)]))
+    monkeypatch.chdir(Path(__file__).resolve().parents[2])
+    with pytest.raises(SystemExit, match="no lab nodes"):
+        load_inventory("inventories/lab.py")
+
+
+def test_without_dev_kvm_the_vms_run_under_tcg_without_a_probe(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("GPUNODE_LAB_VM_ACCEL", raising=False)
+    monkeypatch.setenv("GPUNODE_LAB_CACHE", str(tmp_path))
+    monkeypatch.setattr(lab_vm, "KVM_DEVICE", tmp_path / "no-kvm")
+    # No probe: nothing asks qemu (the probe's verdict is keyed by its version).
+    monkeypatch.setattr(lab_vm.subprocess, "run", None)
+    assert lab_vm._known_accel() == "tcg"
+    # Where the device opens, the verdict is the probe's (none yet here).
+    (tmp_path / "kvm").write_bytes(b"")
+    monkeypatch.setattr(lab_vm, "KVM_DEVICE", tmp_path / "kvm")
+    monkeypatch.setattr(lab_vm, "_accel_key", lambda: "this kernel, this qemu")
+    assert lab_vm._known_accel() is None
+    lab_vm._record_accel("tcg")
+    assert lab_vm._known_accel() == "tcg"
+
+
+def test_the_lab_state_is_changed_by_one_process_at_a_time(tmp_path: Path) -> None:
+    from lab import state_lock
+
+    try_lock = (
+        "import fcntl, sys; f = open(sys.argv[1], 'a')\n"
+        "try:\n    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)\n"
+        "except BlockingIOError:\n    sys.exit(3)\n"
+    )
+
+    def another_process_locks() -> bool:
+        command = [sys.executable, "-c", try_lock, str(tmp_path / ".lock")]
+        return subprocess.run(command, check=False).returncode == 0
+
+    with state_lock(tmp_path):
+        # Re-entrant here: Lab.down takes it, and so does lab.vm.down_vms within it.
+        with state_lock(tmp_path):
+            assert not another_process_locks()
+        assert not another_process_locks()
+    assert another_process_locks()
 
 
 def test_accel_can_be_forced_and_a_bad_choice_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
