@@ -360,17 +360,6 @@ class Lab:
         ``scratch_disks`` > 0 also gives every node that many scratch disks
         (:meth:`attach_scratch_disks`); without it nodes get none, as before.
         """
-        with state_lock(self.state_dir):
-            return self._up(count, profiles, scratch_disks, scratch_disk_mib, releases)
-
-    def _up(
-        self,
-        count: int,
-        profiles: Iterable[str],
-        scratch_disks: int,
-        scratch_disk_mib: int,
-        releases: Iterable[str],
-    ) -> list[LabNode]:
         profile_cycle = list(profiles)
         unknown = [p for p in profile_cycle if p not in hwsim.PROFILES]
         if unknown or not profile_cycle:
@@ -386,6 +375,18 @@ class Lab:
             raise LabError(f"--nodes {count}: choose between 1 and 200")
         if scratch_disks:
             _check_scratch_disks(scratch_disks, scratch_disk_mib)
+        # Refused before anything is made: the lock's file is in the state directory.
+        with state_lock(self.state_dir):
+            return self._up(count, profile_cycle, scratch_disks, scratch_disk_mib, release_cycle)
+
+    def _up(
+        self,
+        count: int,
+        profile_cycle: list[str],
+        scratch_disks: int,
+        scratch_disk_mib: int,
+        release_cycle: list[str],
+    ) -> list[LabNode]:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         _ensure_inotify_instances(count)
         self._ensure_key()

@@ -116,6 +116,8 @@ def start_vm_boot(lab: Lab) -> subprocess.Popen:
                 "--vm-nvme-drives", str(VM_NVME_DRIVES),
             ],
             cwd=ROOT,
+            # Its log as it goes: a VM killed for its time still shows how far it came.
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
