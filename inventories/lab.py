@@ -1,11 +1,15 @@
 """The local lab fleet made by `gpunode lab up`; groups follow each node's hardware profile,
-and each node's Debian release (groups bookworm and trixie)."""
+and each node's Debian release (groups bookworm and trixie). The lab's VMs (`lab up --vms N`:
+a real kernel, real storage) are the group vms, apart from the profile groups: they carry their
+profile's hardware doubles, but the profile groups' expectations are the containers'."""
 
 from lab import Lab
 
 _lab = Lab()
 _nodes = _lab.nodes()
-if not _nodes:
+# The test suite's VM is not listed: its tests reach it with their own inventories alone.
+_vms = [vm for vm in _lab.vms() if vm.listed]
+if not _nodes and not _vms:
     raise SystemExit("inventories/lab.py: no lab nodes; run `gpunode lab up --nodes 2` first")
 
 # PCIe nodes have no HCA: NCCL uses sockets there (the lab group's NCCL_IB_HCA names one).
@@ -58,3 +62,8 @@ pcie_nodes = _by_profile["pcie-a10g"]
 # By release (`gpunode lab up --release mixed`): names only, the data is the profile group's.
 bookworm = [node.name for node in _nodes if node.release == "bookworm"]
 trixie = [node.name for node in _nodes if node.release == "trixie"]
+
+vms = [
+    (vm.name, {"ssh_hostname": vm.address, **(_NO_IB if vm.profile == "pcie-a10g" else {})})
+    for vm in _vms
+]

@@ -12,6 +12,7 @@ doubles in ``lab.hwsim``; they are only ever placed on lab nodes.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import io
 import json
@@ -25,7 +26,7 @@ import sys
 import tarfile
 import tempfile
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -124,10 +125,12 @@ WantedBy=multi-user.target
 """
 
 
-def _customize_script(release: str = DEFAULT_RELEASE) -> str:
+def _customize_script(
+    release: str = DEFAULT_RELEASE, diverted: Iterable[str] = hwsim.DIVERTED_PATHS
+) -> str:
     diversions = "\n".join(
         f'chroot "$1" dpkg-divert --local --rename --divert {path}.distrib --add {path}'
-        for path in hwsim.DIVERTED_PATHS
+        for path in diverted
     )
     return f"""\
 set -e
@@ -185,6 +188,36 @@ class LabNode:
     release: str = DEFAULT_RELEASE
     boot_s: float = 0.0
     memory_mib: float = 0.0
+
+
+# Locks this process holds: path -> (open file, depth). flock is per open file, so a second
+# flock of the same file in one process would wait for itself.
+_HELD_LOCKS: dict[str, tuple[Any, int]] = {}
+
+
+@contextlib.contextmanager
+def state_lock(state_dir: Path) -> Iterator[None]:
+    """The lab's state (nodes, VMs, known_hosts, its servers) changed by one process at a
+    time: the test suite boots its VM in a process of its own while the container nodes come
+    up (tests/integration/conftest.py). Re-entrant within a process."""
+    state_dir.mkdir(parents=True, exist_ok=True)
+    path = str(state_dir / ".lock")
+    if path in _HELD_LOCKS:
+        handle, depth = _HELD_LOCKS[path]
+        _HELD_LOCKS[path] = (handle, depth + 1)
+    else:
+        handle = open(path, "a")  # noqa: SIM115 (held until the outermost exit)
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        _HELD_LOCKS[path] = (handle, 1)
+    try:
+        yield
+    finally:
+        handle, depth = _HELD_LOCKS[path]
+        if depth > 1:
+            _HELD_LOCKS[path] = (handle, depth - 1)
+        else:
+            del _HELD_LOCKS[path]
+            handle.close()
 
 
 def _tar(files: dict[str, tuple[bytes, int]]) -> bytes:
@@ -342,6 +375,18 @@ class Lab:
             raise LabError(f"--nodes {count}: choose between 1 and 200")
         if scratch_disks:
             _check_scratch_disks(scratch_disks, scratch_disk_mib)
+        # Refused before anything is made: the lock's file is in the state directory.
+        with state_lock(self.state_dir):
+            return self._up(count, profile_cycle, scratch_disks, scratch_disk_mib, release_cycle)
+
+    def _up(
+        self,
+        count: int,
+        profile_cycle: list[str],
+        scratch_disks: int,
+        scratch_disk_mib: int,
+        release_cycle: list[str],
+    ) -> list[LabNode]:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         _ensure_inotify_instances(count)
         self._ensure_key()
@@ -983,16 +1028,39 @@ class Lab:
 
     def _write_state(self, nodes: list[LabNode]) -> None:
         self.nodes_path.write_text(json.dumps([asdict(node) for node in nodes], indent=2) + "\n")
-        self.known_hosts_path.write_text(
-            "".join(f"{node.address} {node.host_key}\n" for node in nodes)
-        )
+        self.write_known_hosts()
+
+    def write_known_hosts(self) -> None:
+        """known_hosts of every node and VM the state names."""
+        everyone = [*self.nodes(), *self.vms()]
+        # Whole or not at all: ssh may read it at any moment (another process's run).
+        partial = self.known_hosts_path.with_suffix(".partial")
+        partial.write_text("".join(f"{node.address} {node.host_key}\n" for node in everyone))
+        partial.replace(self.known_hosts_path)
+
+    def vms(self) -> list[Any]:
+        """The lab's VMs (``lab.vm.LabVm``), apart from its container nodes."""
+        from lab import vm
+
+        return list(vm.load_vms(self))
 
     # --- down ----------------------------------------------------------------------------------
     def down(self, keep_image: bool = False) -> None:
         """Remove every container, network and state file the lab made (and its image and
         package cache, unless ``keep_image``)."""
+        if not self.state_dir.exists():
+            self._down(keep_image)
+            return
+        with state_lock(self.state_dir):
+            self._down(keep_image)
+
+    def _down(self, keep_image: bool) -> None:
+        from lab import vm
+
         self._stop_repository()
         self._stop_package_cache()
+        # Before the network: their taps are on its bridge.
+        vm.down_vms(self)
         mine = {"label": f"{LABEL}={self.name}"}
         for container in self.client.containers.list(all=True, filters=mine):
             container.remove(force=True)
@@ -1003,6 +1071,7 @@ class Lab:
                 for image in self.client.images.list(name=image_repository(release)):
                     self.client.images.remove(image.id, force=True)
             shutil.rmtree(self.package_cache_dir, ignore_errors=True)
+            vm.remove_images()
         # After the containers: their mounts of the scratch disks are gone with them.
         self._detach_scratch_disks()
         if self.state_dir.exists():

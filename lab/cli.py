@@ -10,25 +10,50 @@ import argparse
 import sys
 from typing import Any
 
-from lab import DEFAULT_PROFILES, DEFAULT_RELEASE, SCRATCH_DISK_MIB, Lab, LabError, releases_of
+from lab import (
+    DEFAULT_PROFILES,
+    DEFAULT_RELEASE,
+    SCRATCH_DISK_MIB,
+    Lab,
+    LabError,
+    LabNode,
+    releases_of,
+    vm,
+)
 
 
 def cmd_lab_up(args: argparse.Namespace) -> int:
     lab = Lab()
-    nodes = lab.up(
-        args.nodes,
-        args.profiles.split(","),
-        scratch_disks=args.scratch_disks,
-        scratch_disk_mib=args.scratch_disk_mib,
-        releases=releases_of(args.release),
-    )
+    # --nodes 0 --vms N: VMs only, the container nodes are left as they are.
+    nodes: list[LabNode] = []
+    if args.nodes or args.vms is None:
+        nodes = lab.up(
+            args.nodes,
+            args.profiles.split(","),
+            scratch_disks=args.scratch_disks,
+            scratch_disk_mib=args.scratch_disk_mib,
+            releases=releases_of(args.release),
+        )
+    vms: list[vm.LabVm] = []
+    if args.vms is not None:
+        vms = vm.up_vms(
+            lab,
+            args.vms,
+            profiles=(args.vm_profiles or vm.DEFAULT_VM_PROFILE).split(","),
+            releases=releases_of(args.release),
+            memory_mib=args.vm_memory_mib,
+            nvme_drives=args.vm_nvme_drives,
+            nvme_mib=args.vm_nvme_mib,
+            listed=not args.vms_unlisted,
+        )
     print(
-        f"{'node':<8} {'address':<14} {'profile':<10} {'release':<9} {'boot s':>7} {'RAM MiB':>8}"
+        f"{'node':<9} {'address':<14} {'profile':<10} {'release':<9} {'boot s':>7} {'RAM MiB':>8}"
     )
-    for node in nodes:
+    for node in [*nodes, *vms]:
+        kind = f"  VM, {node.accel}, kernel {node.kernel}" if isinstance(node, vm.LabVm) else ""
         print(
-            f"{node.name:<8} {node.address:<14} {node.profile:<10} {node.release:<9} "
-            f"{node.boot_s:>7.2f} {node.memory_mib:>8.1f}"
+            f"{node.name:<9} {node.address:<14} {node.profile:<10} {node.release:<9} "
+            f"{node.boot_s:>7.2f} {node.memory_mib:>8.1f}{kind}"
         )
     if args.slurm:
         controller = lab.slurm_up()
@@ -37,9 +62,14 @@ def cmd_lab_up(args: argparse.Namespace) -> int:
             f"Slurm controller {controller.name} at {controller.address} ({controller.release}: "
             f"slurmctld, munge); its nodes once converged: {members}"
         )
-    if args.scratch_disks:
+    if args.scratch_disks and nodes:
         disks = ", ".join(f"/dev/nvme{index}n1" for index in range(args.scratch_disks))
         print(f"scratch disks on every node: {disks} ({args.scratch_disk_mib} MiB each)")
+    if vms:
+        print(
+            f"NVMe drives of every VM: {args.vm_nvme_drives} emulated, {args.vm_nvme_mib} MiB "
+            "each (serials LABVM...)"
+        )
     print(f"ssh -i {lab.key_path} -o UserKnownHostsFile={lab.known_hosts_path} debian@ADDRESS")
     return 0
 
@@ -53,11 +83,19 @@ def cmd_lab_down(args: argparse.Namespace) -> int:
 def cmd_lab_status(_: argparse.Namespace) -> int:
     lab = Lab()
     for node in lab.nodes():
-        print(f"{node.name:<8} {node.address:<14} {node.profile:<10} {node.release}")
+        print(f"{node.name:<9} {node.address:<14} {node.profile:<10} {node.release}")
     controller = lab.slurm_controller()
     if controller is not None:
         role = "slurmctld"
-        print(f"{controller.name:<8} {controller.address:<14} {role:<10} {controller.release}")
+        print(f"{controller.name:<9} {controller.address:<14} {role:<10} {controller.release}")
+    for guest in lab.vms():
+        state = "running" if vm.qemu_running(guest) else "stopped"
+        print(
+            f"{guest.name:<9} {guest.address:<14} {guest.profile:<10} {guest.release:<9} "
+            f"VM {state}, {guest.accel}, kernel {guest.kernel}, "
+            f"{len(guest.nvme_serials)} NVMe drives"
+            + ("" if guest.listed else ", not in inventories/lab.py")
+        )
     return 0
 
 
@@ -77,7 +115,33 @@ def register(commands: Any) -> None:
     lab = commands.add_parser("lab", help="local fleet of Debian 12 / Debian 13 lab nodes")
     lab_commands = lab.add_subparsers(dest="lab_command", required=True)
     up = lab_commands.add_parser("up", help="bring up N nodes (keeps running ones)")
-    up.add_argument("--nodes", type=int, default=2)
+    up.add_argument("--nodes", type=int, default=2, help="container nodes (0 with --vms: VMs only)")
+    up.add_argument(
+        "--vms",
+        type=int,
+        default=None,
+        metavar="N",
+        help="also N VMs with a real kernel (qemu; KVM where it boots, else TCG), group vms",
+    )
+    up.add_argument(
+        "--vms-unlisted",
+        action="store_true",
+        help="leave the VMs out of inventories/lab.py (the test suite's VM: its tests deploy "
+        "with inventories of their own)",
+    )
+    up.add_argument(
+        "--vm-profiles",
+        default=None,
+        help=f"hardware profiles of the VMs' doubles, in turn (default {vm.DEFAULT_VM_PROFILE})",
+    )
+    up.add_argument("--vm-memory-mib", type=int, default=vm.DEFAULT_MEMORY_MIB)
+    up.add_argument(
+        "--vm-nvme-drives",
+        type=int,
+        default=vm.DEFAULT_NVME_DRIVES,
+        help="emulated NVMe drives per VM",
+    )
+    up.add_argument("--vm-nvme-mib", type=int, default=vm.DEFAULT_NVME_MIB)
     up.add_argument(
         "--profiles",
         default=",".join(DEFAULT_PROFILES),

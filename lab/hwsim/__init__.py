@@ -21,6 +21,10 @@ settings for real and tests inject drift with ``gpunode-lab-hw``. Only lab nodes
   Container Toolkit 1.18's ``nvidia-cdi-refresh`` units read that file. The container shares
   this machine's kernel, so ``<release>`` is this machine's.
 
+A lab VM (``lab.vm``, ``node_files(..., vm=True)``) has a real kernel and real (emulated) NVMe
+drives: it gets no ``nvme`` double (the real nvme-cli lists its drives) and no modules.dep
+(its kernel's own is depmod's; the VM's first boot adds the ``nvidia.ko`` line to it).
+
 The lab dpkg-diverts ``DIVERTED_PATHS`` so installing the real packages cannot overwrite the
 doubles.
 """
@@ -34,9 +38,12 @@ from pathlib import Path
 from . import hwstate, modinfo
 from .profiles import PROFILES, initial_state
 
-__all__ = ["DIVERTED_PATHS", "PROFILES", "initial_state", "node_files"]
+__all__ = ["DIVERTED_PATHS", "PROFILES", "VM_DIVERTED_PATHS", "initial_state", "node_files"]
 
 DIVERTED_PATHS = ("/usr/bin/nvidia-smi", "/usr/sbin/ibstat", "/usr/sbin/nvme")
+# A VM's NVMe drives are real to its kernel: the real nvme-cli stays where it is.
+REAL_IN_VMS = ("/usr/sbin/nvme",)
+VM_DIVERTED_PATHS = tuple(path for path in DIVERTED_PATHS if path not in REAL_IN_VMS)
 
 NODE_LIBRARY = "/usr/local/lib/gpunode-lab"
 NODE_PACKAGE = "gpunode_lab_hw"
@@ -95,8 +102,9 @@ def simulator_paths() -> tuple[str, ...]:
     return tuple(dict.fromkeys(paths))
 
 
-def node_files(profile: str, hostname: str) -> dict[str, tuple[bytes, int]]:
-    """Absolute node path -> (content, mode) of every file a ``profile`` lab node needs."""
+def node_files(profile: str, hostname: str, vm: bool = False) -> dict[str, tuple[bytes, int]]:
+    """Absolute node path -> (content, mode) of every file a ``profile`` lab node needs
+    (``vm``: a lab VM's, with its real NVMe drives and kernel modules)."""
     package = f"{NODE_LIBRARY}/{NODE_PACKAGE}"
     files = {
         f"{package}/__init__.py": (
@@ -109,6 +117,8 @@ def node_files(profile: str, hostname: str) -> dict[str, tuple[bytes, int]]:
         files[f"{package}/{module}.py"] = ((source / f"{module}.py").read_bytes(), 0o644)
     code = code_digest()
     for command, module in COMMANDS.items():
+        if vm and command in REAL_IN_VMS:
+            continue
         files[command] = (_wrapper(command, module, code), 0o755)
     # Ahead of the real one in PATH: answers for the stand-in NVIDIA module only, in shell.
     files[MODINFO_PATH] = (modinfo.script().encode(), 0o755)
@@ -120,7 +130,8 @@ def node_files(profile: str, hostname: str) -> dict[str, tuple[bytes, int]]:
         )
     state = hwstate.dumps(initial_state(profile, hostname))
     files[hwstate.DEFAULT_STATE_PATH] = (state.encode(), 0o644)
-    files[f"/lib/modules/{os.uname().release}/modules.dep"] = (MODULES_DEP, 0o644)
+    if not vm:
+        files[f"/lib/modules/{os.uname().release}/modules.dep"] = (MODULES_DEP, 0o644)
     return files
 
 

@@ -3,12 +3,21 @@
 GPUNODE_TEST_LAB_RELEASE picks their releases as `gpunode lab up --release` does: mixed (the
 default: bookworm and trixie in turn, lab-1 bookworm, lab-2 trixie, so that every test runs
 against both releases), bookworm or trixie.
+
+The VM part of the suite (tests marked ``vm``, test_vm.py) runs on ``lab_vms``: one lab VM
+with a real kernel (`gpunode lab up --vms 1`: 1 GiB, six emulated NVMe drives) of the first of
+those releases. When the session's tests include VM tests, it starts booting (a process of
+its own: image build, TCG boot) as soon as the tests are collected, so that it comes up while
+the unit and container tests run; ``lab_vms`` waits for it, and a VM that does not come up is
+a failure with its boot log and console, never a hang. It is left out of inventories/lab.py
+(no container test's deploy reaches it) and removed at the end of the session.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -22,6 +31,7 @@ import pytest
 from gpunode.distributions import BY_CODENAME
 from gpunode.model import DesiredState
 from lab import LOGIN_USER, REBOOT_COMMAND, Lab, LabNode, releases_of
+from lab import vm as lab_vm
 
 ROOT = Path(__file__).resolve().parents[2]
 LAB_NODES = int(os.environ.get("GPUNODE_TEST_LAB_NODES", "2"))
@@ -80,6 +90,119 @@ def lab() -> Lab:
 @pytest.fixture(scope="session")
 def lab_nodes(lab: Lab) -> Iterator[list[LabNode]]:
     yield lab.up(LAB_NODES, releases=LAB_RELEASES)
+
+
+# Small on purpose (CI time): one VM, 1 GiB; three drives for the RAID0, three for refusals.
+VM_NVME_DRIVES = 6
+# The longest a VM may take to come up: an image built from nothing (minutes), the lab's lock
+# while the container nodes come up (Lab.up), a TCG boot on a busy two-core machine.
+VM_UP_TIMEOUT_S = 3600
+_vm_boot: dict[str, Any] = {}
+
+
+def _vm_boot_log(lab: Lab) -> Path:
+    return lab.state_dir / "test-vm-up.log"
+
+
+def start_vm_boot(lab: Lab) -> subprocess.Popen:
+    """`gpunode lab up --vms 1` for the VM tests, in the background (once a session)."""
+    if "process" not in _vm_boot:
+        lab.state_dir.mkdir(parents=True, exist_ok=True)
+        log = _vm_boot_log(lab).open("wb")
+        _vm_boot["process"] = subprocess.Popen(
+            [
+                sys.executable, "-m", "gpunode.cli", "lab", "up", "--nodes", "0", "--vms", "1",
+                "--vms-unlisted", "--release", LAB_RELEASES[0], "--vm-memory-mib", "1024",
+                "--vm-nvme-drives", str(VM_NVME_DRIVES),
+            ],
+            cwd=ROOT,
+            # Its log as it goes: a VM killed for its time still shows how far it came.
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )  # fmt: skip
+    return _vm_boot["process"]
+
+
+# The VM part costs about 25 min under TCG on a loaded two-core machine (its first converge
+# alone 15 min, update-initramfs in an emulated CPU): more than the README's test command can
+# give it beside the rest of the suite within CI's time. It runs when asked for.
+RUN_VM_TESTS = os.environ.get("GPUNODE_TEST_VMS") == "1"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if RUN_VM_TESTS:
+        return
+    vm_tests = [item for item in items if item.get_closest_marker("vm")]
+    if vm_tests:
+        items[:] = [item for item in items if not item.get_closest_marker("vm")]
+        config.hook.pytest_deselected(items=vm_tests)
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    if RUN_VM_TESTS:
+        return "VM part of the suite: on (GPUNODE_TEST_VMS=1)"
+    return "VM part of the suite (tests marked vm): deselected; GPUNODE_TEST_VMS=1 runs it"
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    if session.config.option.collectonly:
+        return
+    if any(item.get_closest_marker("vm") for item in session.items):
+        start_vm_boot(Lab())
+
+
+def _stop_vm_boot(lab: Lab) -> None:
+    process = _vm_boot.get("process")
+    if process is not None and process.poll() is None:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    # A session that ends before the VM tests ran (-x, an interrupt) still removes the VM.
+    if "process" in _vm_boot and not _vm_boot.get("removed"):
+        lab = Lab()
+        _stop_vm_boot(lab)
+        lab_vm.down_vms(lab)
+
+
+def _vm_failure(lab: Lab, why: str) -> str:
+    """Why the VM is not up, with its boot log and every VM console's end."""
+    parts = [why, "--- gpunode lab up --vms 1:", _tail(_vm_boot_log(lab))]
+    for console in sorted((lab.state_dir / "vms").glob("*/console.log")):
+        parts += [f"--- {console}:", _tail(console)]
+    return "\n".join(parts)
+
+
+def _tail(path: Path, size: int = 4000) -> str:
+    try:
+        return path.read_bytes()[-size:].decode(errors="replace")
+    except OSError as error:
+        return f"(unreadable: {error})"
+
+
+@pytest.fixture(scope="session")
+def lab_vms(lab: Lab) -> Iterator[list[lab_vm.LabVm]]:
+    process = start_vm_boot(lab)
+    try:
+        process.wait(timeout=VM_UP_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        _stop_vm_boot(lab)
+        failure = _vm_failure(lab, f"the lab VM is not up after {VM_UP_TIMEOUT_S} s")
+        lab_vm.down_vms(lab)
+        pytest.fail(failure)
+    if process.returncode != 0:
+        failure = _vm_failure(lab, f"gpunode lab up --vms 1 failed ({process.returncode})")
+        lab_vm.down_vms(lab)
+        pytest.fail(failure)
+    vms = [vm for vm in lab.vms() if not vm.listed]
+    assert len(vms) == 1, _vm_failure(lab, f"the lab's state names {vms}")
+    yield vms
+    lab_vm.down_vms(lab)
+    _vm_boot["removed"] = True
 
 
 def ssh(
