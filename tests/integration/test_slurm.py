@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import shlex
+import shutil
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -63,8 +64,22 @@ def node_view(lab: Lab, node: LabNode) -> dict[str, str]:
     return dict(word.split("=", 1) for word in output.split() if "=" in word)
 
 
+def fresh_slurm(lab: Lab, lab_nodes: list[LabNode]) -> None:
+    """Each module starts its own cluster: no saved slurmctld state (an earlier module's jobs
+    and node records restored into it held a node MIXED, or refused a GPU step with "Invalid
+    generic resource (gres) specification"), and no slurmd left running from that cluster,
+    so that the module's converge starts slurmd, which registers with the new controller."""
+    if lab.slurm_controller() is not None:
+        return  # a controller kept up by hand (gpunode lab up --slurm): its cluster as it is
+    for node in lab_nodes:
+        sudo(lab, node, "systemctl stop slurmd 2>/dev/null || true")
+    for saved in lab.state_dir.glob("slurmctld-*"):
+        shutil.rmtree(saved, ignore_errors=True)
+
+
 @pytest.fixture(scope="module")
 def controller(lab: Lab, lab_nodes: list[LabNode]) -> Iterator[LabNode]:
+    fresh_slurm(lab, lab_nodes)
     controller = lab.slurm_up()  # of lab-1's release
     yield controller
     # slurmctld's state outlives the controller (Lab.slurm_up): a test that failed with a
