@@ -122,6 +122,10 @@ FIXTURE_CASES: dict[str, list[tuple[str, Extract, Parser]]] = {
 NOT_COMMAND_OUTPUT = {
     "PROVENANCE.md": "where the fixtures come from",
     "manifests/DGX_A100.json": "an expected-hardware manifest, no command printed it",
+    "systemd/show-trixie.json": (
+        "systemctl show captures that pyinfra's own systemd facts read: test_factcache.py"
+        " checks the fact cache's grouped read against them"
+    ),
 }
 FIXTURE_PARAMETERS = [
     pytest.param(relative, extract, parse, id=f"{relative}:{label}")
