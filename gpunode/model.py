@@ -1103,6 +1103,13 @@ class Prometheus:
         "its node certificate is the scraper's client certificate)",
     )
     port: int = setting(9090, "TCP port of its web UI and HTTP API", min=1, max=65535)
+    client_networks: tuple[str, ...] = setting(
+        (),
+        "where its web UI and HTTP API may be reached from (Grafana, operators) where the "
+        "firewall is on; empty: firewall.admin_networks",
+        check=check_cidr,
+        accepts=CIDR_ACCEPTS,
+    )
     scrape_interval_seconds: int = setting(30, "how often every target is scraped", min=1, max=3600)
     evaluation_interval_seconds: int = setting(
         30, "how often the alerting and recording rules are evaluated", min=1, max=3600
@@ -1267,6 +1274,13 @@ class DesiredState:
         if self.dcgm.enabled and self.dcgm.exporter:
             ports.add(DCGM_EXPORTER_PORT)
         return tuple(sorted(ports))
+
+    @property
+    def prometheus_networks(self) -> tuple[str, ...]:
+        """Where the firewall admits Prometheus' port from (prometheus.enabled), else ()."""
+        if not self.prometheus.enabled:
+            return ()
+        return self.prometheus.client_networks or self.firewall.admin_networks
 
     @property
     def ip_forward(self) -> bool:
