@@ -1182,7 +1182,7 @@ class Audit:
     malware_scan: MalwareScan = setting(MalwareScan(), "ClamAV malware scans")
 
 
-# nvidia-dcgm-exporter's listen address (its default, ":9400"; roles/dcgm.py sets no other).
+# nvidia-dcgm-exporter's listen port (its default address is ":9400"; roles/dcgm.py passes it).
 DCGM_EXPORTER_PORT = 9400
 
 
@@ -1215,6 +1215,13 @@ class Prometheus:
         "its node certificate is the scraper's client certificate)",
     )
     port: int = setting(9090, "TCP port of its web UI and HTTP API", min=1, max=65535)
+    client_networks: tuple[str, ...] = setting(
+        (),
+        "where its web UI and HTTP API may be reached from (Grafana, operators) where the "
+        "firewall is on; empty: firewall.admin_networks",
+        check=check_cidr,
+        accepts=CIDR_ACCEPTS,
+    )
     scrape_interval_seconds: int = setting(30, "how often every target is scraped", min=1, max=3600)
     evaluation_interval_seconds: int = setting(
         30, "how often the alerting and recording rules are evaluated", min=1, max=3600
@@ -1381,6 +1388,13 @@ class DesiredState:
         return tuple(sorted(ports))
 
     @property
+    def prometheus_networks(self) -> tuple[str, ...]:
+        """Where the firewall admits Prometheus' port from (prometheus.enabled), else ()."""
+        if not self.prometheus.enabled:
+            return ()
+        return self.prometheus.client_networks or self.firewall.admin_networks
+
+    @property
     def ip_forward(self) -> bool:
         if self.kernel.ip_forward is not None:
             return self.kernel.ip_forward
@@ -1449,6 +1463,7 @@ class DesiredState:
     def validate(self, builder: Builder, path: str) -> None:
         self._validate_imex(builder)
         self._validate_node_exporter(builder)
+        self._validate_dcgm_exporter(builder)
         self._validate_prometheus(builder)
         self._validate_admins(builder)
         self._validate_cuda_against_driver(builder)
@@ -1488,6 +1503,15 @@ class DesiredState:
             builder.problem(
                 "node_exporter.port", exporter.port, f"taken by {taken[exporter.port]}",
                 "a port no other service of the node listens on (9100 by default)",
+            )  # fmt: skip
+
+    def _validate_dcgm_exporter(self, builder: Builder) -> None:
+        if self.dcgm.enabled and self.dcgm.exporter and not self.tls.enabled:
+            builder.problem(
+                "dcgm.exporter", True,
+                "DCGM's exporter serves only over TLS with the node certificate, and "
+                "tls.enabled is false",
+                "tls.enabled: true, or dcgm.exporter: false",
             )  # fmt: skip
 
     def _validate_prometheus(self, builder: Builder) -> None:
@@ -1665,6 +1689,74 @@ def check_host_name(name: str, state: DesiredState) -> list[Problem]:
     else:
         return []
     return [Problem("tls.enabled", True, f"{reason} ({name!r})", accepted)]
+
+
+def _ip(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    try:
+        return ipaddress.ip_address(text)
+    except ValueError:
+        return None
+
+
+def scrape_host(name: str, state: DesiredState, address: str | None) -> str | None:
+    """The name or address a Prometheus dials to scrape host ``name`` (its ``ssh_hostname``
+    is ``address``), or None where its name is neither (``check_host_name`` says so).
+
+    Prometheus verifies the exporter's certificate against the name it dials, and one
+    ``tls_config.server_name`` cannot name a different host per target
+    (prometheus/prometheus#4827, open): it dials ``address`` when the node certificate names
+    it (an IP inventory name, or one in ``tls.ip_addresses``), else the inventory name, which
+    the certificate always names and the monitoring host must resolve."""
+    named = {_ip(text) for text in (name, *state.tls.ip_addresses)} - {None}
+    dialled = _ip(address) if address is not None else None
+    if dialled is not None and dialled in named:
+        return str(dialled)
+    if _ip(name) is not None:
+        return str(_ip(name))
+    if not re.fullmatch(HOST_NAME, name):
+        return None
+    return name
+
+
+def scrape_endpoints(name: str, state: DesiredState, address: str | None) -> list[tuple[str, str]]:
+    """(the key that makes it, ``host:port``) of each exporter gpunode runs on the host, as
+    Prometheus dials it (``[v6]:port`` for an IPv6 address)."""
+    dialled = scrape_host(name, state, address)
+    if dialled is None:
+        return []
+    where = f"[{dialled}]" if ":" in dialled else dialled
+    found = []
+    if state.node_exporter.enabled:
+        found.append(("node_exporter.port", f"{where}:{state.node_exporter.port}"))
+    if state.dcgm.enabled and state.dcgm.exporter:
+        found.append(("dcgm.exporter", f"{where}:{DCGM_EXPORTER_PORT}"))
+    return found
+
+
+def check_scrape_addresses(
+    hosts: list[tuple[str, DesiredState, str | None]],
+) -> list[tuple[str, Problem]]:
+    """(host, problem) for each host scraped at an address an earlier host of the inventory
+    is scraped at too: Prometheus would scrape one exporter twice and the other never."""
+    first: dict[str, str] = {}
+    found = []
+    for name, state, address in hosts:
+        for key, endpoint in scrape_endpoints(name, state, address):
+            if endpoint in first and first[endpoint] != name:
+                found.append(
+                    (
+                        name,
+                        Problem(
+                            key,
+                            endpoint,
+                            f"hosts {first[endpoint]} and {name} are both scraped at {endpoint}",
+                            "one scrape address (ssh_hostname or the host name, and port) per "
+                            "exporter of each host",
+                        ),
+                    )
+                )
+            first.setdefault(endpoint, name)
+    return found
 
 
 TOP_LEVEL_KEYS = tuple(DesiredState.__dataclass_fields__)

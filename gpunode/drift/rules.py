@@ -18,7 +18,7 @@ from gpunode.distributions import Distribution, UnsupportedNode, platform_of, su
 from gpunode.drift.findings import HARDWARE_TICKET, RUN_DEPLOY, Finding, Severity
 from gpunode.drift.shape import checked_facts
 from gpunode.expected.audit import is_system_binary
-from gpunode.expected.firewall import TABLE, render_ruleset
+from gpunode.expected.firewall import TABLE, render_ruleset, service_rules
 from gpunode.expected.packages import held_packages, toolkit_keeps_cdi_spec
 from gpunode.expected.slurm import GRES_CONF, GresGpu, gres_gpus, gres_summary
 from gpunode.expected.sshd import expected_effective, render_sshd_config
@@ -327,7 +327,9 @@ def firewall_drift(desired: DesiredState, state: dict) -> list[tuple[str, Severi
             ("rules", Severity.WARNING, f"live rules as {RULESET_PATH}", "changed by hand")
         )
     rendered = hashlib.sha256(
-        render_ruleset(wanted, desired.sshd.port, desired.exporter_ports).encode()
+        render_ruleset(
+            wanted, desired.sshd.port, desired.exporter_ports, service_rules(desired)
+        ).encode()
     ).hexdigest()
     if state.get("file_sha256") != rendered:
         drift.append(("ruleset", Severity.WARNING, "ruleset from inventory data", "different"))
