@@ -70,3 +70,22 @@ reboot = {"command": list(REBOOT_COMMAND)}
 # The fabric: simulated HCAs (ibstat) and the lab bridge as the NCCL socket interface.
 infiniband = {"enabled": True}
 nccl = {"env": {"NCCL_SOCKET_IFNAME": "eth0", "NCCL_IB_HCA": "mlx5", "NCCL_DEBUG": "WARN"}}
+
+# Audits: off for the lab's runs, so every module's converge stays fast and its node as the
+# module left it (a fresh lab node would install auditd's and lynis's packages otherwise);
+# tests/integration/test_audit.py turns them on for its own runs (--data), as
+# test_file_integrity.py does AIDE. auditd would be skipped here anyway: a container's
+# kernel (its host's) refuses audit.
+audit = {
+    "auditd": {"enabled": False},
+    "lynis": {"enabled": False},
+    "tools": {
+        "process_accounting": False,
+        "sysstat": False,
+        "debsums": False,
+        "needrestart": False,
+        "apt_listchanges": False,
+        "pam_tmpdir": False,
+        "private_home_directories": False,
+    },
+}

@@ -37,7 +37,20 @@ gpu_metrics = {"enabled": True}
 node_exporter = {"enabled": True}
 # Files changed outside a gpunode run (no package explains them) are drift findings: AIDE
 # over the system's programs and configuration, checked nightly.
-audit = {"file_integrity": {"enabled": True, "schedule": "*-*-* 03:30:00"}}
+# auditd's watches on accounts, sudoers, sshd and gpunode's files; lynis weekly (Sunday), its
+# index floor what deploys/harden.py reaches on a real kernel less a margin; the audit tools
+# (the model's defaults: all on) and a copy of the logs on the site's log host.
+audit = {
+    "file_integrity": {"enabled": True, "schedule": "*-*-* 03:30:00"},
+    "auditd": {"enabled": True},
+    "lynis": {
+        "enabled": True,
+        "schedule": "Sun *-*-* 04:30:00",
+        "max_age_hours": 8 * 24,
+        "min_hardening_index": 75,
+    },
+    "tools": {"remote_syslog_host": "logs.dc1.example.net"},
+}
 
 # An air-gapped site: every repository is the local mirror.
 apt = {

@@ -411,6 +411,24 @@ def _textfile_dir(state: DesiredState, value: str) -> None:
     )
 
 
+def _lynis_schedule(state: DesiredState, value: str) -> None:
+    from gpunode.expected.lynis import render_timer_drop_in
+
+    lines = render_timer_drop_in(value).splitlines()
+    assert lines.count(f"OnCalendar={value}") == 1
+    assert "%" not in value and "\n" not in value  # systemd specifiers, a second line
+
+
+def _remote_syslog(state: DesiredState, value: str) -> None:
+    from gpunode.expected.lynis import render_rsyslog_forward
+
+    if not value:
+        return  # empty: no forwarding (roles/lynis.py writes no file)
+    (forward,) = [line for line in render_rsyslog_forward(value, 514).splitlines()
+                  if not line.startswith("#")]  # fmt: skip
+    assert forward.split() == ["*.*", f"@@{value}:514"]
+
+
 RENDERED: dict[str, Callable[[DesiredState, str], None]] = {
     "Sshd.listen_addresses": _sshd,
     "Sshd.penalty_exempt_networks": _penalty_exempt,
@@ -430,6 +448,8 @@ RENDERED: dict[str, Callable[[DesiredState, str], None]] = {
     "Kernel.blacklist_modules": _module,
     "UnattendedUpgrades.blacklist": _unattended,
     "GpuMetrics.textfile_dir": _textfile_dir,
+    "Lynis.schedule": _lynis_schedule,
+    "AuditTools.remote_syslog_host": _remote_syslog,
 }
 
 
