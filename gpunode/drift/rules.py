@@ -18,6 +18,7 @@ from gpunode.distributions import Distribution, UnsupportedNode, platform_of, su
 from gpunode.drift.findings import HARDWARE_TICKET, RUN_DEPLOY, Finding, Severity
 from gpunode.drift.shape import checked_facts
 from gpunode.expected.audit import is_system_binary
+from gpunode.expected.auditd import WATCHES
 from gpunode.expected.firewall import TABLE, render_ruleset, service_rules
 from gpunode.expected.packages import held_packages, toolkit_keeps_cdi_spec
 from gpunode.expected.slurm import GRES_CONF, GresGpu, gres_gpus, gres_summary
@@ -783,6 +784,110 @@ def _signature_findings(
                f"signatures updated within {limit} h", where, SIGNATURES_FIX)  # fmt: skip
 
 
+AUDITD_FIX = "systemctl status auditd; journalctl -u auditd; run deploys/harden.py"
+
+
+def auditd_rules(desired: DesiredState, facts: dict[str, Any]) -> Iterator[tuple]:
+    """auditd where the kernel allows it: running, with gpunode's watches loaded (a warning
+    each: a deploy fixes them, and nothing about the node keeps jobs from it). Where the
+    kernel refuses audit (a container), an info finding with the reason: nothing to fix."""
+    if not desired.audit.auditd.enabled:
+        return
+    section: Section = facts.get("auditd") or {}
+    if section.get("state") != "ok":
+        yield from _unreadable("auditd", section)
+        return
+    if section.get("kernel_allows") is False:
+        found = f"skipped: {section.get('refused_because') or 'the kernel refuses audit'}"
+        yield "audit.auditd.skipped", INFO, "auditd running", found, "none (the kernel's limit)"
+        return
+    if section.get("kernel_allows") is None:
+        found = f"unknown: {section.get('refused_because') or 'the kernel check gave no answer'}"
+        yield "audit.auditd.unknown", WARN, "the kernel's audit support known", found, REPORT_BUG
+        return
+    yield from _unread_lines("auditd", "auditctl -l", section.get("problems"))
+    if not section.get("installed"):
+        yield "audit.auditd", WARN, "auditd running", "not installed", RUN_DEPLOY
+        return
+    if not section.get("active"):
+        found = f"auditd {section.get('unit_state') or 'not running'}"
+        yield "audit.auditd", WARN, "auditd running", found, AUDITD_FIX
+        return
+    loaded = {(w.get("path"), w.get("key")) for w in section.get("watches") or []}
+    missing = [f"{path} ({key})" for path, key in WATCHES if (path, key) not in loaded]
+    if missing:
+        shown = ", ".join(missing[:MAX_INTEGRITY_PATHS_SHOWN])
+        more = len(missing) - MAX_INTEGRITY_PATHS_SHOWN
+        found = f"{len(missing)} not loaded: {shown}" + (f" (and {more} more)" if more > 0 else "")
+        yield ("audit.auditd.rules", WARN, f"gpunode's {len(WATCHES)} audit watches loaded",
+               found, "augenrules --load; run deploys/harden.py")  # fmt: skip
+
+
+LYNIS_FIX = (
+    "read /var/log/lynis-report.dat's warning[] and suggestion[] lines; run deploys/harden.py"
+)
+LYNIS_OVERDUE_FIX = "systemctl status lynis.timer lynis.service; run deploys/harden.py"
+# The lynis test IDs one finding names: enough to start looking, few enough for a table.
+MAX_LYNIS_TESTS_SHOWN = 8
+
+
+def lynis_rules(
+    desired: DesiredState, facts: dict[str, Any], now: datetime.datetime | None = None
+) -> Iterator[tuple]:
+    """The last lynis report: an index below the inventory's floor is a warning (settings
+    drifted from the hardening a deploy makes: a deploy or a look fixes it, and nothing in
+    it keeps jobs off the node; file integrity and auditd carry the tampering alarms); a
+    report missing, unreadable or older than max_age_hours (the timer stopped) is a warning.
+    report_datetime_end is the node's local time: gpunode's nodes keep UTC (systemd's
+    default, timedatectl), so it is read as UTC."""
+    settings = desired.audit.lynis
+    if not settings.enabled:
+        return
+    section: Section = facts.get("lynis") or {}
+    state = section.get("state")
+    if state in ("absent", "missing"):
+        found = f"{state}: {section.get('reason') or 'no report'}"
+        yield "audit.lynis.report", WARN, "a lynis report", found, LYNIS_OVERDUE_FIX
+        return
+    if state != "ok":
+        yield from _unreadable("lynis", section)
+        return
+    yield from _unread_lines("lynis", "lynis-report.dat", section.get("problems"))
+    report: Section = section.get("report") or {}
+    ended = report.get("report_end")
+    now = now or datetime.datetime.now(datetime.UTC)
+    if not ended:
+        yield ("audit.lynis.report", WARN, "a finished lynis report", "no report_datetime_end",
+               LYNIS_OVERDUE_FIX)  # fmt: skip
+    else:
+        finished = datetime.datetime.strptime(ended, "%Y-%m-%d %H:%M:%S").replace(
+            tzinfo=datetime.UTC
+        )
+        age_hours = (now - finished).total_seconds() / 3600
+        if age_hours > settings.max_age_hours:
+            yield ("audit.lynis.overdue", WARN, f"a lynis report within {settings.max_age_hours} h",
+                   f"last report {ended} ({age_hours:.0f} h ago)", LYNIS_OVERDUE_FIX)  # fmt: skip
+    index = report.get("hardening_index")
+    if index is None:
+        yield ("audit.lynis.index", WARN, "a hardening index in the report", "none",
+               LYNIS_OVERDUE_FIX)  # fmt: skip
+    elif index < settings.min_hardening_index:
+        tests = sorted(
+            {
+                str(item.get("test"))
+                for item in (report.get("warnings") or []) + (report.get("suggestions") or [])
+            }
+        )
+        shown = ", ".join(tests[:MAX_LYNIS_TESTS_SHOWN])
+        more = len(tests) - MAX_LYNIS_TESTS_SHOWN
+        found = f"hardening index {index}; lynis tests with findings: {shown}" + (
+            f" (and {more} more)" if more > 0 else ""
+        )
+        yield ("audit.lynis.index", WARN,
+               f"hardening index at least {settings.min_hardening_index}", found,
+               LYNIS_FIX)  # fmt: skip
+
+
 RULES: tuple[Rule, ...] = (
     os_rules,
     gpu_rules,
@@ -799,6 +904,8 @@ RULES: tuple[Rule, ...] = (
     slurm_rules,
     file_integrity_rules,
     malware_scan_rules,
+    auditd_rules,
+    lynis_rules,
 )
 
 

@@ -140,6 +140,36 @@ SECTION_SHAPES: dict[str, Shape] = {
             "problems": Maybe(ListOf(Str)),
         }
     ),
+    "auditd": Record(
+        {
+            **_STATE,
+            "kernel_allows": _FLAG,
+            "refused_because": _TEXT,
+            "installed": _FLAG,
+            "active": _FLAG,
+            "unit_state": _TEXT,
+            "rules_loaded": _FLAG,
+            "watches": Maybe(ListOf(Record({"path": _TEXT, "key": _TEXT}))),
+            "problems": Maybe(ListOf(Str)),
+        }
+    ),
+    "lynis": Record(
+        {
+            **_STATE,
+            "report": Maybe(
+                Record(
+                    {
+                        "hardening_index": Maybe(Int),
+                        "report_end": _TEXT,
+                        "lynis_version": _TEXT,
+                        "warnings": Maybe(ListOf(Record({"test": _TEXT, "text": _TEXT}))),
+                        "suggestions": Maybe(ListOf(Record({"test": _TEXT, "text": _TEXT}))),
+                    }
+                )
+            ),
+            "problems": Maybe(ListOf(Str)),
+        }
+    ),
     # Mount point -> mount; a rule looks up the declared mount point.
     "mounts": Record(_STATE, rest=_MOUNT),
 }

@@ -14,6 +14,7 @@ from gpunode import framing
 from gpunode.distributions import BY_CODENAME
 from gpunode.drift.findings import Severity
 from gpunode.drift.rules import evaluate
+from gpunode.expected.auditd import WATCHES as AUDIT_WATCHES
 from gpunode.expected.firewall import render_ruleset
 from gpunode.expected.packages import driver_packages_for
 from gpunode.expected.sshd import expected_effective, render_sshd_config
@@ -154,6 +155,16 @@ def healthy_facts() -> dict[str, Any]:
         "mounts": {
             "/": {"source": "/dev/sda2", "fstype": "ext4", "options": ["rw", "relatime"]},
             "/raid": {"source": "/dev/md127", "fstype": "xfs", "options": ["rw", "noatime"]},
+        },
+        # auditd is on by the model's default: running on a real kernel, every watch loaded.
+        "auditd": {
+            "state": "ok",
+            "kernel_allows": True,
+            "installed": True,
+            "active": True,
+            "rules_loaded": True,
+            "watches": [{"path": path, "key": key} for path, key in AUDIT_WATCHES],
+            "problems": [],
         },
     }
 

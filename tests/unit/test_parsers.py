@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from facts.lynis import parse_report as parse_lynis_report
 from gpunode import framing
 from gpunode.framing import PartOutput
 from gpunode.probe import file_integrity, malware_scan
@@ -59,6 +60,11 @@ def read(relative: str) -> str:
 
 def whole(text: str) -> str:
     return text
+
+
+def lynis_report(text: str) -> dict[str, Any]:
+    """facts.lynis's report parser in the shape the fixture checks read."""
+    return {"state": "ok", "command": "cat /var/log/lynis-report.dat", **parse_lynis_report(text)}
 
 
 def capture_section(title: str) -> Extract:
@@ -118,6 +124,7 @@ FIXTURE_CASES: dict[str, list[tuple[str, Extract, Parser]]] = {
     "clamav/clamscan-1.4.6-deb12-infected.stdout": [("clamscan", whole, _clamscan)],
     "clamav/clamscan-1.4.6-deb12-clean.stdout": [("clamscan", whole, _clamscan)],
     "clamav/clamscan-1.4.6-deb12-error.stdout": [("clamscan", whole, _clamscan)],
+    "lynis/lab-bookworm-harden.report.dat": [("lynis-report.dat", whole, lynis_report)],
 }
 NOT_COMMAND_OUTPUT = {
     "PROVENANCE.md": "where the fixtures come from",
