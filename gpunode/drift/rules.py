@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime
 import hashlib
+from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -19,6 +20,7 @@ from gpunode.drift.findings import HARDWARE_TICKET, RUN_DEPLOY, Finding, Severit
 from gpunode.drift.shape import checked_facts
 from gpunode.expected.audit import is_system_binary
 from gpunode.expected.firewall import TABLE, render_ruleset
+from gpunode.expected.gpu_settings import BOOT_UNIT
 from gpunode.expected.packages import held_packages, toolkit_keeps_cdi_spec
 from gpunode.expected.slurm import GRES_CONF, GresGpu, gres_gpus, gres_summary
 from gpunode.expected.sshd import expected_effective, render_sshd_config
@@ -115,6 +117,7 @@ def gpu_rules(desired: DesiredState, facts: dict[str, Any]) -> Iterator[tuple]:
         yield f"gpu.xid:{subject}", severity, "no XID errors", found, HARDWARE_TICKET
     for gpu in gpus:
         yield from _gpu_device_rules(desired, gpu)
+        yield from _mig_rules(desired, gpu, report.get("mig_listing") or {})
 
 
 def _gpu_device_rules(desired: DesiredState, gpu: dict[str, Any]) -> Iterator[tuple]:
@@ -194,6 +197,43 @@ def _gpu_device_rules(desired: DesiredState, gpu: dict[str, Any]) -> Iterator[tu
     if width and width_max and width < width_max:
         found = f"x{width} (max x{width_max})"
         yield f"gpu.pcie_width:{label}", WARN, f"x{width_max}", found, HARDWARE_TICKET
+
+
+# The MIG layout is lost at every reset or reboot; the gpu_settings role's boot unit lays it out
+# again before the scheduler starts. Without it jobs get other GPU slices than declared.
+MIG_LAYOUT_FIX = f"systemctl status {BOOT_UNIT} on the node; run deploys/gpu_node.py"
+
+
+def _mig_rules(desired: DesiredState, gpu: dict[str, Any], listing: Section) -> Iterator[tuple]:
+    """MIG mode as declared (gpu_settings.mig), and a GPU in MIG mode holding exactly the
+    declared GPU instances (gpu_settings.mig_layout, a multiset of profile names)."""
+    settings = desired.gpu_settings
+    label = f"{gpu.get('index')}"
+    mode = gpu.get("mig_mode") or {}
+    current = mode.get("current")
+    if settings.mig is not None and current is not None and current != settings.mig:
+        pending = mode.get("pending") == settings.mig
+        # Not pending: the scheduler hands out other devices than the inventory declares.
+        yield (
+            f"gpu.mig_mode:{label}", INFO if pending else CRIT, f"MIG {_on_off(settings.mig)}",
+            f"MIG {_on_off(current)}" + (" (change pending a reset)" if pending else ""),
+            RESET_GPU if pending else RUN_DEPLOY,
+        )  # fmt: skip
+    if not (settings.mig and settings.mig_layout and current is True):
+        return
+    wanted = sorted(settings.mig_layout)
+    instances = gpu.get("gpu_instances")
+    if instances is None:
+        why = listing.get("reason") or listing.get("state") or "not read"
+        yield (
+            f"gpu.mig_layout:{label}", CRIT, f"GPU instances {wanted}",
+            f"unreadable: {why}", REPORT_BUG,
+        )  # fmt: skip
+        return
+    found = sorted(str(instance.get("profile")) for instance in instances)
+    if Counter(found) != Counter(wanted):
+        shown = f"GPU instances {found}" if found else "no GPU instances (none laid out at boot)"
+        yield f"gpu.mig_layout:{label}", CRIT, f"GPU instances {wanted}", shown, MIG_LAYOUT_FIX
 
 
 def _nvlink_rules(desired: DesiredState, gpu: dict[str, Any], label: str) -> Iterator[tuple]:

@@ -611,6 +611,21 @@ GPU_SHAPE = Record(
             )
         ),
         "clock_event_reasons": Maybe(ListOf(Str)),
+        "mig_mode": Maybe(Record({"current": _FLAG, "pending": _FLAG})),
+        # None: in MIG mode, but the listing was unreadable (the report's mig_listing says why).
+        "gpu_instances": Maybe(
+            ListOf(
+                Record(
+                    {
+                        "id": _COUNT,
+                        "profile": _TEXT,
+                        "profile_id": _COUNT,
+                        "start": _COUNT,
+                        "size": _COUNT,
+                    }
+                )
+            )
+        ),
         "pcie": Maybe(
             Record(
                 {
@@ -644,6 +659,7 @@ GPU_REPORT_SHAPE = Record(
             )
         ),
         "fabric_manager": Maybe(Record({"state": _TEXT})),
+        "mig_listing": Maybe(Record({"state": _TEXT, "reason": _TEXT})),
         "kernel_module": Maybe(Record({"state": _TEXT, "version": _TEXT})),
         "xid_events": Maybe(Record({"state": _TEXT, "events": ListOf(XID_EVENT_SHAPE)})),
         # Lines of a tool's output the probe could not read, by tool.
