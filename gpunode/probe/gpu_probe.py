@@ -720,13 +720,13 @@ def add_mig_instances(system: System, gpus: list[Result]) -> Result | None:
     elif completed.exit_code is None:
         failure = nvidia_smi_failure(MIG_INSTANCES_COMMAND, None, completed.stderr)
         listing = {**listing, "state": "unreadable", "reason": failure["reason"]}
-    elif problem:
-        listing = {**listing, "state": "unreadable", "reason": problem}
     elif completed.exit_code != 0 and not instances and not nothing_listed:
         # It exits 6 with "No GPU instances found.": that is an answer, not a failure.
         output = completed.stdout + completed.stderr
         failure = nvidia_smi_failure(MIG_INSTANCES_COMMAND, completed.exit_code, output)
         listing = {**listing, "state": "unreadable", "reason": failure["reason"]}
+    elif problem:
+        listing = {**listing, "state": "unreadable", "reason": problem}
     elif unknown := sorted({each["gpu"] for each in instances} - set(by_index)):
         listing = {
             **listing,
