@@ -730,6 +730,33 @@ def file_integrity_rules(
            found, INTEGRITY_FIX)  # fmt: skip
 
 
+DCGM_DIAG_FIX = "drain the node; run dcgmi diag -r 2 -v on it and open a hardware ticket"
+
+
+def dcgm_diag_rules(desired: DesiredState, facts: dict[str, Any]) -> Iterator[tuple]:
+    """DCGM's diagnostic, where it was run (``gpunode drift --dcgm-diag LEVEL`` on a node that
+    declares DCGM): every test passes. A diagnostic that could not run or be read fails too:
+    a gate must not pass a node it could not check."""
+    section: Section | None = facts.get("dcgm_diag")
+    if section is None:
+        return
+    expected = "every DCGM diagnostic test passes"
+    state = section.get("state")
+    if state == "absent":
+        yield "dcgm.diag", CRIT, expected, "dcgmi is not installed", RUN_DEPLOY
+        return
+    if state != "ok":
+        reason = section.get("reason") or state or "no data"
+        yield "dcgm.diag", CRIT, expected, f"not run or unreadable: {reason}", DCGM_DIAG_FIX
+        return
+    details = {test.get("name"): test.get("detail") or [] for test in section.get("tests") or []}
+    for name in section.get("failed") or []:
+        words = "; ".join(str(word) for word in details.get(name, [])[:2])
+        found = f"{name} failed" + (f": {words}" if words else "")
+        yield f"dcgm.diag:{name}", CRIT, expected, found, DCGM_DIAG_FIX
+    yield from _unread_lines("dcgm", "dcgmi diag -j", section.get("problems"))
+
+
 RULES: tuple[Rule, ...] = (
     os_rules,
     gpu_rules,
@@ -745,6 +772,7 @@ RULES: tuple[Rule, ...] = (
     access_rules,
     slurm_rules,
     file_integrity_rules,
+    dcgm_diag_rules,
 )
 
 
