@@ -247,6 +247,7 @@ class Nodes(Protocol):
 
 
 REBOOT_OPERATION = "Loaded kernel module is the installed one"
+GATE_PASSED = "health gate passed"
 
 
 class PyinfraNodes:
@@ -591,7 +592,7 @@ class Rollout:
                     self.fail(name, "health gate", result.critical, ", ".join(result.critical))
                 else:
                     note = f" ({result.note})" if result.note else ""
-                    self.set(name, Phase.RESUMING, f"health gate passed{note}")
+                    self.set(name, Phase.RESUMING, f"{GATE_PASSED}{note}")
             pending = still
             if pending:
                 if self.clock() - started >= self.return_timeout_s:
@@ -642,7 +643,10 @@ class Rollout:
                 if found is None or found.drained:
                     self.scheduler.resume(name)
                 record.drained = False
-            self.set(name, Phase.DONE, "resumed" if record.scheduled else "passed")
+            # What the gate said besides passing (the DCGM diagnostic) stays in the summary.
+            said = record.note.removeprefix(GATE_PASSED).strip()
+            done = "resumed" if record.scheduled else "passed"
+            self.set(name, Phase.DONE, f"{done} {said}" if said else done)
 
 
 # --- what the operator sees -----------------------------------------------------------------

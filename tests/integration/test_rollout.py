@@ -603,3 +603,59 @@ def test_a_mig_node_rebooted_by_a_rollout_gets_its_layout_back_before_slurmd_or_
     ), reason
     journal = sudo(lab, node, f"journalctl -u {BOOT_UNIT} -n 400 --no-pager -o cat")
     assert "gpunode-gpu-settings: failed: nvidia-smi mig -i 0 -cgi" in journal
+
+
+ROW_REMAP = "Page Retirement/Row Remap"
+
+
+@pytest.fixture
+def dcgm_node(lab: Lab, ready: list[LabNode], members: list[LabNode]) -> Iterator[LabNode]:
+    """A Slurm member with DCGM (the stand-in DCGM 4 the module's converge installed) and its
+    host engine running; its simulated GPUs without a pending row remap again after."""
+    node = members[0]
+    sudo(lab, node, "dcgmi --version && systemctl start nvidia-dcgm")
+    try:
+        yield node
+    finally:
+        sudo(lab, node, "gpunode-lab-hw set gpus.2.remapped_rows.pending No")
+
+
+def test_the_dcgm_diagnostic_gates_nodes_that_declare_dcgm_and_is_skipped_elsewhere(
+    lab: Lab, dcgm_node: LabNode, members: list[LabNode], scheduler_ssh: str, tmp_path: Path
+) -> None:
+    others = [node for node in members if node != dcgm_node]
+    assert others, "the lab needs two Slurm members"
+    slurm = lab.slurm_settings()
+    assert slurm is not None
+    common = {"slurm": dataclasses.asdict(slurm), "gpu_settings": {"persistence_mode": None}}
+    data = {node.name: common for node in others}
+    data[dcgm_node.name] = {**common, "dcgm": {"enabled": True, "cuda_major": 13}}
+    inventory = write_inventory(tmp_path / "dcgm_inventory.py", lab, members, data)
+    deploy = tmp_path / "gpu_settings.py"
+    deploy.write_text(SETTINGS_DEPLOY)
+    argv = ("--batch", "2", "--dcgm-diag", "quick")
+    run = run_rollout(scheduler_ssh, tmp_path / "passes.json", *argv, inventory=inventory,
+                      deploy=str(deploy))  # fmt: skip
+    assert run.returncode == 0, run.output[-4000:]
+    assert run.results is not None
+    notes = {name: record["note"] for name, record in run.results["nodes"].items()}
+    assert notes[dcgm_node.name] == "resumed (DCGM diagnostic level 1 passed)", notes
+    for other in others:
+        assert notes[other.name] == "resumed (DCGM diagnostic skipped: dcgm not declared)"
+    summary = run.output[run.output.index("batch  node") :]
+    assert "DCGM diagnostic skipped: dcgm not declared" in summary
+
+    # A fault in the simulated GPUs that DCGM's deployment checks see: a pending row remap.
+    sudo(lab, dcgm_node, "gpunode-lab-hw set gpus.2.remapped_rows.pending Yes")
+    run = run_rollout(scheduler_ssh, tmp_path / "fails.json", *argv, "--limit", dcgm_node.name,
+                      inventory=inventory, deploy=str(deploy))  # fmt: skip
+    assert run.returncode == 3, run.output[-4000:]
+    assert run.results is not None
+    record = run.results["nodes"][dcgm_node.name]
+    assert record["phase"] == "failed", record
+    assert f"health gate: dcgm.diag:{ROW_REMAP}" in record["note"], record
+    slurm_state, reason, _ = slurm_view(lab, dcgm_node)
+    assert slurm_state in ("drained", "draining")
+    assert reason.startswith(
+        f"gpunode: rollout {run.results['id']} failed health gate dcgm.diag:{ROW_REMAP}"
+    ), reason

@@ -182,3 +182,22 @@ def test_the_gate_says_which_nodes_skip_the_diagnostic() -> None:
     nodes = PyinfraNodes("inv.py", "deploy.py", dcgm_diag_level=1, dcgm_nodes=frozenset({"a"}))
     assert (nodes.dcgm_diag_level, nodes.dcgm_nodes) == (1, frozenset({"a"}))
     assert CheckResult([]).note == ""
+
+
+def test_the_summary_keeps_what_the_gate_said_of_the_diagnostic() -> None:
+    from tests.unit.test_rollout import FakeNodes, make
+
+    class Noting(FakeNodes):
+        def check(self, nodes: Any) -> dict[str, CheckResult]:
+            results = super().check(nodes)
+            for node, result in results.items():
+                result.note = dcgm_note(1, node == "n1")
+            return results
+
+    run, _, _, _ = make(names=["n1", "n2"], batch=2, canary=0, nodes=Noting())
+    assert run.run() == 0
+    notes = {name: record.note for name, record in run.state.nodes.items()}
+    assert notes == {
+        "n1": "resumed (DCGM diagnostic level 1 passed)",
+        "n2": "resumed (DCGM diagnostic skipped: dcgm not declared)",
+    }
