@@ -13,7 +13,9 @@ it once clean. The GPU settings the simulated reboot resets come back from the b
 before slurmd starts. A MIG node rebooted by a rollout (``gpunode-lab-hw reboot --boot``: the
 GPUs lose their instances, then the boot starts the units) has its MIG layout back from the
 boot unit before slurmd and passes the gate; when the boot cannot lay it out, the gate fails
-with ``gpu.mig_layout`` and the node stays drained.
+with ``gpu.mig_layout`` and the node stays drained. With ``--dcgm-diag`` the gate runs DCGM's
+diagnostic (the lab's stand-in dcgmi) on the node that declares DCGM, not on the other, and a
+fault in the simulated GPUs fails the named test.
 """
 
 from __future__ import annotations
