@@ -25,6 +25,7 @@ from roles.gpu_settings import gpu_settings
 from roles.hardening import node_hardening
 from roles.imex import imex
 from roles.infiniband import infiniband
+from roles.malware_scan import malware_scan
 from roles.nccl import nccl
 from roles.node_exporter import node_exporter
 from roles.nvidia_driver import nvidia_driver
@@ -49,5 +50,6 @@ with converging() as desired:
     gpu_metrics(desired=desired)
     node_exporter(desired=desired)
     slurm(desired=desired)
+    malware_scan(desired=desired)
     # Last: AIDE's database built, or this run's changes taken into it (where it is on).
     file_integrity(desired=desired)

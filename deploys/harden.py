@@ -15,8 +15,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from gpunode.converge import converging
 from roles.audit import file_integrity
 from roles.hardening import node_hardening
+from roles.malware_scan import malware_scan
 
 with converging() as desired:
     node_hardening(desired)
+    malware_scan(desired=desired)
     # Last: AIDE's database built, or this run's changes taken into it (where it is on).
     file_integrity(desired=desired)

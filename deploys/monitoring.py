@@ -2,10 +2,12 @@
 
     pyinfra inventories/prod.py deploys/monitoring.py --limit monitoring
 
-Runs on the hosts with ``prometheus.enabled`` (every other host is left alone): their node
-certificate first (roles/tls.py; it is the scraper's client certificate), then Debian's
-prometheus with the scrape targets of every host of the inventory whose node_exporter is
-enabled, and gpunode's rules (roles/prometheus.py).
+Runs on the hosts with ``prometheus.enabled`` (every other host is left alone): their
+firewall first (roles/firewall.py, where ``firewall.enabled``: Prometheus' port open to
+``prometheus.client_networks``, by default ``firewall.admin_networks``, only), their node
+certificate (roles/tls.py; it is the scraper's client certificate), then Debian's
+prometheus with the scrape targets of every host of the inventory whose node_exporter or
+DCGM exporter is enabled, and gpunode's rules (roles/prometheus.py).
 """
 
 import sys
@@ -16,11 +18,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gpunode.converge import converging
 from roles.audit import file_integrity_takes_this_run
+from roles.firewall import firewall
 from roles.prometheus import prometheus
 from roles.tls import tls_certificate
 
 with converging() as desired:
     if desired.prometheus.enabled:
+        firewall(desired=desired)
         tls_certificate(desired=desired)
     prometheus(desired=desired)
     # Last: this run's changes into the file integrity database (where it is on).

@@ -260,6 +260,11 @@ def parse_dpkg_state(lines: list[str]) -> dict[str, dict[str, Any]]:
 DPKG_QUERY = "'${Package} ${db:Status-Want} ${db:Status-Status} ${Version}\\n'"
 
 
+# A package named outright (no dpkg-query pattern): what a group of these facts may ask.
+_PACKAGE_NAME = re.compile(r"[a-z0-9][a-z0-9+.-]{0,127}")
+_REQUESTED = "@requested "  # no package name starts with "@"
+
+
 class DpkgPackageState(FactBase):
     """
     What dpkg says of some packages: installed version (None: not installed) and hold mark.
@@ -269,27 +274,61 @@ class DpkgPackageState(FactBase):
 
         {"libnccl2": {"installed": "2.25.1-1+cuda12.8", "held": True},
          "cuda-toolkit-12-8": {"installed": None, "held": False}}
+
+    The fact cache reads every such fact of a run with one dpkg-query (``grouped_command``),
+    handing each the lines it would have printed alone (``grouped_outputs``).
     """
 
     def command(self, packages: list[str]) -> str:
         names = " ".join(shlex.quote(package) for package in packages)
-        return framing.command(
-            [
-                framing.Part("requested", f"printf '%s\\n' {names}"),
-                framing.Part(
-                    "dpkg", f"LC_ALL=C dpkg-query -W -f={DPKG_QUERY} {names}", stderr="drop"
-                ),
-            ]
+        return (
+            f"printf '{_REQUESTED}%s\\n' {names}; "
+            f"LC_ALL=C dpkg-query -W -f={DPKG_QUERY} {names} 2>/dev/null; true"
         )
 
     def process(self, output: list[str]) -> dict[str, dict[str, Any]]:  # type: ignore[override]
-        frame = framing.parse(output, ("requested", "dpkg"))
-        requested = [line.strip() for line in frame.part("requested").lines if line.strip()]
-        found = parse_dpkg_state(frame.part("dpkg").lines)
+        requested = [
+            line.removeprefix(_REQUESTED).strip() for line in output if line.startswith(_REQUESTED)
+        ]
+        found = parse_dpkg_state([line for line in output if not line.startswith(_REQUESTED)])
         return {
             name: found.get(name) or {"installed": None, "held": False}
-            for name in dict.fromkeys([*requested, *found])
+            for name in dict.fromkeys([*filter(None, requested), *found])
         }
+
+    @staticmethod
+    def groupable(kwargs: dict[str, Any]) -> bool:
+        """Whether a read with ``kwargs`` may be answered from a group's dpkg-query: packages
+        named outright (a pattern would match other packages than the group's lines say)."""
+        packages = kwargs.get("packages")
+        return (
+            set(kwargs) == {"packages"}
+            and isinstance(packages, list)
+            and bool(packages)
+            and all(isinstance(name, str) and _PACKAGE_NAME.fullmatch(name) for name in packages)
+        )
+
+    @staticmethod
+    def grouped_command(members: list[dict[str, Any]]) -> str:
+        """One dpkg-query for every package the members (groupable reads) ask about."""
+        names = dict.fromkeys(name for kwargs in members for name in kwargs["packages"])
+        listed = " ".join(shlex.quote(name) for name in names)
+        return f"LC_ALL=C dpkg-query -W -f={DPKG_QUERY} {listed} 2>/dev/null; true"
+
+    @staticmethod
+    def grouped_outputs(lines: list[str], members: list[dict[str, Any]]) -> list[list[str]]:
+        """Each member's lines as its own command prints them: its requests, and dpkg's line
+        for each of its packages that dpkg knows."""
+        by_name: dict[str, str] = {}
+        for line in lines:
+            words = line.split()
+            if words and _PACKAGE_NAME.fullmatch(words[0]):
+                by_name.setdefault(words[0], line)
+        return [
+            [f"{_REQUESTED}{name}" for name in kwargs["packages"]]
+            + [by_name[name] for name in kwargs["packages"] if name in by_name]
+            for kwargs in members
+        ]
 
 
 def empty_package_state() -> dict[str, Any]:

@@ -14,6 +14,7 @@ from facts.container_runtime import ContainerRuntimeConfig
 from facts.fabric import Mounts, NcclSettings
 from facts.firewall import FirewallState
 from facts.hardware import GpuReport, InfinibandPorts, NvmeDevices
+from facts.malware_scan import MalwareScanState
 from facts.nvidia_packages import NvidiaPackages
 from facts.slurm import SlurmGres
 from facts.sshd import SshdState
@@ -104,7 +105,8 @@ def parse_node_os(output: list[str]) -> dict[str, Any]:
 
 class NodeState(FactBatch):
     """The node's release, GPU, InfiniBand, NVMe, sshd, firewall, TLS, NVIDIA packages,
-    container runtimes, NCCL settings, mounts, Slurm GRES and the file integrity check."""
+    container runtimes, NCCL settings, mounts, Slurm GRES, the file integrity check and the
+    malware scan."""
 
     FACTS: ClassVar[dict[str, type[FactBase]]] = {
         "os": NodeOs,
@@ -120,4 +122,5 @@ class NodeState(FactBatch):
         "mounts": Mounts,
         "slurm": SlurmGres,
         "file_integrity": FileIntegrityState,
+        "malware_scan": MalwareScanState,
     }

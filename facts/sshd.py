@@ -72,13 +72,16 @@ _EVALUATE = (
     f"| head -n {MAX_EFFECTIVE_LINES}"
 )
 
+# Where the config has no Match or Include, sshd's answer is the same for every account and
+# every address: the "effective" part's own ``sshd -T`` stands for each of them, and this
+# part only lists the accounts (no second sshd -T, no search for the login's address).
+SHARED_MARK = "gpunode:per-user=effective"
 PER_USER_COMMAND = (
-    f"{CONNECTION_COMMAND}; {CANDIDATES_COMMAND}; "
-    f"if {WITHOUT_MATCH_COMMAND}; then shared=yes; else shared=; fi; once=; "
-    f'for u in $users; do echo "{USER_MARK}$u"; '
-    f'if [ -z "$shared" ]; then {_EVALUATE}; continue; fi; '
-    f'[ -n "$once" ] || once=$({_EVALUATE}); '
-    '[ -z "$once" ] || printf \'%s\\n\' "$once"; done'
+    f"{CANDIDATES_COMMAND}; "
+    f"if {WITHOUT_MATCH_COMMAND}; then echo '{SHARED_MARK}'; "
+    f'for u in $users; do echo "{USER_MARK}$u"; done; '
+    f"else {CONNECTION_COMMAND}; "
+    f'for u in $users; do echo "{USER_MARK}$u"; {_EVALUATE}; done; fi'
 )
 
 
@@ -98,13 +101,20 @@ def parse_effective(lines: list[str]) -> dict[str, list[str]]:
     return settings
 
 
-def parse_per_user(lines: list[str]) -> dict[str, Any]:
-    """The per-user section -> {"address", "port", "users": {name: effective settings}}."""
+def parse_per_user(lines: list[str], shared: list[str] | None = None) -> dict[str, Any]:
+    """The per-user section -> {"address", "port", "users": {name: effective settings}}.
+
+    ``shared``: the effective part's lines, which every account gets where the section says
+    the config has no Match (``SHARED_MARK``); the address is then not looked up (None).
+    """
     address, port = None, None
     users: dict[str, list[str]] = {}
     current: list[str] | None = None
+    is_shared = False
     for line in lines:
-        if line.startswith(USER_MARK):
+        if line == SHARED_MARK and not users:
+            is_shared = True
+        elif line.startswith(USER_MARK):
             name = line[len(USER_MARK) :].strip()
             valid = re.fullmatch(r"[a-z_][a-z0-9_-]{0,31}", name) and len(users) < 64
             current = users.setdefault(name, []) if valid else None
@@ -112,8 +122,11 @@ def parse_per_user(lines: list[str]) -> dict[str, Any]:
             _, found_address, found_port = [*line.split(), "", ""][:3]
             address = found_address if _ADDRESS.fullmatch(found_address) else None
             port = int(found_port) if _PORT.fullmatch(found_port) else None
-        elif current is not None and len(current) < MAX_EFFECTIVE_LINES:
+        elif current is not None and not is_shared and len(current) < MAX_EFFECTIVE_LINES:
             current.append(line)
+    if is_shared:
+        same = (shared or [])[:MAX_EFFECTIVE_LINES]
+        users = {name: list(same) for name in users}
     effective = {}
     for name, user_lines in users.items():
         # sshd -T prints settings as lower-case keywords; anything else is its error message.
@@ -178,6 +191,6 @@ class SshdState(FactBase):
             "weak_moduli": int(weak) if weak.isdigit() else 0,
             "socket_enabled": sections["socket"].text.strip()
             in ("enabled", "enabled-runtime", "static"),
-            "per_user": parse_per_user(sections["per_user"].lines),
+            "per_user": parse_per_user(sections["per_user"].lines, effective.lines),
             "accounts": parse_accounts(sections["accounts"].lines),
         }

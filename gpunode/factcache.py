@@ -55,6 +55,7 @@ from pyinfra.api.arguments import CONNECTOR_ARGUMENT_KEYS
 from pyinfra.api.command import StringCommand
 from pyinfra.api.state import StateStage
 from pyinfra.facts.files import Directory, File, Link, Sha1File
+from pyinfra.facts.systemd import SYSTEMD_UNIT_NAME_REGEX, SystemdEnabled, SystemdStatus
 
 from gpunode import framing, pyinfra_patches
 
@@ -483,33 +484,104 @@ def batch_parts(facts: list[tuple[Any, dict[str, Any]]]) -> dict[int, framing.Pa
 # the line it would have printed alone. The stat format is pyinfra's File command's (GNU
 # stat; where it fails, every fact of the group is read alone, with pyinfra's fallbacks).
 STAT_FORMAT = "user=%U group=%G mode=%A atime=%X mtime=%Y ctime=%Z size=%s %N"
-_GROUPED_FACTS: dict[type, str] = {File: "stat", Directory: "stat", Link: "stat", Sha1File: "sha1"}
+_PATH_GROUPS: dict[type, str] = {File: "stat", Directory: "stat", Link: "stat", Sha1File: "sha1"}
 # As the facts' own commands test: a directory has no hash (sha1sum fails on it, and
 # pyinfra's Sha1File then prints nothing).
 _GROUP_EXISTS = {"stat": 'test -e "$p" || test -L "$p"', "sha1": 'test -e "$p" && ! test -d "$p"'}
 _GROUP_PROGRAM = {"stat": f"stat -c {shlex.quote(STAT_FORMAT)} --", "sha1": "sha1sum --"}
 _EXISTS = "exists "
+# pyinfra's SystemdStatus and SystemdEnabled, asked of named system units: a no-op deploy
+# asks some twenty of them, each one ``systemctl show`` of a unit or two. The batch asks
+# systemctl once for every unit named, with both facts' properties (``systemctl show``
+# prints one block per unit named, in the order named, blank-line separated, duplicates
+# included), and hands each fact the blocks of its own units: what it would have printed
+# alone, plus the other fact's property line, which its parser passes over.
+_SYSTEMD_FACTS = (SystemdStatus, SystemdEnabled)
+_SYSTEMD_PROPERTIES = ("Id", SystemdStatus.state_key, SystemdEnabled.state_key)
+# A unit named literally (no glob: ``*`` would expand to several blocks), as pyinfra's
+# facts match a unit's name.
+_LITERAL_UNIT = re.compile(SYSTEMD_UNIT_NAME_REGEX)
+
+
+def _systemd_units(kwargs: dict[str, Any]) -> list[str] | None:
+    """The units a SystemdStatus / SystemdEnabled read names, when it may join the group:
+    system units (no --user, --machine), each named literally."""
+    if set(kwargs) - {"services", "user_mode", "machine", "user_name"}:
+        return None
+    if kwargs.get("user_mode") or kwargs.get("machine") is not None:
+        return None
+    if kwargs.get("user_name") is not None:
+        return None
+    services = kwargs.get("services")
+    units = [services] if isinstance(services, str) else services
+    if not isinstance(units, list) or not units:
+        return None
+    if not all(isinstance(unit, str) and _LITERAL_UNIT.fullmatch(unit) for unit in units):
+        return None
+    return units
+
+
+# A fact class of gpunode's may answer a group of its reads with one command of its own: it
+# defines ``groupable(kwargs)`` (whether a read may join), ``grouped_command(members)`` and
+# ``grouped_outputs(lines, members)`` (each member's lines as its own command prints them),
+# members being the reads' arguments (facts.container_runtime.DpkgPackageState: one
+# dpkg-query for every package a deploy asks about).
+_CLASS_GROUP = "class-"
+_CLASS_PROTOCOL = ("groupable", "grouped_command", "grouped_outputs")
+
+
+def _groups_itself(fact: Any, kwargs: dict[str, Any]) -> bool:
+    cls = type(fact)
+    if not all(callable(getattr(cls, name, None)) for name in _CLASS_PROTOCOL):
+        return False
+    return bool(cls.groupable(kwargs)) and not fact.requires_command(**kwargs)
+
+
+def _group_of(fact: Any, kwargs: dict[str, Any]) -> str | None:
+    """Which group ``fact`` (with ``kwargs``) is read in, if any (see batch_groups)."""
+    if _groups_itself(fact, kwargs):
+        return f"{_CLASS_GROUP}{type(fact).__name__}"
+    if type(fact) in _SYSTEMD_FACTS:
+        return "systemd" if _systemd_units(kwargs) is not None else None
+    group = _PATH_GROUPS.get(type(fact))
+    path = kwargs.get("path")
+    if group is None or set(kwargs) != {"path"} or not isinstance(path, str):
+        return None
+    if not path or "\n" in path or "\r" in path or fact.requires_command():
+        return None
+    return group
 
 
 def batch_groups(facts: list[tuple[Any, dict[str, Any]]]) -> dict[str, list[int]]:
-    """Group name -> indexes of the facts of ``facts`` read together (see STAT_FORMAT):
-    pyinfra's own fact classes, asked of one path (no newline in it, so that each answer
-    is one line), with nothing else required."""
+    """Group name -> indexes of the facts of ``facts`` read together: pyinfra's path facts
+    asked of one path (no newline in it, so that each answer is one line), with nothing
+    else required (see STAT_FORMAT), its systemd facts asked of named system units (see
+    _SYSTEMD_FACTS), and the reads of a fact class that groups its own (_CLASS_GROUP)."""
     groups: dict[str, list[int]] = {}
     for index, (fact, kwargs) in enumerate(facts):
-        group = _GROUPED_FACTS.get(type(fact))
-        path = kwargs.get("path")
-        if group is None or set(kwargs) != {"path"} or not isinstance(path, str):
-            continue
-        if not path or "\n" in path or "\r" in path or fact.requires_command():
-            continue
-        groups.setdefault(group, []).append(index)
+        group = _group_of(fact, kwargs)
+        if group is not None:
+            groups.setdefault(group, []).append(index)
     return {name: members for name, members in groups.items() if len(members) > 1}
 
 
-def _group_part(name: str, paths: list[str]) -> framing.Part:
+def _group_part(name: str, members: list[dict[str, Any]], cls: Any = None) -> framing.Part:
+    """The one part reading every member (the members' arguments, in order; ``cls``: the
+    fact class of a class group)."""
+    if name.startswith(_CLASS_GROUP):
+        return framing.Part(f"group-{name}", str(cls.grouped_command(members)), stderr="drop")
+    if name == "systemd":
+        units = [unit for kwargs in members for unit in _systemd_units(kwargs) or []]
+        properties = " ".join(f"--property {prop}" for prop in _SYSTEMD_PROPERTIES)
+        listed = " ".join(shlex.quote(unit) for unit in units)
+        return framing.Part(
+            "group-systemd",
+            f"systemctl show --all {properties} {listed}",
+            requires="systemctl",
+            stderr="drop",
+        )
     # "exists <n>" for each path that exists, then the program's line for each of them.
-    listed = " ".join(shlex.quote(path) for path in paths)
+    listed = " ".join(shlex.quote(kwargs["path"]) for kwargs in members)
     return framing.Part(
         f"group-{name}",
         f"set --; n=0; for p in {listed}; do if {_GROUP_EXISTS[name]}; then "
@@ -517,6 +589,55 @@ def _group_part(name: str, paths: list[str]) -> framing.Part:
         f'[ "$#" -eq 0 ] || {_GROUP_PROGRAM[name]} "$@"',
         stderr="drop",
     )
+
+
+def _systemd_outputs(
+    part: framing.PartOutput, members: list[int], facts: list[tuple[Any, dict[str, Any]]]
+) -> dict[int, framing.PartOutput]:
+    """Each member's blocks, as if its fact had run alone; none at all unless systemctl
+    exited 0 and printed one block, starting with its Id, for every unit named."""
+    if part.absent:  # no systemctl: each fact's default, as pyinfra gives it
+        return {index: framing.PartOutput(f"fact{index}", absent=True) for index in members}
+    if not part.complete or part.problem is not None or part.exit_status != 0:
+        return {}
+    blocks: list[list[str]] = [[]]
+    for line in part.lines:
+        if line.strip():
+            blocks[-1].append(line)
+        elif blocks[-1]:
+            blocks.append([])
+    blocks = [block for block in blocks if block]
+    units = [_systemd_units(facts[index][1]) or [] for index in members]
+    if len(blocks) != sum(map(len, units)):
+        return {}
+    if any(not block[0].startswith("Id=") for block in blocks):
+        return {}
+    outputs, position = {}, 0
+    for index, named in zip(members, units, strict=True):
+        lines = [line for block in blocks[position : position + len(named)] for line in block]
+        outputs[index] = framing.PartOutput(f"fact{index}", lines=lines, exit_status=0)
+        position += len(named)
+    return outputs
+
+
+def _class_outputs(
+    part: framing.PartOutput, members: list[int], facts: list[tuple[Any, dict[str, Any]]]
+) -> dict[int, framing.PartOutput]:
+    """Each member's lines from its class's ``grouped_outputs``; none unless the group's
+    command exited 0 and the class gave one list of lines per member."""
+    if not part.complete or part.problem is not None or part.exit_status != 0:
+        return {}
+    cls = type(facts[members[0]][0])
+    try:
+        outputs = cls.grouped_outputs(part.lines, [facts[index][1] for index in members])
+    except Exception:  # a parser bug leaves the facts to be read one by one
+        return {}
+    if not isinstance(outputs, list) or len(outputs) != len(members):
+        return {}
+    return {
+        index: framing.PartOutput(f"fact{index}", lines=list(lines), exit_status=0)
+        for index, lines in zip(members, outputs, strict=True)
+    }
 
 
 def _group_outputs(part: framing.PartOutput, members: list[int]) -> dict[int, framing.PartOutput]:
@@ -541,7 +662,7 @@ def _group_outputs(part: framing.PartOutput, members: list[int]) -> dict[int, fr
 def batch_script(facts: list[tuple[Any, dict[str, Any]]]) -> str:
     """ONE shell command reading every fact of ``facts`` (see ``batch_parts``, ``batch_groups``)."""
     groups = [
-        _group_part(name, [facts[index][1]["path"] for index in members])
+        _group_part(name, [facts[index][1] for index in members], type(facts[members[0]][0]))
         for name, members in batch_groups(facts).items()
     ]
     return framing.command([*batch_parts(facts).values(), *groups])
@@ -561,8 +682,15 @@ def parse_batch(
         if name.startswith("fact") and part.complete and part.problem is None
     }
     for name, members in groups.items():
-        if f"group-{name}" in frame.parts:
-            outputs.update(_group_outputs(frame.parts[f"group-{name}"], members))
+        part = frame.parts.get(f"group-{name}")
+        if part is None:
+            continue
+        if name.startswith(_CLASS_GROUP):
+            outputs.update(_class_outputs(part, members, facts))
+        elif name == "systemd":
+            outputs.update(_systemd_outputs(part, members, facts))
+        else:
+            outputs.update(_group_outputs(part, members))
     return outputs
 
 

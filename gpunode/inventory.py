@@ -10,7 +10,12 @@ from typing import Any
 
 from pyinfra.api.exceptions import PyinfraError
 
-from gpunode.model import DesiredState, build_desired_state, check_host_name
+from gpunode.model import (
+    DesiredState,
+    build_desired_state,
+    check_host_name,
+    check_scrape_addresses,
+)
 
 logger = logging.getLogger("pyinfra")
 
@@ -43,18 +48,25 @@ class Fleet:
 def validate_hosts(
     source: str, hosts: Iterable[tuple[str, dict[str, Any]]], today: datetime.date | None = None
 ) -> Fleet:
-    """Build every host's desired state; raise InvalidInventory listing all problems.
+    """Build every host's desired state; raise InvalidInventory listing all problems, the
+    fleet's own included (two hosts scraped at one address).
 
     ``today`` dates the advisories (a branch's end of life); default: the real today."""
     states: dict[str, DesiredState] = {}
+    addresses: list[tuple[str, DesiredState, str | None]] = []
     lines: list[str] = []
     notes: dict[str, list[str]] = {}
     for name, data in hosts:
         state, problems = build_desired_state(data)
         problems += check_host_name(name, state)
         states[name] = state
+        address = data.get("ssh_hostname")
+        addresses.append((name, state, str(address) if address else None))
         lines.extend(problem.render(source, name) for problem in problems)
         notes[name] = [advisory.render(source, name) for advisory in state.advisories(today)]
+    lines.extend(
+        problem.render(source, name) for name, problem in check_scrape_addresses(addresses)
+    )
     if lines:
         raise InvalidInventory(lines)
     return Fleet(source, states, notes)

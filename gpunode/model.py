@@ -1063,14 +1063,126 @@ class FileIntegrity:
             builder.problem(f"{path}.paths", [], "nothing to watch", "at least one path")
 
 
+# --- audit.malware_scan: ClamAV ----------------------------------------------------------
+
+# A URL freshclam downloads from (its text is checked by check_url; this pattern only keeps
+# blanks and control characters out before that).
+_SIGNATURE_URL = r"https?://[^\s]{1,500}"
+
+
+@dataclass(frozen=True)
+class MalwareSignatures:
+    """Where freshclam (Debian's clamav-freshclam) gets ClamAV's signatures. An air-gapped
+    site points ``private_mirror`` at its own mirror of ClamAV's databases (made with
+    ClamAV's cvdupdate) and may add databases of its own (``custom_urls``). Options from
+    freshclam.conf(5) of clamav-freshclam 1.4.6+dfsg-0+deb12u1, read on a Debian 12 test node
+    2026-12-02: PrivateMirror (no DNS check, If-Modified-Since; overrides DatabaseMirror),
+    DatabaseCustomURL, ExcludeDatabase."""
+
+    private_mirror: str | None = setting(
+        None,
+        "a private mirror of ClamAV's databases (freshclam's PrivateMirror); unset: ClamAV's "
+        "own CDN, database.clamav.net (freshclam's default)",
+        check=check_url, accepts=URL_ACCEPTS,
+    )  # fmt: skip
+    custom_urls: tuple[str, ...] = setting(
+        (),
+        "extra signature databases (freshclam's DatabaseCustomURL), e.g. a site's own .hdb",
+        pattern=_SIGNATURE_URL, accepts=URL_ACCEPTS,
+    )  # fmt: skip
+    official: bool = setting(
+        True,
+        "fetch ClamAV's official databases (main, daily, bytecode); false: only custom_urls "
+        "(freshclam's ExcludeDatabase for each; freshclam still needs a mirror to be set)",
+    )
+    max_age_hours: int = setting(
+        72, "a last successful signature update older than this is a drift finding",
+        min=1, max=24 * 31,
+    )  # fmt: skip
+
+    def validate(self, builder: Builder, path: str) -> None:
+        for index, value in enumerate(self.custom_urls):
+            reason = check_url(value)
+            if reason is not None:
+                builder.problem(f"{path}.custom_urls[{index}]", value, reason, URL_ACCEPTS)
+        if not self.official and not self.custom_urls:
+            builder.problem(f"{path}.custom_urls", [], "no signatures left to fetch",
+                            "official: true, or at least one custom URL")  # fmt: skip
+        if not self.official and self.private_mirror is None:
+            builder.problem(
+                f"{path}.private_mirror", None,
+                "freshclam refuses to run without a mirror, even for custom databases only",
+                "the URL of the site's mirror (it may serve nothing but the custom databases)",
+            )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class MalwareScan:
+    """ClamAV's clamscan over the system's paths on a schedule, report only: a file it finds
+    is a critical drift finding, never deleted or moved (a false positive on a node running
+    jobs must not break a job or the system; a person decides).
+
+    clamscan, not clamd: clamd keeps the whole signature database in memory (about 1 GiB
+    and more) all day on a node whose memory is for jobs; clamscan loads it for the scan
+    alone, once a day.
+
+    Off by default: the scan reads every file under the paths and loads the database, a cost
+    an operator chooses for a node running jobs (it runs niced, with idle I/O priority)."""
+
+    enabled: bool = setting(False, "install ClamAV, fetch its signatures, scan on a schedule")
+    paths: tuple[str, ...] = setting(
+        ("/usr", "/etc", "/home", "/root", "/tmp", "/var/tmp", "/opt"),
+        "what clamscan scans: programs, configuration, home and temporary directories (where "
+        "a download lands). A /home shared over NFS is better scanned once on its file server "
+        "than from every node. Mounts below these are not entered (--cross-fs=no): datasets "
+        "and scratch space mounted there are never scanned",
+        pattern=ABSOLUTE_PATH, accepts=ABSOLUTE_PATH_ACCEPTS,
+    )  # fmt: skip
+    exclude: tuple[str, ...] = setting(
+        # The NVMe cache holds datasets and scratch data: terabytes that change every job and
+        # run no code of the node's; scanning it would cost hours of I/O taken from jobs. The
+        # cache's configured mount point is always excluded too (gpunode.expected).
+        (NvmeCache.__dataclass_fields__["mount_point"].default,),
+        "directories under those not scanned (with everything below them)",
+        pattern=ABSOLUTE_PATH, accepts=ABSOLUTE_PATH_ACCEPTS,
+    )  # fmt: skip
+    schedule: str = setting(
+        "*-*-* 04:30:00", "when the scan runs (a 30 min random delay is added); after AIDE's",
+        pattern=CALENDAR, accepts=CALENDAR_ACCEPTS,
+    )  # fmt: skip
+    max_age_hours: int = setting(
+        48, "a last scan older than this is a drift finding (the timer stopped); raise it for "
+        "a weekly schedule", min=1, max=24 * 31,
+    )  # fmt: skip
+    signatures: MalwareSignatures = setting(
+        MalwareSignatures(), "where the signatures come from (freshclam)"
+    )
+
+    def validate(self, builder: Builder, path: str) -> None:
+        for key in ("paths", "exclude"):
+            for index, value in enumerate(getattr(self, key)):
+                reason = check_absolute_path(value)
+                if reason is not None:
+                    builder.problem(f"{path}.{key}[{index}]", value, reason,
+                                    ABSOLUTE_PATH_ACCEPTS)  # fmt: skip
+        if self.enabled and not self.paths:
+            builder.problem(f"{path}.paths", [], "nothing to scan", "at least one path")
+        for index, value in enumerate(self.paths):
+            if value == "/":
+                builder.problem(f"{path}.paths[{index}]", value,
+                                "/ would scan /proc, /sys and every mount",
+                                "the directories to scan")  # fmt: skip
+
+
 @dataclass(frozen=True)
 class Audit:
-    """Security audits on a schedule: file integrity (AIDE)."""
+    """Security audits on a schedule: file integrity (AIDE), malware scans (ClamAV)."""
 
     file_integrity: FileIntegrity = setting(FileIntegrity(), "AIDE file integrity")
+    malware_scan: MalwareScan = setting(MalwareScan(), "ClamAV malware scans")
 
 
-# nvidia-dcgm-exporter's listen address (its default, ":9400"; roles/dcgm.py sets no other).
+# nvidia-dcgm-exporter's listen port (its default address is ":9400"; roles/dcgm.py passes it).
 DCGM_EXPORTER_PORT = 9400
 
 
@@ -1103,6 +1215,13 @@ class Prometheus:
         "its node certificate is the scraper's client certificate)",
     )
     port: int = setting(9090, "TCP port of its web UI and HTTP API", min=1, max=65535)
+    client_networks: tuple[str, ...] = setting(
+        (),
+        "where its web UI and HTTP API may be reached from (Grafana, operators) where the "
+        "firewall is on; empty: firewall.admin_networks",
+        check=check_cidr,
+        accepts=CIDR_ACCEPTS,
+    )
     scrape_interval_seconds: int = setting(30, "how often every target is scraped", min=1, max=3600)
     evaluation_interval_seconds: int = setting(
         30, "how often the alerting and recording rules are evaluated", min=1, max=3600
@@ -1253,7 +1372,7 @@ class DesiredState:
     node_exporter: NodeExporter = setting(NodeExporter(), "node_exporter over mutual TLS")
     prometheus: Prometheus = setting(Prometheus(), "Prometheus server (the monitoring host)")
     slurm: Slurm = setting(Slurm(), "Slurm compute node (slurmd)")
-    audit: Audit = setting(Audit(), "security audits on a schedule (file integrity)")
+    audit: Audit = setting(Audit(), "security audits on a schedule (file integrity, malware)")
     expected_hardware: ExpectedHardware = setting(ExpectedHardware(), "expected hardware")
     reboot: Reboot = setting(Reboot(), "how the node reboots")
 
@@ -1267,6 +1386,13 @@ class DesiredState:
         if self.dcgm.enabled and self.dcgm.exporter:
             ports.add(DCGM_EXPORTER_PORT)
         return tuple(sorted(ports))
+
+    @property
+    def prometheus_networks(self) -> tuple[str, ...]:
+        """Where the firewall admits Prometheus' port from (prometheus.enabled), else ()."""
+        if not self.prometheus.enabled:
+            return ()
+        return self.prometheus.client_networks or self.firewall.admin_networks
 
     @property
     def ip_forward(self) -> bool:
@@ -1337,6 +1463,7 @@ class DesiredState:
     def validate(self, builder: Builder, path: str) -> None:
         self._validate_imex(builder)
         self._validate_node_exporter(builder)
+        self._validate_dcgm_exporter(builder)
         self._validate_prometheus(builder)
         self._validate_admins(builder)
         self._validate_cuda_against_driver(builder)
@@ -1376,6 +1503,15 @@ class DesiredState:
             builder.problem(
                 "node_exporter.port", exporter.port, f"taken by {taken[exporter.port]}",
                 "a port no other service of the node listens on (9100 by default)",
+            )  # fmt: skip
+
+    def _validate_dcgm_exporter(self, builder: Builder) -> None:
+        if self.dcgm.enabled and self.dcgm.exporter and not self.tls.enabled:
+            builder.problem(
+                "dcgm.exporter", True,
+                "DCGM's exporter serves only over TLS with the node certificate, and "
+                "tls.enabled is false",
+                "tls.enabled: true, or dcgm.exporter: false",
             )  # fmt: skip
 
     def _validate_prometheus(self, builder: Builder) -> None:
@@ -1553,6 +1689,74 @@ def check_host_name(name: str, state: DesiredState) -> list[Problem]:
     else:
         return []
     return [Problem("tls.enabled", True, f"{reason} ({name!r})", accepted)]
+
+
+def _ip(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    try:
+        return ipaddress.ip_address(text)
+    except ValueError:
+        return None
+
+
+def scrape_host(name: str, state: DesiredState, address: str | None) -> str | None:
+    """The name or address a Prometheus dials to scrape host ``name`` (its ``ssh_hostname``
+    is ``address``), or None where its name is neither (``check_host_name`` says so).
+
+    Prometheus verifies the exporter's certificate against the name it dials, and one
+    ``tls_config.server_name`` cannot name a different host per target
+    (prometheus/prometheus#4827, open): it dials ``address`` when the node certificate names
+    it (an IP inventory name, or one in ``tls.ip_addresses``), else the inventory name, which
+    the certificate always names and the monitoring host must resolve."""
+    named = {_ip(text) for text in (name, *state.tls.ip_addresses)} - {None}
+    dialled = _ip(address) if address is not None else None
+    if dialled is not None and dialled in named:
+        return str(dialled)
+    if _ip(name) is not None:
+        return str(_ip(name))
+    if not re.fullmatch(HOST_NAME, name):
+        return None
+    return name
+
+
+def scrape_endpoints(name: str, state: DesiredState, address: str | None) -> list[tuple[str, str]]:
+    """(the key that makes it, ``host:port``) of each exporter gpunode runs on the host, as
+    Prometheus dials it (``[v6]:port`` for an IPv6 address)."""
+    dialled = scrape_host(name, state, address)
+    if dialled is None:
+        return []
+    where = f"[{dialled}]" if ":" in dialled else dialled
+    found = []
+    if state.node_exporter.enabled:
+        found.append(("node_exporter.port", f"{where}:{state.node_exporter.port}"))
+    if state.dcgm.enabled and state.dcgm.exporter:
+        found.append(("dcgm.exporter", f"{where}:{DCGM_EXPORTER_PORT}"))
+    return found
+
+
+def check_scrape_addresses(
+    hosts: list[tuple[str, DesiredState, str | None]],
+) -> list[tuple[str, Problem]]:
+    """(host, problem) for each host scraped at an address an earlier host of the inventory
+    is scraped at too: Prometheus would scrape one exporter twice and the other never."""
+    first: dict[str, str] = {}
+    found = []
+    for name, state, address in hosts:
+        for key, endpoint in scrape_endpoints(name, state, address):
+            if endpoint in first and first[endpoint] != name:
+                found.append(
+                    (
+                        name,
+                        Problem(
+                            key,
+                            endpoint,
+                            f"hosts {first[endpoint]} and {name} are both scraped at {endpoint}",
+                            "one scrape address (ssh_hostname or the host name, and port) per "
+                            "exporter of each host",
+                        ),
+                    )
+                )
+            first.setdefault(endpoint, name)
+    return found
 
 
 TOP_LEVEL_KEYS = tuple(DesiredState.__dataclass_fields__)

@@ -3,21 +3,20 @@
 Three texts, one source of truth: the validated desired state of every host.
 
 ``render_file_sd``
-    file-based service discovery targets (``file_sd_configs``): one per host whose
-    node_exporter is enabled, labelled ``host`` (the inventory name), ``group`` (its first
-    inventory group) and ``groups`` (all of them, Prometheus' ``,a,b,`` list idiom), and
-    ``gpu_model`` where ``expected_hardware.gpu_model`` says.
+    file-based service discovery targets (``file_sd_configs``), one file per exporter: a
+    target per host whose node_exporter is enabled (``scrape_targets``), and per host with
+    ``dcgm.exporter`` (``scrape_targets(hosts, DCGM_EXPORTER)``), each labelled ``host`` (the
+    inventory name), ``group`` (its first inventory group) and ``groups`` (all of them,
+    Prometheus' ``,a,b,`` list idiom), and ``gpu_model`` where ``expected_hardware.gpu_model``
+    says.
 ``render_prometheus_config``
-    the server's configuration: ``scheme: https`` with a ``tls_config`` verifying every
+    the server's configuration: a job per exporter (``gpunode-node-exporter``,
+    ``gpunode-dcgm-exporter``), each ``scheme: https`` with a ``tls_config`` verifying every
     exporter against gpunode's CA and presenting a client certificate issued by it, TLS 1.3
     only; the shipped rules (``monitoring/rules``) as ``rule_files``.
 ``scrape_address``
-    where Prometheus dials a host. Prometheus verifies the exporter's certificate against the
-    name it dials, and one ``tls_config.server_name`` cannot name a different host per target
-    (prometheus/prometheus#4827, open): it dials the host's address (``ssh_hostname``) when the
-    node certificate names that address (an IP inventory name, or one in
-    ``tls.ip_addresses``), else the inventory name, which the certificate always names and the
-    monitoring host must resolve.
+    where Prometheus dials a host (``gpunode.model.scrape_host``, which inventory validation
+    uses too: two hosts scraped at one address are refused before any host is touched).
 
 The texts are YAML whose every string is a JSON string (JSON's escapes are YAML's), so no
 inventory value can break out of its place; numbers and paths are checked before rendering.
@@ -25,20 +24,28 @@ inventory value can break out of its place; numbers and paths are checked before
 
 from __future__ import annotations
 
-import ipaddress
 import json
-import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from gpunode.inventory import Fleet
-from gpunode.model import DNS_NAME, DesiredState, check_absolute_path
+from gpunode.model import (
+    DCGM_EXPORTER_PORT,
+    DesiredState,
+    check_absolute_path,
+    scrape_host,
+)
 from gpunode.sanitize import clean_text
 
 # The scrape job of gpunode's node_exporters; monitoring/rules reads it (up{job=~"gpunode-.*"}).
 NODE_EXPORTER_JOB = "gpunode-node-exporter"
+DCGM_EXPORTER_JOB = "gpunode-dcgm-exporter"
+# The exporters gpunode runs on a node, as scrape_targets names them.
+Exporter = Literal["node_exporter", "dcgm_exporter"]
+NODE_EXPORTER: Exporter = "node_exporter"
+DCGM_EXPORTER: Exporter = "dcgm_exporter"
 # What gpunode ships for Prometheus, beside this package.
 SHIPPED_RULES_DIR = Path(__file__).resolve().parents[1] / "monitoring" / "rules"
 # Prometheus label values gpunode writes: printable text of bounded length.
@@ -97,34 +104,33 @@ def inventory_hosts(inventory: Any, fleet: Fleet) -> list[InventoryHost]:
 
 def scrape_address(host: InventoryHost) -> str:
     """The name or address Prometheus dials for ``host`` (see the module's docstring)."""
-    tls = host.desired.tls
-    named = {_ip(text) for text in (host.name, *tls.ip_addresses)} - {None}
-    if host.address is not None and _ip(host.address) is not None and _ip(host.address) in named:
-        return str(_ip(host.address))
-    if _ip(host.name) is not None:
-        return str(_ip(host.name))
-    if not re.fullmatch(DNS_NAME, host.name) or host.name.startswith("*"):
+    dialled = scrape_host(host.name, host.desired, host.address)
+    if dialled is None:
         raise MonitoringError(f"host {host.name!r} is neither a DNS name nor an IP address")
-    return host.name
+    return dialled
 
 
-def _ip(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
-    try:
-        return ipaddress.ip_address(text)
-    except ValueError:
-        return None
+def exporter_port(desired: DesiredState, exporter: Exporter) -> int | None:
+    """The port ``exporter`` serves on a host, or None where gpunode runs none there."""
+    if exporter == NODE_EXPORTER:
+        return desired.node_exporter.port if desired.node_exporter.enabled else None
+    if desired.dcgm.enabled and desired.dcgm.exporter:
+        return DCGM_EXPORTER_PORT
+    return None
 
 
-def scrape_targets(hosts: Iterable[InventoryHost]) -> list[ScrapeTarget]:
-    """One target per host whose node_exporter is enabled, in the order given."""
+def scrape_targets(
+    hosts: Iterable[InventoryHost], exporter: Exporter = NODE_EXPORTER
+) -> list[ScrapeTarget]:
+    """One target per host that runs ``exporter``, in the order given."""
     targets = []
     seen: dict[str, str] = {}
     for host in hosts:
-        exporter = host.desired.node_exporter
-        if not exporter.enabled:
+        port = exporter_port(host.desired, exporter)
+        if port is None:
             continue
         dialled = scrape_address(host)
-        address = f"[{dialled}]:{exporter.port}" if ":" in dialled else f"{dialled}:{exporter.port}"
+        address = f"[{dialled}]:{port}" if ":" in dialled else f"{dialled}:{port}"
         if address in seen:
             raise MonitoringError(
                 f"hosts {seen[address]!r} and {host.name!r} are both scraped at {address}"
@@ -188,8 +194,10 @@ def render_prometheus_config(
     evaluation_interval_seconds: int,
     scrape_timeout_seconds: int | None = None,
     refresh_interval_seconds: int = 60,
+    dcgm_file_sd_files: Sequence[str] = (),
 ) -> str:
-    """prometheus.yml: one https job of gpunode's node_exporters, found in ``file_sd_files``.
+    """prometheus.yml: an https job of gpunode's node_exporters, found in ``file_sd_files``,
+    and one of DCGM's exporters where ``dcgm_file_sd_files`` are given; the same TLS for both.
 
     The timeout defaults to 10 s, or the interval where that is shorter (Prometheus refuses
     a timeout longer than the interval).
@@ -213,7 +221,16 @@ def render_prometheus_config(
         "rule_files:",
         *(f"  - {_q(_path(path, 'rule file'))}" for path in rule_files),
         "scrape_configs:",
-        f"  - job_name: {_q(NODE_EXPORTER_JOB)}",
+        *_job(NODE_EXPORTER_JOB, tls, file_sd_files, refresh),
+    ]
+    if dcgm_file_sd_files:
+        lines += _job(DCGM_EXPORTER_JOB, tls, dcgm_file_sd_files, refresh)
+    return "\n".join(lines) + "\n"
+
+
+def _job(name: str, tls: ScraperTls, file_sd_files: Sequence[str], refresh: str) -> list[str]:
+    return [
+        f"  - job_name: {_q(name)}",
         "    scheme: https",
         "    tls_config:",
         f"      ca_file: {_q(_path(tls.ca_file, 'CA file'))}",
@@ -226,4 +243,3 @@ def render_prometheus_config(
         *(f"          - {_q(_path(path, 'file_sd file'))}" for path in file_sd_files),
         f"        refresh_interval: {refresh}",
     ]
-    return "\n".join(lines) + "\n"

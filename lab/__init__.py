@@ -312,6 +312,13 @@ class Lab:
         return f"http://{self.gateway}:{DEFAULT_PORT}"
 
     @property
+    def clamav_mirror_url(self) -> str:
+        """The lab's ClamAV signature mirror (lab.signatures), served with the repositories."""
+        from lab.signatures import DIRECTORY
+
+        return f"{self.repo_base_url}/{DIRECTORY}"
+
+    @property
     def image_tag(self) -> str:
         return self.image_tag_for(DEFAULT_RELEASE)
 
@@ -434,8 +441,10 @@ class Lab:
         Nodes reach it as an air-gapped site reaches its mirror; NVIDIA's own hosts are
         never needed.
         """
-        from lab import aptrepo
+        from lab import aptrepo, signatures
 
+        # Served beside the repositories (whether or not the server is already running).
+        signatures.write_database(self.repo_dir)
         if self._repo_server_running():
             return
         self._refuse_if_served(aptrepo.DEFAULT_PORT)

@@ -45,7 +45,7 @@ from facts.firewall import (
     FirewallState,
     SshClient,
 )
-from gpunode.expected.firewall import allow_rules, render_ruleset
+from gpunode.expected.firewall import AllowRule, allow_rules, render_ruleset, service_rules
 from gpunode.model import DesiredState, Firewall
 from gpunode.reach import fresh_login
 
@@ -201,6 +201,7 @@ def ruleset(
     rollback_after_s: int = DEFAULT_ROLLBACK_AFTER_S,
     check_ssh_source: bool = True,
     exporter_ports: tuple[int, ...] = (),
+    services: tuple[AllowRule, ...] = (),
 ):
     """Table inet gpunode is live as rendered from ``firewall``, and loaded at boot from
     /etc/gpunode/firewall.nft. Applied when the file differs or the live table has drifted
@@ -214,8 +215,10 @@ def ruleset(
       refused before anything changes (guard 1, ``firewall.ssh_preflight``)
     + exporter_ports: the ports of the exporters gpunode runs (``DesiredState.exporter_ports``),
       opened to ``firewall.monitoring_networks`` only
+    + services: allow-rules of the servers gpunode runs here (``service_rules``: Prometheus'
+      port on the monitoring host)
     """
-    content = render_ruleset(firewall, ssh_port, exporter_ports)
+    content = render_ruleset(firewall, ssh_port, exporter_ports, services)
     if check_ssh_source:
         refuse_if_ssh_would_be_cut(firewall, ssh_port, exporter_ports)
     current = host.get_fact(FirewallState)
@@ -333,6 +336,7 @@ def firewall(
         rollback_after_s=rollback_after_s,
         check_ssh_source=check_ssh_source,
         exporter_ports=exporter_ports,
+        services=service_rules(desired),
     )
     systemd.service(
         name=f"{UNIT_NAME} enabled",

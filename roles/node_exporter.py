@@ -39,6 +39,7 @@ from pyinfra.operations import apt, files, server, systemd
 
 from facts.freshness import UnitOlderThanFile, UnitsNeedDaemonReload
 from facts.tls import CA_PATH, CERT_PATH, KEY_PATH, NodeCertificate
+from gpunode.expected.exporters import render_web_config as exporter_web_config
 from gpunode.model import DesiredState
 
 PACKAGE = "prometheus-node-exporter"
@@ -56,21 +57,9 @@ KEY_COPY_MODE = 640
 def render_web_config(
     certificate: str = CERT_PATH, key: str = KEY_COPY_PATH, ca: str = CA_PATH
 ) -> str:
-    """exporter-toolkit's web configuration: TLS 1.3 only, client certificates required.
-
-    The paths are the node's (tests serve their own).
-    """
-    return (
-        "# Managed by gpunode (node_exporter); local edits are replaced on the next run.\n"
-        "# TLS 1.3 only, the node certificate, and a client certificate from gpunode's CA.\n"
-        "tls_server_config:\n"
-        f"  cert_file: {certificate}\n"
-        f"  key_file: {key}\n"
-        "  client_auth_type: RequireAndVerifyClientCert\n"
-        f"  client_ca_file: {ca}\n"
-        "  min_version: TLS13\n"
-        "  max_version: TLS13\n"
-    )
+    """exporter-toolkit's web configuration: TLS 1.3 only, client certificates required
+    (the text DCGM's exporter gets too). The paths are the node's (tests serve their own)."""
+    return exporter_web_config("node_exporter", certificate, key, ca)
 
 
 def render_drop_in() -> str:

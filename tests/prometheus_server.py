@@ -29,6 +29,7 @@ import yaml
 from gpunode.cli import load_inventory
 from gpunode.inventory import fleet_of
 from gpunode.monitoring import (
+    DCGM_EXPORTER,
     ScraperTls,
     inventory_hosts,
     render_file_sd,
@@ -166,19 +167,24 @@ def lab_prometheus(
     interval_seconds: int = 2,
     inventory: str = "inventories/lab.py",
 ) -> Iterator[Prometheus]:
-    """Prometheus scraping the lab inventory's node_exporters over mutual TLS."""
+    """Prometheus scraping the lab inventory's node_exporters and DCGM exporters over mutual
+    TLS."""
     fleet = fleet_of(load_inventory(inventory), inventory)
-    targets = scrape_targets(inventory_hosts(load_inventory(inventory), fleet))
+    hosts = inventory_hosts(load_inventory(inventory), fleet)
+    targets = scrape_targets(hosts)
     assert targets, f"{inventory} has no host with node_exporter enabled"
     rules = directory / "rules"
     rules.mkdir()
     file_sd = directory / "node-exporter.json"
     file_sd.write_text(render_file_sd(targets))
+    dcgm_file_sd = directory / "dcgm-exporter.json"
+    dcgm_file_sd.write_text(render_file_sd(scrape_targets(hosts, DCGM_EXPORTER)))
     config = directory / "prometheus.yml"
     config.write_text(
         render_prometheus_config(
             tls=ScraperTls(str(ca_file), str(client_certificate), str(client_key)),
             file_sd_files=[str(file_sd)],
+            dcgm_file_sd_files=[str(dcgm_file_sd)],
             rule_files=rules_without_holds(rules),
             scrape_interval_seconds=interval_seconds,
             evaluation_interval_seconds=interval_seconds,

@@ -19,12 +19,12 @@ from gpunode.distributions import Distribution, UnsupportedNode, platform_of, su
 from gpunode.drift.findings import HARDWARE_TICKET, RUN_DEPLOY, Finding, Severity
 from gpunode.drift.shape import checked_facts
 from gpunode.expected.audit import is_system_binary
-from gpunode.expected.firewall import TABLE, render_ruleset
+from gpunode.expected.firewall import TABLE, render_ruleset, service_rules
 from gpunode.expected.gpu_settings import BOOT_UNIT
 from gpunode.expected.packages import held_packages, toolkit_keeps_cdi_spec
 from gpunode.expected.slurm import GRES_CONF, GresGpu, gres_gpus, gres_summary
 from gpunode.expected.sshd import expected_effective, render_sshd_config
-from gpunode.model import DesiredState
+from gpunode.model import DesiredState, MalwareScan
 from gpunode.nvidia_releases import CDI_REFRESH_SPEC
 from gpunode.sanitize import clean_tree
 
@@ -367,7 +367,9 @@ def firewall_drift(desired: DesiredState, state: dict) -> list[tuple[str, Severi
             ("rules", Severity.WARNING, f"live rules as {RULESET_PATH}", "changed by hand")
         )
     rendered = hashlib.sha256(
-        render_ruleset(wanted, desired.sshd.port, desired.exporter_ports).encode()
+        render_ruleset(
+            wanted, desired.sshd.port, desired.exporter_ports, service_rules(desired)
+        ).encode()
     ).hexdigest()
     if state.get("file_sha256") != rendered:
         drift.append(("ruleset", Severity.WARNING, "ruleset from inventory data", "different"))
@@ -757,6 +759,97 @@ def dcgm_diag_rules(desired: DesiredState, facts: dict[str, Any]) -> Iterator[tu
     yield from _unread_lines("dcgm", "dcgmi diag -j", section.get("problems"))
 
 
+MALWARE_FIX = (
+    "isolate the node (drain it), look at each file (a false positive, or how it got there: "
+    "auditd, shell history, the owner); remove or restore it by hand, then run the scan "
+    "again: sudo systemctl start gpunode-malware-scan.service (gpunode never deletes a file)"
+)
+MALWARE_OVERDUE_FIX = "systemctl status gpunode-malware-scan.timer; run deploys/gpu_node.py"
+SIGNATURES_FIX = (
+    "journalctl -u gpunode-malware-scan.service (freshclam's lines); check the mirror in "
+    "audit.malware_scan.signatures and that the node reaches it"
+)
+MAX_MALWARE_PATHS_SHOWN = 5
+
+
+def _hours_since(moment: str, now: datetime.datetime) -> float:
+    then = datetime.datetime.strptime(moment, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=datetime.UTC)
+    return (now - then).total_seconds() / 3600
+
+
+def malware_scan_rules(
+    desired: DesiredState, facts: dict[str, Any], now: datetime.datetime | None = None
+) -> Iterator[tuple]:
+    """ClamAV's last scan: a file found is critical (the node may run someone else's code);
+    a scan missing or overdue, an error, or signatures missing or stale, a warning."""
+    settings = desired.audit.malware_scan
+    if not settings.enabled:
+        return
+    section: Section = facts.get("malware_scan") or {}
+    state = section.get("state")
+    if state == "absent":
+        found = f"absent: {section.get('reason') or 'clamscan is not installed'}"
+        yield "audit.malware_scan", WARN, "ClamAV installed and scanning", found, RUN_DEPLOY
+        return
+    if state != "ok":
+        yield from _unreadable("malware_scan", section)
+        return
+    yield from _unread_lines("malware_scan", "result.json", section.get("problems"))
+    now = now or datetime.datetime.now(datetime.UTC)
+    result: Section = section.get("result") or {}
+    yield from _signature_findings(settings, section, result, now)
+    finished = result.get("finished")
+    if not finished:
+        yield ("audit.malware_scan.overdue", WARN, f"a scan within {settings.max_age_hours} h",
+               "no scan result", MALWARE_OVERDUE_FIX)  # fmt: skip
+        return
+    age = _hours_since(finished, now)
+    if age > settings.max_age_hours:
+        yield ("audit.malware_scan.overdue", WARN, f"a scan within {settings.max_age_hours} h",
+               f"last scan {finished} ({age:.0f} h ago)", MALWARE_OVERDUE_FIX)  # fmt: skip
+    if result.get("status") == "error":
+        errors = "; ".join(str(line) for line in (result.get("errors") or [])[:3])
+        found = f"clamscan exited {result.get('exit_status')}: {errors or 'no message'}"
+        yield "audit.malware_scan.error", WARN, "the last scan ran", found, REPORT_BUG
+    yield from _unread_lines("malware_scan", "clamscan's output", result.get("unread"))
+    infected = result.get("infected") or []
+    count = max(int(result.get("infected_count") or 0), len(infected))
+    if not count:
+        return
+    shown = infected[:MAX_MALWARE_PATHS_SHOWN]
+    listed = "; ".join(f"{entry.get('path')} ({entry.get('signature')})" for entry in shown)
+    more = count - len(shown)
+    found = f"{count} found by the scan of {finished}: {listed or 'names not kept'}" + (
+        f" (and {more} more)" if more > 0 else ""
+    )
+    yield "audit.malware_scan.found", CRIT, "no malware found", found, MALWARE_FIX
+
+
+def _signature_findings(
+    settings: MalwareScan, section: Section, result: Section, now: datetime.datetime
+) -> Iterator[tuple]:
+    databases = section.get("databases") or []
+    if not databases:
+        found = "no database in /var/lib/clamav"
+        if result.get("signatures_update_output"):
+            found += ": " + "; ".join(map(str, result["signatures_update_output"][-2:]))
+        yield ("audit.malware_scan.signatures", WARN, "ClamAV's signature database present",
+               found, SIGNATURES_FIX)  # fmt: skip
+        return
+    limit = settings.signatures.max_age_hours
+    updated = result.get("signatures_updated")
+    if updated:
+        age = _hours_since(updated, now)
+        where = f"last updated {updated} ({age:.0f} h ago)"
+    else:
+        newest = max(int(database.get("mtime") or 0) for database in databases)
+        age = (now.timestamp() - newest) / 3600
+        where = f"no successful update recorded; newest database file {age:.0f} h old"
+    if age > limit:
+        yield ("audit.malware_scan.signatures_stale", WARN,
+               f"signatures updated within {limit} h", where, SIGNATURES_FIX)  # fmt: skip
+
+
 RULES: tuple[Rule, ...] = (
     os_rules,
     gpu_rules,
@@ -773,6 +866,7 @@ RULES: tuple[Rule, ...] = (
     slurm_rules,
     file_integrity_rules,
     dcgm_diag_rules,
+    malware_scan_rules,
 )
 
 

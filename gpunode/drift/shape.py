@@ -129,6 +129,28 @@ SECTION_SHAPES: dict[str, Shape] = {
             "problems": Maybe(ListOf(Str)),
         }
     ),
+    "malware_scan": Record(
+        {
+            **_STATE,
+            "databases": Maybe(ListOf(Record({"name": _TEXT, "mtime": Maybe(Int)}))),
+            "result": Maybe(
+                Record(
+                    {
+                        "finished": _TEXT,
+                        "status": _TEXT,
+                        "exit_status": Maybe(Int),
+                        "infected": Maybe(ListOf(Record({"path": _TEXT, "signature": _TEXT}))),
+                        "infected_count": Maybe(Int),
+                        "errors": Maybe(ListOf(Str)),
+                        "unread": Maybe(ListOf(Str)),
+                        "signatures_updated": _TEXT,
+                        "signatures_update_output": Maybe(ListOf(Str)),
+                    }
+                )
+            ),
+            "problems": Maybe(ListOf(Str)),
+        }
+    ),
     # Mount point -> mount; a rule looks up the declared mount point.
     "mounts": Record(_STATE, rest=_MOUNT),
 }

@@ -10,7 +10,7 @@ import ipaddress
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from gpunode.model import Firewall
+from gpunode.model import DesiredState, Firewall
 
 # facts/firewall.py takes the table's name from here.
 TABLE = "inet gpunode"
@@ -39,11 +39,27 @@ class AllowRule:
         return any(address in ipaddress.ip_network(network) for network in self.networks)
 
 
+def service_rules(desired: DesiredState) -> tuple[AllowRule, ...]:
+    """Allow-rules for the servers gpunode runs on the host beside SSH and the exporters: the
+    monitoring host's Prometheus port, from ``DesiredState.prometheus_networks``."""
+    networks = desired.prometheus_networks
+    if not networks:
+        return ()
+    comment = "Prometheus from prometheus.client_networks"
+    if not desired.prometheus.client_networks:
+        comment += " (firewall.admin_networks)"
+    return (AllowRule("prometheus", comment, networks, "tcp", (desired.prometheus.port,)),)
+
+
 def allow_rules(
-    firewall: Firewall, ssh_port: int, exporter_ports: tuple[int, ...] = ()
+    firewall: Firewall,
+    ssh_port: int,
+    exporter_ports: tuple[int, ...] = (),
+    services: tuple[AllowRule, ...] = (),
 ) -> list[AllowRule]:
     """The ruleset's allow-rules; ``exporter_ports`` (``DesiredState.exporter_ports``: the
-    exporters gpunode runs) are opened to the monitoring networks with firewall.metrics_ports."""
+    exporters gpunode runs) are opened to the monitoring networks with firewall.metrics_ports;
+    ``services`` (``service_rules``) follow the fabric rule."""
     metrics_ports = tuple(sorted({*exporter_ports, *firewall.metrics_ports}))
     rules = [
         AllowRule(
@@ -55,6 +71,7 @@ def allow_rules(
             firewall.monitoring_networks, "tcp", metrics_ports,
         ),
         AllowRule("fabric", "everything from firewall.fabric_networks", firewall.fabric_networks),
+        *services,
     ]  # fmt: skip
     for index, extra in enumerate(firewall.extra_rules):
         rules.append(
@@ -85,11 +102,16 @@ def _ports(ports: Iterable[int]) -> str:
     return str(unique[0]) if len(unique) == 1 else "{ " + ", ".join(map(str, unique)) + " }"
 
 
-def render_ruleset(firewall: Firewall, ssh_port: int, exporter_ports: tuple[int, ...] = ()) -> str:
+def render_ruleset(
+    firewall: Firewall,
+    ssh_port: int,
+    exporter_ports: tuple[int, ...] = (),
+    services: tuple[AllowRule, ...] = (),
+) -> str:
     """The file nft loads: replaces table inet gpunode, and only it, in one transaction."""
     sets: list[str] = []
     accepts: list[str] = []
-    for rule in allow_rules(firewall, ssh_port, exporter_ports):
+    for rule in allow_rules(firewall, ssh_port, exporter_ports, services):
         match = f" {rule.protocol} dport {_ports(rule.ports)}" if rule.protocol else ""
         for version, family, address_type in ((4, "ip", "ipv4_addr"), (6, "ip6", "ipv6_addr")):
             networks = _collapsed(rule.networks, version)

@@ -32,7 +32,6 @@ Usage: ``python3 gpu_probe.py [--xid-since ISO8601] [--no-nvml]``
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import ctypes
 import functools
@@ -40,7 +39,6 @@ import importlib
 import importlib.util
 import json
 import os
-import platform
 import re
 import subprocess
 import sys
@@ -100,6 +98,7 @@ from gpunode.probe.gpu_record import (  # noqa: E402 - importable only once load
 
 SCHEMA = "gpunode.gpu-report/1"
 PYNVML_DIR = "/usr/local/lib/gpunode-probe"
+NVML_LIBRARY = "libnvidia-ml.so.1"  # what pynvml's _LoadNvmlLibrary opens on Linux
 XID_WINDOW_HOURS = 24
 
 XID_COMMAND = "journalctl -t kernel -o short-iso"
@@ -581,6 +580,15 @@ def load_pynvml(search: Iterable[str] | None = None) -> tuple[Any, str]:
     for directory in search:
         if os.path.isfile(os.path.join(directory, "pynvml.py")) and directory not in sys.path:
             sys.path.append(directory)
+    # pynvml is 200 kB of Python to import, and useless where its library cannot load (no
+    # driver stack installed): ask the dynamic loader first, for the library pynvml itself
+    # opens on Linux.
+    try:
+        ctypes.CDLL(NVML_LIBRARY)
+    except OSError as error:
+        spec = importlib.util.find_spec("pynvml")
+        found = f"{spec.origin} not imported" if spec and spec.origin else "no pynvml either"
+        return None, f"{NVML_LIBRARY} cannot be loaded ({found}): {error}"
     try:
         import pynvml
     except ImportError:
@@ -854,7 +862,7 @@ def collect(system: System, nvml: Any, nvml_origin: str, xid_since: datetime | N
     )
     return {
         "schema": SCHEMA,
-        "probe": {"python": platform.python_version()},
+        "probe": {"python": sys.version.split()[0]},  # as platform.python_version() says
         "state": gpu_section["state"],
         "reason": gpu_section.get("reason", ""),
         "source": source,
@@ -891,32 +899,103 @@ def write_atomically(path: str, content: str) -> None:
     os.replace(temporary, path)
 
 
+USAGE = """usage: gpu_probe [--xid-since TIME] [--no-nvml] [--prometheus FILE]
+                 [--expected-gpus N] [--expected-nvlinks N] [--expected-persistence {on,off}]
+                 [--certificate PEM ...]
+
+  --xid-since TIME        ISO 8601 time (default: 24 h ago)
+  --no-nvml               read nvidia-smi, not NVML
+  --prometheus FILE       write node_exporter textfile metrics, not JSON
+  --expected-gpus N       GPUs the inventory expects (metrics)
+  --expected-nvlinks N    NVLinks per GPU expected up (metrics)
+  --expected-persistence  persistence mode the inventory wants (metrics): on or off
+  --certificate PEM       a certificate whose expiry the metrics report (repeatable)
+"""
+
+
+class UsageError(ValueError):
+    pass
+
+
+class Options(NamedTuple):
+    xid_since: datetime | None = None
+    no_nvml: bool = False
+    prometheus: str | None = None
+    expected_gpus: int | None = None
+    expected_nvlinks: int | None = None
+    expected_persistence: str | None = None
+    certificate: tuple[str, ...] = ()
+
+
+def _count(text: str) -> int:
+    if not text.isdigit():
+        raise UsageError(f"not a count: {text!r}")
+    return int(text)
+
+
+def _persistence(text: str) -> str:
+    if text not in ("on", "off"):
+        raise UsageError(f"invalid choice: {text!r} (choose from 'on', 'off')")
+    return text
+
+
+def _since(text: str) -> datetime:
+    try:
+        return parse_since(text)
+    except ValueError as error:
+        raise UsageError(f"not an ISO 8601 time: {text!r}") from error
+
+
+# Option -> (field, how its value is read; None: a flag). Parsed by hand: argparse and the
+# gettext and locale modules it imports cost a sixth of the probe's CPU on every check.
+_OPTIONS: dict[str, tuple[str, Any]] = {
+    "--xid-since": ("xid_since", _since),
+    "--no-nvml": ("no_nvml", None),
+    "--prometheus": ("prometheus", str),
+    "--expected-gpus": ("expected_gpus", _count),
+    "--expected-nvlinks": ("expected_nvlinks", _count),
+    "--expected-persistence": ("expected_persistence", _persistence),
+    "--certificate": ("certificate", str),
+}
+
+
+def parse_arguments(argv: list[str]) -> Options:
+    """The probe's options; UsageError names what is wrong."""
+    values: dict[str, Any] = {}
+    certificates: list[str] = []
+    arguments = list(argv)
+    while arguments:
+        argument = arguments.pop(0)
+        option, has_value, inline = argument.partition("=")
+        if option not in _OPTIONS:
+            raise UsageError(f"unrecognized argument: {argument!r}")
+        field, read = _OPTIONS[option]
+        if read is None:
+            if has_value:
+                raise UsageError(f"{option} takes no value")
+            values[field] = True
+            continue
+        if not has_value:
+            if not arguments:
+                raise UsageError(f"{option} expects a value")
+            inline = arguments.pop(0)
+        value = read(inline)
+        if field == "certificate":
+            certificates.append(value)
+        else:
+            values[field] = value
+    return Options(**values, certificate=tuple(certificates))
+
+
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="gpu_probe", description=__doc__.splitlines()[0])
-    parser.add_argument("--xid-since", type=parse_since, help="ISO 8601 time (default: 24 h ago)")
-    parser.add_argument("--no-nvml", action="store_true", help="read nvidia-smi, not NVML")
-    parser.add_argument(
-        "--prometheus", metavar="FILE", help="write node_exporter textfile metrics, not JSON"
-    )
-    parser.add_argument(
-        "--expected-gpus", type=int, metavar="N", help="GPUs the inventory expects (metrics)"
-    )
-    parser.add_argument(
-        "--expected-nvlinks", type=int, metavar="N", help="NVLinks per GPU expected up (metrics)"
-    )
-    parser.add_argument(
-        "--expected-persistence",
-        choices=("on", "off"),
-        help="persistence mode the inventory wants (metrics)",
-    )
-    parser.add_argument(
-        "--certificate",
-        action="append",
-        default=[],
-        metavar="PEM",
-        help="a certificate whose expiry the metrics report (repeatable)",
-    )
-    options = parser.parse_args(argv)
+    if any(argument in ("-h", "--help") for argument in argv):
+        sys.stdout.write(USAGE)
+        return 0
+    try:
+        options = parse_arguments(argv)
+    except UsageError as error:
+        sys.stderr.write(f"{USAGE}gpu_probe: error: {error}\n")
+        return 2
     nvml, origin = (None, "disabled by --no-nvml") if options.no_nvml else load_pynvml()
     try:
         report = collect(System(), nvml, origin, options.xid_since)

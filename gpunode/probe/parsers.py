@@ -814,7 +814,13 @@ def probe_command(
         # The installed copy would find the installed pynvml, which this caller declined.
         return framed(shipped, "python3")
     checksums = shlex.quote(_installed_checksums(ship_pynvml, installed_dir))
-    installed = f"python3 -I {shlex.quote(installed_dir + '/gpu_probe.py')}{arguments}"
+    # Imported, not run as a script: Python keeps an imported module's compiled code
+    # (__pycache__, written by root), where a script's 40 kB are compiled on every check.
+    entry = (
+        f"import sys; sys.path.insert(0, {installed_dir!r}); import gpu_probe; "
+        "sys.exit(gpu_probe.main(sys.argv[1:]))"
+    )
+    installed = f"python3 -I -c {shlex.quote(entry)}{arguments}"
     verified = f"printf '%s' {checksums} | sha256sum -c --status - 2>/dev/null"
     return framed(f"if {verified}; then {installed}; else {shipped}; fi", "python3")
 

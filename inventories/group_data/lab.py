@@ -70,3 +70,18 @@ reboot = {"command": list(REBOOT_COMMAND)}
 # The fabric: simulated HCAs (ibstat) and the lab bridge as the NCCL socket interface.
 infiniband = {"enabled": True}
 nccl = {"env": {"NCCL_SOCKET_IFNAME": "eth0", "NCCL_IB_HCA": "mlx5", "NCCL_DEBUG": "WARN"}}
+
+# Malware scans are off in the lab (each test module turns on what it checks); where a run
+# turns them on, the signatures come from the lab's own mirror, as at an air-gapped site:
+# one custom database that detects the EICAR test file (lab/signatures.py), ClamAV's
+# official databases excluded (database.clamav.net is unreachable from the lab).
+audit = {
+    "malware_scan": {
+        "enabled": False,
+        "signatures": {
+            "private_mirror": _lab.clamav_mirror_url,
+            "custom_urls": [f"{_lab.clamav_mirror_url}/gpunode-lab.hdb"],
+            "official": False,
+        },
+    }
+}

@@ -37,7 +37,16 @@ gpu_metrics = {"enabled": True}
 node_exporter = {"enabled": True}
 # Files changed outside a gpunode run (no package explains them) are drift findings: AIDE
 # over the system's programs and configuration, checked nightly.
-audit = {"file_integrity": {"enabled": True, "schedule": "*-*-* 03:30:00"}}
+# Malware scans (ClamAV, report only) of the system's paths nightly after it, with the
+# signatures from the site's mirror of ClamAV's databases (made with ClamAV's cvdupdate).
+audit = {
+    "file_integrity": {"enabled": True, "schedule": "*-*-* 03:30:00"},
+    "malware_scan": {
+        "enabled": True,
+        "schedule": "*-*-* 04:30:00",
+        "signatures": {"private_mirror": "http://mirror.dc1.example.net/clamav"},
+    },
+}
 
 # An air-gapped site: every repository is the local mirror.
 apt = {

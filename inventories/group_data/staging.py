@@ -4,6 +4,8 @@ ssh_user = "gpuadmin"
 _sudo = True
 
 firewall = {"enabled": True, "admin_networks": ["10.10.0.0/16"]}
+# As production: node certificates, which DCGM's exporter (group_data/all.py) serves over.
+tls = {"enabled": True, "renew_before_days": 30}
 
 # The next branch: R595 (production branch, end of life March 2027), the first pin of the
 # packaging era locked by nvidia-driver-pinning-<branch>.

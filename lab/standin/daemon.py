@@ -17,6 +17,12 @@ runs under picks the behaviour. Each answers its
   ``DCGM_FI_DEV_*`` gauge per GPU for temperature, power, utilization and framebuffer use, read
   from ``nvidia-smi --query-gpu`` (on lab nodes: the simulated GPUs), in Prometheus' text
   format. Its metric names and labels follow dcgm-exporter's; the set is a small subset.
+  ``--web-config-file`` (dcgm-exporter's flag: NVIDIA/dcgm-exporter pkg/cmd/app.go,
+  ``CLIWebConfigFile``, read 2026-12-02) names an exporter-toolkit web configuration: its
+  ``tls_server_config`` is honoured for real with Python's ssl module (the TLS versions it
+  allows, its certificate and key, ``RequireAndVerifyClientCert`` against ``client_ca_file``),
+  the file, certificate and key read again for every new connection as exporter-toolkit does;
+  a key it does not know is an error at start (exporter-toolkit reads the file strictly).
 
 Each writes its pid file, e.g. ``/var/run/nvidia-persistenced/nvidia-persistenced.pid``.
 """
@@ -27,6 +33,8 @@ import contextlib
 import ctypes
 import os
 import signal
+import socket
+import ssl
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -95,6 +103,30 @@ EXPORTER_FIELDS = (
 )
 EXPORTER_DEFAULT_ADDRESS = ":9400"
 
+# exporter-toolkit's tls_server_config keys the stand-in knows (docs/web-configuration.md of
+# prometheus/exporter-toolkit, read 2026-12-02), and its TLS version names.
+WEB_CONFIG_KEYS = frozenset(
+    {"cert_file", "key_file", "client_auth_type", "client_ca_file", "min_version", "max_version"}
+)
+TLS_VERSIONS = {
+    "TLS10": ssl.TLSVersion.TLSv1,
+    "TLS11": ssl.TLSVersion.TLSv1_1,
+    "TLS12": ssl.TLSVersion.TLSv1_2,
+    "TLS13": ssl.TLSVersion.TLSv1_3,
+}
+CLIENT_AUTH_TYPES = {
+    "NoClientCert": ssl.CERT_NONE,
+    "RequireAndVerifyClientCert": ssl.CERT_REQUIRED,
+}
+
+
+# A client that connects and says nothing holds its thread no longer than this.
+HANDSHAKE_TIMEOUT_S = 30
+
+
+class WebConfigError(ValueError):
+    """A web configuration the stand-in cannot serve; the message says why."""
+
 
 def loaded_driver_version() -> str | None:
     """The driver version nvidia-smi reports, or None when it cannot talk to a driver."""
@@ -136,22 +168,82 @@ def main(argv: Sequence[str], name: str | None = None) -> int:
     if not foreground:
         _daemonize(daemon)
     if daemon.serves_metrics:
-        _serve_metrics(name, daemon, _address(argv))
+        web_config = _option(argv, "--web-config-file")
+        if web_config is not None:
+            try:
+                tls_context(web_config)  # refused at start, as the real exporter does
+            except (WebConfigError, OSError, ssl.SSLError) as error:
+                sys.stderr.write(f"{name}: web configuration {web_config}: {error}\n")
+                return 1
+        _serve_metrics(name, daemon, _address(argv), web_config)
     else:
         _run(name, daemon)
     return 0
 
 
+def _option(argv: Sequence[str], flag: str, *aliases: str) -> str | None:
+    """The value of a string flag given as ``--flag value`` or ``--flag=value`` (urfave/cli
+    also takes one dash); the last one wins."""
+    names = {flag, flag[1:], *aliases}
+    value = None
+    for index, argument in enumerate(argv):
+        if argument in names and index + 1 < len(argv):
+            value = argv[index + 1]
+        elif "=" in argument and argument.split("=", 1)[0] in names:
+            value = argument.split("=", 1)[1]
+    return value
+
+
 def _address(argv: Sequence[str]) -> tuple[str, int]:
     """dcgm-exporter's ``-a``/``--address`` (``[host]:port``); default ``:9400``."""
-    address = EXPORTER_DEFAULT_ADDRESS
-    for index, argument in enumerate(argv):
-        if argument in ("-a", "--address") and index + 1 < len(argv):
-            address = argv[index + 1]
-        elif argument.startswith("--address="):
-            address = argument.split("=", 1)[1]
+    address = _option(argv, "--address", "-a") or EXPORTER_DEFAULT_ADDRESS
     host, _, port = address.rpartition(":")
     return host, int(port)
+
+
+def read_web_config(path: str) -> dict[str, str]:
+    """``tls_server_config`` of an exporter-toolkit web configuration, in the one shape the
+    stand-in reads (no YAML library on the node): that key, then ``key: value`` lines
+    indented under it; comments and blank lines ignored."""
+    settings: dict[str, str] = {}
+    section = None
+    for number, raw in enumerate(Path(path).read_text().splitlines(), start=1):
+        line = raw.split("#", 1)[0].rstrip()
+        if not line.strip():
+            continue
+        key, colon, value = line.strip().partition(":")
+        if not colon:
+            raise WebConfigError(f"line {number}: not a 'key: value' line")
+        if not line.startswith(" "):
+            if value.strip() or key != "tls_server_config":
+                raise WebConfigError(f"line {number}: {key!r} is not a key the stand-in reads")
+            section = key
+            continue
+        if section is None or key not in WEB_CONFIG_KEYS:
+            raise WebConfigError(f"line {number}: field {key} not found in type web.TLSConfig")
+        settings[key] = value.strip().strip('"')
+    return settings
+
+
+def tls_context(path: str) -> ssl.SSLContext:
+    """The server context the web configuration at ``path`` asks for, read now."""
+    settings = read_web_config(path)
+    for needed in ("cert_file", "key_file"):
+        if needed not in settings:
+            raise WebConfigError(f"tls_server_config.{needed} is missing")
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    try:
+        context.minimum_version = TLS_VERSIONS[settings.get("min_version", "TLS12")]
+        context.maximum_version = TLS_VERSIONS[settings.get("max_version", "TLS13")]
+        context.verify_mode = CLIENT_AUTH_TYPES[settings.get("client_auth_type", "NoClientCert")]
+    except KeyError as error:
+        raise WebConfigError(f"unknown value {error.args[0]!r}") from None
+    if context.verify_mode == ssl.CERT_REQUIRED:
+        if "client_ca_file" not in settings:
+            raise WebConfigError("RequireAndVerifyClientCert without client_ca_file")
+        context.load_verify_locations(cafile=settings["client_ca_file"])
+    context.load_cert_chain(settings["cert_file"], settings["key_file"])
+    return context
 
 
 def metrics_text(query: str | None = None) -> str:
@@ -182,7 +274,9 @@ def metrics_text(query: str | None = None) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _serve_metrics(name: str, daemon: Daemon, address: tuple[str, int]) -> None:
+def _serve_metrics(
+    name: str, daemon: Daemon, address: tuple[str, int], web_config: str | None = None
+) -> None:
     import http.server
 
     class Handler(http.server.BaseHTTPRequestHandler):
@@ -200,11 +294,34 @@ def _serve_metrics(name: str, daemon: Daemon, address: tuple[str, int]) -> None:
         def log_message(self, format: str, *args: object) -> None:
             pass
 
-    server = http.server.ThreadingHTTPServer(address, Handler)
+    class TlsServer(http.server.ThreadingHTTPServer):
+        """Each connection's handshake in its own thread, with a context made from the web
+        configuration as it is now (a renewed certificate is served at once); a client the
+        configuration refuses gets no HTTP at all."""
+
+        def finish_request(  # type: ignore[override]
+            self, request: socket.socket, client_address: object
+        ) -> None:
+            assert web_config is not None
+            request.settimeout(HANDSHAKE_TIMEOUT_S)
+            try:
+                connection = tls_context(web_config).wrap_socket(request, server_side=True)
+            except (ssl.SSLError, OSError, WebConfigError):
+                return  # the handshake failed: socketserver closes the socket
+            try:
+                super().finish_request(connection, client_address)  # type: ignore[arg-type]
+            finally:
+                with contextlib.suppress(OSError):
+                    connection.close()
+
+    server_class = http.server.ThreadingHTTPServer if web_config is None else TlsServer
+    server = server_class(address, Handler)
     _write_pid_file(daemon)
 
     _stop_on_signals(daemon)
-    sys.stderr.write(f"{name} {STANDIN_VERSION} serving on {address[0]}:{address[1]}\n")
+    scheme = "https" if web_config else "http"
+    where = f"{address[0]}:{address[1]}"
+    sys.stderr.write(f"{name} {STANDIN_VERSION} serving {scheme} on {where}\n")
     sys.stderr.flush()
     server.serve_forever()
 

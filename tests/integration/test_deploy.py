@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
+from typing import Any
 
 import pytest
+from pyinfra.facts.files import Directory, File, Sha1File
+from pyinfra.facts.systemd import SystemdEnabled, SystemdStatus
 
+from facts.container_runtime import DpkgPackageState
+from gpunode import factcache
 from lab import Lab, LabNode
 
 from .conftest import run_pyinfra, ssh, write_inventory
@@ -64,6 +70,38 @@ def test_dry_run_predicts_exactly_what_the_real_run_changes(
     changed = {(name, host) for name, hosts in real.changed_operations().items() for host in hosts}
     assert changed == predicted
     assert persistence_modes(lab, drifted) == {"Enabled"}
+
+
+def test_the_fact_cache_batch_reads_on_a_node_what_each_fact_reads_alone(
+    lab: Lab, converged: list[LabNode]
+) -> None:
+    """The grouped reads (one systemctl, one stat, one sha1sum, one dpkg-query) against a
+    real systemd, dpkg and files: each fact's value is what its own command gives alone."""
+    units = ["ssh.service", "sshd.service", "nosuch.service", "gpunode-firewall.service"]
+    systemd = {"user_mode": False, "machine": None, "user_name": None}
+    paths = ["/etc/ssh/sshd_config", "/etc/ssh", "/etc/no-such-file"]
+    instances: list[tuple[Any, dict[str, Any]]] = [
+        *((SystemdStatus(), {**systemd, "services": units[i:]}) for i in range(3)),
+        *((SystemdEnabled(), {**systemd, "services": units[:i]}) for i in range(1, 4)),
+        *((cls(), {"path": path}) for path in paths for cls in (File, Directory, Sha1File)),
+        (DpkgPackageState(), {"packages": ["openssh-server", "no-such-package-gpunode"]}),
+        (DpkgPackageState(), {"packages": ["nftables"]}),
+    ]
+    assert set(factcache.batch_groups(instances)) == {
+        "systemd", "stat", "sha1", "class-DpkgPackageState"
+    }  # fmt: skip
+    for node in converged:
+        batch = ssh(lab, node, f"sudo -n sh -c {shlex.quote(factcache.batch_script(instances))}")
+        assert batch.returncode == 0, batch.stderr
+        parts = factcache.parse_batch(batch.stdout.splitlines(), instances)
+        assert sorted(parts) == list(range(len(instances)))
+        for index, (fact, kwargs) in enumerate(instances):
+            command = str(type(fact)().command(**kwargs))
+            alone = ssh(lab, node, f"sudo -n sh -c {shlex.quote(command)} 2>/dev/null")
+            lines = alone.stdout.splitlines()
+            expected = fact.process(lines) if lines else fact.default()
+            read, value = factcache.batched_value(fact, parts[index])
+            assert read and value == expected, (node.name, type(fact).__name__, kwargs)
 
 
 def test_removed_key_is_removed_from_the_node(lab: Lab, converged: list[LabNode]) -> None:

@@ -1,6 +1,7 @@
-"""deploys/gpu_node.py's monitoring on lab nodes: node_exporter over mutual TLS 1.3, scraped
-from the control side as Prometheus would, with the GPU probe's metrics; every other client
-refused; the firewall opening the exporter's port to the monitoring networks only. A real
+"""deploys/gpu_node.py's monitoring on lab nodes: node_exporter and DCGM's exporter (the lab's
+stand-in, honouring the same web configuration) over mutual TLS 1.3, scraped from the control
+side as Prometheus would, with the GPU probe's and DCGM's metrics; every other client refused;
+the firewall opening the exporters' ports to the monitoring networks only. A real
 Prometheus, configured by gpunode.monitoring from the lab inventory with gpunode's rules,
 scrapes every node and turns an injected fault into a firing alert, which clears when the
 fault is fixed."""
@@ -23,9 +24,10 @@ import pytest
 
 from gpunode import pki
 from gpunode.expected.firewall import render_ruleset
-from gpunode.model import DesiredState
-from gpunode.monitoring import NODE_EXPORTER_JOB
+from gpunode.model import DCGM_EXPORTER_PORT, DesiredState
+from gpunode.monitoring import DCGM_EXPORTER_JOB, NODE_EXPORTER_JOB
 from lab import Lab, LabNode
+from roles.dcgm import EXPORTER_UNIT, EXPORTER_WEB_CONFIG_PATH
 from roles.gpu_metrics import METRICS_FILE
 from roles.node_exporter import GROUP, KEY_COPY_PATH
 from tests.mtls import ClientCertificate, client_context, foreign_client, issue_client, scrape
@@ -49,7 +51,14 @@ def sudo(lab: Lab, node: LabNode, command: str) -> str:
 def desired() -> DesiredState:
     state = lab_desired_state()
     assert state.node_exporter.enabled and state.gpu_metrics.enabled
+    assert state.dcgm.enabled and state.dcgm.exporter
     return state
+
+
+@pytest.fixture(scope="module")
+def ports(desired: DesiredState) -> tuple[int, int]:
+    """node_exporter's port and DCGM's exporter's: the same mutual TLS on both."""
+    return desired.node_exporter.port, DCGM_EXPORTER_PORT
 
 
 @pytest.fixture(scope="module")
@@ -99,41 +108,54 @@ def test_a_scraper_with_a_gpunode_certificate_gets_the_probes_metrics(
         )
 
 
+def test_dcgms_exporter_serves_the_simulated_gpus_over_mutual_tls(
+    lab: Lab, converged: list[LabNode], ca_file: Path, scraper: ClientCertificate
+) -> None:
+    for node in converged:
+        answer = scrape(
+            node.address, DCGM_EXPORTER_PORT, client_context(ca_file, scraper), node.name
+        )
+        assert answer.status == 200, f"{node.name}: {answer.error}"
+        gpus = sudo(lab, node, "nvidia-smi --query-gpu=uuid --format=csv,noheader").split()
+        served = re.findall(r'^DCGM_FI_DEV_GPU_TEMP\{gpu="\d+",UUID="([^"]+)"', answer.body, re.M)
+        assert sorted(served) == sorted(gpus) and gpus, (node.name, answer.body[:2000])
+
+
 def test_a_scraper_without_a_client_certificate_is_refused(
-    converged: list[LabNode], desired: DesiredState, ca_file: Path
+    converged: list[LabNode], ports: tuple[int, int], ca_file: Path
 ) -> None:
     node = converged[0]
-    answer = scrape(
-        node.address, desired.node_exporter.port, client_context(ca_file, None), node.name
-    )
-    assert answer.status is None and "gpunode_gpus" not in answer.body, answer
+    for port in ports:
+        answer = scrape(node.address, port, client_context(ca_file, None), node.name)
+        assert answer.status is None and answer.body == "", (port, answer)
 
 
 def test_a_client_certificate_from_another_ca_is_refused(
-    converged: list[LabNode], desired: DesiredState, ca_file: Path, tmp_path: Path
+    converged: list[LabNode], ports: tuple[int, int], ca_file: Path, tmp_path: Path
 ) -> None:
     node = converged[0]
     context = client_context(ca_file, foreign_client(tmp_path))
-    answer = scrape(node.address, desired.node_exporter.port, context, node.name)
-    assert answer.status is None, answer
+    for port in ports:
+        answer = scrape(node.address, port, context, node.name)
+        assert answer.status is None, (port, answer)
 
 
 def test_tls_12_is_refused(
-    converged: list[LabNode], desired: DesiredState, ca_file: Path, scraper: ClientCertificate
+    converged: list[LabNode], ports: tuple[int, int], ca_file: Path, scraper: ClientCertificate
 ) -> None:
     node = converged[0]
-    port = desired.node_exporter.port
-    context = client_context(ca_file, scraper, maximum=ssl.TLSVersion.TLSv1_2)
-    answer = scrape(node.address, port, context, node.name)
-    assert answer.status is None and "VERSION" in answer.error.upper(), answer
-    # And as an operator would try it, with openssl's own client.
-    tried = subprocess.run(
-        ["openssl", "s_client", "-tls1_2", "-connect", f"{node.address}:{port}",
-         "-CAfile", str(ca_file), "-cert", str(scraper.certificate), "-key", str(scraper.key)],
-        input="", capture_output=True, text=True, timeout=30,
-    )  # fmt: skip
-    assert tried.returncode != 0, tried.stdout
-    assert "protocol version" in tried.stdout + tried.stderr, tried.stdout + tried.stderr
+    for port in ports:
+        context = client_context(ca_file, scraper, maximum=ssl.TLSVersion.TLSv1_2)
+        answer = scrape(node.address, port, context, node.name)
+        assert answer.status is None and "VERSION" in answer.error.upper(), (port, answer)
+        # And as an operator would try it, with openssl's own client.
+        tried = subprocess.run(
+            ["openssl", "s_client", "-tls1_2", "-connect", f"{node.address}:{port}",
+             "-CAfile", str(ca_file), "-cert", str(scraper.certificate), "-key", str(scraper.key)],
+            input="", capture_output=True, text=True, timeout=30,
+        )  # fmt: skip
+        assert tried.returncode != 0, (port, tried.stdout)
+        assert "protocol version" in tried.stdout + tried.stderr, (port, tried.stderr)
 
 
 def test_the_node_key_stays_roots_and_the_exporter_reads_its_copy(
@@ -154,12 +176,21 @@ def test_the_node_key_stays_roots_and_the_exporter_reads_its_copy(
         status = sudo(lab, node, "systemctl show -p MainPID --value prometheus-node-exporter")
         groups = sudo(lab, node, f"ps -o user:32=,supgrp:200= -p {status.strip()}").split()
         assert groups[0] == "prometheus" and GROUP in groups[1].split(","), groups
+        # DCGM's exporter runs as root (NVIDIA's unit), which reads node.key itself, with
+        # the web configuration from gpunode's drop-in.
+        pid = sudo(lab, node, f"systemctl show -p MainPID --value {EXPORTER_UNIT}").strip()
+        assert sudo(lab, node, f"ps -o user:32= -p {pid}").strip() == "root"
+        command = sudo(lab, node, f"tr '\\0' ' ' < /proc/{pid}/cmdline")
+        assert f"--web-config-file={EXPORTER_WEB_CONFIG_PATH}" in command, command
+        web = sudo(lab, node, f"cat {EXPORTER_WEB_CONFIG_PATH}")
+        assert "  key_file: /etc/gpunode/tls/node.key\n" in web, web
 
 
 def test_the_firewall_opens_the_exporter_port_to_the_monitoring_networks_only(
     lab: Lab, converged: list[LabNode], desired: DesiredState
 ) -> None:
     assert desired.node_exporter.port in desired.exporter_ports
+    assert DCGM_EXPORTER_PORT in desired.exporter_ports
     rendered = render_ruleset(desired.firewall, desired.sshd.port, desired.exporter_ports)
     ports = ", ".join(str(port) for port in desired.exporter_ports)
     wanted = f"ip saddr @monitoring_ipv4 tcp dport {{ {ports} }} accept"
@@ -193,7 +224,9 @@ def prometheus(
 
         def every_node_up() -> bool:
             seen[:] = [server.targets()]
-            return len(seen[0]) == len(converged) and all(t["health"] == "up" for t in seen[0])
+            # Each node's node_exporter and DCGM exporter.
+            wanted = 2 * len(converged)
+            return len(seen[0]) == wanted and all(t["health"] == "up" for t in seen[0])
 
         try:
             wait_for("every lab node's exporter to be up", every_node_up, UP_TIMEOUT)
@@ -205,16 +238,20 @@ def prometheus(
 def test_a_real_prometheus_scrapes_every_lab_node_over_mutual_tls(
     prometheus: Prometheus, converged: list[LabNode], desired: DesiredState
 ) -> None:
-    by_host = {target["labels"]["host"]: target for target in prometheus.targets()}
-    assert set(by_host) == {node.name for node in converged}
-    for node in converged:
-        target = by_host[node.name]
+    by_host = {
+        (target["labels"]["job"], target["labels"]["host"]): target
+        for target in prometheus.targets()
+    }
+    jobs = {NODE_EXPORTER_JOB: desired.node_exporter.port, DCGM_EXPORTER_JOB: DCGM_EXPORTER_PORT}
+    assert set(by_host) == {(job, node.name) for job in jobs for node in converged}
+    for (job, host), target in by_host.items():
+        node = next(node for node in converged if node.name == host)
         assert target["health"] == "up" and target["lastError"] == "", target
-        assert target["scrapeUrl"] == (
-            f"https://{node.address}:{desired.node_exporter.port}/metrics"
-        )
-        assert target["labels"]["job"] == NODE_EXPORTER_JOB
+        assert target["scrapeUrl"] == f"https://{node.address}:{jobs[job]}/metrics"
         assert target["labels"]["group"] == GROUP_OF_PROFILE[node.profile]
+    # DCGM's series came through too, labelled by host.
+    temperatures = prometheus.api("query?query=DCGM_FI_DEV_GPU_TEMP")["result"]
+    assert {sample["metric"]["host"] for sample in temperatures} == {n.name for n in converged}
     # The probe's textfile came through the exporter into Prometheus, labelled by host.
     gpus = prometheus.api("query?query=gpunode_gpus")["result"]
     counts = {sample["metric"]["host"]: int(sample["value"][1]) for sample in gpus}
@@ -280,11 +317,17 @@ def test_no_scrape_fails_across_a_certificate_renewal(
     """roles/tls.py re-issues the node certificate (here: for a changed name, then back);
     the running exporter serves each new one at once and Prometheus never fails a scrape."""
     node = converged[0]
-    port = desired.node_exporter.port
-    instance = f"{node.address}:{port}"
+    ports = (desired.node_exporter.port, DCGM_EXPORTER_PORT)
+    instances = "|".join(f"{node.address}:{port}" for port in ports)
 
     def served_serial() -> str | None:
-        return scrape(node.address, port, client_context(ca_file, scraper)).peer_serial
+        """The serial both exporters serve (they read the same node.crt)."""
+        served = {
+            scrape(node.address, port, client_context(ca_file, scraper)).peer_serial
+            for port in ports
+        }
+        assert len(served) == 1, served
+        return served.pop()
 
     before = served_serial()
     assert before is not None
@@ -309,11 +352,13 @@ def test_no_scrape_fails_across_a_certificate_renewal(
     assert served_serial() not in (None, before, during)
     wait_for_evaluation_after(prometheus, time.time())
     window = int(time.time() - start) + 1
-    query = urllib.parse.quote(f'up{{instance="{instance}"}}[{window}s]')
-    (series,) = prometheus.api(f"query?query={query}")["result"]
-    values = [value for _, value in series["values"]]
-    # Scrapes before, during and after both renewals: every one of them succeeded.
-    assert len(values) >= 3 and set(values) == {"1"}, values
+    query = urllib.parse.quote(f'up{{instance=~"{instances}"}}[{window}s]')
+    found = prometheus.api(f"query?query={query}")["result"]
+    assert len(found) == len(ports), found
+    for series in found:
+        values = [value for _, value in series["values"]]
+        # Scrapes before, during and after both renewals: every one of them succeeded.
+        assert len(values) >= 3 and set(values) == {"1"}, (series["metric"], values)
 
 
 def wait_for_evaluation_after(prometheus: Prometheus, moment: float) -> None:
@@ -390,6 +435,7 @@ def monitoring_network_only(
             "ca_passphrase_file": desired.tls.ca_passphrase_file,
         },
         "node_exporter": {"enabled": True, "port": desired.node_exporter.port},
+        "dcgm": {"enabled": True, "exporter": True, "cuda_major": 13},
     }
     inventory = write_inventory(
         tmp_path / "monitoring.py", lab, converged, {node.name: data for node in converged}
@@ -410,10 +456,10 @@ def test_the_exporter_is_unreachable_from_outside_the_monitoring_networks(
     monitoring_network_only: str,
 ) -> None:
     target, outsider = converged[0], converged[1]
-    port = desired.node_exporter.port
-    # From the monitoring network (the control side): served.
-    answer = scrape(target.address, port, client_context(ca_file, scraper), target.name)
-    assert answer.status == 200, answer.error
-    # From the second node, outside it: dropped (the connect hangs until the timeout).
-    probe = ssh(lab, outsider, f"timeout 3 bash -c '</dev/tcp/{target.address}/{port}'")
-    assert probe.returncode == 124, (probe.returncode, probe.stderr)
+    for port in (desired.node_exporter.port, DCGM_EXPORTER_PORT):
+        # From the monitoring network (the control side): served.
+        answer = scrape(target.address, port, client_context(ca_file, scraper), target.name)
+        assert answer.status == 200, (port, answer.error)
+        # From the second node, outside it: dropped (the connect hangs until the timeout).
+        probe = ssh(lab, outsider, f"timeout 3 bash -c '</dev/tcp/{target.address}/{port}'")
+        assert probe.returncode == 124, (port, probe.returncode, probe.stderr)

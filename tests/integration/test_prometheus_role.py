@@ -1,16 +1,20 @@
 """deploys/monitoring.py on a lab node as the monitoring host: Debian's prometheus with the
 configuration gpunode.monitoring generates from the lab inventory scrapes every lab node's
-node_exporter over mutual TLS with the host's gpunode certificate; a second run changes
-nothing, a lost scraper key is predicted by --dry and restored, and the key is never in the
-run's output."""
+node_exporter and DCGM exporter over mutual TLS with the host's gpunode certificate; a second
+run changes nothing, a lost scraper key is predicted by --dry and restored, and the key is
+never in the run's output; the host's firewall opens Prometheus' port to
+prometheus.client_networks only."""
 
 from __future__ import annotations
 
 import json
 import shlex
+import urllib.request
+from collections.abc import Iterator
 
 import pytest
 
+from gpunode.model import DCGM_EXPORTER_PORT
 from lab import Lab, LabNode
 from roles.prometheus import SCRAPER_KEY_PATH
 from tests.prometheus_server import wait_for
@@ -31,9 +35,9 @@ def sudo(lab: Lab, node: LabNode, command: str) -> str:
     return result.stdout
 
 
-def monitoring_run(node: LabNode, *extra: str):  # type: ignore[no-untyped-def]
+def monitoring_run(node: LabNode, *extra: str, settings: dict | None = None):  # type: ignore[no-untyped-def]
     """deploys/monitoring.py with prometheus enabled on ``node`` alone (--limit)."""
-    data = ["--data", "prometheus=" + json.dumps(SETTINGS)]
+    data = ["--data", "prometheus=" + json.dumps(settings or SETTINGS)]
     return run_pyinfra(*extra, "--limit", node.name, *data, DEPLOY)
 
 
@@ -67,13 +71,17 @@ def test_the_monitoring_host_scrapes_every_lab_node_over_mutual_tls(
 ) -> None:
     def every_node_up() -> list[dict] | None:
         found = targets(lab, monitoring_host)
-        healthy = len(found) == len(lab_nodes) and all(t["health"] == "up" for t in found)
+        # Each node's node_exporter and DCGM exporter.
+        wanted = 2 * len(lab_nodes)
+        healthy = len(found) == wanted and all(t["health"] == "up" for t in found)
         return found if healthy else None
 
     found = wait_for("every lab node up in the host's Prometheus", every_node_up, UP_TIMEOUT)
     assert {t["labels"]["host"] for t in found} == {node.name for node in lab_nodes}
     assert {t["scrapeUrl"] for t in found} == {
-        f"https://{node.address}:9100/metrics" for node in lab_nodes
+        f"https://{node.address}:{port}/metrics"
+        for node in lab_nodes
+        for port in (9100, DCGM_EXPORTER_PORT)
     }
     # gpunode's rules are loaded.
     rules = json.loads(sudo(lab, monitoring_host, "curl -sf http://127.0.0.1:9090/api/v1/rules"))
@@ -102,3 +110,44 @@ def test_a_lost_scraper_key_is_predicted_and_restored(lab: Lab, monitoring_host:
     changed = {(name, h) for name, hosts in repair.changed_operations().items() for h in hosts}
     assert changed == predicted
     assert_key_not_in(lab, monitoring_host, dry.output + repair.output)
+
+
+@pytest.fixture
+def prometheus_for_the_control_side_only(
+    lab: Lab, lab_nodes: list[LabNode], monitoring_host: LabNode
+) -> Iterator[str]:
+    """The monitoring host's firewall without the lab's fabric network (which lets the nodes
+    reach each other on every port), and Prometheus' port open to the control side alone
+    (prometheus.client_networks). Yields the control side's address; the host's firewall as
+    the lab inventory has it is restored afterwards."""
+    control = ssh(lab, monitoring_host, "echo $SSH_CLIENT")
+    assert control.returncode == 0, control.stderr
+    address = control.stdout.split()[0]
+    narrowed = {"enabled": True, "admin_networks": [f"{address}/32"],
+                "monitoring_networks": [f"{address}/32"]}  # fmt: skip
+    settings = {**SETTINGS, "client_networks": [f"{address}/32"]}
+    run = monitoring_run(
+        monitoring_host, "--data", "firewall=" + json.dumps(narrowed), settings=settings
+    )
+    assert run.returncode == 0, run.output[-6000:]
+    yield address
+    restored = monitoring_run(monitoring_host)
+    assert restored.returncode == 0, restored.output[-6000:]
+
+
+def test_prometheus_is_unreachable_from_outside_its_client_networks(
+    lab: Lab,
+    lab_nodes: list[LabNode],
+    monitoring_host: LabNode,
+    prometheus_for_the_control_side_only: str,
+) -> None:
+    outsider = next(node for node in lab_nodes if node != monitoring_host)
+    live = sudo(lab, monitoring_host, "nft list chain inet gpunode input")
+    assert "tcp dport 9090 accept" in live, live
+    # From the client network (the control side): Prometheus answers.
+    url = f"http://{monitoring_host.address}:9090/-/ready"
+    with urllib.request.urlopen(url, timeout=10) as answer:
+        assert answer.status == 200
+    # From another lab node, outside it: dropped (the connect hangs until the timeout).
+    probe = ssh(lab, outsider, f"timeout 3 bash -c '</dev/tcp/{monitoring_host.address}/9090'")
+    assert probe.returncode == 124, (probe.returncode, probe.stderr)

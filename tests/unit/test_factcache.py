@@ -14,7 +14,9 @@ import pytest
 from pyinfra.api import FactBase
 from pyinfra.facts.files import Directory, File, FindInFile, Link, Sha1File
 from pyinfra.facts.server import Which
+from pyinfra.facts.systemd import SystemdEnabled, SystemdStatus
 
+from facts.container_runtime import DpkgPackageState
 from gpunode import factcache
 
 
@@ -380,3 +382,86 @@ def test_only_allow_listed_fact_classes_are_named() -> None:
     assert factcache._fact_class("pyinfra.facts.server:Which") is Which
     assert factcache._fact_class("facts.tls:FactBase") is None  # imported there, not defined
     assert factcache._fact_class("gpunode.cli:main") is None
+
+
+SYSTEMD_CAPTURE = Path(__file__).parents[1] / "fixtures" / "systemd" / "show-trixie.json"
+
+
+def test_systemd_facts_of_named_units_are_read_by_one_systemctl_as_each_reads_alone() -> None:
+    capture = json.loads(SYSTEMD_CAPTURE.read_text())
+    units = capture["units"]  # running, not found, an alias (sshd -> ssh), static, ...
+    asked = [units[:2], [units[2]], units[3:], units[1:4]]
+    instances: list[tuple[Any, dict[str, Any]]] = [
+        (cls(), {"services": named, "user_mode": False, "machine": None, "user_name": None})
+        for named in asked
+        for cls in (SystemdStatus, SystemdEnabled)
+    ]
+    instances.append((SystemdStatus(), {"services": "*"}))  # a glob: read alone
+    assert factcache.batch_groups(instances) == {"systemd": list(range(len(asked) * 2))}
+    script = factcache.batch_script(instances)
+    assert script.count("systemctl show") == 2  # the group's, and the glob's own
+    members = factcache.batch_groups(instances)["systemd"]
+    # systemctl's blocks print in the order the units are named: the capture's, by position.
+    captured = [block.strip("\n") for block in capture["grouped"].split("\n\n")]
+    block_of = dict(zip(units, captured, strict=True))
+    named_in_order = [unit for index in members for unit in instances[index][1]["services"]]
+    grouped = factcache.framing.PartOutput(
+        "group-systemd",
+        "\n\n".join(block_of[unit] for unit in named_in_order).splitlines(),
+        exit_status=0,
+    )
+    outputs = factcache._systemd_outputs(grouped, members, instances)
+    assert sorted(outputs) == members
+    for index in members:
+        fact, kwargs = instances[index]
+        alone_lines = [
+            line
+            for unit in kwargs["services"]
+            for line in capture["alone"][unit][fact.state_key].splitlines()
+        ]
+        read, value = factcache.batched_value(fact, outputs[index])
+        assert read
+        assert value == fact.process(alone_lines), (type(fact).__name__, kwargs)
+    assert factcache.batched_value(instances[0][0], outputs[0])[1] == {
+        "ssh.service": True,
+        "nosuch.service": False,
+    }
+
+
+def test_a_systemd_group_that_does_not_print_one_block_per_unit_is_left_for_pyinfra() -> None:
+    instances: list[tuple[Any, dict[str, Any]]] = [
+        (SystemdStatus(), {"services": ["ssh.service", "dbus.service"]}),
+        (SystemdEnabled(), {"services": ["ssh.service"]}),
+    ]
+    members = factcache.batch_groups(instances)["systemd"]
+    one_short = factcache.framing.PartOutput(
+        "group-systemd",
+        ["Id=ssh.service", "SubState=running", "", "Id=dbus.service", "SubState=running"],
+        exit_status=0,
+    )
+    assert factcache._systemd_outputs(one_short, members, instances) == {}
+    failed = factcache.framing.PartOutput("group-systemd", [], exit_status=1)
+    assert factcache._systemd_outputs(failed, members, instances) == {}
+    absent = factcache.framing.PartOutput("group-systemd", absent=True)
+    outputs = factcache._systemd_outputs(absent, members, instances)
+    assert all(factcache.batched_value(instances[i][0], outputs[i]) == (True, {}) for i in members)
+
+
+def test_a_fact_class_that_groups_its_reads_is_read_once_as_each_reads_alone() -> None:
+    """DpkgPackageState: one dpkg-query of this machine's real dpkg for every read."""
+    asked = [["dpkg", "no-such-package-gpunode"], ["sed"], ["dpkg", "sed", "grep"]]
+    instances: list[tuple[Any, dict[str, Any]]] = [
+        (DpkgPackageState(), {"packages": packages}) for packages in asked
+    ]
+    instances.append((DpkgPackageState(), {"packages": ["dpkg*"]}))  # a pattern: alone
+    assert factcache.batch_groups(instances) == {"class-DpkgPackageState": [0, 1, 2]}
+    script = factcache.batch_script(instances)
+    assert script.count("dpkg-query") == 2
+    parts = factcache.parse_batch(sh(script), instances)
+    assert sorted(parts) == [0, 1, 2, 3]
+    for index, (fact, kwargs) in enumerate(instances):
+        read, value = factcache.batched_value(fact, parts[index])
+        assert read and value == alone(DpkgPackageState, kwargs), kwargs
+    assert factcache.batched_value(instances[0][0], parts[0])[1]["dpkg"]["installed"]
+    broken = factcache.framing.PartOutput("group-class-DpkgPackageState", [], exit_status=2)
+    assert factcache._class_outputs(broken, [0, 1, 2], instances) == {}

@@ -411,6 +411,30 @@ def _textfile_dir(state: DesiredState, value: str) -> None:
     )
 
 
+def _malware_scan_paths(state: DesiredState, value: str) -> None:
+    import json
+
+    from gpunode.expected.malware_scan import render_scan_config
+
+    settings = state.audit.malware_scan
+    command = json.loads(render_scan_config(settings, state.nvme_cache.mount_point))["clamscan"]
+    after = command[command.index("--") + 1 :]
+    if value in settings.paths:
+        assert value in after  # one argument of its own, after '--'
+    else:
+        assert any(word.startswith("--exclude-dir=^") and word.endswith("(/|$)")
+                   for word in command[: command.index("--")])  # fmt: skip
+
+
+def _freshclam_url(state: DesiredState, value: str) -> None:
+    from gpunode.expected.malware_scan import render_freshclam_conf
+
+    lines = render_freshclam_conf(state.audit.malware_scan).splitlines()
+    # freshclam.conf's STRING is "without blank characters": one word, one line of its own.
+    assert value.split() == [value]
+    assert f"PrivateMirror {value}" in lines or f"DatabaseCustomURL {value}" in lines
+
+
 RENDERED: dict[str, Callable[[DesiredState, str], None]] = {
     "Sshd.listen_addresses": _sshd,
     "Sshd.penalty_exempt_networks": _penalty_exempt,
@@ -430,6 +454,10 @@ RENDERED: dict[str, Callable[[DesiredState, str], None]] = {
     "Kernel.blacklist_modules": _module,
     "UnattendedUpgrades.blacklist": _unattended,
     "GpuMetrics.textfile_dir": _textfile_dir,
+    "MalwareScan.paths": _malware_scan_paths,
+    "MalwareScan.exclude": _malware_scan_paths,
+    "MalwareSignatures.private_mirror": _freshclam_url,
+    "MalwareSignatures.custom_urls": _freshclam_url,
 }
 
 

@@ -18,9 +18,11 @@ import pytest
 import yaml
 
 from gpunode import pki
-from gpunode.inventory import validate_hosts
+from gpunode.inventory import InvalidInventory, validate_hosts
 from gpunode.model import DesiredState, ExpectedHardware, NodeExporter, Tls
 from gpunode.monitoring import (
+    DCGM_EXPORTER,
+    DCGM_EXPORTER_JOB,
     NODE_EXPORTER_JOB,
     InventoryHost,
     MonitoringError,
@@ -76,6 +78,57 @@ def test_one_target_per_exporting_host_with_its_host_and_group_labels() -> None:
             "labels": {"host": "10.0.0.3", "group": "pcie_nodes", "groups": ",pcie_nodes,"},
         },
     ]  # fmt: skip
+
+
+def test_a_dcgm_target_per_host_with_dcgm_exporter_on_its_port_with_the_same_labels() -> None:
+    dcgm = {"enabled": True, "exporter": True, "cuda_major": 13}
+    hosts = fleet_and_inventory([
+        ("gpu-1.dc1.example.net", {**EXPORTING, "dcgm": dcgm}, ["h100_nodes"]),
+        ("gpu-2.dc1.example.net", dict(EXPORTING), ["h100_nodes"]),  # no DCGM exporter
+        ("10.0.0.3", {"tls": {"enabled": True}, "dcgm": dcgm}, ["pcie_nodes"]),
+    ])  # fmt: skip
+    entries = json.loads(render_file_sd(scrape_targets(hosts, DCGM_EXPORTER)))
+    assert entries == [
+        {
+            "targets": ["gpu-1.dc1.example.net:9400"],
+            "labels": {"host": "gpu-1.dc1.example.net", "group": "h100_nodes",
+                       "groups": ",h100_nodes,"},
+        },
+        {
+            "targets": ["10.0.0.3:9400"],
+            "labels": {"host": "10.0.0.3", "group": "pcie_nodes", "groups": ",pcie_nodes,"},
+        },
+    ]  # fmt: skip
+    # The node_exporter job is not changed by it: 10.0.0.3 runs no node_exporter.
+    assert [t.host for t in scrape_targets(hosts)] == [
+        "gpu-1.dc1.example.net", "gpu-2.dc1.example.net",
+    ]  # fmt: skip
+
+
+def test_two_hosts_scraped_at_one_address_are_refused_by_validation_naming_both() -> None:
+    same = {**EXPORTING, "ssh_hostname": "10.0.0.1", "tls": {"enabled": True,
+            "ip_addresses": ["10.0.0.1"]}}  # fmt: skip
+    with pytest.raises(InvalidInventory) as refused:
+        validate_hosts(
+            "inventories/prod.py",
+            [("gpu-1.example", same), ("gpu-2.example", same), ("gpu-3.example", EXPORTING)],
+        )
+    assert refused.value.lines == [
+        "inventories/prod.py: host gpu-2.example: node_exporter.port = '10.0.0.1:9100': hosts "
+        "gpu-1.example and gpu-2.example are both scraped at 10.0.0.1:9100; accepted: one "
+        "scrape address (ssh_hostname or the host name, and port) per exporter of each host"
+    ]
+    # DCGM's exporter of one host at another's node_exporter port and address: the same.
+    dcgm_port = {**same, "node_exporter": {"enabled": True, "port": 9400}}
+    dcgm = {**same, "node_exporter": {"enabled": False},
+            "dcgm": {"enabled": True, "exporter": True, "cuda_major": 13}}  # fmt: skip
+    with pytest.raises(
+        InvalidInventory, match=r"hosts a\.example and b\.example .* 10\.0\.0\.1:9400"
+    ):
+        validate_hosts("inventories/prod.py", [("a.example", dcgm_port), ("b.example", dcgm)])
+    # One address, different ports: two exporters of one host, or of two hosts, are fine.
+    other_port = {**same, "node_exporter": {"enabled": True, "port": 9101}}
+    validate_hosts("inventories/prod.py", [("a.example", same), ("b.example", other_port)])
 
 
 def test_the_address_is_dialled_where_the_certificate_names_it() -> None:
@@ -150,6 +203,14 @@ def test_the_config_scrapes_over_mutual_tls_13_with_gpunodes_rules() -> None:
         {"files": ["/etc/prometheus/gpunode/targets/node-exporter.json"],
          "refresh_interval": "60s"},
     ]  # fmt: skip
+    # With DCGM's exporters' targets: a second job, the same TLS.
+    dcgm_files = ["/etc/prometheus/gpunode/targets/dcgm-exporter.json"]
+    node, dcgm = yaml.safe_load(render(dcgm_file_sd_files=dcgm_files))["scrape_configs"]
+    assert node == job and dcgm["job_name"] == DCGM_EXPORTER_JOB
+    assert {k: v for k, v in dcgm.items() if k not in ("job_name", "file_sd_configs")} == {
+        k: v for k, v in job.items() if k not in ("job_name", "file_sd_configs")
+    }
+    assert dcgm["file_sd_configs"][0]["files"] == dcgm_files
     # A short interval shortens the timeout with it (Prometheus refuses timeout > interval).
     assert yaml.safe_load(render(scrape_interval_seconds=2))["global"]["scrape_timeout"] == "2s"
 

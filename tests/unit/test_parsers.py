@@ -21,7 +21,7 @@ import pytest
 
 from gpunode import framing
 from gpunode.framing import PartOutput
-from gpunode.probe import file_integrity
+from gpunode.probe import file_integrity, malware_scan
 from gpunode.probe.parsers import (
     SECTION_COMMANDS,
     combined_command,
@@ -79,6 +79,12 @@ CAPTURE_CASES: list[tuple[str, Extract, Parser]] = [
 
 
 # Every command capture in tests/fixtures, with the parser(s) that read it.
+def _clamscan(text: str) -> dict:
+    """clamscan's output as the other parsers report: its unread lines are the problems."""
+    parsed = malware_scan.parse_clamscan(text)
+    return {"state": "ok", "command": "clamscan", "problems": parsed["unread"], **parsed}
+
+
 FIXTURE_CASES: dict[str, list[tuple[str, Extract, Parser]]] = {
     "nvidia-smi-xml/a100-sxm4-v12.xml": [("-q -x", whole, parse_nvidia_smi_xml)],
     "nvidia-smi-xml/tesla-t4.xml": [("-q -x", whole, parse_nvidia_smi_xml)],
@@ -111,10 +117,17 @@ FIXTURE_CASES: dict[str, list[tuple[str, Extract, Parser]]] = {
     "aide/check-0.18.3-deb12-added-changed.json": [
         ("aide --check (JSON)", whole, file_integrity.parse_report)
     ],
+    "clamav/clamscan-1.4.6-deb12-infected.stdout": [("clamscan", whole, _clamscan)],
+    "clamav/clamscan-1.4.6-deb12-clean.stdout": [("clamscan", whole, _clamscan)],
+    "clamav/clamscan-1.4.6-deb12-error.stdout": [("clamscan", whole, _clamscan)],
 }
 NOT_COMMAND_OUTPUT = {
     "PROVENANCE.md": "where the fixtures come from",
     "manifests/DGX_A100.json": "an expected-hardware manifest, no command printed it",
+    "systemd/show-trixie.json": (
+        "systemctl show captures that pyinfra's own systemd facts read: test_factcache.py"
+        " checks the fact cache's grouped read against them"
+    ),
 }
 FIXTURE_PARAMETERS = [
     pytest.param(relative, extract, parse, id=f"{relative}:{label}")

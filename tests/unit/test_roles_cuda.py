@@ -597,12 +597,11 @@ def test_a_package_to_install_asks_apt_what_is_offered() -> None:
 
 def test_dpkg_state_fact_names_every_requested_package() -> None:
     fact = DpkgPackageState().process(
-        framing.output_of(
-            {
-                "requested": ["libnccl2", "cuda-toolkit-12-4"],
-                "dpkg": ["libnccl2 hold installed 2.26.2-1+cuda12.8"],
-            }
-        )
+        [
+            "@requested libnccl2",
+            "@requested cuda-toolkit-12-4",
+            "libnccl2 hold installed 2.26.2-1+cuda12.8",
+        ]
     )
     assert fact == {
         "libnccl2": {"installed": "2.26.2-1+cuda12.8", "held": True},

@@ -14,7 +14,14 @@ from gpunode.expected.packages import DCGM_EXPORTER_PACKAGE as EXPORTER_PACKAGE
 from gpunode.expected.packages import dcgm_packages
 from gpunode.model import build_desired_state
 from roles.cuda import held_packages, require_offered
-from roles.dcgm import dcgm3_replaced, service_enabled_and_running
+from roles.dcgm import (
+    EXPORTER_WEB_CONFIG_PATH,
+    dcgm3_replaced,
+    render_exporter_drop_in,
+    render_exporter_web_config,
+    service_enabled_and_running,
+)
+from roles.node_exporter import render_web_config as node_exporter_web_config
 
 from .fakehost import commands_of, dpkg_of, fake_host
 
@@ -178,6 +185,7 @@ def test_dcgm4_without_any_cuda_major_is_refused_naming_the_key() -> None:
         ({"version": "1:3.3.9", "major": 4}, "dcgm.version", "not a DCGM 4 release"),
         ({"version": "1:3.3.9", "exporter": True}, "dcgm.exporter", "with DCGM 4 only"),
         ({"exporter_version": "4.9.0-1"}, "dcgm.exporter_version", "exporter is false"),
+        ({"exporter": True, "tls": False}, "dcgm.exporter", "TLS with the node certificate"),
         (
             {"version": "1:4.6.0-1", "exporter": True, "exporter_version": "4.9.0-1"},
             "dcgm.exporter_version",
@@ -188,8 +196,10 @@ def test_dcgm4_without_any_cuda_major_is_refused_naming_the_key() -> None:
 def test_dcgm_data_that_cannot_be_installed_as_asked_is_refused(
     dcgm: dict[str, Any], key: str, reason: str
 ) -> None:
+    tls = dcgm.pop("tls", True)
     data = {
         "nvidia_driver": {"source": "nvidia", "branch": "580"},
+        "tls": {"enabled": tls},
         "dcgm": {"enabled": True, **dcgm},
     }
     _, problems = build_desired_state(data)
@@ -207,6 +217,7 @@ def test_dcgm3_by_its_version_and_a_known_exporter_pair_are_accepted() -> None:
     state, problems = build_desired_state(
         {
             "nvidia_driver": {"source": "nvidia", "branch": "580"},
+            "tls": {"enabled": True},
             "dcgm": {
                 "enabled": True, "version": "1:4.7.0-1", "exporter": True,
                 "exporter_version": "4.9.0-1",
@@ -230,3 +241,27 @@ def test_no_dcgm3_means_nothing_to_replace() -> None:
     commands, noops = commands_of(dcgm3_replaced, facts, packages=list(dcgm_packages(4, 13)))
     assert commands == []
     assert noops == ["datacenter-gpu-manager (DCGM 3) is not installed"]
+
+
+def test_the_exporter_gets_node_exporters_tls_settings_with_the_node_key_itself() -> None:
+    web = render_exporter_web_config()
+    # The same settings, line for line, but for the header and the key: the packaged unit
+    # runs the exporter as root (lab/standin/catalogue.py EXPORTER_UNIT), which reads node.key.
+    node = node_exporter_web_config()
+    differing = set(web.splitlines()) ^ set(node.splitlines())
+    assert {line for line in differing if not line.startswith("#")} == {
+        "  key_file: /etc/gpunode/tls/node.key",
+        "  key_file: /etc/gpunode/node-exporter/node.key",
+    }
+    assert "  min_version: TLS13\n  max_version: TLS13\n" in web
+    assert "  client_auth_type: RequireAndVerifyClientCert\n" in web
+
+
+def test_the_drop_in_replaces_the_packaged_command_with_the_web_configuration() -> None:
+    lines = render_exporter_drop_in().splitlines()
+    start = lines.index("[Service]")
+    assert lines[start + 1 :] == [
+        "ExecStart=",
+        "ExecStart=/usr/bin/dcgm-exporter -f /etc/dcgm-exporter/default-counters.csv "
+        f"--address=:9400 --web-config-file={EXPORTER_WEB_CONFIG_PATH}",
+    ]

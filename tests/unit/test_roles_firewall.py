@@ -19,9 +19,9 @@ from facts.firewall import (
     parse_ssh_client,
 )
 from gpunode import framing
-from gpunode.expected.firewall import render_ruleset
+from gpunode.expected.firewall import render_ruleset, service_rules
 from gpunode.framing import PartOutput
-from gpunode.model import Firewall, FirewallRule
+from gpunode.model import Firewall, FirewallRule, build_desired_state
 from roles.firewall import absent, ruleset, ssh_cut_reason
 
 from .fakehost import fake_host
@@ -130,6 +130,41 @@ def test_the_exporters_ports_open_to_the_monitoring_networks_only() -> None:
     assert text.count("9100") == 1
     # No monitoring network: an exporter's port stays closed.
     assert "9100" not in render_ruleset(firewall(), 22, exporter_ports=(9100,))
+
+
+def test_the_monitoring_hosts_prometheus_port_opens_to_its_client_networks_only() -> None:
+    base = {
+        "firewall": {"enabled": True, "admin_networks": ["10.1.0.0/16"]},
+        "tls": {"enabled": True},
+        "prometheus": {"enabled": True, "port": 9091},
+    }
+    state, problems = build_desired_state(base)
+    assert problems == []
+    # Without prometheus.client_networks: the admin networks.
+    text = render_ruleset(state.firewall, 22, state.exporter_ports, service_rules(state))
+    assert "elements = { 10.1.0.0/16 }" in text
+    assert (
+        'ip saddr @prometheus_ipv4 tcp dport 9091 accept comment "Prometheus from '
+        'prometheus.client_networks (firewall.admin_networks)"'
+    ) in text
+    narrowed = {**base, "prometheus": {**base["prometheus"], "client_networks": ["fd00::/64"]}}
+    state, problems = build_desired_state(narrowed)
+    assert problems == []
+    text = render_ruleset(state.firewall, 22, state.exporter_ports, service_rules(state))
+    assert "ip6 saddr @prometheus_ipv6 tcp dport 9091 accept" in text
+    assert "@prometheus_ipv4" not in text
+    # No Prometheus here: no rule, whatever the networks say.
+    off = {**narrowed, "prometheus": {"enabled": False, "client_networks": ["fd00::/64"]}}
+    state, _ = build_desired_state(off)
+    assert service_rules(state) == () and "9091" not in render_ruleset(state.firewall, 22)
+
+
+def test_prometheus_client_networks_are_validated() -> None:
+    _, problems = build_desired_state(
+        {"tls": {"enabled": True},
+         "prometheus": {"enabled": True, "client_networks": ["10.0.0.0/33"]}}
+    )  # fmt: skip
+    assert [problem.key for problem in problems] == ["prometheus.client_networks[0]"]
 
 
 def test_monitoring_networks_without_metrics_ports_open_nothing() -> None:

@@ -1,13 +1,17 @@
 """node_exporter role: its files and the key copy (facts in, commands out), and a real
 node_exporter serving gpunode's web configuration: TLS 1.3 and gpunode client certificates
-only."""
+only. The same web configuration served by the lab's stand-in for DCGM's exporter
+(lab/standin/daemon.py, ``--web-config-file``) passes the same tests: the stand-in honours it
+for real."""
 
 from __future__ import annotations
 
+import os
 import re
 import socket
 import ssl
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -35,6 +39,7 @@ from tests.mtls import ClientCertificate, client_context, foreign_client, issue_
 from .fakehost import commands_of
 
 NODE_EXPORTER = "/usr/bin/prometheus-node-exporter"
+ROOT = Path(__file__).resolve().parents[2]
 KEY_SHA = "a" * 64
 
 
@@ -107,6 +112,49 @@ class Served:
     directory: Path
     authority: pki.CertificateAuthority
     node_key: ec.EllipticCurvePrivateKey
+    # What the exporter's /metrics shows when served (a regular expression, per line).
+    shows: str
+
+
+# The stand-in DCGM exporter, run here under its name with its pid file in the test's
+# directory (argv: pid file, then the exporter's own arguments).
+STANDIN_DCGM_EXPORTER = """
+import dataclasses, sys
+from lab.standin import daemon
+entry = daemon.DAEMONS["dcgm-exporter"]
+daemon.DAEMONS["dcgm-exporter"] = dataclasses.replace(entry, pid_file=sys.argv[1])
+sys.exit(daemon.main(sys.argv[2:], name="dcgm-exporter"))
+"""
+# A GPU as nvidia-smi --query-gpu lists it for the stand-in (index, uuid, name, then its
+# fields: temperature, power, utilisation, memory used).
+FAKE_NVIDIA_SMI = "#!/bin/sh\necho '0, GPU-0000-unit, NVIDIA H100, 41, 350.5, 97, 1024'\n"
+
+
+def exporter_command(kind: str, port: int, web: Path, directory: Path) -> list[str]:
+    if kind == "node_exporter":
+        assert Path(NODE_EXPORTER).exists(), (
+            "prometheus-node-exporter is not installed (./dev installs it; CI has it)"
+        )
+        textfile = directory / "textfile"
+        textfile.mkdir()
+        (textfile / "gpunode_gpu.prom").write_text(
+            "# HELP gpunode_gpus GPUs the driver reports\n# TYPE gpunode_gpus gauge\n"
+            "gpunode_gpus 8\n"
+        )
+        arguments = exporter_arguments(port, str(textfile), str(web))
+        # On the node it listens on every address; here on the loopback only.
+        arguments[0] = f"--web.listen-address=127.0.0.1:{port}"
+        return [NODE_EXPORTER, *arguments, "--collector.disable-defaults", "--collector.textfile"]
+    return [
+        sys.executable, "-c", STANDIN_DCGM_EXPORTER, str(directory / "dcgm-exporter.pid"),
+        "--address", f"127.0.0.1:{port}", f"--web-config-file={web}",
+    ]  # fmt: skip
+
+
+SHOWS = {
+    "node_exporter": r"^gpunode_gpus 8$",
+    "dcgm_exporter_standin": r'^DCGM_FI_DEV_GPU_TEMP\{gpu="0",UUID="GPU-0000-unit",[^}]*\} 41$',
+}
 
 
 def install_node_certificate(served: Served) -> int:
@@ -126,13 +174,14 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-@pytest.fixture
-def served(tmp_path: Path) -> Iterator[Served]:
-    """node_exporter serving this repository's web configuration with a node certificate
-    from a gpunode CA (for 127.0.0.1), its textfile collector reading one gpunode metric."""
-    assert Path(NODE_EXPORTER).exists(), (
-        "prometheus-node-exporter is not installed (./dev installs it; CI has it)"
-    )
+@pytest.fixture(params=sorted(SHOWS))
+def served(
+    request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Served]:
+    """node_exporter (its textfile collector reading one gpunode metric), or the stand-in
+    DCGM exporter (one GPU from a fake nvidia-smi), serving this repository's web
+    configuration with a node certificate from a gpunode CA (for 127.0.0.1)."""
+    kind = request.param
     authority = pki.open_ca(tmp_path / "ca", b"unit test passphrase")
     assert authority is not None
     node_key = ec.generate_private_key(ec.SECP256R1())
@@ -153,18 +202,16 @@ def served(tmp_path: Path) -> Iterator[Served]:
             str(tmp_path / "node.crt"), str(tmp_path / "node.key"), str(tmp_path / "ca.crt")
         )
     )
-    textfile = tmp_path / "textfile"
-    textfile.mkdir()
-    (textfile / "gpunode_gpu.prom").write_text(
-        "# HELP gpunode_gpus GPUs the driver reports\n# TYPE gpunode_gpus gauge\ngpunode_gpus 8\n"
-    )
     port = free_port()
-    arguments = exporter_arguments(port, str(textfile), str(web))
-    # On the node it listens on every address; here on the loopback only.
-    arguments[0] = f"--web.listen-address=127.0.0.1:{port}"
     (tmp_path / "clients").mkdir()
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    (tools / "nvidia-smi").write_text(FAKE_NVIDIA_SMI)
+    (tools / "nvidia-smi").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tools}:{os.environ['PATH']}")
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
     process = subprocess.Popen(
-        [NODE_EXPORTER, *arguments, "--collector.disable-defaults", "--collector.textfile"],
+        exporter_command(kind, port, web, tmp_path),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
     )
@@ -176,7 +223,7 @@ def served(tmp_path: Path) -> Iterator[Served]:
             assert process.poll() is None, process.stderr.read().decode() if process.stderr else ""
             time.sleep(0.1)
         client = issue_client(authority, "scraper.example", tmp_path / "clients")
-        yield Served(port, tmp_path / "ca.crt", client, tmp_path, authority, node_key)
+        yield Served(port, tmp_path / "ca.crt", client, tmp_path, authority, node_key, SHOWS[kind])
     finally:
         process.terminate()
         process.wait(timeout=10)
@@ -185,13 +232,12 @@ def served(tmp_path: Path) -> Iterator[Served]:
 def test_a_client_certificate_from_gpunodes_ca_gets_the_metrics(served: Served) -> None:
     answer = scrape("127.0.0.1", served.port, client_context(served.ca, served.client))
     assert answer.status == 200, answer.error
-    assert re.search(r"^gpunode_gpus 8$", answer.body, re.MULTILINE)
-    assert re.search(r"^node_textfile_scrape_error 0$", answer.body, re.MULTILINE)
+    assert re.search(served.shows, answer.body, re.MULTILINE), answer.body
 
 
 def test_no_client_certificate_is_refused(served: Served) -> None:
     answer = scrape("127.0.0.1", served.port, client_context(served.ca, None))
-    assert answer.status is None and "gpunode_gpus" not in answer.body, answer
+    assert answer.status is None and answer.body == "", answer
 
 
 def test_a_client_certificate_from_another_ca_is_refused(served: Served) -> None:

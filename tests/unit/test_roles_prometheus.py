@@ -14,9 +14,10 @@ from pyinfra.api.command import FileUploadCommand
 from pyinfra.facts.files import File, Sha256File
 
 from gpunode.model import DesiredState, NodeExporter, Prometheus, Tls
-from gpunode.monitoring import shipped_rule_files
+from gpunode.monitoring import DCGM_EXPORTER_JOB, NODE_EXPORTER_JOB, shipped_rule_files
 from roles.prometheus import (
     CANDIDATE_PATH,
+    DCGM_TARGETS_PATH,
     RULES_DIR,
     SCRAPER_KEY_PATH,
     TARGETS_PATH,
@@ -43,11 +44,16 @@ def test_the_config_names_the_hosts_certificate_the_copy_of_its_key_and_the_rule
     assert config["global"]["scrape_interval"] == "15s"
     assert config["global"]["evaluation_interval"] == "20s"
     assert config["rule_files"] == [f"{RULES_DIR}/{path.name}" for path in shipped_rule_files()]
-    (job,) = config["scrape_configs"]
-    assert job["tls_config"]["ca_file"] == "/etc/gpunode/tls/ca.crt"
-    assert job["tls_config"]["cert_file"] == "/etc/gpunode/tls/node.crt"
-    assert job["tls_config"]["key_file"] == SCRAPER_KEY_PATH
-    assert job["file_sd_configs"][0]["files"] == [TARGETS_PATH]
+    node, dcgm = config["scrape_configs"]
+    assert (node["job_name"], dcgm["job_name"]) == (NODE_EXPORTER_JOB, DCGM_EXPORTER_JOB)
+    for job in (node, dcgm):
+        assert job["scheme"] == "https"
+        assert job["tls_config"]["ca_file"] == "/etc/gpunode/tls/ca.crt"
+        assert job["tls_config"]["cert_file"] == "/etc/gpunode/tls/node.crt"
+        assert job["tls_config"]["key_file"] == SCRAPER_KEY_PATH
+        assert job["tls_config"]["min_version"] == "TLS13"
+    assert node["file_sd_configs"][0]["files"] == [TARGETS_PATH]
+    assert dcgm["file_sd_configs"][0]["files"] == [DCGM_TARGETS_PATH]
     assert render_defaults(9090, 15).splitlines()[-1] == (
         'ARGS="--config.file=/etc/prometheus/prometheus.yml --web.listen-address=:9090 '
         '--storage.tsdb.retention.time=15d"'

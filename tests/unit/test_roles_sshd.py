@@ -183,16 +183,40 @@ def _per_user_run(tmp_path: Path, config: str | None) -> tuple[dict[str, Any], l
     )
     env = {key: value for key, value in os.environ.items() if key != "SSH_CONNECTION"}
     done = subprocess.run(["sh", "-c", command], capture_output=True, text=True, env=env)
-    evaluations = [c for c in calls.read_text().splitlines() if c.startswith("-T -C user=")]
+    logged = calls.read_text().splitlines() if calls.exists() else []
+    evaluations = [c for c in logged if c.startswith("-T -C user=")]
     return parse_per_user(done.stdout.splitlines()), evaluations
 
 
-def test_without_match_blocks_sshd_evaluates_once_for_every_account(tmp_path: Path) -> None:
+def _per_user_shell(tmp_path: Path, config: str) -> list[str]:
+    """What the per-user part prints for accounts root, gpuadmin and debian and ``config``."""
+    path = tmp_path / "sshd_config"
+    path.write_text(config)
+    command = PER_USER_COMMAND.replace(CANDIDATES_COMMAND, 'users="debian gpuadmin root"').replace(
+        SSHD_CONFIG, str(path)
+    )
+    return subprocess.run(["sh", "-c", command], capture_output=True, text=True).stdout.splitlines()
+
+
+def test_without_match_blocks_the_effective_settings_stand_for_every_account(
+    tmp_path: Path,
+) -> None:
     parsed, evaluations = _per_user_run(tmp_path, "PermitRootLogin no\n# Match User x\n")
-    assert len(evaluations) == 1
+    assert evaluations == []  # the fact's "effective" part has run sshd -T already
+    assert set(parsed["users"]) == {"debian", "gpuadmin", "root"}
+    assert parsed["address"] is None  # not looked up: no Match can use it
+    shell = _per_user_shell(tmp_path, "PermitRootLogin no\n")
+    parts: dict[str, PartOutput | list[str]] = {
+        "effective": ["port 22", "passwordauthentication no"],
+        "config_sha1": [], "rsa_bits": [], "weak_moduli": [], "socket": [],
+        "per_user": shell, "accounts": [],
+    }  # fmt: skip
+    state = SshdState().process(framing.output_of(parts))
     settings = {"port": ["22"], "passwordauthentication": ["no"]}
-    assert parsed["users"] == {"debian": settings, "gpuadmin": settings, "root": settings}
-    assert parsed["address"] == "192.0.2.1"
+    assert state["per_user"]["users"] == dict.fromkeys(("debian", "gpuadmin", "root"), settings)
+    parts["effective"] = PartOutput("effective", ["/etc/ssh/sshd_config line 3: bad"], [], 255)
+    failed = SshdState().process(framing.output_of(parts))
+    assert failed["per_user"]["users"]["root"] == {"error": ["/etc/ssh/sshd_config line 3: bad"]}
 
 
 def test_match_include_or_an_unreadable_config_evaluate_each_account(tmp_path: Path) -> None:

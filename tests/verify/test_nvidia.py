@@ -313,15 +313,18 @@ def test_dcgm_exporter_runs_where_declared(host: Any, desired: DesiredState) -> 
     service = host.service(DCGM_EXPORTER_SERVICE)
     assert service.is_enabled and service.is_running
     # NVIDIA's exporter serves Prometheus metrics on port 9400 once it has started (the unit
-    # is active as soon as the process runs; the port follows its start-up).
+    # is active as soon as the process runs; the port follows its start-up), over mutual TLS
+    # 1.3 only (roles/dcgm.py): the node's own certificate is from gpunode's CA and allows
+    # client authentication.
     fetch = (
-        'python3 -c "import urllib.request; print(urllib.request.urlopen('
-        "'http://127.0.0.1:9400/metrics', timeout=5).read().decode())\""
+        "printf 'GET /metrics HTTP/1.0\\r\\n\\r\\n' | timeout 20 openssl s_client -quiet -tls1_3 "
+        "-connect 127.0.0.1:9400 -CAfile /etc/gpunode/tls/ca.crt "
+        "-cert /etc/gpunode/tls/node.crt -key /etc/gpunode/tls/node.key"
     )
     metrics = ""
     for _ in range(30):
         result = host.run(fetch)
-        metrics = result.stdout if result.rc == 0 else ""
+        metrics = result.stdout if result.stdout.startswith("HTTP/1.0 200") else ""
         if metrics:
             break
         time.sleep(1)
