@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime
 import hashlib
+from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -20,6 +21,7 @@ from gpunode.drift.shape import checked_facts
 from gpunode.expected.audit import is_system_binary
 from gpunode.expected.auditd import WATCHES
 from gpunode.expected.firewall import TABLE, render_ruleset, service_rules
+from gpunode.expected.gpu_settings import BOOT_UNIT
 from gpunode.expected.packages import held_packages, toolkit_keeps_cdi_spec
 from gpunode.expected.slurm import GRES_CONF, GresGpu, gres_gpus, gres_summary
 from gpunode.expected.sshd import expected_effective, render_sshd_config
@@ -116,6 +118,7 @@ def gpu_rules(desired: DesiredState, facts: dict[str, Any]) -> Iterator[tuple]:
         yield f"gpu.xid:{subject}", severity, "no XID errors", found, HARDWARE_TICKET
     for gpu in gpus:
         yield from _gpu_device_rules(desired, gpu)
+        yield from _mig_rules(desired, gpu, report.get("mig_listing") or {})
 
 
 def _gpu_device_rules(desired: DesiredState, gpu: dict[str, Any]) -> Iterator[tuple]:
@@ -195,6 +198,43 @@ def _gpu_device_rules(desired: DesiredState, gpu: dict[str, Any]) -> Iterator[tu
     if width and width_max and width < width_max:
         found = f"x{width} (max x{width_max})"
         yield f"gpu.pcie_width:{label}", WARN, f"x{width_max}", found, HARDWARE_TICKET
+
+
+# The MIG layout is lost at every reset or reboot; the gpu_settings role's boot unit lays it out
+# again before the scheduler starts. Without it jobs get other GPU slices than declared.
+MIG_LAYOUT_FIX = f"systemctl status {BOOT_UNIT} on the node; run deploys/gpu_node.py"
+
+
+def _mig_rules(desired: DesiredState, gpu: dict[str, Any], listing: Section) -> Iterator[tuple]:
+    """MIG mode as declared (gpu_settings.mig), and a GPU in MIG mode holding exactly the
+    declared GPU instances (gpu_settings.mig_layout, a multiset of profile names)."""
+    settings = desired.gpu_settings
+    label = f"{gpu.get('index')}"
+    mode = gpu.get("mig_mode") or {}
+    current = mode.get("current")
+    if settings.mig is not None and current is not None and current != settings.mig:
+        pending = mode.get("pending") == settings.mig
+        # Not pending: the scheduler hands out other devices than the inventory declares.
+        yield (
+            f"gpu.mig_mode:{label}", INFO if pending else CRIT, f"MIG {_on_off(settings.mig)}",
+            f"MIG {_on_off(current)}" + (" (change pending a reset)" if pending else ""),
+            RESET_GPU if pending else RUN_DEPLOY,
+        )  # fmt: skip
+    if not (settings.mig and settings.mig_layout and current is True):
+        return
+    wanted = sorted(settings.mig_layout)
+    instances = gpu.get("gpu_instances")
+    if instances is None:
+        why = listing.get("reason") or listing.get("state") or "not read"
+        yield (
+            f"gpu.mig_layout:{label}", CRIT, f"GPU instances {wanted}",
+            f"unreadable: {why}", REPORT_BUG,
+        )  # fmt: skip
+        return
+    found = sorted(str(instance.get("profile")) for instance in instances)
+    if Counter(found) != Counter(wanted):
+        shown = f"GPU instances {found}" if found else "no GPU instances (none laid out at boot)"
+        yield f"gpu.mig_layout:{label}", CRIT, f"GPU instances {wanted}", shown, MIG_LAYOUT_FIX
 
 
 def _nvlink_rules(desired: DesiredState, gpu: dict[str, Any], label: str) -> Iterator[tuple]:
@@ -693,6 +733,33 @@ def file_integrity_rules(
            found, INTEGRITY_FIX)  # fmt: skip
 
 
+DCGM_DIAG_FIX = "drain the node; run dcgmi diag -r 2 -v on it and open a hardware ticket"
+
+
+def dcgm_diag_rules(desired: DesiredState, facts: dict[str, Any]) -> Iterator[tuple]:
+    """DCGM's diagnostic, where it was run (``gpunode drift --dcgm-diag LEVEL`` on a node that
+    declares DCGM): every test passes. A diagnostic that could not run or be read fails too:
+    a gate must not pass a node it could not check."""
+    section: Section | None = facts.get("dcgm_diag")
+    if section is None:
+        return
+    expected = "every DCGM diagnostic test passes"
+    state = section.get("state")
+    if state == "absent":
+        yield "dcgm.diag", CRIT, expected, "dcgmi is not installed", RUN_DEPLOY
+        return
+    if state != "ok":
+        reason = section.get("reason") or state or "no data"
+        yield "dcgm.diag", CRIT, expected, f"not run or unreadable: {reason}", DCGM_DIAG_FIX
+        return
+    details = {test.get("name"): test.get("detail") or [] for test in section.get("tests") or []}
+    for name in section.get("failed") or []:
+        words = "; ".join(str(word) for word in details.get(name, [])[:2])
+        found = f"{name} failed" + (f": {words}" if words else "")
+        yield f"dcgm.diag:{name}", CRIT, expected, found, DCGM_DIAG_FIX
+    yield from _unread_lines("dcgm", "dcgmi diag -j", section.get("problems"))
+
+
 MALWARE_FIX = (
     "isolate the node (drain it), look at each file (a false positive, or how it got there: "
     "auditd, shell history, the owner); remove or restore it by hand, then run the scan "
@@ -903,6 +970,7 @@ RULES: tuple[Rule, ...] = (
     access_rules,
     slurm_rules,
     file_integrity_rules,
+    dcgm_diag_rules,
     malware_scan_rules,
     auditd_rules,
     lynis_rules,

@@ -118,6 +118,17 @@ SECTION_SHAPES: dict[str, Shape] = {
             "problems": Maybe(ListOf(Str)),
         }
     ),
+    # Only where gpunode drift --dcgm-diag ran it (facts.dcgm.DcgmDiag).
+    "dcgm_diag": Record(
+        {
+            **_STATE,
+            "failed": Maybe(ListOf(Str)),
+            "tests": Maybe(
+                ListOf(Record({"name": _TEXT, "status": _TEXT, "detail": Maybe(ListOf(Str))}))
+            ),
+            "problems": Maybe(ListOf(Str)),
+        }
+    ),
     "malware_scan": Record(
         {
             **_STATE,
