@@ -45,16 +45,6 @@ SECTIONS = {
     "mig_placements": "nvidia-smi mig -lgipp",
     "compute_apps": "nvidia-smi --query-compute-apps=gpu_uuid,pid --format=csv,noheader",
 }
-# What the mig listings print instead of a table when there is nothing to list.
-NOTHING_LISTED = (
-    "No MIG-enabled devices found.",
-    "No GPU instances found.",
-    "No compute instances found.",
-)
-GPU_INSTANCE_ROW = re.compile(
-    r"\|\s*(?P<gpu>\d+)\s+MIG (?P<profile>\S+)\s+(?P<profile_id>\d+)\s+(?P<id>\d+)"
-    r"\s+(?P<start>\d+):(?P<size>\d+)\s*\|"
-)
 COMPUTE_INSTANCE_ROW = re.compile(
     r"\|\s*(?P<gpu>\d+)\s+(?P<gpu_instance>\d+)\s+MIG (?P<profile>\S+)\s+(?P<profile_id>\d+)"
     r"\s+(?P<id>\d+)\s+(?P<start>\d+):(?P<size>\d+)\s*\|"
@@ -157,43 +147,20 @@ def parse_fact_output(lines: list[str]) -> dict[str, Any]:
     return report
 
 
-def _table_rows(lines: list[str], *patterns: re.Pattern[str]) -> tuple[list[re.Match[str]], str]:
-    """Rows of an nvidia-smi box table matching the first pattern; the first odd line, if any."""
-    rows = []
-    for line in (line.strip() for line in lines):
-        if not line or line in NOTHING_LISTED or line.startswith("+"):
-            continue
-        if line.startswith("|") and not re.match(r"\|\s*\d", line):
-            continue  # a title or header row
-        matches = [pattern.fullmatch(line) for pattern in patterns]
-        if matches[0]:
-            rows.append(matches[0])
-        elif not any(matches):
-            return rows, f"unexpected line {line[:120]!r}"
-    return rows, ""
-
-
 def _parse_gpu_instances(lines: list[str], gpus: dict[int, dict[str, Any]]) -> str:
-    rows, problem = _table_rows(lines, GPU_INSTANCE_ROW)
-    for row in rows:
-        gpu = gpus.get(int(row["gpu"]))
+    # The probe reads the same listing with the same parser (gpu.mig_layout compares it).
+    instances, problem = gpu_record.parse_gpu_instances(lines)
+    for instance in instances:
+        index = instance.pop("gpu")
+        gpu = gpus.get(index)
         if gpu is None:
-            return f"GPU {row['gpu']} is not in the XML report"
-        gpu["gpu_instances"].append(
-            {
-                "id": int(row["id"]),
-                "profile": row["profile"],
-                "profile_id": int(row["profile_id"]),
-                "start": int(row["start"]),
-                "size": int(row["size"]),
-                "compute_instances": [],
-            }
-        )
+            return f"GPU {index} is not in the XML report"
+        gpu["gpu_instances"].append({**instance, "compute_instances": []})
     return problem
 
 
 def _parse_compute_instances(lines: list[str], gpus: dict[int, dict[str, Any]]) -> str:
-    rows, problem = _table_rows(lines, COMPUTE_INSTANCE_ROW)
+    rows, problem = gpu_record.table_rows(lines, COMPUTE_INSTANCE_ROW)
     for row in rows:
         instances = gpus.get(int(row["gpu"]), {}).get("gpu_instances", [])
         parent = next((i for i in instances if i["id"] == int(row["gpu_instance"])), None)
@@ -206,7 +173,7 @@ def _parse_compute_instances(lines: list[str], gpus: dict[int, dict[str, Any]]) 
 
 
 def _parse_mig_profiles(lines: list[str], gpus: dict[int, dict[str, Any]]) -> str:
-    rows, problem = _table_rows(lines, PROFILE_ROW, PROFILE_ENGINES_ROW)
+    rows, problem = gpu_record.table_rows(lines, PROFILE_ROW, PROFILE_ENGINES_ROW)
     for row in rows:
         gpu = gpus.get(int(row["gpu"]))
         if gpu is None:
@@ -224,7 +191,7 @@ def _parse_mig_profiles(lines: list[str], gpus: dict[int, dict[str, Any]]) -> st
 
 def _parse_mig_placements(lines: list[str], gpus: dict[int, dict[str, Any]]) -> str:
     for line in (line.strip() for line in lines):
-        if not line or line in NOTHING_LISTED:
+        if not line or line in gpu_record.NOTHING_LISTED:
             continue
         match = PLACEMENTS_LINE.fullmatch(line)
         if match is None:

@@ -9,11 +9,13 @@ from typing import Any, ClassVar
 from pyinfra.api import FactBase
 
 from facts.audit import FileIntegrityState
+from facts.auditd import AuditdState
 from facts.batch import FactBatch
 from facts.container_runtime import ContainerRuntimeConfig
 from facts.fabric import Mounts, NcclSettings
 from facts.firewall import FirewallState
 from facts.hardware import GpuReport, InfinibandPorts, NvmeDevices
+from facts.lynis import LynisReport
 from facts.malware_scan import MalwareScanState
 from facts.nvidia_packages import NvidiaPackages
 from facts.slurm import SlurmGres
@@ -105,8 +107,8 @@ def parse_node_os(output: list[str]) -> dict[str, Any]:
 
 class NodeState(FactBatch):
     """The node's release, GPU, InfiniBand, NVMe, sshd, firewall, TLS, NVIDIA packages,
-    container runtimes, NCCL settings, mounts, Slurm GRES, the file integrity check and the
-    malware scan."""
+    container runtimes, NCCL settings, mounts, Slurm GRES, the file integrity check, the
+    malware scan, auditd and the last lynis report."""
 
     FACTS: ClassVar[dict[str, type[FactBase]]] = {
         "os": NodeOs,
@@ -123,4 +125,6 @@ class NodeState(FactBatch):
         "slurm": SlurmGres,
         "file_integrity": FileIntegrityState,
         "malware_scan": MalwareScanState,
+        "auditd": AuditdState,
+        "lynis": LynisReport,
     }

@@ -99,7 +99,9 @@ def cmd_drift(args: argparse.Namespace) -> int:
     inventory = load_inventory(args.inventory, args.data)
     try:
         total = len(select_hosts(inventory, args.limit))
-        result = run_drift(inventory, args.inventory, args.limit, stderr_progress(total))
+        result = run_drift(
+            inventory, args.inventory, args.limit, stderr_progress(total), args.dcgm_diag
+        )
     except InvalidInventory as error:
         print(str(error), file=sys.stderr)
         return 2
@@ -178,7 +180,7 @@ def cmd_rollout(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from gpunode import rollout
-    from gpunode.drift import select_hosts
+    from gpunode.drift import dcgm_hosts, select_hosts
     from gpunode.drift.output import write_atomically
     from gpunode.scheduler import SchedulerError
 
@@ -232,7 +234,12 @@ def cmd_rollout(args: argparse.Namespace) -> int:
         run = rollout.Rollout(
             state,
             scheduler,
-            rollout.PyinfraNodes(args.inventory, args.deploy),
+            rollout.PyinfraNodes(
+                args.inventory,
+                args.deploy,
+                dcgm_diag_level=args.dcgm_diag,
+                dcgm_nodes=frozenset(dcgm_hosts(fleet, list(state.nodes))),
+            ),
             save,
             max_failures=args.max_failures,
             job_timeout_s=args.job_timeout,
@@ -245,6 +252,16 @@ def cmd_rollout(args: argparse.Namespace) -> int:
         return rollout.EXIT_ERROR
     print(rollout.summary_table(state), end="")
     return code
+
+
+def dcgm_diag_level(text: str) -> int:
+    """``--dcgm-diag``: 1, 2, quick or medium (facts.dcgm.diag_level)."""
+    from facts.dcgm import diag_level
+
+    try:
+        return diag_level(int(text) if text.strip().isdigit() else text.strip())
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -277,6 +294,11 @@ def build_parser() -> argparse.ArgumentParser:
     drift.add_argument(
         "--write-baseline", metavar="FILE", help="also write this run's JSON report here"
     )
+    drift.add_argument(
+        "--dcgm-diag", type=dcgm_diag_level, metavar="LEVEL",
+        help="also run DCGM's diagnostic (dcgmi diag -r LEVEL -j; 1 or quick, 2 or medium) on "
+        "the hosts that declare DCGM; a failed test is a critical finding dcgm.diag:<test>",
+    )  # fmt: skip
     drift.add_argument(
         "--drain", choices=["critical"],
         help="drain scheduler nodes with critical findings (reason 'gpunode: drift <ids>') and "
@@ -317,6 +339,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds a converged (rebooted) node has to answer and be checked",
     )  # fmt: skip
     roll.add_argument("--poll", type=float, default=5, metavar="S", help=argparse.SUPPRESS)
+    roll.add_argument(
+        "--dcgm-diag", type=dcgm_diag_level, metavar="LEVEL",
+        help="the health gate also runs DCGM's diagnostic (1 or quick, 2 or medium) where the "
+        "inventory declares DCGM; the others skip it (said in the summary)",
+    )  # fmt: skip
     roll.add_argument("--limit", help="hosts or groups, comma-separated")
     roll.add_argument("--dry", action="store_true", help="print the batches and plan only")
     roll.add_argument("--state", metavar="PATH", help="the rollout's state file")

@@ -561,7 +561,28 @@ class Kernel:
         ),
     )
     blacklist_modules: tuple[str, ...] = setting(
-        ("cramfs", "freevxfs", "jffs2", "hfs", "hfsplus", "udf", "dccp", "sctp", "rds", "tipc"),
+        # USB and FireWire storage (lynis USB-1000, STRG-1846): a GPU server in a data centre
+        # takes no removable disks, and a plugged-in one is a way to carry data off. HID
+        # (keyboards on the crash cart) is untouched: only the storage drivers go. dccp, sctp,
+        # rds and tipc are blacklisted, yet lynis 3.0.8's NETW-3200 still counts them: it
+        # accepts only "install <protocol> /bin/true" (tests_networking), and gpunode writes
+        # /bin/false so that a load fails visibly (modprobe's exit status, its log) instead of
+        # pretending to succeed.
+        (
+            "cramfs",
+            "freevxfs",
+            "jffs2",
+            "hfs",
+            "hfsplus",
+            "udf",
+            "dccp",
+            "sctp",
+            "rds",
+            "tipc",
+            "usb-storage",
+            "firewire-core",
+            "firewire-ohci",
+        ),
         "kernel modules never loaded (squashfs and vfat stay: snaps and EFI need them)",
         pattern=r"[a-z0-9_-]+",
         accepts="kernel module names",
@@ -1175,11 +1196,77 @@ class MalwareScan:
 
 
 @dataclass(frozen=True)
+class Auditd:
+    """The Linux audit daemon (Debian's ``auditd``) with gpunode's rules: who changed the
+    accounts, sudoers, sshd's configuration or gpunode's own files. Where the kernel refuses
+    audit (a container shares its host's kernel), the role reports a skip with the reason."""
+
+    enabled: bool = setting(
+        True, "install auditd, load gpunode's watch rules (augenrules) and keep it running"
+    )
+
+
+@dataclass(frozen=True)
+class Lynis:
+    """Debian's lynis audit on a schedule; its hardening index and findings are facts of the
+    drift report."""
+
+    enabled: bool = setting(False, "install lynis and run 'lynis audit system' on a timer")
+    schedule: str = setting(
+        "*-*-* 04:30:00", "when the audit runs (a 30 min random delay is added)",
+        pattern=CALENDAR, accepts=CALENDAR_ACCEPTS,
+    )  # fmt: skip
+    min_hardening_index: int = setting(
+        70, "a hardening index below this is a drift finding", min=0, max=100
+    )
+    max_age_hours: int = setting(
+        48, "a report older than this is a drift finding (the timer stopped)", min=1,
+        max=24 * 31,
+    )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class AuditTools:
+    """Debian's small audit and accounting tools lynis asks a server for. Each is cheap on a
+    GPU node and answers a question after an incident; each can be turned off."""
+
+    # ACCT-9622: who ran what, when (lastcomm, sa): the first thing asked after an incident.
+    process_accounting: bool = setting(True, "install acct (process accounting)")
+    # ACCT-9626: CPU, memory, I/O and network history (sar), to tell a slow job from a slow node.
+    sysstat: bool = setting(True, "install sysstat and collect its history (ENABLED=true)")
+    # PKGS-7370: files of installed packages against dpkg's checksums, weekly.
+    debsums: bool = setting(True, "install debsums and check packages' files weekly")
+    # DEB-0831: which services still run old libraries after an upgrade. List mode only:
+    # a restart of nvidia-persistenced, slurmd or the fabric manager kills running jobs, so
+    # an operator drains the node and restarts it (the rollout does), never apt on its own.
+    needrestart: bool = setting(True, "install needrestart in list mode (never restarts)")
+    # DEB-0811: what an upgrade changes, in apt's log, before it lands.
+    apt_listchanges: bool = setting(True, "install apt-listchanges")
+    # DEB-0280: a private $TMPDIR per login session (no /tmp races between users' jobs).
+    pam_tmpdir: bool = setting(True, "install libpam-tmpdir (private $TMPDIR per session)")
+    # HOME-9304: no user's files readable by other users of a shared node.
+    private_home_directories: bool = setting(
+        True, "home directories of login accounts under /home lose group write and others' access"
+    )
+    # LOGG-2154: a copy of the logs off the node, where an intruder cannot edit them. A site
+    # choice (its log host): off until the inventory names one.
+    remote_syslog_host: str = setting(
+        "", "forward syslog (rsyslog, over TCP) to this host; empty: no forwarding",
+        pattern=rf"|{HOST_NAME}", accepts="a host name or address, or empty",
+    )  # fmt: skip
+    remote_syslog_port: int = setting(514, "its TCP port", min=1, max=65535)
+
+
+@dataclass(frozen=True)
 class Audit:
-    """Security audits on a schedule: file integrity (AIDE), malware scans (ClamAV)."""
+    """Security audits on a schedule: file integrity (AIDE), malware scans (ClamAV), auditd,
+    lynis and the tools lynis asks for."""
 
     file_integrity: FileIntegrity = setting(FileIntegrity(), "AIDE file integrity")
     malware_scan: MalwareScan = setting(MalwareScan(), "ClamAV malware scans")
+    auditd: Auditd = setting(Auditd(), "the Linux audit daemon and gpunode's rules")
+    lynis: Lynis = setting(Lynis(), "lynis audits on a schedule")
+    tools: AuditTools = setting(AuditTools(), "audit and accounting tools (lynis items)")
 
 
 # nvidia-dcgm-exporter's listen port (its default address is ":9400"; roles/dcgm.py passes it).
@@ -1372,7 +1459,10 @@ class DesiredState:
     node_exporter: NodeExporter = setting(NodeExporter(), "node_exporter over mutual TLS")
     prometheus: Prometheus = setting(Prometheus(), "Prometheus server (the monitoring host)")
     slurm: Slurm = setting(Slurm(), "Slurm compute node (slurmd)")
-    audit: Audit = setting(Audit(), "security audits on a schedule (file integrity, malware)")
+    audit: Audit = setting(
+        Audit(),
+        "security audits on a schedule (file integrity, malware, auditd, lynis, audit tools)",
+    )
     expected_hardware: ExpectedHardware = setting(ExpectedHardware(), "expected hardware")
     reboot: Reboot = setting(Reboot(), "how the node reboots")
 

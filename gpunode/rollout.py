@@ -235,6 +235,7 @@ class ConvergeResult:
 class CheckResult:
     critical: list[str] | None  # finding ids; None: the node was not checked
     why_not: str = ""
+    note: str = ""  # what the gate ran besides the drift check (the DCGM diagnostic or not)
 
 
 class Nodes(Protocol):
@@ -246,16 +247,27 @@ class Nodes(Protocol):
 
 
 REBOOT_OPERATION = "Loaded kernel module is the installed one"
+GATE_PASSED = "health gate passed"
 
 
 class PyinfraNodes:
     """The deploy through the pyinfra CLI (``--limit`` to the batch) and the health gate
     through ``gpunode drift --json``, both subprocesses of this Python."""
 
-    def __init__(self, inventory: str, deploy: str, timeout_s: float = 3600) -> None:
+    def __init__(
+        self,
+        inventory: str,
+        deploy: str,
+        timeout_s: float = 3600,
+        dcgm_diag_level: int | None = None,
+        dcgm_nodes: frozenset[str] = frozenset(),
+    ) -> None:
         self.inventory = inventory
         self.deploy = deploy
         self.timeout_s = timeout_s
+        # The gate's DCGM diagnostic (gpunode drift --dcgm-diag): run where DCGM is declared.
+        self.dcgm_diag_level = dcgm_diag_level
+        self.dcgm_nodes = dcgm_nodes
 
     def converge(self, nodes: Sequence[str]) -> ConvergeResult:
         limits = [word for node in nodes for word in ("--limit", node)]
@@ -272,6 +284,8 @@ class PyinfraNodes:
 
     def check(self, nodes: Sequence[str]) -> dict[str, CheckResult]:
         argv = [sys.executable, "-m", "gpunode.cli", "drift", self.inventory, "--json"]
+        if self.dcgm_diag_level is not None:
+            argv += ["--dcgm-diag", str(self.dcgm_diag_level)]
         try:
             done = subprocess.run(
                 [*argv, "--limit", ",".join(nodes)],
@@ -281,7 +295,19 @@ class PyinfraNodes:
             )
         except subprocess.TimeoutExpired:
             return {node: CheckResult(None, "drift check timed out") for node in nodes}
-        return check_result(nodes, done.stdout, done.stderr)
+        results = check_result(nodes, done.stdout, done.stderr)
+        for node, result in results.items():
+            result.note = dcgm_note(self.dcgm_diag_level, node in self.dcgm_nodes)
+        return results
+
+
+def dcgm_note(level: int | None, declared: bool) -> str:
+    """What the gate says of DCGM's diagnostic for one node."""
+    if level is None:
+        return ""
+    if not declared:
+        return "DCGM diagnostic skipped: dcgm not declared"
+    return f"DCGM diagnostic level {level} passed"
 
 
 def _tail(text: str) -> str:
@@ -565,7 +591,8 @@ class Rollout:
                 elif result.critical:
                     self.fail(name, "health gate", result.critical, ", ".join(result.critical))
                 else:
-                    self.set(name, Phase.RESUMING, "health gate passed")
+                    note = f" ({result.note})" if result.note else ""
+                    self.set(name, Phase.RESUMING, f"{GATE_PASSED}{note}")
             pending = still
             if pending:
                 if self.clock() - started >= self.return_timeout_s:
@@ -616,7 +643,10 @@ class Rollout:
                 if found is None or found.drained:
                     self.scheduler.resume(name)
                 record.drained = False
-            self.set(name, Phase.DONE, "resumed" if record.scheduled else "passed")
+            # What the gate said besides passing (the DCGM diagnostic) stays in the summary.
+            said = record.note.removeprefix(GATE_PASSED).strip()
+            done = "resumed" if record.scheduled else "passed"
+            self.set(name, Phase.DONE, f"{done} {said}" if said else done)
 
 
 # --- what the operator sees -----------------------------------------------------------------

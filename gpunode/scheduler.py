@@ -79,6 +79,31 @@ class StatusReport:
 
 
 class Scheduler(Protocol):
+    """What ``gpunode rollout`` and ``gpunode drift --drain`` need of a scheduler.
+
+    A second implementation (Kubernetes through kubectl: cordon, a taint or annotation for the
+    reason, the node's pods) provides these four methods with these meanings:
+
+    - ``status``: one :class:`NodeStatus` per known node, leaving out the unknown ones (the
+      rollout skips those); ``state`` is the scheduler's word, lowercase, and a node that takes
+      no new work must read as ``drained`` or ``draining`` (:data:`DRAINED_STATES`: a cordoned
+      node); ``reason`` is the drain's reason exactly as stored, read back while it is drained
+      (gpunode tells its own drains from a person's by :data:`GPUNODE_REASON_PREFIX`, so the
+      reason must survive the round trip); ``responding``: false while the node is not back
+      (the health gate waits for it after a reboot); lines it cannot read go to ``problems``;
+    - ``drain``: idempotent, and a drain of a drained node replaces its reason (a node that
+      fails the gate is drained again with the failed checks); running work goes on;
+    - ``resume``: the node takes work again; only ever called for a node gpunode drained;
+    - ``running_jobs``: ids of the work that still holds the node (empty once it may change).
+
+    Node names are checked with :func:`check_node` and reasons with :func:`check_reason` before
+    they reach a command, every value is one argv word (quoted where a shell runs it), and any
+    refusal or failure raises :class:`SchedulerError` with the scheduler's words. The CLI's
+    ``scheduler_from`` builds the scheduler (:class:`SlurmScheduler`, locally or over
+    ``--scheduler-ssh``); a new one needs its option there, nothing in the rollout or the drift
+    drain changes.
+    """
+
     def status(self, nodes: Sequence[str]) -> StatusReport:
         """The state of ``nodes``; a node the scheduler does not know is not in it."""
         ...

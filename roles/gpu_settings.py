@@ -25,9 +25,9 @@ from pyinfra.api import OperationError, deploy, operation
 from pyinfra.operations import files, systemd
 
 from facts.gpu import GpuDevices
+from gpunode.expected.gpu_settings import BOOT_UNIT
 from gpunode.model import DesiredState, GpuSettings
 
-BOOT_UNIT = "gpunode-gpu-settings.service"
 BOOT_UNIT_PATH = f"/etc/systemd/system/{BOOT_UNIT}"
 BOOT_SCRIPT = "/usr/local/sbin/gpunode-gpu-settings"
 BOOT_SETTINGS = "/etc/gpunode/gpu-settings.conf"

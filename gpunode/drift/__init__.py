@@ -25,8 +25,10 @@ def run_drift(
     source: str,
     limit: str | None = None,
     progress: Callable[[str], None] | None = None,
+    dcgm_diag_level: int | None = None,
 ) -> DriftResult:
-    """Gather NodeState from the selected hosts in parallel and evaluate every rule."""
+    """Gather NodeState from the selected hosts in parallel and evaluate every rule; with
+    ``dcgm_diag_level``, DCGM's diagnostic too on the hosts that declare DCGM."""
     from facts.node import NodeState
     from gpunode.drift.gather import gather_fact, make_state
     from gpunode.drift.rules import evaluate
@@ -35,6 +37,8 @@ def run_drift(
     hosts = select_hosts(inventory, limit)
     state = make_state(inventory)
     values, unreachable = gather_fact(state, NodeState, hosts, progress=progress)
+    if dcgm_diag_level is not None:
+        add_dcgm_diag(state, fleet, hosts, values, dcgm_diag_level)
     # Why a host was not checked is often the node's own words (an SSH banner, an error):
     # cleaned here, as findings clean theirs, before any report shows them.
     result = DriftResult(
@@ -48,6 +52,33 @@ def run_drift(
         result.checked_hosts.append(report_text(name))
         result.findings.extend(evaluate(name, fleet.for_host(name), facts))
     return result
+
+
+def dcgm_hosts(fleet: Any, names: list[str]) -> list[str]:
+    """The hosts of ``names`` whose inventory declares DCGM (the others skip its diagnostic)."""
+    return [name for name in names if fleet.for_host(name).dcgm.enabled]
+
+
+def add_dcgm_diag(
+    state: Any, fleet: Any, hosts: list[Any], values: dict[str, Any], level: int
+) -> None:
+    """Each answering host that declares DCGM gets a ``dcgm_diag`` section: the diagnostic's
+    result, or why it could not be had (a host that stops answering during it)."""
+    from facts.dcgm import DcgmDiag
+    from gpunode.drift.gather import gather_fact
+    from gpunode.drift.shape import unreadable_section
+
+    answering = [name for name, facts in values.items() if isinstance(facts, dict)]
+    wanted = set(dcgm_hosts(fleet, answering))
+    chosen = [host for host in hosts if host.name in wanted]
+    if not chosen:
+        return
+    diag, failed = gather_fact(state, DcgmDiag, chosen, level=level)
+    for host in chosen:
+        section = diag.get(host.name)
+        if not isinstance(section, dict):
+            section = unreadable_section(failed.get(host.name, "no answer"))
+        values[host.name] = {**values[host.name], "dcgm_diag": section}
 
 
 def report_text(text: str) -> str:

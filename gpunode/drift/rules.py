@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime
 import hashlib
+from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -18,7 +19,9 @@ from gpunode.distributions import Distribution, UnsupportedNode, platform_of, su
 from gpunode.drift.findings import HARDWARE_TICKET, RUN_DEPLOY, Finding, Severity
 from gpunode.drift.shape import checked_facts
 from gpunode.expected.audit import is_system_binary
+from gpunode.expected.auditd import WATCHES
 from gpunode.expected.firewall import TABLE, render_ruleset, service_rules
+from gpunode.expected.gpu_settings import BOOT_UNIT
 from gpunode.expected.packages import held_packages, toolkit_keeps_cdi_spec
 from gpunode.expected.slurm import GRES_CONF, GresGpu, gres_gpus, gres_summary
 from gpunode.expected.sshd import expected_effective, render_sshd_config
@@ -115,6 +118,7 @@ def gpu_rules(desired: DesiredState, facts: dict[str, Any]) -> Iterator[tuple]:
         yield f"gpu.xid:{subject}", severity, "no XID errors", found, HARDWARE_TICKET
     for gpu in gpus:
         yield from _gpu_device_rules(desired, gpu)
+        yield from _mig_rules(desired, gpu, report.get("mig_listing") or {})
 
 
 def _gpu_device_rules(desired: DesiredState, gpu: dict[str, Any]) -> Iterator[tuple]:
@@ -194,6 +198,43 @@ def _gpu_device_rules(desired: DesiredState, gpu: dict[str, Any]) -> Iterator[tu
     if width and width_max and width < width_max:
         found = f"x{width} (max x{width_max})"
         yield f"gpu.pcie_width:{label}", WARN, f"x{width_max}", found, HARDWARE_TICKET
+
+
+# The MIG layout is lost at every reset or reboot; the gpu_settings role's boot unit lays it out
+# again before the scheduler starts. Without it jobs get other GPU slices than declared.
+MIG_LAYOUT_FIX = f"systemctl status {BOOT_UNIT} on the node; run deploys/gpu_node.py"
+
+
+def _mig_rules(desired: DesiredState, gpu: dict[str, Any], listing: Section) -> Iterator[tuple]:
+    """MIG mode as declared (gpu_settings.mig), and a GPU in MIG mode holding exactly the
+    declared GPU instances (gpu_settings.mig_layout, a multiset of profile names)."""
+    settings = desired.gpu_settings
+    label = f"{gpu.get('index')}"
+    mode = gpu.get("mig_mode") or {}
+    current = mode.get("current")
+    if settings.mig is not None and current is not None and current != settings.mig:
+        pending = mode.get("pending") == settings.mig
+        # Not pending: the scheduler hands out other devices than the inventory declares.
+        yield (
+            f"gpu.mig_mode:{label}", INFO if pending else CRIT, f"MIG {_on_off(settings.mig)}",
+            f"MIG {_on_off(current)}" + (" (change pending a reset)" if pending else ""),
+            RESET_GPU if pending else RUN_DEPLOY,
+        )  # fmt: skip
+    if not (settings.mig and settings.mig_layout and current is True):
+        return
+    wanted = sorted(settings.mig_layout)
+    instances = gpu.get("gpu_instances")
+    if instances is None:
+        why = listing.get("reason") or listing.get("state") or "not read"
+        yield (
+            f"gpu.mig_layout:{label}", CRIT, f"GPU instances {wanted}",
+            f"unreadable: {why}", REPORT_BUG,
+        )  # fmt: skip
+        return
+    found = sorted(str(instance.get("profile")) for instance in instances)
+    if Counter(found) != Counter(wanted):
+        shown = f"GPU instances {found}" if found else "no GPU instances (none laid out at boot)"
+        yield f"gpu.mig_layout:{label}", CRIT, f"GPU instances {wanted}", shown, MIG_LAYOUT_FIX
 
 
 def _nvlink_rules(desired: DesiredState, gpu: dict[str, Any], label: str) -> Iterator[tuple]:
@@ -692,6 +733,33 @@ def file_integrity_rules(
            found, INTEGRITY_FIX)  # fmt: skip
 
 
+DCGM_DIAG_FIX = "drain the node; run dcgmi diag -r 2 -v on it and open a hardware ticket"
+
+
+def dcgm_diag_rules(desired: DesiredState, facts: dict[str, Any]) -> Iterator[tuple]:
+    """DCGM's diagnostic, where it was run (``gpunode drift --dcgm-diag LEVEL`` on a node that
+    declares DCGM): every test passes. A diagnostic that could not run or be read fails too:
+    a gate must not pass a node it could not check."""
+    section: Section | None = facts.get("dcgm_diag")
+    if section is None:
+        return
+    expected = "every DCGM diagnostic test passes"
+    state = section.get("state")
+    if state == "absent":
+        yield "dcgm.diag", CRIT, expected, "dcgmi is not installed", RUN_DEPLOY
+        return
+    if state != "ok":
+        reason = section.get("reason") or state or "no data"
+        yield "dcgm.diag", CRIT, expected, f"not run or unreadable: {reason}", DCGM_DIAG_FIX
+        return
+    details = {test.get("name"): test.get("detail") or [] for test in section.get("tests") or []}
+    for name in section.get("failed") or []:
+        words = "; ".join(str(word) for word in details.get(name, [])[:2])
+        found = f"{name} failed" + (f": {words}" if words else "")
+        yield f"dcgm.diag:{name}", CRIT, expected, found, DCGM_DIAG_FIX
+    yield from _unread_lines("dcgm", "dcgmi diag -j", section.get("problems"))
+
+
 MALWARE_FIX = (
     "isolate the node (drain it), look at each file (a false positive, or how it got there: "
     "auditd, shell history, the owner); remove or restore it by hand, then run the scan "
@@ -783,6 +851,110 @@ def _signature_findings(
                f"signatures updated within {limit} h", where, SIGNATURES_FIX)  # fmt: skip
 
 
+AUDITD_FIX = "systemctl status auditd; journalctl -u auditd; run deploys/harden.py"
+
+
+def auditd_rules(desired: DesiredState, facts: dict[str, Any]) -> Iterator[tuple]:
+    """auditd where the kernel allows it: running, with gpunode's watches loaded (a warning
+    each: a deploy fixes them, and nothing about the node keeps jobs from it). Where the
+    kernel refuses audit (a container), an info finding with the reason: nothing to fix."""
+    if not desired.audit.auditd.enabled:
+        return
+    section: Section = facts.get("auditd") or {}
+    if section.get("state") != "ok":
+        yield from _unreadable("auditd", section)
+        return
+    if section.get("kernel_allows") is False:
+        found = f"skipped: {section.get('refused_because') or 'the kernel refuses audit'}"
+        yield "audit.auditd.skipped", INFO, "auditd running", found, "none (the kernel's limit)"
+        return
+    if section.get("kernel_allows") is None:
+        found = f"unknown: {section.get('refused_because') or 'the kernel check gave no answer'}"
+        yield "audit.auditd.unknown", WARN, "the kernel's audit support known", found, REPORT_BUG
+        return
+    yield from _unread_lines("auditd", "auditctl -l", section.get("problems"))
+    if not section.get("installed"):
+        yield "audit.auditd", WARN, "auditd running", "not installed", RUN_DEPLOY
+        return
+    if not section.get("active"):
+        found = f"auditd {section.get('unit_state') or 'not running'}"
+        yield "audit.auditd", WARN, "auditd running", found, AUDITD_FIX
+        return
+    loaded = {(w.get("path"), w.get("key")) for w in section.get("watches") or []}
+    missing = [f"{path} ({key})" for path, key in WATCHES if (path, key) not in loaded]
+    if missing:
+        shown = ", ".join(missing[:MAX_INTEGRITY_PATHS_SHOWN])
+        more = len(missing) - MAX_INTEGRITY_PATHS_SHOWN
+        found = f"{len(missing)} not loaded: {shown}" + (f" (and {more} more)" if more > 0 else "")
+        yield ("audit.auditd.rules", WARN, f"gpunode's {len(WATCHES)} audit watches loaded",
+               found, "augenrules --load; run deploys/harden.py")  # fmt: skip
+
+
+LYNIS_FIX = (
+    "read /var/log/lynis-report.dat's warning[] and suggestion[] lines; run deploys/harden.py"
+)
+LYNIS_OVERDUE_FIX = "systemctl status lynis.timer lynis.service; run deploys/harden.py"
+# The lynis test IDs one finding names: enough to start looking, few enough for a table.
+MAX_LYNIS_TESTS_SHOWN = 8
+
+
+def lynis_rules(
+    desired: DesiredState, facts: dict[str, Any], now: datetime.datetime | None = None
+) -> Iterator[tuple]:
+    """The last lynis report: an index below the inventory's floor is a warning (settings
+    drifted from the hardening a deploy makes: a deploy or a look fixes it, and nothing in
+    it keeps jobs off the node; file integrity and auditd carry the tampering alarms); a
+    report missing, unreadable or older than max_age_hours (the timer stopped) is a warning.
+    report_datetime_end is the node's local time: gpunode's nodes keep UTC (systemd's
+    default, timedatectl), so it is read as UTC."""
+    settings = desired.audit.lynis
+    if not settings.enabled:
+        return
+    section: Section = facts.get("lynis") or {}
+    state = section.get("state")
+    if state in ("absent", "missing"):
+        found = f"{state}: {section.get('reason') or 'no report'}"
+        yield "audit.lynis.report", WARN, "a lynis report", found, LYNIS_OVERDUE_FIX
+        return
+    if state != "ok":
+        yield from _unreadable("lynis", section)
+        return
+    yield from _unread_lines("lynis", "lynis-report.dat", section.get("problems"))
+    report: Section = section.get("report") or {}
+    ended = report.get("report_end")
+    now = now or datetime.datetime.now(datetime.UTC)
+    if not ended:
+        yield ("audit.lynis.report", WARN, "a finished lynis report", "no report_datetime_end",
+               LYNIS_OVERDUE_FIX)  # fmt: skip
+    else:
+        finished = datetime.datetime.strptime(ended, "%Y-%m-%d %H:%M:%S").replace(
+            tzinfo=datetime.UTC
+        )
+        age_hours = (now - finished).total_seconds() / 3600
+        if age_hours > settings.max_age_hours:
+            yield ("audit.lynis.overdue", WARN, f"a lynis report within {settings.max_age_hours} h",
+                   f"last report {ended} ({age_hours:.0f} h ago)", LYNIS_OVERDUE_FIX)  # fmt: skip
+    index = report.get("hardening_index")
+    if index is None:
+        yield ("audit.lynis.index", WARN, "a hardening index in the report", "none",
+               LYNIS_OVERDUE_FIX)  # fmt: skip
+    elif index < settings.min_hardening_index:
+        tests = sorted(
+            {
+                str(item.get("test"))
+                for item in (report.get("warnings") or []) + (report.get("suggestions") or [])
+            }
+        )
+        shown = ", ".join(tests[:MAX_LYNIS_TESTS_SHOWN])
+        more = len(tests) - MAX_LYNIS_TESTS_SHOWN
+        found = f"hardening index {index}; lynis tests with findings: {shown}" + (
+            f" (and {more} more)" if more > 0 else ""
+        )
+        yield ("audit.lynis.index", WARN,
+               f"hardening index at least {settings.min_hardening_index}", found,
+               LYNIS_FIX)  # fmt: skip
+
+
 RULES: tuple[Rule, ...] = (
     os_rules,
     gpu_rules,
@@ -798,7 +970,10 @@ RULES: tuple[Rule, ...] = (
     access_rules,
     slurm_rules,
     file_integrity_rules,
+    dcgm_diag_rules,
     malware_scan_rules,
+    auditd_rules,
+    lynis_rules,
 )
 
 

@@ -118,6 +118,17 @@ SECTION_SHAPES: dict[str, Shape] = {
             "problems": Maybe(ListOf(Str)),
         }
     ),
+    # Only where gpunode drift --dcgm-diag ran it (facts.dcgm.DcgmDiag).
+    "dcgm_diag": Record(
+        {
+            **_STATE,
+            "failed": Maybe(ListOf(Str)),
+            "tests": Maybe(
+                ListOf(Record({"name": _TEXT, "status": _TEXT, "detail": Maybe(ListOf(Str))}))
+            ),
+            "problems": Maybe(ListOf(Str)),
+        }
+    ),
     "malware_scan": Record(
         {
             **_STATE,
@@ -134,6 +145,36 @@ SECTION_SHAPES: dict[str, Shape] = {
                         "unread": Maybe(ListOf(Str)),
                         "signatures_updated": _TEXT,
                         "signatures_update_output": Maybe(ListOf(Str)),
+                    }
+                )
+            ),
+            "problems": Maybe(ListOf(Str)),
+        }
+    ),
+    "auditd": Record(
+        {
+            **_STATE,
+            "kernel_allows": _FLAG,
+            "refused_because": _TEXT,
+            "installed": _FLAG,
+            "active": _FLAG,
+            "unit_state": _TEXT,
+            "rules_loaded": _FLAG,
+            "watches": Maybe(ListOf(Record({"path": _TEXT, "key": _TEXT}))),
+            "problems": Maybe(ListOf(Str)),
+        }
+    ),
+    "lynis": Record(
+        {
+            **_STATE,
+            "report": Maybe(
+                Record(
+                    {
+                        "hardening_index": Maybe(Int),
+                        "report_end": _TEXT,
+                        "lynis_version": _TEXT,
+                        "warnings": Maybe(ListOf(Record({"test": _TEXT, "text": _TEXT}))),
+                        "suggestions": Maybe(ListOf(Record({"test": _TEXT, "text": _TEXT}))),
                     }
                 )
             ),

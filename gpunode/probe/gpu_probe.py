@@ -14,6 +14,10 @@ Sources, in order of preference:
   known XML schema carries them. ``--query-gpu`` is never used: an older driver rejects a
   whole call that names a field it does not know.
 
+The GPU instances of GPUs in MIG mode come from ``nvidia-smi mig -lgi`` on both paths, read by
+the parser ``facts.gpu.GpuDevices`` uses too (``gpu_record.parse_gpu_instances``): one call for
+every GPU, and only where some GPU's MIG mode is on.
+
 Per node it adds the kernel module's state and version (/proc/driver/nvidia/version), the
 installed driver package version (dpkg), whether these disagree with the
 userspace driver, the Fabric Manager service state, and NVIDIA XID events from the kernel
@@ -76,6 +80,8 @@ _load_module()
 from gpunode.probe.gpu_record import (  # noqa: E402 - importable only once loaded above
     CLOCK_EVENT_REASON_BITS,
     MAX_LINE_CHARS,
+    MIG_INSTANCES_COMMAND,
+    NOTHING_LISTED,
     NVLINK_COMMAND,
     XML_COMMAND,
     Result,
@@ -84,6 +90,7 @@ from gpunode.probe.gpu_record import (  # noqa: E402 - importable only once load
     clean,
     never_raises,
     nvlink_summary,
+    parse_gpu_instances,
     parse_nvidia_smi_xml,
     parse_nvlink_status,
     unreadable,
@@ -698,6 +705,52 @@ def add_nvlink_status(system: System, gpus: list[Result]) -> list[str]:
     return list(status.get("problems", [])) if status["state"] == "ok" else []
 
 
+def add_mig_instances(system: System, gpus: list[Result]) -> Result | None:
+    """Each GPU's ``gpu_instances`` (``gpu_record.parse_gpu_instances``, without ``gpu``): []
+    for a GPU not in MIG mode, the listed instances for one in MIG mode, or None for one in MIG
+    mode where ``nvidia-smi mig -lgi`` could not be read. Returns the listing's state (None: no
+    GPU is in MIG mode, the listing was not run), so an unreadable listing is never mistaken
+    for a GPU without instances.
+    """
+    in_mig = [gpu for gpu in gpus if (gpu.get("mig_mode") or {}).get("current") is True]
+    for gpu in gpus:
+        gpu["gpu_instances"] = []
+    if not in_mig:
+        return None
+    completed = system.run(["nvidia-smi", "mig", "-lgi"])
+    listing: Result = {"state": "ok", "command": MIG_INSTANCES_COMMAND, "reason": ""}
+    lines = (completed.stdout + "\n" + completed.stderr).splitlines()
+    instances, problem = parse_gpu_instances(lines)
+    nothing_listed = any(line.strip() in NOTHING_LISTED for line in lines)
+    by_index = {gpu["index"]: gpu for gpu in in_mig}
+    if completed.missing:
+        listing = {**listing, "state": "unreadable", "reason": "nvidia-smi is not installed"}
+    elif completed.exit_code is None:
+        failure = nvidia_smi_failure(MIG_INSTANCES_COMMAND, None, completed.stderr)
+        listing = {**listing, "state": "unreadable", "reason": failure["reason"]}
+    elif completed.exit_code != 0 and not instances and not nothing_listed:
+        # It exits 6 with "No GPU instances found.": that is an answer, not a failure.
+        output = completed.stdout + completed.stderr
+        failure = nvidia_smi_failure(MIG_INSTANCES_COMMAND, completed.exit_code, output)
+        listing = {**listing, "state": "unreadable", "reason": failure["reason"]}
+    elif problem:
+        listing = {**listing, "state": "unreadable", "reason": problem}
+    elif unknown := sorted({each["gpu"] for each in instances} - set(by_index)):
+        listing = {
+            **listing,
+            "state": "unreadable",
+            "reason": f"instances of GPU {unknown[0]}, which is not a GPU in MIG mode here",
+        }
+    if listing["state"] != "ok":
+        for gpu in in_mig:
+            gpu["gpu_instances"] = None
+        return listing
+    for instance in instances:
+        index = instance.pop("gpu")
+        by_index[index]["gpu_instances"].append(instance)
+    return listing
+
+
 def kernel_module(system: System, gpu_section: Result, nvml_state: Result) -> Result:
     """Loaded, not loaded, or unknown (GPUs answer but the module's procfs is not visible)."""
     for path in (MODULE_VERSION_PATH, SYSFS_MODULE_VERSION_PATH):
@@ -792,8 +845,10 @@ def collect(system: System, nvml: Any, nvml_origin: str, xid_since: datetime | N
     gpu_section, nvml_state = read_gpus(system, nvml, nvml_origin)
     gpus = list(gpu_section.get("gpus", []))
     problems: Result = {}
+    mig_listing = None
     if gpu_section["state"] == "ok":
         problems["nvlink"] = add_nvlink_status(system, gpus)
+        mig_listing = add_mig_instances(system, gpus)
     module = kernel_module(system, gpu_section, nvml_state)
     installed, installed_source = installed_driver(system)
     userspace = gpu_section.get("driver_version") or gpu_section.get("nvml_library_version")
@@ -817,6 +872,7 @@ def collect(system: System, nvml: Any, nvml_origin: str, xid_since: datetime | N
         "attached_gpus": gpu_section.get("attached_gpus"),
         "gpu_count": len(gpus) if gpu_section["state"] == "ok" else None,
         "gpus": gpus,
+        "mig_listing": mig_listing,  # None: no GPU in MIG mode, nothing listed
         "kernel_module": module,
         "driver_versions": version_comparison(
             module.get("version"), userspace, installed, installed_source, mismatch_reported

@@ -588,3 +588,60 @@ def parse_nvlink_status(text: str, empty_ok: bool = False) -> Result:
         ],
         "problems": problems,
     }
+
+
+# --- nvidia-smi mig -lgi ----------------------------------------------------------------------
+# The one reader of nvidia-smi's MIG listings' box tables: facts.gpu.GpuDevices (what the
+# gpu_settings role lays out) and the probe (what the drift check's gpu.mig_layout compares)
+# both read their GPU instances with ``parse_gpu_instances``. Row layout as in published real
+# outputs of A100 80GB and H100 80GB (the rows facts.gpu has read since it was written).
+
+MIG_INSTANCES_COMMAND = "nvidia-smi mig -lgi"
+# What the mig listings print instead of a table when there is nothing to list.
+NOTHING_LISTED = (
+    "No MIG-enabled devices found.",
+    "No GPU instances found.",
+    "No compute instances found.",
+)
+GPU_INSTANCE_ROW = re.compile(
+    r"\|\s*(?P<gpu>\d+)\s+MIG (?P<profile>\S+)\s+(?P<profile_id>\d+)\s+(?P<id>\d+)"
+    r"\s+(?P<start>\d+):(?P<size>\d+)\s*\|"
+)
+
+
+def table_rows(lines: Sequence[str], *patterns: re.Pattern[str]) -> tuple[list[re.Match[str]], str]:
+    """Rows of an nvidia-smi box table matching the first pattern; the first odd line, if any.
+
+    Borders, titles, header rows and the "nothing found" messages are skipped; a line that
+    matches no pattern is named (the rows read before it are kept)."""
+    rows: list[re.Match[str]] = []
+    for line in (line.strip() for line in lines):
+        if not line or line in NOTHING_LISTED or line.startswith("+"):
+            continue
+        if line.startswith("|") and not re.match(r"\|\s*\d", line):
+            continue  # a title or header row
+        if len(line) > MAX_LINE_CHARS:
+            return rows, f"a line of {len(line)} characters"
+        matches = [pattern.fullmatch(line) for pattern in patterns]
+        if matches[0]:
+            rows.append(matches[0])
+        elif not any(matches):
+            return rows, f"unexpected line {line[:120]!r}"
+    return rows, ""
+
+
+def parse_gpu_instances(lines: Sequence[str]) -> tuple[list[Result], str]:
+    """``nvidia-smi mig -lgi`` -> its GPU instances (``gpu`` index, ``id``, ``profile`` without
+    the "MIG " prefix, ``profile_id``, ``start``, ``size``) and the first line not read."""
+    rows, problem = table_rows(lines, GPU_INSTANCE_ROW)
+    return [
+        {
+            "gpu": int(row["gpu"]),
+            "id": int(row["id"]),
+            "profile": row["profile"],
+            "profile_id": int(row["profile_id"]),
+            "start": int(row["start"]),
+            "size": int(row["size"]),
+        }
+        for row in rows
+    ], problem

@@ -611,6 +611,21 @@ GPU_SHAPE = Record(
             )
         ),
         "clock_event_reasons": Maybe(ListOf(Str)),
+        "mig_mode": Maybe(Record({"current": _FLAG, "pending": _FLAG})),
+        # None: in MIG mode, but the listing was unreadable (the report's mig_listing says why).
+        "gpu_instances": Maybe(
+            ListOf(
+                Record(
+                    {
+                        "id": _COUNT,
+                        "profile": _TEXT,
+                        "profile_id": _COUNT,
+                        "start": _COUNT,
+                        "size": _COUNT,
+                    }
+                )
+            )
+        ),
         "pcie": Maybe(
             Record(
                 {
@@ -644,6 +659,7 @@ GPU_REPORT_SHAPE = Record(
             )
         ),
         "fabric_manager": Maybe(Record({"state": _TEXT})),
+        "mig_listing": Maybe(Record({"state": _TEXT, "reason": _TEXT})),
         "kernel_module": Maybe(Record({"state": _TEXT, "version": _TEXT})),
         "xid_events": Maybe(Record({"state": _TEXT, "events": ListOf(XID_EVENT_SHAPE)})),
         # Lines of a tool's output the probe could not read, by tool.
@@ -942,3 +958,118 @@ def parse_combined(lines: Iterable[str], names: Iterable[str] | None = None) -> 
         else:
             results[name] = parse_section(name, part.lines)
     return results
+
+
+# --- dcgmi diag -j ----------------------------------------------------------------------------
+# DCGM's diagnostic as JSON: {"DCGM GPU Diagnostic": {"test_categories": [{"category",
+# "tests": [{"name", "results": [{"gpu_ids", "status", "warnings"?, "info"?}]}]}], "version"}},
+# with "runtime_error" where it could not run. Statuses PASS / FAIL / WARN / SKIPPED (the JSON
+# format comment in NVIDIA/DCGM's nvvs sources; read 2026-12-02), spelled "Pass", "Fail"... by
+# other releases (DCGM's own python tests compare "Fail"). What dcgmi
+# prints before the document (a "WARNING:" line in NVIDIA's real-output test case,
+# tests/fixtures/dcgm) is not JSON and is skipped; `null` entries between tests are that
+# document's own and carry nothing.
+
+DCGM_DIAG_COMMAND = "dcgmi diag -j"
+DCGM_DIAG_ROOT = "DCGM GPU Diagnostic"
+DCGM_STATUSES = {
+    "pass": "pass",
+    "fail": "fail",
+    "warn": "warn",
+    "warning": "warn",
+    "skip": "skip",
+    "skipped": "skip",
+    "not run": "not_run",
+    "notrun": "not_run",
+}
+MAX_DCGM_DIAG_CHARS = 4 << 20  # far above 8 GPUs at level 4; longer is garbage or hostile
+
+
+def _dcgm_text(value: Any) -> str:
+    """A warning or info item: a string, or an object's message (keys differ by release)."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, dict):
+        for key in ("warning", "message", "msg"):
+            if isinstance(value.get(key), str):
+                return str(value[key])
+    return ""
+
+
+@never_raises(DCGM_DIAG_COMMAND)
+def parse_dcgm_diag(text: str) -> Result:
+    """``dcgmi diag -r LEVEL -j`` -> each test's name, category and status over its results
+    (the worst: fail, then warn; pass when every result passed or skipped), the failed tests'
+    names and the first words DCGM gave for each; what cannot be read is named in
+    ``problems``, what can is kept."""
+    if len(text) > MAX_DCGM_DIAG_CHARS:
+        return unreadable(DCGM_DIAG_COMMAND, f"{len(text)} characters of output")
+    start = text.find("{")
+    if start < 0:
+        detail = " ".join(text.split())[:200]
+        return unreadable(DCGM_DIAG_COMMAND, f"no JSON document: {detail or 'no output'}")
+    try:
+        document = json.loads(text[start:])
+    except ValueError as error:
+        return unreadable(DCGM_DIAG_COMMAND, f"not JSON, truncated or corrupted ({error})")
+    root = document.get(DCGM_DIAG_ROOT) if isinstance(document, dict) else None
+    if not isinstance(root, dict):
+        return unreadable(DCGM_DIAG_COMMAND, f"no {DCGM_DIAG_ROOT!r} object")
+    if isinstance(root.get("runtime_error"), str) and root["runtime_error"]:
+        return unreadable(DCGM_DIAG_COMMAND, f"DCGM: {root['runtime_error'][:200]}")
+    categories = root.get("test_categories")
+    if not isinstance(categories, list) or not categories:
+        return unreadable(DCGM_DIAG_COMMAND, "no test_categories")
+    tests: list[Result] = []
+    problems: list[str] = []
+    for category in categories:
+        if not isinstance(category, dict) or not isinstance(category.get("tests"), list):
+            problems.append(f"a category that is not an object with tests: {category!r:.80}")
+            continue
+        for test in category["tests"]:
+            if test is None:
+                continue  # DCGM's own separator entries
+            read = _dcgm_test(test, str(category.get("category") or ""), problems)
+            if read is not None:
+                tests.append(read)
+    if not tests:
+        return unreadable(DCGM_DIAG_COMMAND, problems[0] if problems else "no test result")
+    version = root.get("version")
+    return {
+        "state": "ok",
+        "command": DCGM_DIAG_COMMAND,
+        "version": version if isinstance(version, str) else None,
+        "tests": tests,
+        "failed": sorted({test["name"] for test in tests if test["status"] == "fail"}),
+        "problems": problems,
+    }
+
+
+def _dcgm_test(test: Any, category: str, problems: list[str]) -> Result | None:
+    if not isinstance(test, dict) or not isinstance(test.get("name"), str):
+        problems.append(f"a test without a name: {test!r:.80}")
+        return None
+    name = test["name"]
+    results = test.get("results")
+    if not isinstance(results, list) or not results:
+        problems.append(f"test {name!r}: no results")
+        return None
+    statuses: list[str] = []
+    words: list[str] = []
+    for result in results:
+        raw = result.get("status") if isinstance(result, dict) else None
+        status = DCGM_STATUSES.get(" ".join(str(raw).split()).lower()) if raw else None
+        if status is None:
+            problems.append(f"test {name!r}: a result of unknown status {raw!r:.40}")
+            continue
+        statuses.append(status)
+        if status in ("fail", "warn"):
+            for item in [*(result.get("warnings") or []), *(result.get("info") or [])]:
+                if word := _dcgm_text(item):
+                    words.append(word)
+    if not statuses:
+        return None
+    worst: str | None = next((s for s in ("fail", "warn") if s in statuses), None)
+    if worst is None:
+        worst = "pass" if "pass" in statuses else statuses[0]
+    return {"name": name, "category": category, "status": worst, "detail": words[:3]}

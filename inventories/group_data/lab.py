@@ -71,10 +71,14 @@ reboot = {"command": list(REBOOT_COMMAND)}
 infiniband = {"enabled": True}
 nccl = {"env": {"NCCL_SOCKET_IFNAME": "eth0", "NCCL_IB_HCA": "mlx5", "NCCL_DEBUG": "WARN"}}
 
-# Malware scans are off in the lab (each test module turns on what it checks); where a run
-# turns them on, the signatures come from the lab's own mirror, as at an air-gapped site:
-# one custom database that detects the EICAR test file (lab/signatures.py), ClamAV's
-# official databases excluded (database.clamav.net is unreachable from the lab).
+# Audits: off for the lab's runs, so every module's converge stays fast and its node as the
+# module left it (a fresh lab node would install auditd's and lynis's packages otherwise);
+# tests/integration/test_audit.py and test_malware_scan.py turn them on for their own runs
+# (--data), as test_file_integrity.py does AIDE. auditd would be skipped here anyway: a
+# container's kernel (its host's) refuses audit. Where a run turns malware scans on, the
+# signatures come from the lab's own mirror, as at an air-gapped site: one custom database
+# that detects the EICAR test file (lab/signatures.py), ClamAV's official databases excluded
+# (database.clamav.net is unreachable from the lab).
 audit = {
     "malware_scan": {
         "enabled": False,
@@ -83,5 +87,16 @@ audit = {
             "custom_urls": [f"{_lab.clamav_mirror_url}/gpunode-lab.hdb"],
             "official": False,
         },
-    }
+    },
+    "auditd": {"enabled": False},
+    "lynis": {"enabled": False},
+    "tools": {
+        "process_accounting": False,
+        "sysstat": False,
+        "debsums": False,
+        "needrestart": False,
+        "apt_listchanges": False,
+        "pam_tmpdir": False,
+        "private_home_directories": False,
+    },
 }

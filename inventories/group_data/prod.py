@@ -37,8 +37,11 @@ gpu_metrics = {"enabled": True}
 node_exporter = {"enabled": True}
 # Files changed outside a gpunode run (no package explains them) are drift findings: AIDE
 # over the system's programs and configuration, checked nightly.
-# Malware scans (ClamAV, report only) of the system's paths nightly after it, with the
-# signatures from the site's mirror of ClamAV's databases (made with ClamAV's cvdupdate).
+# auditd's watches on accounts, sudoers, sshd and gpunode's files; lynis weekly (Sunday), its
+# index floor what deploys/harden.py reaches on a real kernel less a margin; the audit tools
+# (the model's defaults: all on) and a copy of the logs on the site's log host. Malware scans
+# (ClamAV, report only) of the system's paths nightly after AIDE, with the signatures from the
+# site's mirror of ClamAV's databases (made with ClamAV's cvdupdate).
 audit = {
     "file_integrity": {"enabled": True, "schedule": "*-*-* 03:30:00"},
     "malware_scan": {
@@ -46,6 +49,14 @@ audit = {
         "schedule": "*-*-* 04:30:00",
         "signatures": {"private_mirror": "http://mirror.dc1.example.net/clamav"},
     },
+    "auditd": {"enabled": True},
+    "lynis": {
+        "enabled": True,
+        "schedule": "Sun *-*-* 05:30:00",
+        "max_age_hours": 8 * 24,
+        "min_hardening_index": 75,
+    },
+    "tools": {"remote_syslog_host": "logs.dc1.example.net"},
 }
 
 # An air-gapped site: every repository is the local mirror.

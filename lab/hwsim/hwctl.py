@@ -5,6 +5,7 @@ Tests use it to look at what a deploy converged and to inject drift or faults::
     gpunode-lab-hw show [PATH]           # the state (or the part at PATH) as JSON
     gpunode-lab-hw set PATH VALUE        # e.g. set gpus.3.present false
     gpunode-lab-hw reboot                # what a reboot does to the GPUs (hwstate.reboot)
+    gpunode-lab-hw reboot --boot         # ... then what the boot does for the GPU units
     gpunode-lab-hw devices               # /dev/nvidiaN of the GPUs, as the driver makes them
 
 PATH is dotted, list positions are numbers: ``gpus.3.ecc_errors.volatile.dram_uncorrectable``,
@@ -18,13 +19,17 @@ from __future__ import annotations
 import json
 import os
 import stat
+import subprocess
 import sys
 from collections.abc import Sequence
 from typing import Any
 
 from . import hwstate
 
-USAGE = "usage: gpunode-lab-hw show [PATH] | set PATH VALUE | reboot | devices\n"
+USAGE = "usage: gpunode-lab-hw show [PATH] | set PATH VALUE | reboot [--boot] | devices\n"
+# The units a boot starts that read or change the GPUs, in the order systemd starts them:
+# gpunode's GPU settings unit (roles.gpu_settings.BOOT_UNIT: Before=slurmd.service), slurmd.
+BOOT_UNITS = ("gpunode-gpu-settings.service", "slurmd.service")
 # The NVIDIA driver's character devices: major 195, minor the GPU's minor number
 # (nvidia-modprobe makes /dev/nvidiaN so; nvidia-smi -q reports the minor number).
 NVIDIA_MAJOR = 195
@@ -48,9 +53,11 @@ def main(argv: Sequence[str]) -> int:
                 assign(state, path, parse_value(text))
         elif command == "devices" and not arguments:
             make_device_files(hwstate.load(), os.environ.get(DEVICE_DIR_ENV, "/dev"))
-        elif command == "reboot" and not arguments:
+        elif command == "reboot" and arguments in ([], ["--boot"]):
             with hwstate.mutate() as state:
                 hwstate.reboot(state)
+            if arguments:
+                boot()
         else:
             sys.stderr.write(USAGE)
             return EXIT_USAGE
@@ -58,6 +65,28 @@ def main(argv: Sequence[str]) -> int:
         sys.stderr.write(f"gpunode-lab-hw: {error}\n")
         return 1
     return 0
+
+
+def boot() -> None:
+    """What the node's boot does after a reboot for the enabled ``BOOT_UNITS``: they start
+    again, in one systemd transaction, so their own ordering (``Before=``/``After=``) decides
+    which runs first, as at boot. The container itself keeps running. A unit that fails is
+    said on stderr and does not fail the reboot, as a failed unit does not stop a boot."""
+    units = [
+        unit
+        for unit in BOOT_UNITS
+        if subprocess.run(
+            ["systemctl", "is-enabled", "--quiet", unit], check=False, stdin=subprocess.DEVNULL
+        ).returncode
+        == 0
+    ]
+    if not units:
+        return
+    # Stopped first: restarting a running slurmd alone would not wait for the settings unit.
+    subprocess.run(["systemctl", "stop", *units], check=False, stdin=subprocess.DEVNULL)
+    started = subprocess.run(["systemctl", "start", *units], check=False, stdin=subprocess.DEVNULL)
+    if started.returncode != 0:
+        sys.stderr.write(f"gpunode-lab-hw: boot: a unit of {', '.join(units)} failed\n")
 
 
 def make_device_files(state: Any, directory: str) -> list[str]:

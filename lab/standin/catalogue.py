@@ -688,10 +688,15 @@ def _dkms_conf(version: str) -> str:
     )
 
 
+# Run on the node by the node's python3, from the stand-in dcgmi itself.
+DCGMI_DIAG_SOURCE = (Path(__file__).with_name("dcgmi_diag.py")).read_text(encoding="utf-8")
+
+
 def _dcgmi_script(version: str) -> str:
     return f"""#!/bin/sh
 # gpunode lab stand-in for dcgmi {version}: --version, and discovery -l from nvidia-smi -L
-# while nv-hostengine runs.
+# and diag -r 1|2 -j from the simulated GPUs (lab/standin/dcgmi_diag.py) while nv-hostengine
+# runs.
 PID_FILE=/var/run/nvidia-hostengine/nv-hostengine.pid
 case "$1" in
     -v|--version) echo "dcgmi  version: {version}"; exit 0 ;;
@@ -716,7 +721,12 @@ if [ "$1" = discovery ] && [ "$2" = -l ]; then
     done
     exit 0
 fi
-echo "dcgmi: the gpunode lab stand-in only answers --version and discovery -l" >&2
+if [ "$1" = diag ]; then
+    exec python3 - {version} "$@" <<'DCGMI_DIAG'
+{DCGMI_DIAG_SOURCE}
+DCGMI_DIAG
+fi
+echo "dcgmi: the gpunode lab stand-in only answers --version, discovery -l and diag" >&2
 exit 1
 """
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import runpy
 import signal
 import subprocess
 import sys
@@ -240,13 +241,26 @@ def lab_desired_state(inventory: str = "inventories/lab.py") -> DesiredState:
     return next(iter(hosts.values()))
 
 
+def lab_group_data(key: str) -> Any:
+    """One key of inventories/group_data/lab.py, as the lab inventory's hosts have it."""
+    return runpy.run_path(str(ROOT / "inventories" / "group_data" / "lab.py"))[key]
+
+
+def lab_audit_data(**sections: Any) -> str:
+    """``--data audit=...``: the lab's audit settings with these sections replaced. pyinfra's
+    --data replaces the whole key, so the lab's other audit sections are kept here (a module
+    that turns one audit on leaves the others off, as the rest of the suite has them)."""
+    return "audit=" + json.dumps({**lab_group_data("audit"), **sections})
+
+
 def write_inventory(
     path: Path, lab: Lab, nodes: list[LabNode], data: dict[str, dict[str, Any]]
 ) -> str:
     """A throw-away inventory of lab nodes with per-host data (``data[node.name]``).
 
     It sits outside inventories/, so no group data applies: only connection settings, the
-    lab's way of rebooting (its GPU simulator, never the container) and what the test passes.
+    lab's way of rebooting (its GPU simulator, never the container), the lab's audit settings
+    (off: no module's converge installs the audit packages) and what the test passes.
     """
     hosts = []
     for node in nodes:
@@ -258,6 +272,7 @@ def write_inventory(
             "ssh_strict_host_key_checking": "yes",
             "_sudo": True,
             "reboot": {"command": list(REBOOT_COMMAND)},
+            "audit": lab_group_data("audit"),
             **data.get(node.name, {}),
         }
         hosts.append((node.name, host_data))

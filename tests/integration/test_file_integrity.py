@@ -23,7 +23,7 @@ from gpunode.expected.audit import CONFIG, PROGRAM, STATE_DIR, SUMMARY, UNIT
 from gpunode.model import FileIntegrity
 from lab import Lab, LabNode, hwsim
 
-from .conftest import run_pyinfra, ssh
+from .conftest import lab_audit_data, run_pyinfra, ssh
 
 pytestmark = pytest.mark.lab
 
@@ -31,12 +31,10 @@ ROOT = Path(__file__).resolve().parents[2]
 GPUNODE = str(Path(sys.executable).with_name("gpunode"))
 DEPLOY = "deploys/harden.py"
 IMPLANT = "/usr/local/bin/gpunode-test-implant"
-AUDIT = "audit=" + json.dumps(
-    {
-        "file_integrity": {
-            "enabled": True,
-            "exclude": [*FileIntegrity().exclude, *hwsim.simulator_paths()],
-        }
+AUDIT = lab_audit_data(
+    file_integrity={
+        "enabled": True,
+        "exclude": [*FileIntegrity().exclude, *hwsim.simulator_paths()],
     }
 )
 # A sysctl no other test sets: a change of gpunode's own sysctl file, made by a run.

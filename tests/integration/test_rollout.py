@@ -10,11 +10,18 @@ host going down) and started again finishes without touching the finished node a
 drained by hand is neither drained, converged nor resumed, by the rollout or by
 ``gpunode drift --drain critical``, which drains a node with a critical finding and resumes
 it once clean. The GPU settings the simulated reboot resets come back from the boot unit
-before slurmd starts.
+before slurmd starts. A MIG node rebooted by a rollout (``gpunode-lab-hw reboot --boot``: the
+GPUs lose their instances, then the boot starts the units) has its MIG layout back from the
+boot unit before slurmd and passes the gate; when the boot cannot lay it out, the gate fails
+with ``gpu.mig_layout`` and the node stays drained. With ``--dcgm-diag`` the gate runs DCGM's
+diagnostic (the lab's stand-in dcgmi) on the node that declares DCGM, not on the other, and a
+fault in the simulated GPUs fails the named test.
 """
 
 from __future__ import annotations
 
+import base64
+import dataclasses
 import json
 import os
 import re
@@ -29,10 +36,11 @@ from typing import Any
 import pytest
 
 from lab import Lab, LabNode
-from roles.gpu_settings import BOOT_UNIT
+from lab.hwsim.hwstate import DEFAULT_STATE_PATH
+from roles.gpu_settings import BOOT_SETTINGS, BOOT_UNIT
 
 from . import test_slurm
-from .conftest import GPUNODE, ROOT, PyinfraRun, run_pyinfra, write_inventory
+from .conftest import GPUNODE, ROOT, PyinfraRun, run_pyinfra, ssh, write_inventory
 from .test_slurm import on_controller, sudo
 
 # test_slurm's module fixtures (its controller, converge and registration): shared, not copied.
@@ -95,9 +103,13 @@ def rollout_argv(scheduler_ssh: str, state: Path, *extra: str) -> list[str]:
     ]  # fmt: skip
 
 
-def run_rollout(scheduler_ssh: str, state: Path, *extra: str) -> PyinfraRun:
+def run_rollout(
+    scheduler_ssh: str, state: Path, *extra: str, inventory: str = INVENTORY, deploy: str = DEPLOY
+) -> PyinfraRun:
+    argv = rollout_argv(scheduler_ssh, state, *extra)
+    argv[2:4] = [inventory, deploy]
     done = subprocess.run(
-        rollout_argv(scheduler_ssh, state, *extra),
+        argv,
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -456,3 +468,196 @@ def test_gpu_settings_come_back_at_boot_before_slurmd_starts(
         again = run_pyinfra(DEPLOY, "--limit", node.name)
         assert again.returncode == 0, again.output[-4000:]
     assert takes_jobs(lab, node)
+
+
+# The rollout's change for the MIG node: the GPU settings role, then the driver role's reboot
+# step (its name is what the rollout counts as a reboot), which the simulated driver needs.
+MIG_DEPLOY = f"""\
+import sys
+
+sys.path.insert(0, {str(ROOT)!r})
+
+from gpunode.inventory import desired_state
+from roles.gpu_settings import gpu_settings
+from roles.nvidia_driver import driver_reboot
+
+desired = desired_state()
+gpu_settings(desired=desired)
+driver_reboot(
+    name="Loaded kernel module is the installed one (reboot: if-needed)",
+    policy="if-needed",
+    reboot_command=desired.reboot.command,
+)
+"""
+HALVES = ["3g.40gb", "3g.40gb"]
+# The simulated reboot, then the boot's start of the GPU settings unit and slurmd.
+REBOOT_AND_BOOT = ["gpunode-lab-hw", "reboot", "--boot"]
+OTHER_DRIVER = "550.127.08"  # loaded by the simulated GPUs: the installed one needs a reboot
+INJECTED_DIR = "/usr/local/lib/gpunode-test-inject"
+INJECTED_DROP_IN = f"/etc/systemd/system/{BOOT_UNIT}.d/test-inject.conf"
+# A drop-in no deploy manages: the boot unit's PATH finds an nvidia-smi that fails GPU 0's
+# "mig -i 0 -cgi ..." as the driver does when it cannot place them.
+BREAK_LAYOUT_AT_BOOT = (
+    f"mkdir -p {INJECTED_DIR} /etc/systemd/system/{BOOT_UNIT}.d && "
+    f"printf '%s\\n' '#!/bin/sh' "
+    '\'[ "$1 $2 $3 $4" = "mig -i 0 -cgi" ] && '
+    '{{ echo "Failed to create GPU instances: Insufficient Resources"; exit 255; }}\' '
+    "'exec {real} \"$@\"' "
+    f"> {INJECTED_DIR}/nvidia-smi && chmod 755 {INJECTED_DIR}/nvidia-smi && "
+    f"printf '[Service]\\nEnvironment=PATH={INJECTED_DIR}:/usr/sbin:/usr/bin:/sbin:/bin\\n' "
+    f"> {INJECTED_DROP_IN} && systemctl daemon-reload"
+)
+
+
+def gpu_instances(lab: Lab, node: LabNode) -> dict[int, list[str]]:
+    """GPU index -> the profiles of its GPU instances (``nvidia-smi mig -lgi``)."""
+    listing = ssh(lab, node, "nvidia-smi mig -lgi").stdout
+    found: dict[int, list[str]] = {}
+    for gpu, profile in re.findall(r"^\|\s+(\d+)\s+MIG (\S+)\s+\d+\s+\d+\s+\d+:\d+", listing, re.M):
+        found.setdefault(int(gpu), []).append(profile)
+    return found
+
+
+@pytest.fixture
+def mig_node(lab: Lab, ready: list[LabNode], members: list[LabNode]) -> Iterator[LabNode]:
+    """A Slurm member whose simulated GPUs have MIG (the A100 node, else the H100 one), in MIG
+    mode with no instance yet; its simulated hardware and boot settings put back after."""
+    by_profile = {node.profile: node for node in members}
+    node = by_profile.get("a100") or by_profile["hgx-h100"]
+    saved_state = sudo(lab, node, f"cat {DEFAULT_STATE_PATH}")
+    saved_settings = sudo(lab, node, f"cat {BOOT_SETTINGS} 2>/dev/null || true")
+    sudo(lab, node, "nvidia-smi -mig 1 >/dev/null && gpunode-lab-hw reboot")
+    try:
+        yield node
+    finally:
+        sudo(lab, node, f"rm -rf {INJECTED_DIR} {INJECTED_DROP_IN} && systemctl daemon-reload")
+        for path, text in ((DEFAULT_STATE_PATH, saved_state), (BOOT_SETTINGS, saved_settings)):
+            if not text and path == BOOT_SETTINGS:
+                sudo(lab, node, f"rm -f {BOOT_SETTINGS}")
+                continue
+            encoded = base64.b64encode(text.encode()).decode()
+            sudo(
+                lab, node,
+                f"echo {encoded} | base64 -d > {path}.restore && chmod 644 {path}.restore && "
+                f"mv {path}.restore {path}",
+            )  # fmt: skip
+
+
+def test_a_mig_node_rebooted_by_a_rollout_gets_its_layout_back_before_slurmd_or_stays_drained(
+    lab: Lab, mig_node: LabNode, scheduler_ssh: str, tmp_path: Path
+) -> None:
+    node = mig_node
+    slurm = lab.slurm_settings()
+    assert slurm is not None
+    data = {
+        "slurm": dataclasses.asdict(slurm),
+        "gpu_settings": {"persistence_mode": None, "mig": True, "mig_layout": HALVES},
+        "reboot": {"command": REBOOT_AND_BOOT},
+    }
+    inventory = write_inventory(tmp_path / "mig_inventory.py", lab, [node], {node.name: data})
+    deploy = tmp_path / "mig_deploy.py"
+    deploy.write_text(MIG_DEPLOY)
+    gpus = len(sudo(lab, node, "nvidia-smi -L").splitlines())
+    laid_out = {index: HALVES for index in range(gpus)}
+    # Before the rollout: the layout laid out by a converge (the one extra converge).
+    before = run_pyinfra(str(deploy), inventory=inventory)
+    assert before.returncode == 0, before.output[-4000:]
+    assert gpu_instances(lab, node) == laid_out
+    assert f"MIG_LAYOUT={','.join(HALVES)}" in sudo(lab, node, f"cat {BOOT_SETTINGS}")
+
+    sudo(lab, node, f"gpunode-lab-hw set driver_version '\"{OTHER_DRIVER}\"'")
+    state = tmp_path / "passes.json"
+    run = run_rollout(scheduler_ssh, state, inventory=inventory, deploy=str(deploy))
+    assert run.returncode == 0, run.output[-4000:]
+    assert run.results is not None
+    record = run.results["nodes"][node.name]
+    assert (record["phase"], record["rebooted"]) == ("done", True), record
+    assert sudo(lab, node, "gpunode-lab-hw show driver_version").strip() != f'"{OTHER_DRIVER}"'
+    # Laid out again by the boot unit (the rollout's converge ran before the reboot), and
+    # done before slurmd began to start.
+    assert gpu_instances(lab, node) == laid_out
+    journal = sudo(lab, node, f"journalctl -u {BOOT_UNIT} -n 400 --no-pager -o cat")
+    assert f"gpunode-gpu-settings: nvidia-smi mig -i 0 -cgi {','.join(HALVES)} -C" in journal
+    settings, slurmd = unit_times(lab, node, BOOT_UNIT), unit_times(lab, node, "slurmd.service")
+    assert settings["ActiveEnterTimestampMonotonic"] <= slurmd["InactiveExitTimestampMonotonic"]
+    assert takes_jobs(lab, node)
+
+    # The boot's layout step broken on GPU 0: the unit's nvidia-smi refuses to create its
+    # instances there (what a GPU that refuses them would answer), nothing else changes.
+    sudo(
+        lab,
+        node,
+        BREAK_LAYOUT_AT_BOOT.format(real=sudo(lab, node, "command -v nvidia-smi").strip()),
+    )
+    sudo(lab, node, f"gpunode-lab-hw set driver_version '\"{OTHER_DRIVER}\"'")
+    state = tmp_path / "fails.json"
+    run = run_rollout(scheduler_ssh, state, inventory=inventory, deploy=str(deploy))
+    assert run.returncode == 3, run.output[-4000:]  # stopped by the budget (--max-failures 0)
+    assert run.results is not None
+    record = run.results["nodes"][node.name]
+    assert (record["phase"], record["rebooted"]) == ("failed", True), record
+    assert "health gate: gpu.mig_layout:0" in record["note"], record
+    assert gpu_instances(lab, node) == {i: HALVES for i in range(1, gpus)}
+    slurm_state, reason, _ = slurm_view(lab, node)
+    assert slurm_state in ("drained", "draining")
+    assert reason.startswith(
+        f"gpunode: rollout {run.results['id']} failed health gate gpu.mig_layout:0"
+    ), reason
+    journal = sudo(lab, node, f"journalctl -u {BOOT_UNIT} -n 400 --no-pager -o cat")
+    assert "gpunode-gpu-settings: failed: nvidia-smi mig -i 0 -cgi" in journal
+
+
+ROW_REMAP = "Page Retirement/Row Remap"
+
+
+@pytest.fixture
+def dcgm_node(lab: Lab, ready: list[LabNode], members: list[LabNode]) -> Iterator[LabNode]:
+    """A Slurm member with DCGM (the stand-in DCGM 4 the module's converge installed) and its
+    host engine running; its simulated GPUs without a pending row remap again after."""
+    node = members[0]
+    sudo(lab, node, "dcgmi --version && systemctl start nvidia-dcgm")
+    try:
+        yield node
+    finally:
+        sudo(lab, node, "gpunode-lab-hw set gpus.2.remapped_rows.pending No")
+
+
+def test_the_dcgm_diagnostic_gates_nodes_that_declare_dcgm_and_is_skipped_elsewhere(
+    lab: Lab, dcgm_node: LabNode, members: list[LabNode], scheduler_ssh: str, tmp_path: Path
+) -> None:
+    others = [node for node in members if node != dcgm_node]
+    assert others, "the lab needs two Slurm members"
+    slurm = lab.slurm_settings()
+    assert slurm is not None
+    common = {"slurm": dataclasses.asdict(slurm), "gpu_settings": {"persistence_mode": None}}
+    data = {node.name: common for node in others}
+    data[dcgm_node.name] = {**common, "dcgm": {"enabled": True, "cuda_major": 13}}
+    inventory = write_inventory(tmp_path / "dcgm_inventory.py", lab, members, data)
+    deploy = tmp_path / "gpu_settings.py"
+    deploy.write_text(SETTINGS_DEPLOY)
+    argv = ("--batch", "2", "--dcgm-diag", "quick")
+    run = run_rollout(scheduler_ssh, tmp_path / "passes.json", *argv, inventory=inventory,
+                      deploy=str(deploy))  # fmt: skip
+    assert run.returncode == 0, run.output[-4000:]
+    assert run.results is not None
+    notes = {name: record["note"] for name, record in run.results["nodes"].items()}
+    assert notes[dcgm_node.name] == "resumed (DCGM diagnostic level 1 passed)", notes
+    for other in others:
+        assert notes[other.name] == "resumed (DCGM diagnostic skipped: dcgm not declared)"
+    summary = run.output[run.output.index("batch  node") :]
+    assert "DCGM diagnostic skipped: dcgm not declared" in summary
+
+    # A fault in the simulated GPUs that DCGM's deployment checks see: a pending row remap.
+    sudo(lab, dcgm_node, "gpunode-lab-hw set gpus.2.remapped_rows.pending Yes")
+    run = run_rollout(scheduler_ssh, tmp_path / "fails.json", *argv, "--limit", dcgm_node.name,
+                      inventory=inventory, deploy=str(deploy))  # fmt: skip
+    assert run.returncode == 3, run.output[-4000:]
+    assert run.results is not None
+    record = run.results["nodes"][dcgm_node.name]
+    assert record["phase"] == "failed", record
+    assert f"health gate: dcgm.diag:{ROW_REMAP}" in record["note"], record
+    slurm_state, reason, _ = slurm_view(lab, dcgm_node)
+    assert slurm_state in ("drained", "draining")
+    assert reason.startswith(
+        f"gpunode: rollout {run.results['id']} failed health gate dcgm.diag:{ROW_REMAP}"
+    ), reason

@@ -928,3 +928,12 @@ def test_a_lab_nodes_kernel_lists_the_nvidia_module_as_depmod_would() -> None:
     content, mode = files[f"/lib/modules/{os.uname().release}/modules.dep"]
     assert re.search(rb"/(nvidia|nvidia-current)\.ko", content)
     assert mode == 0o644
+
+
+def test_the_simulated_boot_starts_gpunodes_gpu_settings_unit_before_slurmd() -> None:
+    from lab.hwsim.hwctl import BOOT_UNITS
+    from roles.gpu_settings import BOOT_UNIT, BOOT_UNIT_TEXT
+
+    assert BOOT_UNITS == (BOOT_UNIT, "slurmd.service")
+    # The order comes from the unit itself (one systemd transaction starts both).
+    assert "Before=slurmd.service" in BOOT_UNIT_TEXT.splitlines()

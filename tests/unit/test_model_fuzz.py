@@ -435,6 +435,24 @@ def _freshclam_url(state: DesiredState, value: str) -> None:
     assert f"PrivateMirror {value}" in lines or f"DatabaseCustomURL {value}" in lines
 
 
+def _lynis_schedule(state: DesiredState, value: str) -> None:
+    from gpunode.expected.lynis import render_timer_drop_in
+
+    lines = render_timer_drop_in(value).splitlines()
+    assert lines.count(f"OnCalendar={value}") == 1
+    assert "%" not in value and "\n" not in value  # systemd specifiers, a second line
+
+
+def _remote_syslog(state: DesiredState, value: str) -> None:
+    from gpunode.expected.lynis import render_rsyslog_forward
+
+    if not value:
+        return  # empty: no forwarding (roles/lynis.py writes no file)
+    (forward,) = [line for line in render_rsyslog_forward(value, 514).splitlines()
+                  if not line.startswith("#")]  # fmt: skip
+    assert forward.split() == ["*.*", f"@@{value}:514"]
+
+
 RENDERED: dict[str, Callable[[DesiredState, str], None]] = {
     "Sshd.listen_addresses": _sshd,
     "Sshd.penalty_exempt_networks": _penalty_exempt,
@@ -458,6 +476,8 @@ RENDERED: dict[str, Callable[[DesiredState, str], None]] = {
     "MalwareScan.exclude": _malware_scan_paths,
     "MalwareSignatures.private_mirror": _freshclam_url,
     "MalwareSignatures.custom_urls": _freshclam_url,
+    "Lynis.schedule": _lynis_schedule,
+    "AuditTools.remote_syslog_host": _remote_syslog,
 }
 
 

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from facts.lynis import parse_report as parse_lynis_report
 from gpunode import framing
 from gpunode.framing import PartOutput
 from gpunode.probe import file_integrity, malware_scan
@@ -27,6 +28,7 @@ from gpunode.probe.parsers import (
     combined_command,
     framed,
     parse_combined,
+    parse_dcgm_diag,
     parse_gpu_report,
     parse_ib_flaps,
     parse_ibstat,
@@ -59,6 +61,11 @@ def read(relative: str) -> str:
 
 def whole(text: str) -> str:
     return text
+
+
+def lynis_report(text: str) -> dict[str, Any]:
+    """facts.lynis's report parser in the shape the fixture checks read."""
+    return {"state": "ok", "command": "cat /var/log/lynis-report.dat", **parse_lynis_report(text)}
 
 
 def capture_section(title: str) -> Extract:
@@ -97,6 +104,7 @@ FIXTURE_CASES: dict[str, list[tuple[str, Extract, Parser]]] = {
     H100_MIG_CAPTURE: CAPTURE_CASES,
     L40S_CAPTURE: CAPTURE_CASES,
     "ibstat/ibstat.47.0.h100.all.active.0": [("ibstat", whole, parse_ibstat)],
+    "dcgm/dcgmi-diag-r1-j.3.1.0.8gpu.pass.txt": [("diag -j", whole, parse_dcgm_diag)],
     "ibstat/ibstat.47.0.a100.all.active.0": [("ibstat", whole, parse_ibstat)],
     "ibstat/ibstat.47.0.h100.some.down.0": [("ibstat", whole, parse_ibstat)],
     "ibstat/ibstat.47.0.h100.some.down.1": [("ibstat", whole, parse_ibstat)],
@@ -118,6 +126,7 @@ FIXTURE_CASES: dict[str, list[tuple[str, Extract, Parser]]] = {
     "clamav/clamscan-1.4.6-deb12-infected.stdout": [("clamscan", whole, _clamscan)],
     "clamav/clamscan-1.4.6-deb12-clean.stdout": [("clamscan", whole, _clamscan)],
     "clamav/clamscan-1.4.6-deb12-error.stdout": [("clamscan", whole, _clamscan)],
+    "lynis/lab-bookworm-harden.report.dat": [("lynis-report.dat", whole, lynis_report)],
 }
 NOT_COMMAND_OUTPUT = {
     "PROVENANCE.md": "where the fixtures come from",

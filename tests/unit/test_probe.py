@@ -579,7 +579,7 @@ def test_main_prints_one_json_document_even_when_the_probe_fails(
 def test_probe_command_fits_in_one_argument_and_validates_its_time() -> None:
     # Linux caps one argument (the command sshd hands to the shell) at 128 KiB.
     assert len(probe_command()) < 100_000
-    assert len(probe_command(ship_pynvml=False)) < 25_000
+    assert len(probe_command(ship_pynvml=False)) < 30_000  # with the MIG listing reader
     with pytest.raises(ValueError):
         probe_command(xid_since="yesterday; rm -rf /")
     assert "--xid-since 2026-11-30T10:00:00Z" in probe_command(xid_since="2026-11-30T10:00:00Z")
@@ -809,3 +809,118 @@ def test_an_installed_probe_that_differs_is_not_run(lab_root: Path) -> None:
     assert report["nvml"]["module"] == "pynvml.py (shipped)"
     [call] = log.read_text().splitlines()
     assert call.startswith("-I -c "), call
+
+
+# --- MIG instances ----------------------------------------------------------------------------
+
+
+def a100_in_mig_mode(layouts: dict[int, list[str]]) -> dict[str, Any]:
+    """The lab's A100 node, every GPU in MIG mode, GPU i holding the instances ``layouts[i]``
+    (created as ``nvidia-smi mig -cgi`` creates them)."""
+    state = hardware("a100")
+    for gpu in state["gpus"]:
+        gpu["mig_mode"] = {"current": "Enabled", "pending": "Enabled"}
+    for index, names in layouts.items():
+        gpu = state["gpus"][index]
+        for name in names:
+            profile = next(p for p in gpu["mig_profiles"] if p["name"] == name)
+            start = nvidia_smi._choose_placement(gpu, profile)
+            assert start is not None
+            nvidia_smi._create(index, gpu, profile, start, {"default_compute_instance": True})
+    return state
+
+
+def instance_profiles(report: dict[str, Any]) -> list[list[str] | None]:
+    return [
+        None if gpu["gpu_instances"] is None else [i["profile"] for i in gpu["gpu_instances"]]
+        for gpu in report["gpus"]
+    ]
+
+
+def test_gpu_instances_come_from_one_mig_listing_on_both_paths() -> None:
+    state = a100_in_mig_mode({0: ["3g.40gb", "3g.40gb"], 1: ["4g.40gb", "2g.20gb"]})
+    node = FakeNode(state)
+    through_smi = collect(node, None, "not shipped", None)
+    through_nvml = collect(FakeNode(state), FakeNvml(state), "fake", None)
+    expected = [["3g.40gb", "3g.40gb"], ["4g.40gb", "2g.20gb"], *[[]] * 6]
+    assert instance_profiles(through_smi) == instance_profiles(through_nvml) == expected
+    assert through_smi["mig_listing"] == {
+        "state": "ok", "command": "nvidia-smi mig -lgi", "reason": ""
+    }  # fmt: skip
+    assert through_smi["gpus"][0]["gpu_instances"][0] == {
+        "id": 1, "profile": "3g.40gb", "profile_id": 9, "start": 4, "size": 4
+    }  # fmt: skip
+    assert [call for call in node.calls if call[1:2] == ["mig"]] == [["nvidia-smi", "mig", "-lgi"]]
+    # Read back on the control side, the record keeps them.
+    shipped = parse_section("gpu", framing.output_of({"gpu": [json.dumps(through_smi)]}))
+    assert instance_profiles(shipped) == expected
+
+
+def test_no_gpu_in_mig_mode_runs_no_mig_listing() -> None:
+    node = FakeNode(hardware("a100"))
+    report = collect(node, None, "not shipped", None)
+    assert report["mig_listing"] is None
+    assert instance_profiles(report) == [[]] * 8
+    assert not [call for call in node.calls if "mig" in call]
+
+
+def test_after_a_reboot_the_gpus_hold_no_instance_and_the_gate_says_so() -> None:
+    from gpunode.drift.rules import evaluate
+    from gpunode.model import build_desired_state
+    from lab.hwsim import hwstate
+
+    state = a100_in_mig_mode({index: ["3g.40gb", "3g.40gb"] for index in range(8)})
+    data = {
+        "expected_hardware": {"gpu_model": "NVIDIA A100-SXM4-80GB"},
+        "gpu_settings": {"mig": True, "mig_layout": ["3g.40gb", "3g.40gb"]},
+    }
+    desired, problems = build_desired_state(data)
+    assert problems == []
+
+    def gate(state: dict[str, Any]) -> dict[str, str]:
+        report = collect(FakeNode(state), None, "not shipped", None)
+        facts = {"gpu": parse_section("gpu", framing.output_of({"gpu": [json.dumps(report)]}))}
+        return {
+            f.id: f.found for f in evaluate("node-a", desired, facts) if f.id.startswith("gpu.mig")
+        }
+
+    assert gate(state) == {}
+    hwstate.reboot(state)  # the driver keeps no MIG instance across a reboot
+    assert gate(state) == {
+        f"gpu.mig_layout:{index}": "no GPU instances (none laid out at boot)" for index in range(8)
+    }
+
+
+def test_an_unreadable_mig_listing_leaves_the_instances_unknown_not_empty() -> None:
+    state = a100_in_mig_mode({0: ["3g.40gb", "3g.40gb"]})
+    for answer, reason in [
+        (Completed(0, "| 0  MIG 3g.40gb  9  1  4:4 | extra\n", ""), "unexpected line"),
+        (Completed(None, "", "timed out"), "timed out (a GPU may be hung)"),
+        (Completed(255, "", "Unknown Error"), "exit code 255: other error"),
+        (Completed(0, "| 9  MIG 3g.40gb  9  1  4:4 |\n", ""), "instances of GPU 9"),
+    ]:
+        node = FakeNode(state)
+
+        def smi(argv: list[str], node: FakeNode = node, answer: Completed = answer) -> Completed:
+            if argv[1:] == ["mig", "-lgi"]:
+                return answer
+            node.commands.pop("nvidia-smi")
+            try:
+                return node.run(argv)
+            finally:
+                node.commands["nvidia-smi"] = smi
+
+        node.commands["nvidia-smi"] = smi
+        report = collect(node, None, "not shipped", None)
+        assert report["state"] == "ok"
+        assert report["mig_listing"]["state"] == "unreadable"
+        assert reason in report["mig_listing"]["reason"], report["mig_listing"]
+        assert instance_profiles(report) == [None] * 8
+
+
+def test_no_gpu_instances_is_an_answer_although_nvidia_smi_exits_6() -> None:
+    state = a100_in_mig_mode({})
+    node = FakeNode(state)
+    report = collect(node, None, "not shipped", None)
+    assert report["mig_listing"]["state"] == "ok"
+    assert instance_profiles(report) == [[]] * 8
