@@ -22,18 +22,14 @@ from pathlib import Path
 from pyinfra import host
 from pyinfra.api import deploy, operation
 from pyinfra.facts.server import Date
-from pyinfra.operations import apt, files, systemd
+from pyinfra.operations import apt, files
 
 from facts.audit import FileIntegrityState
-from facts.freshness import UnitsNeedDaemonReload
 from gpunode import pyinfra_patches
 from gpunode.expected import audit as expected
 from gpunode.model import DesiredState
 from gpunode.probe import file_integrity as file_integrity_program
-
-UNIT_DIR = "/etc/systemd/system"
-SERVICE = f"{UNIT_DIR}/{expected.UNIT}.service"
-TIMER = f"{UNIT_DIR}/{expected.UNIT}.timer"
+from roles.scheduled_units import no_scheduled_unit, scheduled_unit
 
 
 @operation()
@@ -63,17 +59,11 @@ def integrity_database_takes_this_run(run_started: datetime) -> Generator[str, N
     yield expected.adopt_command(run_started.timestamp())
 
 
-def _no_file_integrity() -> None:
-    timer = files.file(name="No file integrity timer", path=TIMER, present=False)
-    files.file(name="No file integrity service", path=SERVICE, present=False)
-    systemd.daemon_reload(name="Reload systemd after removing units", _if=timer.did_change)
-
-
 @deploy("File integrity (AIDE)")
 def file_integrity(desired: DesiredState) -> None:
     settings = desired.audit.file_integrity
     if not settings.enabled:
-        _no_file_integrity()
+        no_scheduled_unit(expected.UNIT, "file integrity")
         return
     # aide alone: aide-common (recommended) brings Debian's configuration and its daily
     # check of the whole system, which this role does not use.
@@ -94,25 +84,8 @@ def file_integrity(desired: DesiredState) -> None:
         mode="644",
     )
     files.directory(name=f"Directory {expected.STATE_DIR}", path=expected.STATE_DIR, mode="700")
-    service = files.put(
-        name=f"{expected.UNIT}.service", src=StringIO(expected.render_service()), dest=SERVICE
-    )
-    timer = files.put(
-        name=f"{expected.UNIT}.timer",
-        src=StringIO(expected.render_timer(settings.schedule)),
-        dest=TIMER,
-    )
-    unloaded = host.get_fact(UnitsNeedDaemonReload, units=[f"{expected.UNIT}.service",
-                                                            f"{expected.UNIT}.timer"])  # fmt: skip
-    systemd.daemon_reload(
-        name="Reload systemd after a unit change",
-        _if=lambda: service.did_change() or timer.did_change() or unloaded,
-    )
-    systemd.service(
-        name=f"{expected.UNIT}.timer enabled and running",
-        service=f"{expected.UNIT}.timer",
-        running=True,
-        enabled=True,
+    scheduled_unit(
+        expected.UNIT, expected.render_service(), expected.render_timer(settings.schedule)
     )
     # Last, after every other role of the deploy: a database of the node as this run leaves
     # it (on the first run the node is trusted as it is then), or this run's changes into it.

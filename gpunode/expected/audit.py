@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 
+from gpunode.expected.timers import render_schedule_timer
 from gpunode.model import FileIntegrity
 
 CONFIG = "/etc/gpunode/aide.conf"
@@ -87,21 +88,8 @@ def render_service() -> str:
 
 
 def render_timer(schedule: str) -> str:
-    return "\n".join(
-        [
-            "# Managed by gpunode (audit.file_integrity).",
-            "[Unit]",
-            "Description=gpunode file integrity check (AIDE), on a schedule",
-            "",
-            "[Timer]",
-            f"OnCalendar={schedule}",
-            "RandomizedDelaySec=30min",
-            "Persistent=true",
-            "",
-            "[Install]",
-            "WantedBy=timers.target",
-            "",
-        ]
+    return render_schedule_timer(
+        "audit.file_integrity", "gpunode file integrity check (AIDE)", schedule
     )
 
 
