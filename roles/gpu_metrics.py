@@ -9,16 +9,14 @@ checks. The metric names are ``gpunode.probe.textfile``'s; monitoring/ alerts on
 from __future__ import annotations
 
 import shlex
-from io import StringIO
 
-from pyinfra import host
 from pyinfra.api import deploy
-from pyinfra.operations import files, systemd
+from pyinfra.operations import files
 
-from facts.freshness import UnitsNeedDaemonReload
 from facts.tls import CERT_PATH
 from gpunode.model import DesiredState
 from gpunode.probe.parsers import PROBE_INSTALL_DIR, installed_probe_files
+from roles.scheduled_units import no_scheduled_unit, scheduled_unit
 
 # The drift check runs this copy when its checksums are its own probe's (probe_command).
 INSTALL_DIR = PROBE_INSTALL_DIR
@@ -91,13 +89,8 @@ def render_units(
 @deploy("GPU health metrics")
 def gpu_metrics(desired: DesiredState) -> None:
     wanted = desired.gpu_metrics
-    unit_dir = "/etc/systemd/system"
     if not wanted.enabled:
-        timer = files.file(
-            name="No GPU metrics timer", path=f"{unit_dir}/{UNIT}.timer", present=False
-        )
-        files.file(name="No GPU metrics service", path=f"{unit_dir}/{UNIT}.service", present=False)
-        systemd.daemon_reload(name="Reload systemd after removing units", _if=timer.did_change)
+        no_scheduled_unit(UNIT, "GPU metrics")
         return
     files.directory(name=f"Directory {INSTALL_DIR}", path=INSTALL_DIR, mode="755")
     # Exactly the files the drift check verifies before it runs the installed copy.
@@ -119,21 +112,4 @@ def gpu_metrics(desired: DesiredState) -> None:
         certificates=(CERT_PATH,) if desired.tls.enabled else (),
         expected_persistence=desired.gpu_settings.persistence_mode,
     )
-    service_op = files.put(
-        name=f"{UNIT}.service", src=StringIO(service), dest=f"{unit_dir}/{UNIT}.service"
-    )
-    timer_op = files.put(
-        name=f"{UNIT}.timer", src=StringIO(timer_text), dest=f"{unit_dir}/{UNIT}.timer"
-    )
-    # Or units systemd has not reloaded yet: a run cut off before the reload.
-    unloaded = host.get_fact(UnitsNeedDaemonReload, units=[f"{UNIT}.service", f"{UNIT}.timer"])
-    systemd.daemon_reload(
-        name="Reload systemd after a unit change",
-        _if=lambda: service_op.did_change() or timer_op.did_change() or unloaded,
-    )
-    systemd.service(
-        name=f"{UNIT}.timer enabled and running",
-        service=f"{UNIT}.timer",
-        running=True,
-        enabled=True,
-    )
+    scheduled_unit(UNIT, service, timer_text)

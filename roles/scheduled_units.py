@@ -1,8 +1,9 @@
 """A node program on a schedule: a oneshot service and its timer, in place or gone.
 
-What the audits share (AIDE's check, ClamAV's scan): the two unit files under
-/etc/systemd/system, systemd reloaded when either changed (or systemd has not loaded the
-files it has), the timer enabled and running; or both files removed when the audit is off.
+What the audits (AIDE's check, ClamAV's scan) and the GPU metrics share: the two unit
+files under /etc/systemd/system, systemd reloaded when either changed (or systemd has not
+loaded the files it has), the timer enabled and running; or both files removed when the
+setting is off.
 """
 
 from __future__ import annotations
