@@ -57,7 +57,7 @@ from pyinfra.api.state import StateStage
 from pyinfra.facts.files import Directory, File, Link, Sha1File
 from pyinfra.facts.systemd import SYSTEMD_UNIT_NAME_REGEX, SystemdEnabled, SystemdStatus
 
-from gpunode import framing, pyinfra_patches
+from gpunode import framing, pyinfra_patches, remote_script
 
 CACHED_STAGES = (StateStage.Prepare, StateStage.Execute)
 # Connector arguments that change what a fact command sees (who runs it, where, how).
@@ -725,9 +725,13 @@ def prefetch(state: Any, host: Any) -> None:
             [(fact, kwargs) for fact, (_, _, kwargs) in zip(instances, entries, strict=True)]
         )  # the same instances and arguments parse_batch is given below
         stats["prefetch_commands"] += 1
+        command, stdin = remote_script.script_command(script)
+        if state.print_fact_input:
+            print(f"{host.print_prefix}>>> {script}")  # as pyinfra prints a fact's command
         try:
             ok, output = host.run_shell_command(
-                StringCommand(script),
+                command,
+                _stdin=stdin,
                 # As pyinfra prints a fact's command and output (-vv, -vvv), so the batch's.
                 print_output=state.print_fact_output,
                 print_input=state.print_fact_input,

@@ -256,3 +256,31 @@ def test_whole_drift_fact_set_costs_one_ssh_command_per_host(converged: list[Lab
     counted = json.loads(done.stdout.splitlines()[-1])
     assert sorted(counted["checked"]) == sorted(node.name for node in converged)
     assert counted["commands"] == {node.name: 1 for node in converged}
+
+
+def sudo_log_since(lab: Lab, node: LabNode, since: str) -> list[str]:
+    """sudo's journal entries on ``node`` since ``since`` (the node's clock)."""
+    shown = ssh(lab, node, f"sudo -n journalctl -q -o cat -t sudo --since {shlex.quote(since)}")
+    assert shown.returncode == 0, shown.stderr
+    return shown.stdout.splitlines()
+
+
+def test_the_check_leaves_one_short_line_in_sudos_log_not_its_whole_script(
+    lab: Lab, converged: list[LabNode]
+) -> None:
+    """The ~100 kB fact script goes on stdin (gpunode.remote_script): sudo logs the runner
+    and the script's digest, not two hundred pieces of the script."""
+    starts = {}
+    for node in converged:
+        clock = ssh(lab, node, "date '+%Y-%m-%d %H:%M:%S'")
+        assert clock.returncode == 0, clock.stderr
+        starts[node.name] = clock.stdout.strip()
+    code, out, err = drift()
+    assert code in (0, 1), out + err  # every host checked (earlier tests may leave drift)
+    for node in converged:
+        logged = [line for line in sudo_log_since(lab, node, starts[node.name])
+                  if "COMMAND=" in line or "command continued" in line]  # fmt: skip
+        scripts = [line for line in logged if "gpunode script sha256:" in line]
+        assert scripts, (node.name, logged)
+        assert not any("command continued" in line for line in logged), (node.name, logged)
+        assert all(len(line) < 400 for line in logged), (node.name, logged)

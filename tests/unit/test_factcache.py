@@ -306,7 +306,9 @@ def test_a_planted_plan_cannot_run_commands_on_the_node(plan_dir: Path) -> None:
     allowed = {"fact": "pyinfra.facts.files:File", "kwargs": {"path": "/etc/hosts"}}
     plant_plan([*planted, allowed | {"connector": CONNECTOR}])
     factcache.prefetch(QuietState(), host)
-    ((script, arguments),) = host.commands  # the one allowed fact, with sudo
+    ((command, arguments),) = host.commands  # the one allowed fact, with sudo
+    script = arguments["_stdin"]  # on stdin: sudo logs the short command line alone
+    assert command.startswith('eval "$(cat)"  # gpunode script sha256:') and "\n" not in command
     assert "/etc/hosts" in script and "PWNED" not in script
     assert arguments["_sudo"] is True
 
@@ -465,3 +467,16 @@ def test_a_fact_class_that_groups_its_reads_is_read_once_as_each_reads_alone() -
     assert factcache.batched_value(instances[0][0], parts[0])[1]["dpkg"]["installed"]
     broken = factcache.framing.PartOutput("group-class-DpkgPackageState", [], exit_status=2)
     assert factcache._class_outputs(broken, [0, 1, 2], instances) == {}
+
+
+def test_a_script_on_stdin_runs_whole_and_its_programs_cannot_eat_the_rest() -> None:
+    """The runner reads all of stdin first: a program in the script that reads its stdin
+    (here ``cat``) finds nothing, and the lines after it still run."""
+    command, stdin = factcache.remote_script.script_command(
+        "echo first\ncat\necho 'after cat'\nexit 3\n"
+    )
+    done = subprocess.run(
+        ["sh", "-c", command.get_raw_value()], input=stdin, capture_output=True, text=True
+    )
+    assert done.stdout.splitlines() == ["first", "after cat"]
+    assert done.returncode == 3
