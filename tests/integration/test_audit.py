@@ -112,6 +112,21 @@ def test_a_second_run_changes_nothing(converged: PyinfraRun) -> None:
     assert again.changed_operations() == {}, again.changed_operations()
 
 
+def test_a_later_run_still_uploads_files_with_libpam_tmpdir_in_place(
+    lab: Lab, lab_nodes: list[LabNode], converged: PyinfraRun
+) -> None:
+    """libpam-tmpdir gives root's sudo sessions a $TMPDIR the login user cannot write:
+    pyinfra's uploads go through /tmp (config.py), so a file to put back is put back."""
+    for node in lab_nodes:
+        run_ok(lab, node, f"sudo rm -f {expected_lynis.NEEDRESTART_CONF}")
+        assert "/tmp/user/0" in run_ok(lab, node, "sudo -i sh -c 'echo $TMPDIR'")
+    again = run_pyinfra(DEPLOY, "--data", AUDIT)
+    assert again.returncode == 0, again.output[-3000:]
+    for node in lab_nodes:
+        conf = run_ok(lab, node, f"cat {expected_lynis.NEEDRESTART_CONF}")
+        assert "$nrconf{restart} = 'l';" in conf
+
+
 def test_a_lynis_run_is_read_by_the_fact_and_judged_by_the_drift_check(
     lab: Lab, lab_nodes: list[LabNode], converged: PyinfraRun
 ) -> None:

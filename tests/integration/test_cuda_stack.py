@@ -18,7 +18,16 @@ import pytest
 
 from lab import Lab, LabNode
 
-from .conftest import PYINFRA, ROOT, PyinfraRun, cuda_path, run_pyinfra, ssh, write_inventory
+from .conftest import (
+    PYINFRA,
+    ROOT,
+    PyinfraRun,
+    cuda_path,
+    lab_group_data,
+    run_pyinfra,
+    ssh,
+    write_inventory,
+)
 
 pytestmark = pytest.mark.lab
 
@@ -91,8 +100,10 @@ def stack_data(lab: Lab, **changes: Any) -> dict[str, Any]:
             "toolkit_version": "1.17.4-1",
             "cdi": True,
         },
-        # DCGM 4 for the toolkits' CUDA 12, with its exporter (both unpinned: the newest pair).
+        # DCGM 4 for the toolkits' CUDA 12, with its exporter (both unpinned: the newest pair),
+        # which serves over TLS only: the lab's TLS settings, as its inventory has them.
         "dcgm": {"enabled": True, "exporter": True},
+        "tls": lab_group_data("tls"),
         "nccl": {"install_libnccl": True},
     }
     for section, values in changes.items():
