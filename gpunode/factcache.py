@@ -726,8 +726,6 @@ def prefetch(state: Any, host: Any) -> None:
         )  # the same instances and arguments parse_batch is given below
         stats["prefetch_commands"] += 1
         command, stdin = remote_script.script_command(script)
-        if state.print_fact_input:
-            print(f"{host.print_prefix}>>> {script}")  # as pyinfra prints a fact's command
         try:
             ok, output = host.run_shell_command(
                 command,

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from lab import Lab, LabNode
+from roles.dcgm import EXPORTER_WEB_CONFIG_PATH
 
 from .conftest import (
     PYINFRA,
@@ -319,12 +320,19 @@ def test_dcgm_installed_and_running(
             assert sudo(lab, node, f"systemctl is-enabled {unit}").strip() == "enabled"
         discovery = sudo(lab, node, "dcgmi discovery -l")
         assert f"{len(simulator_uuids(lab, node))} GPUs found." in discovery
-        metrics = sudo(
-            lab, node,
-            "python3 -c \"import urllib.request; "
-            "print(urllib.request.urlopen('http://127.0.0.1:9400/metrics').read().decode())\"",
-        )  # fmt: skip
-        assert "DCGM_FI_DEV_" in metrics
+        # It serves only over mutual TLS (its metrics, scraped with a client certificate from
+        # gpunode's CA, are test_monitoring's): listening on 9400, run with gpunode's web
+        # configuration, and nothing served in the clear.
+        command = sudo(lab, node, "systemctl show -p ExecStart nvidia-dcgm-exporter")
+        assert f"--web-config-file={EXPORTER_WEB_CONFIG_PATH}" in command, command
+        assert ":9400 " in sudo(lab, node, "ss -Hltn 'sport = :9400'")
+        clear = ssh(
+            lab,
+            node,
+            'python3 -c "import urllib.request; '
+            "urllib.request.urlopen('http://127.0.0.1:9400/metrics', timeout=10)\"",
+        )
+        assert clear.returncode != 0 and "DCGM_FI_DEV_" not in clear.stdout, clear.stdout
 
 
 def test_libnccl2_is_the_newest_build_for_the_default_release(
