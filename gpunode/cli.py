@@ -256,6 +256,9 @@ def cmd_rollout(args: argparse.Namespace) -> int:
 
 def dcgm_diag_level(text: str) -> int:
     """``--dcgm-diag``: 1, 2, quick or medium (facts.dcgm.diag_level)."""
+    # Parsed before any inventory is loaded: the checkout's facts/ as load_inventory finds it.
+    if os.getcwd() not in sys.path:
+        sys.path.append(os.getcwd())
     from facts.dcgm import diag_level
 
     try:

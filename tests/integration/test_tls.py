@@ -225,9 +225,10 @@ def test_second_run_changes_nothing_and_prints_no_private_key(
 
 def test_tls_disabled_leaves_the_node_alone(lab: Lab, converged: Converged) -> None:
     serials = {node.name: node_certificate(lab, node).serial_number for node in converged.nodes}
-    # node_exporter serves only with the node certificate: it goes off with TLS (in the data;
-    # deploys/tls.py does not touch it).
-    no_tls = ["--data", 'tls={"enabled": false}', "--data", 'node_exporter={"enabled": false}']
+    # The exporters serve only with the node certificate: they go off with TLS (in the data;
+    # deploys/tls.py does not touch them).
+    no_tls = ["--data", 'tls={"enabled": false}', "--data", 'node_exporter={"enabled": false}',
+              "--data", 'dcgm={"enabled": false, "exporter": false}']  # fmt: skip
     run = run_pyinfra("-v", *no_tls, DEPLOY)
     assert run.returncode == 0, run.output
     assert run.changed_operations() == {}
