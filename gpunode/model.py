@@ -1074,14 +1074,18 @@ class FileIntegrity:
     )  # fmt: skip
 
     def validate(self, builder: Builder, path: str) -> None:
-        for key in ("paths", "exclude"):
-            for index, value in enumerate(getattr(self, key)):
-                reason = check_absolute_path(value)
-                if reason is not None:
-                    builder.problem(f"{path}.{key}[{index}]", value, reason,
-                                    ABSOLUTE_PATH_ACCEPTS)  # fmt: skip
+        check_path_lists(builder, path, {"paths": self.paths, "exclude": self.exclude})
         if self.enabled and not self.paths:
             builder.problem(f"{path}.paths", [], "nothing to watch", "at least one path")
+
+
+def check_path_lists(builder: Builder, path: str, lists: dict[str, Any]) -> None:
+    """Each entry of each named list an absolute path (audit paths and exclusions)."""
+    for key, values in lists.items():
+        for index, value in enumerate(values):
+            reason = check_absolute_path(value)
+            if reason is not None:
+                builder.problem(f"{path}.{key}[{index}]", value, reason, ABSOLUTE_PATH_ACCEPTS)
 
 
 # --- audit.malware_scan: ClamAV ----------------------------------------------------------
@@ -1180,12 +1184,7 @@ class MalwareScan:
     )
 
     def validate(self, builder: Builder, path: str) -> None:
-        for key in ("paths", "exclude"):
-            for index, value in enumerate(getattr(self, key)):
-                reason = check_absolute_path(value)
-                if reason is not None:
-                    builder.problem(f"{path}.{key}[{index}]", value, reason,
-                                    ABSOLUTE_PATH_ACCEPTS)  # fmt: skip
+        check_path_lists(builder, path, {"paths": self.paths, "exclude": self.exclude})
         if self.enabled and not self.paths:
             builder.problem(f"{path}.paths", [], "nothing to scan", "at least one path")
         for index, value in enumerate(self.paths):
