@@ -14,6 +14,7 @@ from typing import Any
 
 from pyinfra.api import FactBase
 
+from gpunode import framing
 from gpunode.expected.sshd import LOGIN_GROUP
 
 ADMIN_GROUP = "gpunode-admins"  # passwordless sudo
@@ -56,6 +57,73 @@ ACCOUNTS_COMMAND = " ".join(
         'echo "account:$name:$uid:$usable:$keys:$expire:$pw:$groups:$shell:$home";',
         "done",
     ]
+)
+
+
+# ACCOUNTS_COMMAND in Python (gpunode.framing runs it where the node has python3): the same
+# lines, read from the same files in the fact's own process instead of a pipeline of awk,
+# grep and id per account.
+ACCOUNTS_PYTHON = framing.python_source(
+    r"""
+import grp, os, pwd, re, sys, time
+print("session_user", os.environ.get("SUDO_USER") or pwd.getpwuid(os.geteuid()).pw_name)
+print("today", int(time.time()) // 86400)
+for name in groups:
+    try:
+        entry = grp.getgrnam(name)
+        members = ",".join(entry.gr_mem)
+        print("group", ":".join((entry.gr_name, entry.gr_passwd, str(entry.gr_gid), members)))
+    except KeyError:
+        print("group", name)
+def fields(path):
+    with open(path, encoding="utf-8", errors="surrogateescape") as lines:
+        return [line.rstrip("\n").split(":") for line in lines]
+try:
+    shadow = {}
+    for entry in fields("/etc/shadow"):
+        shadow.setdefault(entry[0], (entry + [""] * 8)[:9])
+    passwd = fields("/etc/passwd")
+except OSError as error:
+    print(f"accounts: {error}", file=sys.stderr)
+    passwd = []
+key_line = re.compile(rb"^[ \t\n\v\f\r]*[^# \t\n\v\f\r]")
+for entry in passwd[:limit]:
+    entry = (entry + [""] * 7)[:7]
+    name, uid, home, shell = entry[0], entry[2], entry[5], entry[6]
+    password, expire = (shadow[name][1], shadow[name][7]) if name in shadow else ("", "")
+    keys = 0
+    for key_file in key_files:
+        path = f"{home}/{key_file}"
+        if os.path.isfile(path):
+            try:
+                with open(path, "rb") as held:
+                    keys += sum(1 for line in held.read().split(b"\n") if key_line.match(line))
+            except OSError:
+                pass
+    refused = shell.endswith(("/nologin", "/false"))
+    usable = "yes" if os.access(shell, os.X_OK) and not refused else "no"
+    state = "NP" if password == "" else "L" if password[:1] in ("!", "*") else "P"
+    member_of = ""
+    if keys > 0:
+        try:
+            user = pwd.getpwnam(name)
+            listed = os.getgrouplist(name, user.pw_gid)
+            ids = [user.pw_gid] + [gid for gid in listed if gid != user.pw_gid]
+            names = []
+            for gid in ids:
+                try:
+                    names.append(grp.getgrgid(gid).gr_name)
+                except KeyError:
+                    names.append(str(gid))
+            member_of = ",".join(names)
+        except KeyError:
+            pass
+    line = f"account:{name}:{uid}:{usable}:{keys}:{expire}:{state}:{member_of}:{shell}:{home}"
+    sys.stdout.buffer.write(line.encode("utf-8", "surrogateescape") + b"\n")
+""",
+    groups=MANAGED_GROUPS,
+    key_files=KEY_FILES,
+    limit=MAX_ACCOUNTS,
 )
 
 

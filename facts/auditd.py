@@ -93,24 +93,41 @@ class AuditdState(FactBase):
     """
 
     def command(self) -> str:
-        return framing.command(
-            [
-                framing.Part(
-                    "support",
-                    f"python3 -I -c {shlex.quote(expected.SUPPORT_PROBE)}",
-                    requires="python3",
-                    stderr="drop",
+        return framing.command(self.parts())
+
+    def parts(self) -> list[framing.Part]:
+        return [
+            framing.Part(
+                "support",
+                f"python3 -I -c {shlex.quote(expected.SUPPORT_PROBE)}",
+                requires="python3",
+                stderr="drop",
+                # In the frame's one Python process: no interpreter of its own.
+                python=expected.SUPPORT_PROBE,
+            ),
+            framing.Part(
+                "cmdline",
+                "cat /proc/cmdline",
+                stderr="drop",
+                python="print(open('/proc/cmdline').read(), end='')",
+            ),
+            framing.Part(
+                "active",
+                f"systemctl is-active {expected.SERVICE}",
+                requires="systemctl",
+                stderr="drop",
+                # is-active prints ActiveState; its status is 0 for an active unit alone.
+                python=framing.python_source(
+                    "import sys\n"
+                    'state = unit_properties(unit).get("ActiveState", "")\n'
+                    "print(state)\n"
+                    'sys.exit(0 if state in ("active", "reloading", "refreshing") else 3)\n',
+                    unit=f"{expected.SERVICE}.service",
                 ),
-                framing.Part("cmdline", "cat /proc/cmdline", stderr="drop"),
-                framing.Part(
-                    "active",
-                    f"systemctl is-active {expected.SERVICE}",
-                    requires="systemctl",
-                    stderr="drop",
-                ),
-                framing.Part("rules", "auditctl -l", requires="auditctl", stderr="drop"),
-            ]
-        )
+                systemd_units=(f"{expected.SERVICE}.service",),
+            ),
+            framing.Part("rules", "auditctl -l", requires="auditctl", stderr="drop"),
+        ]
 
     def process(self, output: list[str]) -> dict[str, Any]:  # type: ignore[override]
         return parse_auditd(list(output))

@@ -10,6 +10,7 @@ a non-zero exit status a failed read.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, ClassVar
 
 from pyinfra.api import FactBase
@@ -41,6 +42,12 @@ class FactBatch(FactBase):
         parts = []
         for name, cls in self.FACTS.items():
             fact = cls()
+            own = _own_parts(fact)
+            if own is not None:
+                # The fact's parts become the batch's, so that the Python parts of every
+                # fact run in the batch's one Python process (gpunode.framing).
+                parts += [_renamed(name, part) for part in own]
+                continue
             # pyinfra takes requires_command as a method or a plain value; so does a batch.
             attribute: Any = fact.requires_command
             requires = attribute() if callable(attribute) else attribute
@@ -54,13 +61,23 @@ class FactBatch(FactBase):
         return framing.command(parts)
 
     def process(self, output: list[str]) -> dict[str, Any]:
-        frame = framing.parse(output, self.FACTS, MAX_LINE_CHARS, MAX_OUTPUT_CHARS)
+        frame = framing.parse(output, self._part_names(), MAX_LINE_CHARS, MAX_OUTPUT_CHARS)
         values: dict[str, Any] = {name: self._value(name, frame) for name in self.FACTS}
         values["complete"] = frame.complete
         return values
 
+    def _part_names(self) -> list[str]:
+        names = []
+        for name, cls in self.FACTS.items():
+            own = _own_parts(cls())
+            names += [name] if own is None else [f"{name}.{part.name}" for part in own]
+        return names
+
     def _value(self, name: str, frame: framing.FrameOutput) -> Any:
         fact = self.FACTS[name]()
+        own = _own_parts(fact)
+        if own is not None:
+            return self._value_of_parts(name, fact, own, frame)
         part = frame.part(name)
         if part.problem is not None:
             return unreadable(name, part.problem)
@@ -75,3 +92,39 @@ class FactBatch(FactBase):
             return fact.process(part.lines)
         except Exception as error:  # a parser bug must not cost the other parts
             return unreadable(name, f"could not parse: {error!r}")
+
+    @staticmethod
+    def _value_of_parts(
+        name: str, fact: FactBase, own: list[framing.Part], frame: framing.FrameOutput
+    ) -> Any:
+        """A fact whose parts ran in the batch: its process() gets the output its own
+        command would have printed (the same parts, in a frame of their own)."""
+        outputs: dict[str, framing.PartOutput] = {}
+        for part in own:
+            found = frame.part(f"{name}.{part.name}")
+            if found.problem is not None:
+                return unreadable(name, f"{part.name}: {found.problem}")
+            outputs[part.name] = found
+        try:
+            return fact.process(framing.output_of(outputs))
+        except Exception as error:  # a parser bug must not cost the other parts
+            return unreadable(name, f"could not parse: {error!r}")
+
+
+def _own_parts(fact: FactBase) -> list[framing.Part] | None:
+    """The framing parts a fact's command is made of (its ``parts()``), where it has them
+    and needs no program of its own; else None: the batch runs its command whole."""
+    parts = getattr(fact, "parts", None)
+    attribute: Any = fact.requires_command
+    requires = attribute() if callable(attribute) else attribute
+    if not callable(parts) or requires is not None:
+        return None
+    return list(parts())
+
+
+def _renamed(fact_name: str, part: framing.Part) -> framing.Part:
+    return dataclasses.replace(
+        part,
+        name=f"{fact_name}.{part.name}",
+        after=None if part.after is None else f"{fact_name}.{part.after}",
+    )

@@ -138,6 +138,53 @@ def _decode(encoded: str) -> str | None:
         return None
 
 
+_CONFIG_FILES = (DOCKER_CONFIG, CONTAINERD_CONFIG, CDI_SPEC, CDI_REFRESH_SPEC)
+# Files travel base64-encoded: one line each, whatever they hold.
+RUNTIME_COMMAND = (
+    f"for f in {' '.join(_CONFIG_FILES)}; do "
+    'if [ -f "$f" ]; then printf "file %s %s\\n" "$f" "$(base64 -w0 < "$f")"; '
+    'else printf "file %s -\\n" "$f"; fi; done; '
+    f"for s in {' '.join(ENGINE_SERVICES)}; do "
+    'if systemctl list-unit-files --no-legend "$s.service" 2>/dev/null | grep -q .; '
+    'then echo "service $s yes"; else echo "service $s no"; fi; done; '
+    'echo "nvidia-ctk $(nvidia-ctk --version 2>/dev/null | head -n1)"; '
+    f'if [ -e {KERNEL_DRIVER_VERSION_FILE} ]; then echo "kernel-driver yes"; '
+    'else echo "kernel-driver no"; fi'
+)
+# The same in the frame's Python process; the engines' unit files from the frame's one
+# systemctl (gpunode.framing).
+RUNTIME_PYTHON = framing.python_source(
+    r"""
+import base64, os, subprocess
+for path in files:
+    if os.path.isfile(path):
+        try:
+            with open(path, "rb") as config:
+                encoded = base64.b64encode(config.read()).decode()
+        except OSError:
+            encoded = ""
+        print(f"file {path} {encoded}")
+    else:
+        print(f"file {path} -")
+def run(*command):
+    try:
+        done = subprocess.run(command, capture_output=True, stdin=subprocess.DEVNULL, text=True)
+    except OSError:
+        return ""
+    return done.stdout
+# A unit file exists where systemd does not answer "not-found" (masked: a file too).
+for service in services:
+    loaded = unit_properties(f"{service}.service").get("LoadState", "not-found")
+    print(f"service {service} {'no' if loaded in ('', 'not-found') else 'yes'}")
+print("nvidia-ctk " + (run("nvidia-ctk", "--version").splitlines() or [""])[0])
+print(f"kernel-driver {'yes' if os.path.exists(driver) else 'no'}")
+""",
+    files=_CONFIG_FILES,
+    services=ENGINE_SERVICES,
+    driver=KERNEL_DRIVER_VERSION_FILE,
+)
+
+
 class ContainerRuntimeConfig(FactBase):
     """
     Container engines' NVIDIA runtime configuration, the CDI spec and the toolkit's version.
@@ -156,23 +203,18 @@ class ContainerRuntimeConfig(FactBase):
         }
     """
 
+    def parts(self) -> list[framing.Part]:
+        units = tuple(f"{service}.service" for service in ENGINE_SERVICES)
+        return [
+            framing.Part("runtime", RUNTIME_COMMAND, python=RUNTIME_PYTHON, systemd_units=units)
+        ]
+
     def command(self) -> str:
-        # Files travel base64-encoded: one line each, whatever they hold.
-        paths = " ".join((DOCKER_CONFIG, CONTAINERD_CONFIG, CDI_SPEC, CDI_REFRESH_SPEC))
-        services = " ".join(ENGINE_SERVICES)
-        return (
-            f"for f in {paths}; do "
-            'if [ -f "$f" ]; then printf "file %s %s\\n" "$f" "$(base64 -w0 < "$f")"; '
-            'else printf "file %s -\\n" "$f"; fi; done; '
-            f"for s in {services}; do "
-            'if systemctl list-unit-files --no-legend "$s.service" 2>/dev/null | grep -q .; '
-            'then echo "service $s yes"; else echo "service $s no"; fi; done; '
-            'echo "nvidia-ctk $(nvidia-ctk --version 2>/dev/null | head -n1)"; '
-            f'if [ -e {KERNEL_DRIVER_VERSION_FILE} ]; then echo "kernel-driver yes"; '
-            'else echo "kernel-driver no"; fi'
-        )
+        return framing.command(self.parts())
 
     def process(self, output: list[str]) -> dict[str, Any]:
+        # What was read is kept, a part cut short included: its lines are what came.
+        output = framing.parse(output, ["runtime"]).part("runtime").lines
         files: dict[str, str | None] = {}
         services = dict.fromkeys(ENGINE_SERVICES, False)
         ctk_version = None

@@ -68,6 +68,35 @@ def _listing(lines: list[str]) -> str:
     return "\n".join(line.rstrip() for line in lines).strip() + "\n"
 
 
+# The state part in the frame's Python process (gpunode.framing): the file's digest read in
+# the process, both units' states from the frame's one systemctl.
+STATE_PYTHON = framing.python_source(
+    r"""
+import glob, hashlib, os
+if os.path.isfile(ruleset):
+    try:
+        with open(ruleset, "rb") as rules:
+            digest = hashlib.sha256(rules.read()).hexdigest()
+    except OSError:
+        digest = ""
+    print(f"file_sha256={digest}")
+if os.path.isfile(unit_path):
+    print("unit_file=present")
+print("unit_enabled=" + unit_properties(unit).get("UnitFileState", ""))
+if unit_properties(rollback).get("ActiveState") in ("active", "reloading", "refreshing"):
+    print("rollback_armed=yes")
+for path in sorted(glob.glob(state_dir + "/firewall.*")):
+    if os.path.exists(path):
+        print(f"state_file={path}")
+""",
+    ruleset=RULESET_PATH,
+    unit_path=UNIT_PATH,
+    unit=UNIT_NAME,
+    rollback=f"{ROLLBACK_UNIT}.timer",
+    state_dir=STATE_DIR,
+)
+
+
 class FirewallState(FactBase):
     """
     gpunode's nftables table as it is live, as its persisted file would load it, and whether
@@ -88,7 +117,7 @@ class FirewallState(FactBase):
         }
     """
 
-    def command(self) -> str:
+    def parts(self) -> list[framing.Part]:
         scratch_load = f"nft -f {RULESET_PATH} && nft -s list table {TABLE}"
         state = "; ".join(
             [
@@ -111,13 +140,19 @@ class FirewallState(FactBase):
         file_loads = (
             f"[ -f {RULESET_PATH} ] || exit {NOTHING}; unshare --net -- sh -c '{scratch_load}' 2>&1"
         )
-        return framing.command(
-            [
-                framing.Part("state", state),
-                framing.Part("live", live, requires="nft"),
-                framing.Part("file_loads", file_loads, requires="nft"),
-            ]
-        )
+        return [
+            framing.Part(
+                "state",
+                state,
+                python=STATE_PYTHON,
+                systemd_units=(UNIT_NAME, f"{ROLLBACK_UNIT}.timer"),
+            ),
+            framing.Part("live", live, requires="nft"),
+            framing.Part("file_loads", file_loads, requires="nft"),
+        ]
+
+    def command(self) -> str:
+        return framing.command(self.parts())
 
     def process(self, output: list[str]) -> dict[str, Any]:
         return parse_firewall_state(list(output))

@@ -13,7 +13,8 @@ from typing import Any
 
 from pyinfra.api import FactBase
 
-from gpunode.probe.parsers import SECTION_COMMANDS, parse_section, probe_command, unreadable
+from gpunode import framing
+from gpunode.probe.parsers import SECTION_COMMANDS, parse_section, probe_part, unreadable
 
 
 def _no_output(section: str) -> dict[str, Any]:
@@ -48,8 +49,11 @@ class GpuReport(FactBase[dict[str, Any]]):
         }
     """
 
+    def parts(self, xid_since: str | None = None, ship_pynvml: bool = True) -> list[framing.Part]:
+        return [probe_part(xid_since=xid_since, ship_pynvml=ship_pynvml)]
+
     def command(self, xid_since: str | None = None, ship_pynvml: bool = True) -> str:
-        return probe_command(xid_since=xid_since, ship_pynvml=ship_pynvml)
+        return framing.command(self.parts(xid_since=xid_since, ship_pynvml=ship_pynvml))
 
     def process(self, output: list[str]) -> dict[str, Any]:
         return parse_section("gpu", output)

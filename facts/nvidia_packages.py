@@ -37,6 +37,131 @@ INSTALLED_MODULE_COMMAND = (
     f'END {{if (v != "") print "modinfo{SEPARATOR}" v "{SEPARATOR}" l}}\''
 )
 
+SHELL_COMMANDS = {
+    "installed": (
+        "dpkg-query -W "
+        f"-f='${{db:Status-Abbrev}}{SEPARATOR}${{Package}}{SEPARATOR}${{Version}}\\n' "
+        f"2>/dev/null | awk -F'{SEPARATOR}' '$2 ~ /{REPORTED_PACKAGES}/' || true"
+    ),
+    "loaded": (
+        f"if [ -r {PROC_VERSION_PATH} ]; then "
+        f'echo "proc{SEPARATOR}$(head -n 1 {PROC_VERSION_PATH})"; '
+        "elif command -v nvidia-smi >/dev/null 2>&1; then "
+        f'echo "nvidia-smi{SEPARATOR}$(nvidia-smi --query-gpu=driver_version '
+        '--format=csv,noheader 2>/dev/null | head -n 1)"; fi'
+    ),
+    "installed-module": INSTALLED_MODULE_COMMAND,
+    "kernel": "uname -r",
+    "headers": "; ".join(
+        (
+            "headers=linux-headers-$(uname -r)",
+            "status=$(dpkg-query -W -f='${db:Status-Abbrev}' \"$headers\" 2>/dev/null)",
+            f'echo "status{SEPARATOR}$status"',
+            f'if [ -d "/lib/modules/$(uname -r)/build" ]; then echo "build_dir{SEPARATOR}yes"; fi',
+        )
+    ),
+    "lists": "ls /var/lib/apt/lists/ 2>/dev/null | grep -c '_Packages$' || true",
+}
+
+# dpkg's status database read in Python (gpunode.framing runs these parts in one process
+# where the node has python3), printing what the shell parts' dpkg-query prints: its
+# ${db:Status-Abbrev} letters are the Status field's three words (dpkg-query(1)). A database
+# with records still in dpkg's journal (updates/, after an interrupted dpkg) is left to
+# dpkg-query itself, which applies them first.
+DPKG_DIR = "/var/lib/dpkg"
+_DPKG_STATUS_PYTHON = r"""
+import os, re, sys
+WANT = {"unknown": "u", "install": "i", "hold": "h", "deinstall": "r", "purge": "p"}
+FLAG = {"ok": " ", "reinstreq": "R"}
+STATE = {"not-installed": "n", "config-files": "c", "half-installed": "H", "unpacked": "U",
+         "half-configured": "F", "triggers-awaited": "W", "triggers-pending": "t",
+         "installed": "i"}
+def journal_pending():
+    try:
+        return any(name.isdigit() for name in os.listdir(dpkg_dir + "/updates"))
+    except OSError:
+        return False
+def records(text, chosen):
+    # Only the records of the packages chosen by name are read whole; in dpkg-query's order,
+    # by name, then architecture.
+    found = []
+    for package in re.finditer(r"^Package: *(.*)$", text, re.M):
+        if not chosen(package.group(1)):
+            continue
+        end = text.find("\n\n", package.start())
+        stanza = text[package.start():end]
+        fields = dict(re.findall(r"^(Status|Version|Architecture): *(.*)$", stanza, re.M))
+        words = (fields.get("Status", "").split() + ["", "", ""])[:3]
+        abbrev = WANT.get(words[0], "?") + STATE.get(words[2], "?") + FLAG.get(words[1], "?")
+        key = (package.group(1), fields.get("Architecture", ""))
+        found.append((key, (abbrev, package.group(1), fields.get("Version", ""))))
+    return [record for _, record in sorted(found, key=lambda item: item[0])]
+def status_text():
+    if journal_pending():
+        return None
+    try:
+        with open(dpkg_dir + "/status", encoding="utf-8", errors="surrogateescape") as status:
+            return status.read()
+    except OSError:
+        return None
+def run_shell_instead():
+    import subprocess
+    sys.stdout.flush()
+    sys.exit(subprocess.run(["sh", "-c", shell]).returncode)
+"""
+INSTALLED_PYTHON = framing.python_source(
+    _DPKG_STATUS_PYTHON
+    + r"""
+text = status_text()
+if text is None:
+    run_shell_instead()
+wanted = re.compile(names)
+for abbrev, package, version in records(text, wanted.search):
+    if abbrev[1] != "n":
+        print(f"{abbrev}{sep}{package}{sep}{version}")
+""",
+    dpkg_dir=DPKG_DIR,
+    names=REPORTED_PACKAGES,
+    sep=SEPARATOR,
+    shell=SHELL_COMMANDS["installed"],
+)
+HEADERS_PYTHON = framing.python_source(
+    _DPKG_STATUS_PYTHON
+    + r"""
+release = os.uname().release
+headers = "linux-headers-" + release
+text = status_text()
+if text is None:
+    run_shell_instead()
+abbrev = next((found[0] for found in records(text, headers.__eq__)), "")
+print(f"status{sep}{abbrev}")
+if os.path.isdir(f"/lib/modules/{release}/build"):
+    print(f"build_dir{sep}yes")
+""",
+    dpkg_dir=DPKG_DIR,
+    sep=SEPARATOR,
+    shell=SHELL_COMMANDS["headers"],
+)
+KERNEL_PYTHON = "import os\nprint(os.uname().release)\n"
+# ls hides names that begin with a dot.
+LISTS_PYTHON = framing.python_source(
+    r"""
+import os
+try:
+    names = os.listdir(lists)
+except OSError:
+    names = []
+print(sum(1 for name in names if name.endswith("_Packages") and not name.startswith(".")))
+""",
+    lists="/var/lib/apt/lists/",
+)
+PYTHON_PARTS = {
+    "installed": INSTALLED_PYTHON,
+    "kernel": KERNEL_PYTHON,
+    "headers": HEADERS_PYTHON,
+    "lists": LISTS_PYTHON,
+}
+
 # Module licence strings (modinfo -F license): the open modules are dual-licensed.
 OPEN_MODULE_LICENSE = "Dual MIT/GPL"
 
@@ -191,34 +316,14 @@ class NvidiaPackages(FactBase):
     node CPU on each read, on every node, for a no-op deploy and the nightly drift check.)
     """
 
+    def parts(self) -> list[framing.Part]:
+        return [
+            framing.Part(name, SHELL_COMMANDS[name], python=PYTHON_PARTS.get(name))
+            for name in PARTS
+        ]
+
     def command(self) -> str:
-        sep = SEPARATOR
-        commands = {
-            "installed": (
-                f"dpkg-query -W -f='${{db:Status-Abbrev}}{sep}${{Package}}{sep}${{Version}}\\n' "
-                f"2>/dev/null | awk -F'{sep}' '$2 ~ /{REPORTED_PACKAGES}/' || true"
-            ),
-            "loaded": (
-                f"if [ -r {PROC_VERSION_PATH} ]; then "
-                f'echo "proc{sep}$(head -n 1 {PROC_VERSION_PATH})"; '
-                "elif command -v nvidia-smi >/dev/null 2>&1; then "
-                f'echo "nvidia-smi{sep}$(nvidia-smi --query-gpu=driver_version '
-                '--format=csv,noheader 2>/dev/null | head -n 1)"; fi'
-            ),
-            "installed-module": INSTALLED_MODULE_COMMAND,
-            "kernel": "uname -r",
-            "headers": "; ".join(
-                (
-                    "headers=linux-headers-$(uname -r)",
-                    "status=$(dpkg-query -W -f='${db:Status-Abbrev}' \"$headers\" 2>/dev/null)",
-                    f'echo "status{sep}$status"',
-                    'if [ -d "/lib/modules/$(uname -r)/build" ]; then '
-                    f'echo "build_dir{sep}yes"; fi',
-                )
-            ),
-            "lists": "ls /var/lib/apt/lists/ 2>/dev/null | grep -c '_Packages$' || true",
-        }
-        return framing.command(framing.Part(name, commands[name]) for name in PARTS)
+        return framing.command(self.parts())
 
     def process(self, output: list[str]) -> dict[str, Any]:  # type: ignore[override]
         return parse_nvidia_packages(list(output))

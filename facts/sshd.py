@@ -16,7 +16,13 @@ from typing import Any
 
 from pyinfra.api import FactBase
 
-from facts.accounts import ACCOUNTS_COMMAND, KEY_FILES, MANAGED_GROUPS, parse_accounts
+from facts.accounts import (
+    ACCOUNTS_COMMAND,
+    ACCOUNTS_PYTHON,
+    KEY_FILES,
+    MANAGED_GROUPS,
+    parse_accounts,
+)
 from gpunode import framing
 from gpunode.expected.sshd import RSA_HOST_KEY
 
@@ -82,6 +88,122 @@ PER_USER_COMMAND = (
     f'for u in $users; do echo "{USER_MARK}$u"; done; '
     f"else {CONNECTION_COMMAND}; "
     f'for u in $users; do echo "{USER_MARK}$u"; {_EVALUATE}; done; fi'
+)
+
+
+# The parts in Python (gpunode.framing runs them in one process where the node has python3):
+# the same output as their shell commands, without a program started per line of it.
+CONFIG_SHA1_PYTHON = framing.python_source(
+    r"""
+import hashlib
+try:
+    with open(path, "rb") as config:
+        print(hashlib.sha1(config.read()).hexdigest())
+except OSError:
+    pass
+""",
+    path=SSHD_CONFIG,
+)
+# ssh-keygen -l prints an RSA key's modulus size first; read from the public key's blob
+# (RFC 4253 6.6: string "ssh-rsa", mpint e, mpint n). Another kind of key: ssh-keygen.
+RSA_BITS_PYTHON = framing.python_source(
+    r"""
+import base64, binascii, sys
+def field(blob, at):
+    size = int.from_bytes(blob[at:at + 4], "big")
+    return blob[at + 4:at + 4 + size], at + 4 + size
+try:
+    with open(path + ".pub", "rb") as public:
+        words = public.read().split()
+except OSError:
+    sys.exit(0)
+try:
+    blob = base64.b64decode(words[1], validate=True)
+    kind, at = field(blob, 0)
+    exponent, at = field(blob, at)
+    modulus, at = field(blob, at)
+    bits = int.from_bytes(modulus, "big").bit_length() if kind == b"ssh-rsa" and modulus else 0
+except (IndexError, ValueError, binascii.Error):
+    bits = 0
+if bits:
+    print(bits)
+else:
+    import subprocess  # only for a key of another kind: most nodes never need it
+    command = ["ssh-keygen", "-l", "-f", path + ".pub"]
+    listed = subprocess.run(command, capture_output=True, text=True)
+    if listed.stdout:
+        print(listed.stdout.split(" ")[0])
+""",
+    path=RSA_HOST_KEY,
+)
+# awk's '$5 < N' compares as numbers where the field is one, as text otherwise.
+WEAK_MODULI_PYTHON = framing.python_source(
+    r"""
+import re
+number = re.compile(r"[+-]?([0-9]+[.]?[0-9]*|[.][0-9]+)([eE][+-]?[0-9]+)?")
+count = 0
+try:
+    with open(path, encoding="utf-8", errors="replace") as moduli:
+        for line in moduli:
+            if line.startswith("#"):
+                continue
+            fifth = (line.split() + [""] * 5)[4]
+            if fifth.isdigit():
+                count += int(fifth) < minimum
+            elif number.fullmatch(fifth):
+                count += float(fifth) < minimum
+            else:
+                count += fifth < str(minimum)
+except OSError:
+    pass
+print(count)
+""",
+    path=MODULI,
+    minimum=MIN_MODULUS_FIELD,
+)
+# Where the config has no Match or Include (gpunode's own), the accounts are listed here; a
+# config with either runs the shell command, which evaluates sshd -T for each account.
+PER_USER_PYTHON = framing.python_source(
+    r"""
+import grp, os, re, sys
+users = {"root"}
+for group in groups:
+    try:
+        users.update(grp.getgrnam(group).gr_mem)
+    except KeyError:
+        pass
+try:
+    with open("/etc/passwd", encoding="utf-8", errors="surrogateescape") as passwd:
+        for line in passwd:
+            fields = line.rstrip("\n").split(":")
+            name, home = fields[0], (fields + [""] * 6)[5]
+            held = [f"{home}/{key}" for key in key_files]
+            if any(os.path.isfile(path) and os.path.getsize(path) > 0 for path in held):
+                users.add(name)
+except OSError:
+    pass
+users = sorted(u for u in users if re.fullmatch(r"[a-z_][a-z0-9_-]{0,31}", u))[:limit]
+try:
+    with open(config, encoding="utf-8", errors="replace") as text:
+        keyword = re.compile(r"[ \t\n\v\f\r]*(match|include)([ \t\n\v\f\r]|=)", re.I)
+        evaluate = any(keyword.match(line) for line in text)
+except OSError:
+    evaluate = True
+if evaluate:
+    import subprocess
+    sys.stdout.flush()
+    sys.exit(subprocess.run(["sh", "-c", shell]).returncode)
+print(shared_mark)
+for user in users:
+    print(user_mark + user)
+""",
+    groups=MANAGED_GROUPS,
+    key_files=KEY_FILES,
+    limit=MAX_EVALUATED_USERS,
+    config=SSHD_CONFIG,
+    shell=PER_USER_COMMAND,
+    shared_mark=SHARED_MARK,
+    user_mark=USER_MARK,
 )
 
 
@@ -159,7 +281,7 @@ class SshdState(FactBase):
         }
     """
 
-    def command(self) -> str:
+    def parts(self) -> list[framing.Part]:
         commands = {
             # sshd's complaint is why it could not say: stderr is part of the text.
             "effective": (
@@ -174,7 +296,28 @@ class SshdState(FactBase):
             "per_user": PER_USER_COMMAND,
             "accounts": ACCOUNTS_COMMAND,
         }
-        return framing.command(framing.Part(name, commands[name]) for name in PARTS)
+        python = {
+            "config_sha1": CONFIG_SHA1_PYTHON,
+            "rsa_bits": RSA_BITS_PYTHON,
+            "weak_moduli": WEAK_MODULI_PYTHON,
+            "per_user": PER_USER_PYTHON,
+            # systemctl is-enabled prints the unit file's state, and nothing for no unit.
+            "socket": (
+                'state = unit_properties("ssh.socket").get("UnitFileState", "")\n'
+                "if state:\n    print(state)\n"
+            ),
+            "accounts": ACCOUNTS_PYTHON,
+        }
+        units = {"socket": ("ssh.socket",)}
+        return [
+            framing.Part(
+                name, commands[name], python=python.get(name), systemd_units=units.get(name, ())
+            )
+            for name in PARTS
+        ]
+
+    def command(self) -> str:
+        return framing.command(self.parts())
 
     def process(self, output: list[str]) -> dict[str, Any]:
         sections = parse_sections(list(output))

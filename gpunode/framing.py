@@ -38,6 +38,12 @@ NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 # A program name for ``command -v``: a plain word (pyinfra's requires_command is one).
 PROGRAM = re.compile(r"[A-Za-z0-9_.+-]{1,64}")
 _TOKEN = re.compile(r"[0-9a-f]{16}")
+# A systemd unit name with its type (systemd.unit(5)): what ``systemctl show`` is asked about.
+UNIT = re.compile(r"[A-Za-z0-9:_.@-]{1,200}\.(service|socket|timer|target|mount|path|slice)")
+# What ``unit_properties`` answers: systemctl is-enabled prints UnitFileState, is-active
+# ActiveState (its exit status is 0 for active and reloading), LoadState says whether a unit
+# file exists (not-found).
+UNIT_PROPERTIES = ("Id", "LoadState", "ActiveState", "SubState", "UnitFileState")
 _BEGIN = re.compile(re.escape(PREFIX) + r"([0-9a-f]{16}):begin")
 NO_HEADER = "no frame header: not a framed output"
 
@@ -54,6 +60,22 @@ class Part:
     reported skipped. ``stderr``: ``separate`` (captured, printed after
     the part's stdout as stderr marker lines: what pyinfra hands a fact is stdout alone),
     ``merge`` (``2>&1``, interleaved with stdout) or ``drop`` (``2>/dev/null``).
+
+    ``python``: the same part as Python source (standard library only) that prints what
+    ``command`` prints and ends with the status it exits with (``sys.exit``; an exception is
+    status 1, its message the part's stderr). Every Python part of a frame runs in ONE
+    ``python3`` process where the node has one, instead of a shell pipeline of programs per
+    part: on a node each program started costs a few milliseconds of CPU, reading a file in
+    the process that is already running costs next to nothing. Without ``python3`` the shell
+    command runs, so a fact reads a fresh node all the same. A part's source must not write
+    to file descriptor 1 itself (a program it runs has its output captured). A Python part
+    runs after another only if that one is a Python part too.
+
+    ``systemd_units``: the units whose state the Python source reads with
+    ``unit_properties(unit)`` (a dict of ``UNIT_PROPERTIES``; empty where systemctl is
+    missing): ONE ``systemctl show`` answers every unit of the frame's Python parts, where
+    each ``systemctl is-enabled`` or ``is-active`` costs the node a program and systemd's
+    own work to answer it.
     """
 
     name: str
@@ -61,6 +83,8 @@ class Part:
     requires: str | None = None
     stderr: Stderr = "separate"
     after: str | None = None
+    python: str | None = None
+    systemd_units: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not NAME.fullmatch(self.name):
@@ -69,6 +93,11 @@ class Part:
             raise ValueError(f"required program {self.requires!r} is not a plain word")
         if self.stderr not in ("separate", "merge", "drop"):
             raise ValueError(f"stderr {self.stderr!r}: one of separate, merge, drop")
+        for unit in self.systemd_units:
+            if not UNIT.fullmatch(unit):
+                raise ValueError(f"systemd unit {unit!r} is not a unit name ({UNIT.pattern})")
+        if self.systemd_units and self.python is None:
+            raise ValueError(f"part {self.name!r} reads systemd units but has no Python source")
 
 
 def new_token() -> str:
@@ -94,8 +123,13 @@ def _run(part: Part, token: str) -> str:
     return f"{inner} {redirect}; gpunode_rc=$?; {end}"
 
 
-def command(parts: Iterable[Part], token: str | None = None) -> str:
-    """ONE shell command running ``parts`` in order, framed for ``parse``."""
+def command(parts: Iterable[Part], token: str | None = None, python: bool = True) -> str:
+    """ONE shell command running ``parts`` in order, framed for ``parse``.
+
+    The parts that have Python source run together in one ``python3`` process, at the place
+    of the first of them, where the node has ``python3``; ``python=False`` always runs
+    their shell commands (what a node without ``python3`` runs; the tests compare the two).
+    """
     token = new_token() if token is None else token
     if not _TOKEN.fullmatch(token):
         raise ValueError(f"token {token!r} is not 16 lowercase hex digits")
@@ -103,31 +137,157 @@ def command(parts: Iterable[Part], token: str | None = None) -> str:
     names = [part.name for part in chosen]
     if len(set(names)) != len(names):
         raise ValueError(f"part names repeat: {names}")
+    by_name = {part.name: part for part in chosen}
     for part in chosen:
         if part.after is not None and part.after not in names[: names.index(part.name)]:
             raise ValueError(f"part {part.name!r} runs after {part.after!r}, not an earlier part")
+        if part.after is not None and (part.python is None) != (by_name[part.after].python is None):
+            raise ValueError(
+                f"part {part.name!r} runs after {part.after!r}: both must have Python source, "
+                "or neither (the Python parts run in one process of their own)"
+            )
     lines = [
         # Tools such as ibstat and nvme live in sbin, which a non-root user's PATH lacks.
         'PATH="$PATH:/usr/sbin:/sbin"',
         f"echo '{_marker(token, 'begin')}'",
     ]
+    in_python = [part for part in chosen if part.python is not None] if python else []
     for index, part in enumerate(chosen):
-        # Each part's status is kept (gpunode_rc_<index>) for the parts that run after it.
-        run = _run(part, token) + f"; gpunode_rc_{index}=$gpunode_rc"
-        if part.requires is not None:
-            run = (
-                f"if command -v {shlex.quote(part.requires)} >/dev/null 2>&1; then {run}; "
-                f"else echo '{_marker(token, 'absent:' + part.name)}'; fi"
-            )
-        if part.after is not None:
-            run = (
-                f'if [ "${{gpunode_rc_{names.index(part.after)}:-}}" = 0 ]; then {run}; '
-                f"else echo '{_marker(token, 'skipped:' + part.name)}'; fi"
-            )
-        # Set first: a frame run inside another's part must not see the outer frame's value.
-        lines.append(f"gpunode_rc_{index}=; echo '{_marker(token, 'part:' + part.name)}'; {run}")
+        if part in in_python:
+            if part is in_python[0]:
+                shell = "\n".join(
+                    _without_python3(p, names.index(p.name), names, token) for p in in_python
+                )
+                runner = _python_runner(in_python, token)
+                lines.append(
+                    f"if command -v python3 >/dev/null 2>&1; then {runner}else\n{shell}\nfi"
+                )
+            continue
+        lines.append(_shell_part(part, index, names, token))
     lines.append(f"echo '{_marker(token, 'done')}'")
     return "\n".join(lines)
+
+
+def _without_python3(part: Part, index: int, names: list[str], token: str) -> str:
+    """A Python part where the node has no python3: its shell command; one that needs
+    python3 itself (the GPU probe) is absent without it, and its command, which may be large,
+    is left out of the frame."""
+    if part.requires == "python3":
+        begin, absent = _marker(token, "part:" + part.name), _marker(token, "absent:" + part.name)
+        return f"gpunode_rc_{index}=; echo '{begin}'; echo '{absent}'"
+    return _shell_part(part, index, names, token)
+
+
+def _shell_part(part: Part, index: int, names: list[str], token: str) -> str:
+    # Each part's status is kept (gpunode_rc_<index>) for the parts that run after it.
+    run = _run(part, token) + f"; gpunode_rc_{index}=$gpunode_rc"
+    if part.requires is not None:
+        run = (
+            f"if command -v {shlex.quote(part.requires)} >/dev/null 2>&1; then {run}; "
+            f"else echo '{_marker(token, 'absent:' + part.name)}'; fi"
+        )
+    if part.after is not None:
+        run = (
+            f'if [ "${{gpunode_rc_{names.index(part.after)}:-}}" = 0 ]; then {run}; '
+            f"else echo '{_marker(token, 'skipped:' + part.name)}'; fi"
+        )
+    # Set first: a frame run inside another's part must not see the outer frame's value.
+    return f"gpunode_rc_{index}=; echo '{_marker(token, 'part:' + part.name)}'; {run}"
+
+
+# The program that runs a frame's Python parts, each as the shell would have run its command:
+# the same markers, its stderr captured per ``stderr``, its exit status from ``sys.exit`` (an
+# exception: 1, and its message on stderr). Kept to what Python 3.9 and later have.
+_RUNNER = r"""
+import io, os, sys
+def _gpunode_units(units, properties):
+    answers = {}
+    def unit_properties(unit):
+        if not answers and units:
+            import subprocess
+            try:
+                shown = subprocess.run(
+                    ["systemctl", "show", "--property=" + ",".join(properties), "--", *units],
+                    capture_output=True, stdin=subprocess.DEVNULL, text=True,
+                ).stdout
+            except OSError:
+                shown = ""
+            blocks = shown.split("\n\n") if shown.strip() else []
+            for name, block in zip(units, blocks):
+                answers[name] = dict(
+                    line.split("=", 1) for line in block.splitlines() if "=" in line
+                )
+            for name in units:
+                answers.setdefault(name, {})
+        return dict(answers.get(unit, {}))
+    return unit_properties
+def _gpunode_frame(prefix, parts, units, properties):
+    unit_properties = _gpunode_units(units, properties)
+    status = {}
+    # Text written through at once: a part's print and its writes to sys.stdout.buffer (bytes
+    # as the node has them) keep their order; what cannot be encoded goes out as it came in.
+    sys.stdout.reconfigure(write_through=True, errors="surrogateescape")
+    out = sys.stdout
+    path = [d for d in os.environ.get("PATH", "").split(":") if d]
+    for name, source, requires, stderr, after in parts:
+        out.write(prefix + "part:" + name + "\n")
+        if after is not None and status.get(after) != 0:
+            out.write(prefix + "skipped:" + name + "\n")
+            continue
+        if requires is not None and not any(
+            os.access(os.path.join(d, requires), os.X_OK) for d in path
+        ):
+            out.write(prefix + "absent:" + name + "\n")
+            continue
+        captured = io.StringIO()
+        sys.stderr = captured
+        code = 0
+        try:
+            space = {"__name__": "__gpunode_part__", "unit_properties": unit_properties}
+            exec(compile(source, name, "exec"), space)
+        except SystemExit as stop:
+            code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
+        except Exception as error:
+            code = 1
+            captured.write("%s: %s\n" % (type(error).__name__, error))
+        finally:
+            sys.stderr = sys.__stderr__
+        errors = captured.getvalue()
+        if stderr == "separate":
+            for line in errors.splitlines():
+                out.write(prefix + "stderr:" + line + "\n")
+        elif stderr == "merge" and errors:
+            out.write(errors if errors.endswith("\n") else errors + "\n")
+        status[name] = code & 255
+        out.write(prefix + "exit:" + name + ":" + str(code & 255) + "\n")
+        out.flush()
+"""
+
+
+def python_source(body: str, **constants: object) -> str:
+    """A Python part's source: ``constants`` first, as assignments of their ``repr`` (plain
+    values only: str, bytes, int, tuples of them), then ``body``; never text pasted into code."""
+    for name, value in constants.items():
+        if not name.isidentifier() or not isinstance(value, str | bytes | int | tuple):
+            raise ValueError(f"constant {name!r} = {value!r}: a name and a plain value")
+    assignments = "".join(f"{name} = {value!r}\n" for name, value in constants.items())
+    return assignments + body.lstrip("\n")
+
+
+def _python_runner(parts: list[Part], token: str) -> str:
+    """``python3`` reading the runner and the parts' sources from a here-document: they can
+    be larger than one argument may be (Linux: 128 kB), and Python reads its whole program
+    before it runs any of it, so a program a part starts finds its standard input at its end."""
+    table = [(p.name, p.python, p.requires, p.stderr, p.after) for p in parts]
+    units = sorted({unit for part in parts for unit in part.systemd_units})
+    call = f"_gpunode_frame({_marker(token, '')!r}, {table!r}, {units!r}, {UNIT_PROPERTIES!r})"
+    source = f"{_RUNNER}\n{call}\n"
+    delimiter = f"gpunode_python_{token}"
+    if delimiter in source:  # repr() cannot print it alone on a line; this says so
+        raise ValueError(f"a Python part holds the frame's here-document delimiter {delimiter}")
+    # -I: no user site or environment variables; -S: no site-packages: the parts need the
+    # standard library alone, and importing site is a tenth of the interpreter's start.
+    return f"python3 -I -S - <<'{delimiter}'\n{source}{delimiter}\n"
 
 
 @dataclass

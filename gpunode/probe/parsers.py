@@ -69,6 +69,7 @@ __all__ = [
     "parse_section",
     "parse_xid_events",
     "probe_command",
+    "probe_part",
     "unreadable",
 ]
 
@@ -778,6 +779,15 @@ def installed_probe_files(ship_pynvml: bool = True) -> dict[str, Path]:
 
 
 @functools.cache
+def _installed_digests(ship_pynvml: bool) -> tuple[tuple[str, str], ...]:
+    """(file name, sha256) of each file ``roles.gpu_metrics`` installs."""
+    return tuple(
+        (name, hashlib.sha256(source.read_bytes()).hexdigest())
+        for name, source in installed_probe_files(ship_pynvml).items()
+    )
+
+
+@functools.cache
 def _installed_checksums(ship_pynvml: bool, installed_dir: str) -> str:
     """``sha256sum -c`` input naming the installed copies of this very probe."""
     return "".join(
@@ -791,38 +801,84 @@ def probe_command(
     ship_pynvml: bool = True,
     installed_dir: str = PROBE_INSTALL_DIR,
 ) -> str:
-    """ONE shell command that runs the probe: the node's installed copy where it is this very
-    probe (``roles.gpu_metrics`` installs it; every file's sha256 is checked first), else the
-    probe from its source, carried in the command: nothing need be installed on the node.
+    """ONE shell command that runs the probe (``probe_part``'s, framed)."""
+    return framing.command([probe_part(xid_since, ship_pynvml, installed_dir)])
+
+
+def probe_part(
+    xid_since: str | None = None,
+    ship_pynvml: bool = True,
+    installed_dir: str = PROBE_INSTALL_DIR,
+) -> framing.Part:
+    """The probe as one frame part: the node's installed copy where it is this very probe
+    (``roles.gpu_metrics`` installs it; every file's sha256 is checked first), else the probe
+    from its source, carried in the command: nothing need be installed on the node.
 
     The installed copy spares the node unpacking and compiling ~400 kB of source on every
     check. The program travels xz-compressed and base64-encoded inside the command (about
     70 kB with pynvml, under Linux's 128 kB limit on one argument); ``python3 -c`` unpacks it
-    from stdin with the standard library alone.
+    from stdin with the standard library alone. Its Python form runs in the frame's one
+    Python process (gpunode.framing), beside the other facts' Python parts.
     """
-    arguments = ""
+    arguments: list[str] = []
     if xid_since is not None:
         gpu_probe.parse_since(xid_since)  # bad input fails here, on the control side
-        arguments = f" --xid-since {shlex.quote(xid_since)}"
+        arguments = ["--xid-since", xid_since]
+    shell_arguments = "".join(f" {shlex.quote(argument)}" for argument in arguments)
     payload = _probe_payload(ship_pynvml)
     unpack = (
         "import base64,lzma,sys;"
         'exec(compile(lzma.decompress(base64.b64decode(sys.stdin.read())),"gpu_probe","exec"))'
     )
-    shipped = f"printf '%s\\n' {payload} | python3 -I -c '{unpack}'{arguments}"
+    shipped = f"printf '%s\\n' {payload} | python3 -I -c '{unpack}'{shell_arguments}"
+    # Without pynvml: never the installed copy, which would find the installed pynvml.
+    checksums = _installed_digests(ship_pynvml) if ship_pynvml else ()
+    python = framing.python_source(
+        _PROBE_PYTHON,
+        directory=installed_dir,
+        checksums=checksums,
+        arguments=tuple(arguments),
+        payload=payload,
+    )
     if not ship_pynvml:
-        # The installed copy would find the installed pynvml, which this caller declined.
-        return framed(shipped, "python3")
-    checksums = shlex.quote(_installed_checksums(ship_pynvml, installed_dir))
+        return framing.Part("python3", shipped, requires="python3", python=python)
+    listed = shlex.quote(_installed_checksums(ship_pynvml, installed_dir))
     # Imported, not run as a script: Python keeps an imported module's compiled code
     # (__pycache__, written by root), where a script's 40 kB are compiled on every check.
     entry = (
         f"import sys; sys.path.insert(0, {installed_dir!r}); import gpu_probe; "
         "sys.exit(gpu_probe.main(sys.argv[1:]))"
     )
-    installed = f"python3 -I -c {shlex.quote(entry)}{arguments}"
-    verified = f"printf '%s' {checksums} | sha256sum -c --status - 2>/dev/null"
-    return framed(f"if {verified}; then {installed}; else {shipped}; fi", "python3")
+    installed = f"python3 -I -c {shlex.quote(entry)}{shell_arguments}"
+    verified = f"printf '%s' {listed} | sha256sum -c --status - 2>/dev/null"
+    command = f"if {verified}; then {installed}; else {shipped}; fi"
+    return framing.Part("python3", command, requires="python3", python=python)
+
+
+# probe_part's Python form: the installed copy, imported, where every file's sha256 is this
+# probe's (no checksums: never), else the shipped program, run as a script would be.
+_PROBE_PYTHON = r"""
+import hashlib, os, sys
+def installed():
+    if not checksums:
+        return False
+    for name, digest in checksums:
+        try:
+            with open(os.path.join(directory, name), "rb") as source:
+                if hashlib.sha256(source.read()).hexdigest() != digest:
+                    return False
+        except OSError:
+            return False
+    return True
+if installed():
+    sys.path.insert(0, directory)
+    import gpu_probe
+    sys.exit(gpu_probe.main(list(arguments)))
+import base64, lzma
+program = lzma.decompress(base64.b64decode(payload))
+sys.argv = ["gpu_probe", *arguments]
+exec(compile(program, "gpu_probe", "exec"), {"__name__": "__main__"})
+"""
 
 
 def _nvidia_smi(arguments: str) -> str:

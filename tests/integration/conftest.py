@@ -207,9 +207,10 @@ def lab_vms(lab: Lab) -> Iterator[list[lab_vm.LabVm]]:
 
 
 def ssh(
-    lab: Lab, node: LabNode, command: str, user: str = LOGIN_USER
+    lab: Lab, node: LabNode, command: str, user: str = LOGIN_USER, input: str | None = None
 ) -> subprocess.CompletedProcess:
-    """Run a command on a lab node over real SSH, the way an operator would."""
+    """Run a command on a lab node over real SSH, the way an operator would (``input``: its
+    standard input)."""
     return subprocess.run(
         [
             "ssh", "-i", str(lab.key_path), "-o", f"UserKnownHostsFile={lab.known_hosts_path}",
@@ -220,6 +221,7 @@ def ssh(
         capture_output=True,
         text=True,
         timeout=120,
+        input=input,
     )  # fmt: skip
 
 

@@ -284,3 +284,46 @@ def test_the_check_leaves_one_short_line_in_sudos_log_not_its_whole_script(
         assert scripts, (node.name, logged)
         assert not any("command continued" in line for line in logged), (node.name, logged)
         assert all(len(line) < 400 for line in logged), (node.name, logged)
+
+
+def _without_clock(value: Any) -> Any:
+    """A fact value less what depends on when it was read (the XID window's start)."""
+    if isinstance(value, dict):
+        return {key: _without_clock(item) for key, item in value.items() if key != "since"}
+    if isinstance(value, list):
+        return [_without_clock(item) for item in value]
+    return value
+
+
+def test_python_parts_read_on_each_node_what_their_shell_commands_read(
+    lab: Lab, converged: list[LabNode], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The drift check's Python parts (gpunode.framing: sshd, accounts, TLS, dpkg's
+    database, auditd's kernel check, the GPU probe...) run in one python3 process; a node
+    without python3 runs their shell commands. On both releases the two give the same fact
+    values, section by section."""
+    from facts.node import NodeState
+    from gpunode import framing
+
+    build = framing.command
+    for node in converged:
+        values = {}
+        for in_python in (True, False):
+            monkeypatch.setattr(
+                framing,
+                "command",
+                lambda parts, token=None, python=True, _in=in_python: build(parts, token, _in),
+            )
+            fact = NodeState()
+            script = str(fact.command())
+            assert ("python3 -I -S -" in script) is in_python
+            ran = ssh(lab, node, "sudo -H -n sh -s", input=script)
+            assert ran.returncode == 0, ran.stderr
+            values[in_python] = fact.process(ran.stdout.splitlines())
+        monkeypatch.setattr(framing, "command", build)
+        assert values[True]["complete"] and values[False]["complete"], node.name
+        for section in NodeState.FACTS:
+            python_value = _without_clock(values[True][section])
+            assert python_value == _without_clock(values[False][section]), (node.name, section)
+            if isinstance(python_value, dict):
+                assert python_value.get("state") != "unreadable", (node.name, section)

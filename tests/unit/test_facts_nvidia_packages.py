@@ -6,7 +6,9 @@ import os
 import subprocess
 from pathlib import Path
 
+from facts import nvidia_packages
 from facts.nvidia_packages import INSTALLED_MODULE_COMMAND, _installed_module
+from gpunode import framing
 
 # Laid out as kmod's modinfo(8) prints a module: "field:" padded to 16 columns, then the
 # value; srcversion and vermagic hold "version" too, but not at the line's start.
@@ -58,3 +60,88 @@ def test_proprietary_licence_and_no_module(tmp_path: Path) -> None:
     not_found = "modinfo: ERROR: Module nvidia not found.\n"
     assert run_with_modinfo(tmp_path, not_found, 1) == []
     assert _installed_module(run_with_modinfo(tmp_path, "", 0)) is None
+
+
+# A dpkg status database of the states the fact meets: installed, held, removed with its
+# configuration kept, purged (not listed by dpkg-query -W), a package of two architectures,
+# a half-configured one, and the running kernel's headers.
+STATUS_DATABASE = """\
+Package: nvidia-open
+Status: hold ok installed
+Priority: optional
+Architecture: amd64
+Version: 590.48.01-1
+
+Package: libcuda1
+Status: install ok installed
+Architecture: amd64
+Multi-Arch: same
+Version: 590.48.01-1
+Description: NVIDIA CUDA Driver Library
+ a continuation line: Version: 0.0
+
+Package: libcuda1
+Status: install ok installed
+Architecture: i386
+Multi-Arch: same
+Version: 590.48.01-1
+
+Package: nvidia-kernel-dkms
+Status: deinstall ok config-files
+Architecture: amd64
+Version: 580.95.05-1
+
+Package: cuda-toolkit-13-0
+Status: purge ok not-installed
+Architecture: amd64
+
+Package: datacenter-gpu-manager-4-core
+Status: install reinstreq half-configured
+Architecture: amd64
+Version: 1:4.4.1-1
+
+Package: linux-headers-{release}
+Status: install ok installed
+Architecture: amd64
+Version: 6.1.158-1
+
+Package: bash
+Status: install ok installed
+Architecture: amd64
+Version: 5.2.15-2+b8
+"""
+
+
+def test_dpkgs_database_read_in_python_is_what_dpkg_query_prints(tmp_path: Path) -> None:
+    """The installed and headers parts, in Python and by dpkg-query itself (the real program,
+    told to read this database), on a database of every state the fact meets."""
+    (tmp_path / "updates").mkdir()
+    (tmp_path / "info").mkdir()
+    (tmp_path / "status").write_text(STATUS_DATABASE.format(release=os.uname().release))
+    admindir = f"dpkg-query --admindir={tmp_path} "
+    parts = [
+        framing.Part(
+            part.name,
+            part.command.replace("dpkg-query ", admindir),
+            python=None
+            if part.python is None
+            else part.python.replace(repr(nvidia_packages.DPKG_DIR), repr(str(tmp_path))),
+        )
+        for part in nvidia_packages.NvidiaPackages().parts()
+        if part.name in ("installed", "headers")
+    ]
+    read = {}
+    for in_python in (True, False):
+        command = framing.command(parts, python=in_python)
+        done = subprocess.run(["sh", "-c", command], capture_output=True, text=True, check=True)
+        frame = framing.parse(done.stdout.splitlines())
+        read[in_python] = {name: frame.part(name) for name in ("installed", "headers")}
+    assert read[True] == read[False]
+    assert read[True]["installed"].lines == [
+        "iFR|datacenter-gpu-manager-4-core|1:4.4.1-1",
+        "ii |libcuda1|590.48.01-1",
+        "ii |libcuda1|590.48.01-1",
+        "rc |nvidia-kernel-dkms|580.95.05-1",
+        "hi |nvidia-open|590.48.01-1",
+    ]
+    assert read[True]["headers"].lines[0] == "status|ii "

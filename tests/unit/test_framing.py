@@ -234,3 +234,125 @@ def test_a_part_after_a_later_or_unknown_part_is_refused() -> None:
         framing.command([Part("a", "true", after="b"), Part("b", "true")])
     with pytest.raises(ValueError, match="repeat"):
         framing.command([Part("a", "true"), Part("a", "true")])
+
+
+# --- Python parts: one python3 process for every part that has Python source -------------------
+
+# Each pair prints the same: the shell command, and its Python form.
+TWINS = [
+    Part(
+        "out-err-status",
+        "echo hello; echo oops >&2; exit 3",
+        python="import sys\nprint('hello')\nprint('oops', file=sys.stderr)\nsys.exit(3)",
+    ),
+    Part("plain", "echo shell part"),  # no Python source: the shell runs it either way
+    Part(
+        "exists",
+        "[ -e /proc/self ]",
+        python="import os, sys\nsys.exit(0 if os.path.exists('/proc/self') else 1)",
+    ),
+    Part(
+        "after-exists",
+        "head -c 5 /proc/version; echo",
+        after="exists",
+        python="print(open('/proc/version').read(5))",
+    ),
+    Part("missing", "echo never", after="out-err-status", python="print('never')"),
+    Part("no-such-program", "echo never", requires="gpunode-no-such-tool", python="print(1)"),
+    Part(
+        "bytes-and-text",
+        "printf 'text\\n\\377raw\\n'; echo tail",
+        python="import sys\nprint('text')\nsys.stdout.buffer.write(b'\\xffraw\\n')\nprint('tail')",
+    ),
+    Part(
+        "merged",
+        "echo out; echo err >&2",
+        stderr="merge",
+        python="import sys\nprint('out')\nprint('err', file=sys.stderr)",
+    ),
+    Part(
+        "dropped", "echo err >&2", stderr="drop", python="import sys\nprint('err', file=sys.stderr)"
+    ),
+]
+
+
+def run_frame(parts: list[Part], python: bool, path: str | None = None) -> framing.FrameOutput:
+    command = framing.command(parts, python=python)
+    env = None if path is None else {"PATH": path}
+    done = subprocess.run(["sh", "-c", command], capture_output=True, check=False, env=env)
+    assert done.returncode == 0, done.stderr
+    return framing.parse(done.stdout.decode("utf-8", "surrogateescape").splitlines())
+
+
+def test_python_parts_print_what_their_shell_commands_print() -> None:
+    in_python, in_shell = run_frame(TWINS, python=True), run_frame(TWINS, python=False)
+    assert in_python.complete and in_shell.complete
+    assert in_python.problems == in_shell.problems == []
+    for part in TWINS:
+        assert in_python.part(part.name) == in_shell.part(part.name), part.name
+    assert in_python.parts["out-err-status"] == PartOutput("out-err-status", ["hello"], ["oops"], 3)
+    assert in_python.parts["missing"].skipped and in_python.parts["no-such-program"].absent
+    assert in_python.parts["bytes-and-text"].lines == ["text", "\udcffraw", "tail"]
+
+
+def test_every_python_part_runs_in_one_python3_process() -> None:
+    command = framing.command(TWINS)
+    assert command.count("python3 -I -S -") == 1
+    pid = "sh -c 'echo $$'"  # a process of its own: its pid
+    parts = [Part(f"p{n}", pid, python="import os\nprint(os.getpid())") for n in range(3)]
+    out = run_frame(parts, python=True)
+    pids = {tuple(out.part(f"p{n}").lines) for n in range(3)}
+    assert len(pids) == 1 and pids != {()}
+    shell = run_frame(parts, python=False)
+    assert len({tuple(shell.part(f"p{n}").lines) for n in range(3)}) == 3  # a process each
+
+
+def test_an_exception_in_a_python_part_is_its_failure_alone() -> None:
+    parts = [
+        Part("broken", "exit 1", python="raise ValueError('no such field')"),
+        Part("exit-none", "true", python="import sys\nsys.exit()"),
+        Part("exit-text", "exit 1", python="import sys\nsys.exit('why')"),
+        Part("next", "echo fine", python="print('fine')"),
+    ]
+    out = run_frame(parts, python=True)
+    assert out.parts["broken"].exit_status == 1
+    assert out.parts["broken"].stderr == ["ValueError: no such field"]
+    assert out.parts["exit-none"].exit_status == 0
+    assert out.parts["exit-text"].exit_status == 1
+    assert out.parts["next"] == PartOutput("next", ["fine"], [], 0)
+
+
+def test_without_python3_the_shell_commands_run(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A fresh node without python3: its PATH holds sh alone here."""
+    os.symlink("/bin/sh", tmp_path / "sh")
+    parts = [
+        Part("which", "echo shell", python="print('python')"),
+        Part("then", "echo shell too", after="which", python="print('python too')"),
+    ]
+    out = run_frame(parts, python=True, path=str(tmp_path))
+    assert out.parts["which"].lines == ["shell"]
+    assert out.parts["then"].lines == ["shell too"]
+    assert run_frame(parts, python=True).parts["which"].lines == ["python"]
+
+
+def test_a_part_after_a_part_of_the_other_kind_is_refused() -> None:
+    with pytest.raises(ValueError, match="both must have Python source"):
+        framing.command([Part("a", "true"), Part("b", "true", after="a", python="pass")])
+    with pytest.raises(ValueError, match="both must have Python source"):
+        framing.command([Part("a", "true", python="pass"), Part("b", "true", after="a")])
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [("not a name", "x"), ("path", ["a", "list"]), ("code", object()), ("f", 1.5)],
+)
+def test_python_source_takes_only_plain_named_constants(name: str, value: object) -> None:
+    with pytest.raises(ValueError, match="a name and a plain value"):
+        framing.python_source("print(path)", **{name: value})
+
+
+def test_python_source_puts_constants_as_their_repr_never_as_code() -> None:
+    hostile = "'); import os; os.system('touch /tmp/owned'); print('"
+    source = framing.python_source("print(path)", path=hostile)
+    out = run_frame([Part("p", "true", python=source)], python=True)
+    assert out.parts["p"].lines == [hostile]

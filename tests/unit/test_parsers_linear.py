@@ -341,7 +341,8 @@ class Echo(FactBatch):
 def test_a_batch_section_with_an_over_long_line_is_unreadable_and_the_others_read() -> None:
     ibstat = section_output(read(IBSTAT).splitlines())
     output = framing.output_of(
-        {"ib": ibstat, "gpu": ["{" + " " * (facts.batch.MAX_LINE_CHARS + 1)]}
+        # The GPU probe is a part of the batch's own (FactBatch runs a fact's parts itself).
+        {"ib": ibstat, "gpu.python3": ["{" + " " * (facts.batch.MAX_LINE_CHARS + 1)]}
     )
     values = Echo().process(output)
     assert values["ib"]["state"] == "ok"
@@ -355,7 +356,7 @@ def test_a_batch_past_the_total_cap_is_unreadable_from_there(
 ) -> None:
     monkeypatch.setattr(facts.batch, "MAX_OUTPUT_CHARS", 10_000)
     ibstat = section_output(read(IBSTAT).splitlines())
-    output = framing.output_of({"ib": ibstat, "gpu": ["x" * 1000] * 20})
+    output = framing.output_of({"ib": ibstat, "gpu.python3": ["x" * 1000] * 20})
     values = Echo().process(output)
     assert values["ib"]["state"] == "ok"
     assert values["gpu"]["state"] == "unreadable"
@@ -402,3 +403,55 @@ def test_a_batch_reads_each_fact_as_pyinfra_would_alone() -> None:
     }
     assert values["says"] == ["said"]  # stdout only, as pyinfra hands it to process()
     assert values["complete"] is True
+
+
+class Framed(FactBase[dict[str, Any]]):
+    """A fact of framing parts, one of them Python, one run only after another."""
+
+    def parts(self) -> list[framing.Part]:
+        return [
+            framing.Part("here", "[ -e /proc/self ]", python="import os, sys\nsys.exit(0)"),
+            framing.Part("then", "echo kernel", after="here", python="print('kernel')"),
+            framing.Part("fails", "echo why >&2; exit 2"),
+        ]
+
+    def command(self) -> str:
+        return framing.command(self.parts())
+
+    def process(self, output: list[str]) -> dict[str, Any]:  # type: ignore[override]
+        frame = framing.parse(output, ["here", "then", "fails"])
+        return {
+            name: (part.lines, part.stderr, part.exit_status) for name, part in frame.parts.items()
+        }
+
+
+class WithFramed(FactBatch):
+    FACTS: ClassVar[dict[str, Any]] = {"framed": Framed, "says": Says}
+
+
+def test_a_batch_runs_a_facts_parts_as_its_own_and_hands_it_what_it_would_read_alone() -> None:
+    import subprocess
+
+    command = WithFramed().command()
+    assert "part:framed.then" in command and command.count("python3 -I -S -") == 1
+    done = subprocess.run(["sh", "-c", command], capture_output=True, text=True)
+    values = WithFramed().process(done.stdout.splitlines())
+    alone = subprocess.run(["sh", "-c", Framed().command()], capture_output=True, text=True)
+    assert values["framed"] == Framed().process(alone.stdout.splitlines())
+    assert values["framed"]["then"] == (["kernel"], [], 0)
+    assert values["framed"]["fails"] == ([], ["why"], 2)
+    assert values["says"] == ["said"]
+
+
+def test_a_facts_part_cut_short_in_a_batch_makes_that_fact_unreadable_alone() -> None:
+    output = framing.output_of(
+        {
+            "framed.here": framing.PartOutput("framed.here", [], [], 0),
+            "framed.then": framing.PartOutput("framed.then", ["ker"], [], None),
+        },
+        complete=False,
+    )
+    values = WithFramed().process(output)
+    assert values["framed"]["state"] == "unreadable"
+    assert values["framed"]["reason"].startswith("framed: then: cut short")
+    assert values["says"]["state"] == "unreadable"  # never reached

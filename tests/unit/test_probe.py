@@ -29,7 +29,12 @@ import pytest
 from gpunode import framing
 from gpunode.probe import gpu_probe
 from gpunode.probe.gpu_probe import Completed, System, collect
-from gpunode.probe.parsers import installed_probe_files, parse_section, probe_command
+from gpunode.probe.parsers import (
+    installed_probe_files,
+    parse_section,
+    probe_command,
+    probe_part,
+)
 from lab.hwsim import COMMANDS, NODE_LIBRARY, node_files, nvidia_smi, profiles
 from lab.hwsim.hwstate import DEFAULT_SHARE_DIR, DEFAULT_STATE_PATH, SHARE_ENV, STATE_ENV
 
@@ -579,10 +584,13 @@ def test_main_prints_one_json_document_even_when_the_probe_fails(
 def test_probe_command_fits_in_one_argument_and_validates_its_time() -> None:
     # Linux caps one argument (the command sshd hands to the shell) at 128 KiB.
     assert len(probe_command()) < 100_000
-    assert len(probe_command(ship_pynvml=False)) < 30_000  # with the MIG listing reader
+    # With the MIG listing reader, and the Python form's installed-copy check.
+    assert len(probe_command(ship_pynvml=False)) < 32_000
     with pytest.raises(ValueError):
         probe_command(xid_since="yesterday; rm -rf /")
-    assert "--xid-since 2026-11-30T10:00:00Z" in probe_command(xid_since="2026-11-30T10:00:00Z")
+    since = probe_part(xid_since="2026-11-30T10:00:00Z")
+    assert since.command.endswith(" --xid-since 2026-11-30T10:00:00Z; fi")  # without python3
+    assert "arguments = ('--xid-since', '2026-11-30T10:00:00Z')" in str(since.python)
 
 
 @pytest.fixture
@@ -777,11 +785,20 @@ def install_probe(directory: Path) -> None:
         (directory / name).write_bytes(source.read_bytes())
 
 
-def test_the_installed_probe_runs_where_it_is_this_very_probe(lab_root: Path) -> None:
+# The probe runs in the frame's one python3 process where the node has python3, else from
+# its shell command (gpunode.framing): both forms run the installed copy only where it is
+# this very probe. ``python3 -I -S -`` is the frame's Python process.
+CALLS = {True: "-I -S -", False: "-I -c "}
+
+
+@pytest.mark.parametrize("in_python", [True, False])
+def test_the_installed_probe_runs_where_it_is_this_very_probe(
+    lab_root: Path, in_python: bool
+) -> None:
     installed = lab_root / "usr/local/lib/gpunode-probe"
     install_probe(installed)
     log = logging_python(lab_root)
-    command = probe_command(installed_dir=str(installed))
+    command = framing.command([probe_part(installed_dir=str(installed))], python=in_python)
     report = parse_section("gpu", run_command(command, lab_root))
     assert (report["state"], report["gpu_count"]) == ("ok", 8)
     # The pynvml beside it is the one it would use; with no NVML library here (no driver
@@ -789,26 +806,29 @@ def test_the_installed_probe_runs_where_it_is_this_very_probe(lab_root: Path) ->
     assert report["nvml"]["reason"].startswith(
         f"libnvidia-ml.so.1 cannot be loaded ({installed}/pynvml.py not imported): "
     ), report["nvml"]
-    (call,) = log.read_text().splitlines()
-    # Imported as a module (its compiled code kept in __pycache__), not run as a script.
-    assert call.startswith("-I -c import sys; sys.path.insert(0, ") and str(installed) in call
-    assert "import gpu_probe; sys.exit(gpu_probe.main(sys.argv[1:]))" in call
+    (call,) = log.read_text().splitlines()  # one python3, whichever form
+    assert call.startswith(CALLS[in_python]), call
+    if not in_python:
+        # Imported as a module (its compiled code kept in __pycache__), not run as a script.
+        assert call.startswith("-I -c import sys; sys.path.insert(0, ") and str(installed) in call
+        assert "import gpu_probe; sys.exit(gpu_probe.main(sys.argv[1:]))" in call
     assert (installed / "__pycache__").is_dir()
 
 
-def test_an_installed_probe_that_differs_is_not_run(lab_root: Path) -> None:
+@pytest.mark.parametrize("in_python", [True, False])
+def test_an_installed_probe_that_differs_is_not_run(lab_root: Path, in_python: bool) -> None:
     installed = lab_root / "usr/local/lib/gpunode-probe"
     install_probe(installed)
     with (installed / "gpu_record.py").open("a") as changed:
         changed.write("# edited on the node\n")
     log = logging_python(lab_root)
-    report = parse_section(
-        "gpu", run_command(probe_command(installed_dir=str(installed)), lab_root)
-    )
+    command = framing.command([probe_part(installed_dir=str(installed))], python=in_python)
+    report = parse_section("gpu", run_command(command, lab_root))
     assert (report["state"], report["gpu_count"]) == ("ok", 8)
     assert report["nvml"]["module"] == "pynvml.py (shipped)"
     [call] = log.read_text().splitlines()
-    assert call.startswith("-I -c "), call
+    assert call.startswith(CALLS[in_python]), call
+    assert not (installed / "__pycache__").exists()
 
 
 # --- MIG instances ----------------------------------------------------------------------------

@@ -20,6 +20,7 @@ from facts.container_runtime import (
     parse_docker_config,
 )
 from facts.gpu import GpuDevices
+from gpunode import framing
 from gpunode.expected.packages import toolkit_keeps_cdi_spec
 from gpunode.model import build_desired_state
 from lab.standin import nvidia_ctk
@@ -136,7 +137,7 @@ def test_runtime_fact_decodes_every_file() -> None:
         "nvidia-ctk NVIDIA Container Toolkit CLI version 1.17.4",
         "kernel-driver no",
     ]
-    fact = ContainerRuntimeConfig().process(output)
+    fact = ContainerRuntimeConfig().process(framing.output_of({"runtime": output}))
     assert fact["docker"]["nvidia_runtime"] is True
     assert fact["containerd"]["present"] is False
     assert fact["cdi_spec"]["uuids"] == UUIDS

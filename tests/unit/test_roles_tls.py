@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime
 import ipaddress
 import shutil
+import subprocess
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -18,7 +19,13 @@ from pyinfra.api import FunctionCommand
 from pyinfra.connectors.util import CommandOutput, OutputLine
 from pyinfra.facts.files import File, Link
 
-from facts.tls import NodeCertificate, parse_node_certificate
+from facts.tls import (
+    CERT_COMMAND,
+    KEY_PATH,
+    NodeCertificate,
+    node_certificate_parts,
+    parse_node_certificate,
+)
 from gpunode import framing, pki
 from gpunode.framing import PREFIX
 from gpunode.model import Tls
@@ -83,7 +90,7 @@ def operation_output(operation: Any, facts: dict[type, Any], **kwargs: Any) -> t
 def test_fact_command_prints_only_public_material() -> None:
     command = NodeCertificate().command()
     assert "openssl pkey -in /etc/gpunode/tls/node.key -pubout" in command
-    assert "openssl x509 -in /etc/gpunode/tls/node.crt" in command
+    assert CERT_COMMAND in command
     assert "cat " not in command
 
 
@@ -127,7 +134,7 @@ def test_fact_reports_a_failing_command_as_unreadable_naming_it() -> None:
     report = parse_node_certificate(lines, now=NOW)
     assert report["state"] == "unreadable"
     assert report["reason"] == (
-        "`openssl x509 -in /etc/gpunode/tls/node.crt` failed (exit 1): Could not read "
+        f"`{CERT_COMMAND}` failed (exit 1): Could not read "
         "certificate from /etc/gpunode/tls/node.crt"
     )
     assert report["key"] == "unreadable"
@@ -151,7 +158,7 @@ CERTIFICATE_ONLY = framing.output_of(tls_part("certificate", []), token=TOKEN, c
 def test_fact_turns_garbage_into_an_unreadable_state(lines: list[str]) -> None:
     report = parse_node_certificate(lines, now=NOW)
     assert report["state"] == "unreadable"
-    assert "`openssl x509 -in /etc/gpunode/tls/node.crt`" in report["reason"]
+    assert f"`{CERT_COMMAND}`" in report["reason"]
 
 
 # --- node_certificate --------------------------------------------------------------------------
@@ -385,3 +392,32 @@ def test_a_ca_an_earlier_run_trusted_is_taken_out(
     assert commands == [UNTRUST]
     assert TRUST_PATH == "/usr/local/share/ca-certificates/gpunode-ca.crt"
     assert TRUST_LINK == "/etc/ssl/certs/gpunode-ca.pem"
+
+
+@pytest.mark.parametrize("in_python", [True, False])
+def test_fact_prints_the_certificate_blocks_and_never_a_key_beside_them(
+    tmp_path: Path, authority: CertificateAuthority, in_python: bool
+) -> None:
+    """A file that also holds the private key (an operator's combined PEM): the fact reads
+    the certificate, and the key's text never reaches the control side. Run for real, by
+    the shell's commands and by the frame's Python process alike."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    certificate = pki.issue_certificate(authority, key.public_key(), WANTED, now=NOW)
+    key_pem = key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )
+    combined = tmp_path / "node.crt"
+    combined.write_bytes(
+        b"comment line\n" + key_pem + certificate.public_bytes(serialization.Encoding.PEM)
+    )
+    command = framing.command(
+        node_certificate_parts(str(combined), str(tmp_path / "node.key")), python=in_python
+    )
+    printed = subprocess.run(["sh", "-c", command], capture_output=True, text=True, check=True)
+    assert "PRIVATE KEY" not in printed.stdout
+    assert key_pem.decode().splitlines()[1] not in printed.stdout
+    report = parse_node_certificate(printed.stdout.splitlines(), now=NOW)
+    assert (report["state"], report["serial"]) == ("present", f"{certificate.serial_number:x}")
+    assert (report["key"], report["key_reason"]) == ("absent", f"{KEY_PATH} does not exist")
