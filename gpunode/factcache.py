@@ -36,9 +36,11 @@ from __future__ import annotations
 
 import atexit
 import copy
+import dataclasses
 import hashlib
 import importlib
 import inspect
+import itertools
 import json
 import os
 import re
@@ -449,12 +451,13 @@ def _raw(command: Any) -> str:
     return command.get_raw_value() if isinstance(command, StringCommand) else str(command)
 
 
-def batch_parts(facts: list[tuple[Any, dict[str, Any]]]) -> dict[int, framing.Part]:
-    """index -> the framing part that reads ``facts[index]`` as pyinfra would read it alone:
+def batch_parts(facts: list[tuple[Any, dict[str, Any]]]) -> dict[int, tuple[framing.Part, ...]]:
+    """index -> the framing parts that read ``facts[index]`` as pyinfra would read it alone:
     its command's stdout (stderr, which pyinfra does not hand to ``process``, dropped), its
     ``requires_command`` checked first. A fact whose required command is no plain program
     name cannot be checked that way and has no part: pyinfra reads it on its own. A fact
-    read with others of its kind (``batch_groups``) has no part of its own either.
+    read with others of its kind (``batch_groups``) has no part of its own either. A fact made
+    of framing parts (``parts()``) gives the batch those parts, each named after the fact.
 
     ``facts`` are (fact instance, arguments); a fact's ``process`` must be called on the same
     instance, since some keep their arguments from ``command`` (pyinfra's Sha1File does).
@@ -466,16 +469,40 @@ def batch_parts(facts: list[tuple[Any, dict[str, Any]]]) -> dict[int, framing.Pa
         requires = pyinfra_patches.make_command(fact.requires_command, kwargs)
         if index in grouped:
             continue
+        own = _own_parts(fact, kwargs) if not requires else None
+        if own is not None:
+            # The fact's parts become the batch's, so that the Python parts of every fact
+            # run in the batch's one Python process (gpunode.framing).
+            parts[index] = tuple(
+                dataclasses.replace(
+                    part,
+                    name=f"fact{index}.{part.name}",
+                    after=None if part.after is None else f"fact{index}.{part.after}",
+                )
+                for part in own
+            )
+            continue
         try:
-            parts[index] = framing.Part(
-                f"fact{index}",
-                command,
-                requires=_raw(requires) if requires else None,
-                stderr="drop",
+            parts[index] = (
+                framing.Part(
+                    f"fact{index}",
+                    command,
+                    requires=_raw(requires) if requires else None,
+                    stderr="drop",
+                ),
             )
         except ValueError:
             continue
     return parts
+
+
+def _own_parts(fact: Any, kwargs: dict[str, Any]) -> list[framing.Part] | None:
+    """The framing parts a fact's command is made of (its ``parts()``, taking the command's
+    arguments), where it has them; else None."""
+    parts = getattr(fact, "parts", None)
+    if not callable(parts):
+        return None
+    return list(parts(**kwargs))
 
 
 # pyinfra facts that, for one path, run one program on it once shell tests say it exists:
@@ -665,7 +692,7 @@ def batch_script(facts: list[tuple[Any, dict[str, Any]]]) -> str:
         _group_part(name, [facts[index][1] for index in members], type(facts[members[0]][0]))
         for name, members in batch_groups(facts).items()
     ]
-    return framing.command([*batch_parts(facts).values(), *groups])
+    return framing.command([*itertools.chain(*batch_parts(facts).values()), *groups])
 
 
 def parse_batch(
@@ -674,13 +701,27 @@ def parse_batch(
     """index -> what that fact's part printed (or, for a fact read in a group, what it would
     have printed alone), for the parts whose output came back whole."""
     groups = batch_groups(facts)
-    names = [f"fact{index}" for index in range(len(facts))] + [f"group-{g}" for g in groups]
+    own = {
+        index: parts
+        for index, parts in batch_parts(facts).items()
+        if parts[0].name != f"fact{index}"
+    }
+    names = [f"fact{index}" for index in range(len(facts)) if index not in own]
+    names += [part.name for parts in own.values() for part in parts]
+    names += [f"group-{g}" for g in groups]
     frame = framing.parse(lines, names)
     outputs = {
         int(name.removeprefix("fact")): part
         for name, part in frame.parts.items()
-        if name.startswith("fact") and part.complete and part.problem is None
+        if name.startswith("fact") and "." not in name and part.complete and part.problem is None
     }
+    for index, parts in own.items():
+        # What the fact's own command would have printed: its parts, in a frame of their own.
+        found = {part.name.split(".", 1)[1]: frame.part(part.name) for part in parts}
+        if all(part.complete and part.problem is None for part in found.values()):
+            outputs[index] = framing.PartOutput(
+                f"fact{index}", lines=framing.output_of(found), exit_status=0
+            )
     for name, members in groups.items():
         part = frame.parts.get(f"group-{name}")
         if part is None:

@@ -10,7 +10,12 @@ import pytest
 from pyinfra.facts.files import Directory, File, Sha1File
 from pyinfra.facts.systemd import SystemdEnabled, SystemdStatus
 
-from facts.container_runtime import DpkgPackageState
+from facts.auditd import AuditdState
+from facts.container_runtime import ContainerRuntimeConfig, DpkgPackageState
+from facts.firewall import FirewallState
+from facts.nvidia_packages import NvidiaPackages
+from facts.sshd import SshdState
+from facts.tls import NodeCertificate
 from gpunode import factcache
 from lab import Lab, LabNode
 
@@ -86,12 +91,18 @@ def test_the_fact_cache_batch_reads_on_a_node_what_each_fact_reads_alone(
         *((cls(), {"path": path}) for path in paths for cls in (File, Directory, Sha1File)),
         (DpkgPackageState(), {"packages": ["openssh-server", "no-such-package-gpunode"]}),
         (DpkgPackageState(), {"packages": ["nftables"]}),
+        # Facts made of framing parts: theirs become the batch's, their Python parts run in
+        # the batch's one python3 (gpunode.framing).
+        *((cls(), {}) for cls in (SshdState, NodeCertificate, NvidiaPackages, FirewallState)),
+        *((cls(), {}) for cls in (ContainerRuntimeConfig, AuditdState)),
     ]
     assert set(factcache.batch_groups(instances)) == {
         "systemd", "stat", "sha1", "class-DpkgPackageState"
     }  # fmt: skip
+    script = factcache.batch_script(instances)
+    assert script.count("python3 -I -S -") == 1
     for node in converged:
-        batch = ssh(lab, node, f"sudo -n sh -c {shlex.quote(factcache.batch_script(instances))}")
+        batch = ssh(lab, node, f"sudo -n sh -c {shlex.quote(script)}")
         assert batch.returncode == 0, batch.stderr
         parts = factcache.parse_batch(batch.stdout.splitlines(), instances)
         assert sorted(parts) == list(range(len(instances)))
