@@ -96,6 +96,25 @@ for path in sorted(glob.glob(state_dir + "/firewall.*")):
     state_dir=STATE_DIR,
 )
 
+# The live table, asking nft once where the table is there (the shell command lists the
+# tables first): only where the listing fails are the tables listed, to tell "no table"
+# (NOTHING) from a failure.
+LIVE_PYTHON = framing.python_source(
+    r"""
+import subprocess, sys
+def nft(*arguments):
+    return subprocess.run(["nft", *arguments], capture_output=True, text=True)
+listed = nft("-s", "list", "table", *table.split())
+if listed.returncode != 0 and f"table {table}" not in nft("list", "tables").stdout.splitlines():
+    sys.exit(nothing)
+print(listed.stdout, end="")
+print(listed.stderr, end="", file=sys.stderr)
+sys.exit(listed.returncode)
+""",
+    table=TABLE,
+    nothing=NOTHING,
+)
+
 
 class FirewallState(FactBase):
     """
@@ -147,7 +166,7 @@ class FirewallState(FactBase):
                 python=STATE_PYTHON,
                 systemd_units=(UNIT_NAME, f"{ROLLBACK_UNIT}.timer"),
             ),
-            framing.Part("live", live, requires="nft"),
+            framing.Part("live", live, requires="nft", python=LIVE_PYTHON),
             framing.Part("file_loads", file_loads, requires="nft"),
         ]
 

@@ -155,7 +155,44 @@ print(sum(1 for name in names if name.endswith("_Packages") and not name.startsw
 """,
     lists="/var/lib/apt/lists/",
 )
+# The module in memory: procfs where the module is loaded, else what nvidia-smi says.
+LOADED_PYTHON = framing.python_source(
+    r"""
+import os, subprocess
+if os.access(proc, os.R_OK):
+    with open(proc, encoding="utf-8", errors="surrogateescape") as version:
+        print(f"proc{sep}" + (version.read().split("\n", 1)[0]))
+elif any(os.access(os.path.join(d, "nvidia-smi"), os.X_OK) for d in os.environ["PATH"].split(":")):
+    query = ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"]
+    answer = subprocess.run(query, capture_output=True, stdin=subprocess.DEVNULL, text=True)
+    print(f"nvidia-smi{sep}" + (answer.stdout.split("\n", 1)[0]))
+""",
+    proc=PROC_VERSION_PATH,
+    sep=SEPARATOR,
+)
+# The first version: and license: lines of one ``modinfo nvidia``.
+INSTALLED_MODULE_PYTHON = framing.python_source(
+    r"""
+import re, subprocess
+try:
+    shown = subprocess.run(
+        ["modinfo", "nvidia"], capture_output=True, stdin=subprocess.DEVNULL, text=True
+    ).stdout
+except OSError:
+    shown = ""
+fields = {}
+for line in shown.splitlines():
+    found = re.match(r"(version|license):[ \t]*", line)
+    if found:
+        fields.setdefault(found.group(1), line[found.end():])
+if fields.get("version"):
+    print(f"modinfo{sep}{fields['version']}{sep}{fields.get('license', '')}")
+""",
+    sep=SEPARATOR,
+)
 PYTHON_PARTS = {
+    "loaded": LOADED_PYTHON,
+    "installed-module": INSTALLED_MODULE_PYTHON,
     "installed": INSTALLED_PYTHON,
     "kernel": KERNEL_PYTHON,
     "headers": HEADERS_PYTHON,

@@ -104,7 +104,9 @@ XID_WINDOW_HOURS = 24
 XID_COMMAND = "journalctl -t kernel -o short-iso"
 DPKG_COMMAND = "dpkg-query -W nvidia-driver* libnvidia-ml1 libnvidia-compute*"
 DPKG_PATTERNS = ("nvidia-driver*", "libnvidia-ml1", "libnvidia-compute*")
-FABRIC_MANAGER_COMMAND = "systemctl show nvidia-fabricmanager.service"
+FABRIC_MANAGER_UNIT = "nvidia-fabricmanager.service"
+FABRIC_MANAGER_PROPERTIES = ("LoadState", "ActiveState", "SubState", "UnitFileState")
+FABRIC_MANAGER_COMMAND = f"systemctl show {FABRIC_MANAGER_UNIT}"
 MODULE_VERSION_PATH = "/proc/driver/nvidia/version"
 SYSFS_MODULE_VERSION_PATH = "/sys/module/nvidia/version"
 
@@ -794,8 +796,8 @@ def fabric_manager(system: System) -> Result:
         [
             "systemctl",
             "show",
-            "nvidia-fabricmanager.service",
-            "--property=LoadState,ActiveState,SubState,UnitFileState",
+            FABRIC_MANAGER_UNIT,
+            "--property=" + ",".join(FABRIC_MANAGER_PROPERTIES),
         ]
     )
     if completed.missing:
@@ -987,7 +989,10 @@ def parse_arguments(argv: list[str]) -> Options:
     return Options(**values, certificate=tuple(certificates))
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str], system: System | None = None) -> int:
+    """The probe's command line; ``system``: the node as it reads it (default: ``System()``;
+    the drift check's frame passes one that answers unit states from its one systemctl)."""
+    system = system or System()
     if any(argument in ("-h", "--help") for argument in argv):
         sys.stdout.write(USAGE)
         return 0
@@ -998,7 +1003,7 @@ def main(argv: list[str]) -> int:
         return 2
     nvml, origin = (None, "disabled by --no-nvml") if options.no_nvml else load_pynvml()
     try:
-        report = collect(System(), nvml, origin, options.xid_since)
+        report = collect(system, nvml, origin, options.xid_since)
     except Exception as error:  # a probe bug must still leave one JSON document
         report = {
             "schema": SCHEMA,
@@ -1010,7 +1015,6 @@ def main(argv: list[str]) -> int:
         # Only the installed copy writes metrics: the probe the drift check ships over SSH
         # carries no renderer (see parsers.probe_program).
         textfile = _load_module(TEXTFILE_MODULE)
-        system = System()
         certificates = [textfile.certificate_expiry(system, path) for path in options.certificate]
         persistence = options.expected_persistence
         expected = textfile.Expected(

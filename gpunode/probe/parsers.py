@@ -839,9 +839,14 @@ def probe_part(
         checksums=checksums,
         arguments=tuple(arguments),
         payload=payload,
+        unit=gpu_probe.FABRIC_MANAGER_UNIT,
+        properties=gpu_probe.FABRIC_MANAGER_PROPERTIES,
     )
+    units = (gpu_probe.FABRIC_MANAGER_UNIT,)
     if not ship_pynvml:
-        return framing.Part("python3", shipped, requires="python3", python=python)
+        return framing.Part(
+            "python3", shipped, requires="python3", python=python, systemd_units=units
+        )
     listed = shlex.quote(_installed_checksums(ship_pynvml, installed_dir))
     # Imported, not run as a script: Python keeps an imported module's compiled code
     # (__pycache__, written by root), where a script's 40 kB are compiled on every check.
@@ -852,7 +857,7 @@ def probe_part(
     installed = f"python3 -I -c {shlex.quote(entry)}{shell_arguments}"
     verified = f"printf '%s' {listed} | sha256sum -c --status - 2>/dev/null"
     command = f"if {verified}; then {installed}; else {shipped}; fi"
-    return framing.Part("python3", command, requires="python3", python=python)
+    return framing.Part("python3", command, requires="python3", python=python, systemd_units=units)
 
 
 # probe_part's Python form: the installed copy, imported, where every file's sha256 is this
@@ -873,7 +878,16 @@ def installed():
 if installed():
     sys.path.insert(0, directory)
     import gpu_probe
-    sys.exit(gpu_probe.main(list(arguments)))
+    class FrameSystem(gpu_probe.System):
+        # The Fabric Manager's state from the frame's one systemctl (gpunode.framing).
+        def run(self, argv, timeout=60.0):
+            asked = ["systemctl", "show", unit, "--property=" + ",".join(properties)]
+            known = unit_properties(unit) if argv == asked else {}
+            if all(name in known for name in properties):
+                shown = "".join(f"{name}={known[name]}\n" for name in properties)
+                return gpu_probe.Completed(0, shown, "")
+            return super().run(argv, timeout)
+    sys.exit(gpu_probe.main(list(arguments), FrameSystem()))
 import base64, lzma
 program = lzma.decompress(base64.b64decode(payload))
 sys.argv = ["gpu_probe", *arguments]
