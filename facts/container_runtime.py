@@ -158,12 +158,7 @@ RUNTIME_PYTHON = framing.python_source(
 import base64, os, subprocess
 for path in files:
     if os.path.isfile(path):
-        try:
-            with open(path, "rb") as config:
-                encoded = base64.b64encode(config.read()).decode()
-        except OSError:
-            encoded = ""
-        print(f"file {path} {encoded}")
+        print(f"file {path} {base64.b64encode(read_bytes(path) or b'').decode()}")
     else:
         print(f"file {path} -")
 def run(*command):

@@ -74,12 +74,8 @@ STATE_PYTHON = framing.python_source(
     r"""
 import glob, hashlib, os
 if os.path.isfile(ruleset):
-    try:
-        with open(ruleset, "rb") as rules:
-            digest = hashlib.sha256(rules.read()).hexdigest()
-    except OSError:
-        digest = ""
-    print(f"file_sha256={digest}")
+    rules = read_bytes(ruleset)
+    print("file_sha256=" + ("" if rules is None else hashlib.sha256(rules).hexdigest()))
 if os.path.isfile(unit_path):
     print("unit_file=present")
 print("unit_enabled=" + unit_properties(unit).get("UnitFileState", ""))

@@ -71,6 +71,9 @@ class Part:
     to file descriptor 1 itself (a program it runs has its output captured). A Python part
     runs after another only if that one is a Python part too.
 
+    Python parts have ``read_bytes(path)`` at hand: a file's bytes, None where it cannot be
+    read.
+
     ``systemd_units``: the units whose state the Python source reads with
     ``unit_properties(unit)`` (a dict of ``UNIT_PROPERTIES``; empty where systemctl is
     missing): ONE ``systemctl show`` answers every unit of the frame's Python parts, where
@@ -221,6 +224,12 @@ def _gpunode_units(units, properties):
                 answers.setdefault(name, {})
         return dict(answers.get(unit, {}))
     return unit_properties
+def _gpunode_read_bytes(path):
+    try:
+        with open(path, "rb") as held:
+            return held.read()
+    except OSError:
+        return None
 def _gpunode_frame(prefix, parts, units, properties):
     unit_properties = _gpunode_units(units, properties)
     status = {}
@@ -243,7 +252,11 @@ def _gpunode_frame(prefix, parts, units, properties):
         sys.stderr = captured
         code = 0
         try:
-            space = {"__name__": "__gpunode_part__", "unit_properties": unit_properties}
+            space = {
+                "__name__": "__gpunode_part__",
+                "unit_properties": unit_properties,
+                "read_bytes": _gpunode_read_bytes,
+            }
             exec(compile(source, name, "exec"), space)
         except SystemExit as stop:
             code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
