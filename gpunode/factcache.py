@@ -131,6 +131,7 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 _WORD = re.compile(r"[A-Za-z0-9_.,:/@+=*-]*")
 _COMMAND_NAME = re.compile(r"[A-Za-z0-9_.+-]{1,64}")
 _ACCOUNT = re.compile(r"[a-z_][a-z0-9_-]{0,31}")
+_TEMP_DIR = re.compile(r"/[A-Za-z0-9_./-]{0,255}")
 _GPUNODE_FACT = re.compile(r"(facts|roles)(\.[a-z_][a-z0-9_]*)+:[A-Z][A-Za-z0-9]*")
 
 
@@ -246,6 +247,11 @@ PLAN_CONNECTOR_ARGUMENTS: dict[str, Check] = {
         value is None or bool(isinstance(value, str) and _ACCOUNT.fullmatch(value))
     ),
     "_use_sudo_login": _optional(_is_bool),
+    # Where uploads go (config.py sets /tmp): nothing a fact reads depends on it. Planned
+    # all the same, as a plain absolute path: without it, no plan was ever written.
+    "_temp_dir": lambda value: (
+        value is None or bool(isinstance(value, str) and _TEMP_DIR.fullmatch(value))
+    ),
 }
 # The other connector arguments may only hold values that change nothing about what a fact
 # reads: pyinfra's defaults (no environment, sh, exit code 0), or a retry count or timeout.

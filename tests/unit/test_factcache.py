@@ -7,6 +7,7 @@ import json
 import os
 import stat
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -480,3 +481,44 @@ def test_a_script_on_stdin_runs_whole_and_its_programs_cannot_eat_the_rest() -> 
     )
     assert done.stdout.splitlines() == ["first", "after cat"]
     assert done.returncode == 3
+
+
+def test_facts_read_with_the_projects_own_pyinfra_config_are_planned(plan_dir: Path) -> None:
+    """config.py sets pyinfra's TEMP_DIR, which every read then carries as ``_temp_dir``: a
+    plan must hold it, or no plan is ever written and every no-op reads fact by fact (190
+    SSH commands per host instead of 3)."""
+    root = Path(__file__).resolve().parents[2]
+    # As pyinfra's CLI reads config.py: into the run's Config, in a process of its own.
+    read = (
+        "import runpy\n"
+        "from pyinfra import config\n"
+        "from pyinfra.api import Config\n"
+        "from pyinfra.context import ctx_config\n"
+        "with ctx_config.use(Config()):\n"
+        "    runpy.run_path('config.py')\n"
+        "    print(config.TEMP_DIR)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", read], cwd=root, capture_output=True, text=True, check=True
+    )
+    temp_dir = done.stdout.strip()
+    assert temp_dir == "/tmp"
+    factcache._remember(
+        "node-1", "k1", File, {"path": "/etc/a"}, CONNECTOR | {"_temp_dir": temp_dir}
+    )
+    factcache.write_plans()
+    loaded = factcache._load_plan("node-1")
+    assert [(cls, kwargs, planned["_temp_dir"]) for cls, kwargs, planned in loaded] == [
+        (File, {"path": "/etc/a"}, "/tmp")
+    ]
+
+
+@pytest.mark.parametrize("temp_dir", ["tmp", "/tmp; rm -rf /", "/tmp\n", "/" + "a" * 300])
+def test_a_temp_dir_that_is_no_plain_absolute_path_is_never_planned(
+    plan_dir: Path, temp_dir: str
+) -> None:
+    factcache._remember(
+        "node-1", "k1", File, {"path": "/etc/a"}, CONNECTOR | {"_temp_dir": temp_dir}
+    )
+    factcache.write_plans()
+    assert not plan_dir.exists() or list(plan_dir.iterdir()) == []
