@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import shlex
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +22,7 @@ from facts.tls import NodeCertificate
 from gpunode import factcache
 from lab import Lab, LabNode
 
-from .conftest import run_pyinfra, ssh, write_inventory
+from .conftest import ROOT, run_pyinfra, ssh, write_inventory
 
 pytestmark = pytest.mark.lab
 
@@ -54,6 +57,48 @@ def test_second_run_changes_nothing(converged: list[LabNode]) -> None:
     assert second.changed_operations() == {}
     assert second.results is not None
     assert second.results["results"]["totals"]["error"] == 0
+
+
+# pyinfra's own CLI, counting the shell commands (SSH round trips) it runs on each host.
+COUNT_SSH_COMMANDS = """
+import atexit, json, sys
+from pyinfra.connectors.ssh import SSHConnector
+from pyinfra_cli.main import main
+
+commands = {}
+original = SSHConnector.run_shell_command
+
+
+def counting(self, *args, **kwargs):
+    commands[self.host.name] = commands.get(self.host.name, 0) + 1
+    return original(self, *args, **kwargs)
+
+
+SSHConnector.run_shell_command = counting
+atexit.register(lambda: print("COUNTED " + json.dumps(commands), file=sys.stderr))
+sys.argv = ["pyinfra", *sys.argv[1:]]
+main()
+"""
+
+
+def test_a_no_op_reads_each_host_in_a_few_ssh_commands(converged: list[LabNode]) -> None:
+    """The fact plan the last run left (gpunode.factcache) is read in one batch per
+    connector setting: a no-op costs the run lock and those batches, not one SSH command per
+    fact (some 190 per host when no plan could be written)."""
+    done = subprocess.run(
+        [sys.executable, "-c", COUNT_SSH_COMMANDS, "-y", "inventories/lab.py", DEPLOY],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    (counted,) = [line for line in done.stderr.splitlines() if line.startswith("COUNTED ")]
+    commands = json.loads(counted.removeprefix("COUNTED "))
+    assert sorted(commands) == sorted(node.name for node in converged)
+    # The run lock's take and release, one batch with sudo and one without, the lock's
+    # read: five, with one to spare.
+    assert all(count <= 6 for count in commands.values()), commands
 
 
 def test_dry_run_predicts_exactly_what_the_real_run_changes(
