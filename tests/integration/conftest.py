@@ -29,6 +29,7 @@ from typing import Any
 
 import pytest
 
+from gpunode import ssh_kex
 from gpunode.distributions import BY_CODENAME
 from gpunode.model import DesiredState
 from lab import LOGIN_USER, REBOOT_COMMAND, Lab, LabNode, releases_of
@@ -91,6 +92,16 @@ def lab() -> Lab:
 @pytest.fixture(scope="session")
 def lab_nodes(lab: Lab) -> Iterator[list[LabNode]]:
     yield lab.up(LAB_NODES, releases=LAB_RELEASES)
+
+
+@pytest.fixture(scope="session")
+def paramiko_kex() -> None:
+    """paramiko in this process speaks mlkem768x25519-sha256 (gpunode/ssh_kex.py), the only
+    kind of key exchange a hardened Debian 13 sshd offers. pyinfra's CLI gets it from
+    config.py and the drift check installs it itself; a module that connects to nodes in this
+    process (pyinfra's API) asks for this fixture rather than rely on another module (or a
+    unit test) having installed it before."""
+    ssh_kex.install()
 
 
 # Small on purpose (CI time): one VM, 1 GiB; three drives for the RAID0, three for refusals.

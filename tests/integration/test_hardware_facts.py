@@ -49,8 +49,11 @@ class CountedHost:
 
 
 @pytest.fixture(scope="module")
-def nodes(lab: Lab, lab_nodes: list[LabNode]) -> Iterator[dict[str, CountedHost]]:
-    """hgx-h100 and a100 lab nodes, connected once, by profile."""
+def nodes(
+    lab: Lab, lab_nodes: list[LabNode], paramiko_kex: None
+) -> Iterator[dict[str, CountedHost]]:
+    """hgx-h100 and a100 lab nodes, connected once, by profile (through this process's
+    paramiko, which must reach a hardened trixie node: ``paramiko_kex``)."""
     wanted = {node.profile: node for node in lab_nodes if node.profile in ("hgx-h100", "a100")}
     assert set(wanted) == {"hgx-h100", "a100"}, "the lab needs an hgx-h100 and an a100 node"
     connection = {
@@ -68,6 +71,11 @@ def nodes(lab: Lab, lab_nodes: list[LabNode]) -> Iterator[dict[str, CountedHost]
     )
     state = State(inventory, Config())
     connect_all(state)
+    # A node that refused the connection fails here, named, not later as a fact of None.
+    unreached = [
+        node.name for node in wanted.values() if not inventory.get_host(node.name).connected
+    ]
+    assert unreached == [], f"pyinfra could not connect to {unreached}"
     counted = {}
     for profile, node in wanted.items():
         host = inventory.get_host(node.name)
