@@ -136,6 +136,11 @@ def nodes(lab: Lab, lab_nodes: list[LabNode]) -> Iterator[dict[str, LabNode]]:
     assert {"hgx-h100", "a100"} <= set(by_profile), [n.profile for n in lab_nodes]
     chosen = {"h100": by_profile["hgx-h100"], "a100": by_profile["a100"]}
     saved = {name: sudo(lab, node, f"cat {DEFAULT_STATE_PATH}") for name, node in chosen.items()}
+    for node in chosen.values():
+        # gpunode's directory, which any earlier converge made (deploys/harden.py's TLS puts the
+        # node certificate there): on a fresh lab this module's first run would make it, a
+        # change beside the GPU settings that the tests count.
+        sudo(lab, node, "install -d -m 755 /etc/gpunode")
     yield chosen
     for name, node in chosen.items():
         encoded = base64.b64encode(saved[name].encode()).decode()
