@@ -123,9 +123,14 @@ def test_nvidia_checks_fail_on_a_node_that_drifted(
 
 
 def test_stock_debian_node_fails_the_hardening_checks(
-    lab_nodes: list[LabNode], tmp_path: Path
+    lab: Lab, lab_nodes: list[LabNode], tmp_path: Path
 ) -> None:
-    stock = Lab(state_dir=tmp_path / "lab", name="gpunode-verifytest", subnet_index=2)
+    # A lab of its own (name and a subnet 103 above this lab's): never another session's.
+    stock = Lab(
+        state_dir=tmp_path / "lab",
+        name=f"{lab.name}-verifytest",
+        subnet_index=int(lab.network_prefix.rsplit(".", 1)[1]) + 103,
+    )
     try:
         nodes = stock.up(1, profiles=["pcie-a10g"])
         inventory = write_inventory(tmp_path / "stock.py", stock, nodes, {})
