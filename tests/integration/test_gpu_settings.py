@@ -22,7 +22,7 @@ import pytest
 
 from lab import Lab, LabNode
 from lab.hwsim.hwstate import DEFAULT_STATE_PATH
-from roles.gpu_settings import BOOT_SCRIPT, BOOT_SETTINGS, BOOT_UNIT
+from roles.gpu_settings import BOOT_SCRIPT, BOOT_SETTINGS, BOOT_UNIT, BOOT_UNIT_PATH
 
 from .conftest import ROOT, PyinfraRun, run_pyinfra, ssh, write_inventory
 
@@ -130,17 +130,31 @@ def predicted(dry: PyinfraRun) -> set[tuple[str, str]]:
 
 
 @pytest.fixture(scope="module")
-def nodes(lab: Lab, lab_nodes: list[LabNode]) -> Iterator[dict[str, LabNode]]:
-    """The H100 and A100 nodes, their simulated hardware put back as found at the end."""
+def nodes(
+    lab: Lab, lab_nodes: list[LabNode], deploy_file: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, LabNode]]:
+    """The H100 and A100 nodes with the boot unit installed, their simulated hardware put back
+    as found at the end."""
     by_profile = {node.profile: node for node in lab_nodes}
     assert {"hgx-h100", "a100"} <= set(by_profile), [n.profile for n in lab_nodes]
     chosen = {"h100": by_profile["hgx-h100"], "a100": by_profile["a100"]}
     saved = {name: sudo(lab, node, f"cat {DEFAULT_STATE_PATH}") for name, node in chosen.items()}
-    for node in chosen.values():
-        # gpunode's directory, which any earlier converge made (deploys/harden.py's TLS puts the
-        # node certificate there): on a fresh lab this module's first run would make it, a
-        # change beside the GPU settings that the tests count.
-        sudo(lab, node, "install -d -m 755 /etc/gpunode")
+    # The boot unit (its directory, script, unit file, settings), as any converge of
+    # deploys/gpu_node.py leaves it: on a fresh lab the module's first run would install it,
+    # with a systemd reload, changes beside the GPU settings that the tests count exactly. A
+    # run that leaves every setting as found, where it is missing.
+    missing = [
+        node for node in chosen.values() if ssh(lab, node, f"test -e {BOOT_UNIT_PATH}").returncode
+    ]
+    if missing:
+        data = {
+            node.name: a100_data() if node is chosen["a100"] else {"gpu_settings": LEFT_AS_FOUND}
+            for node in missing
+        }
+        path = tmp_path_factory.mktemp("gpu_settings_boot_unit") / "inventory.py"
+        installed = run_pyinfra(deploy_file, inventory=write_inventory(path, lab, missing, data))
+        assert installed.returncode == 0, installed.output
+        assert all(ssh(lab, node, f"test -e {BOOT_UNIT_PATH}").returncode == 0 for node in missing)
     yield chosen
     for name, node in chosen.items():
         encoded = base64.b64encode(saved[name].encode()).decode()
