@@ -11,10 +11,13 @@ by promtool (tests/unit/promtool/). Every expression, label and annotation is as
 from __future__ import annotations
 
 import json
+import pickle
 import shlex
 import shutil
 import socket
 import subprocess
+import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -26,19 +29,32 @@ from typing import Any
 
 import yaml
 
-from gpunode.cli import load_inventory
-from gpunode.inventory import fleet_of
 from gpunode.monitoring import (
-    DCGM_EXPORTER,
     ScraperTls,
-    inventory_hosts,
+    ScrapeTarget,
     render_file_sd,
     render_prometheus_config,
-    scrape_targets,
     shipped_rule_files,
 )
 
 PROMETHEUS = "/usr/bin/prometheus"
+ROOT = Path(__file__).resolve().parents[1]
+# Loading an inventory as pyinfra does imports pyinfra's CLI package, which monkey-patches the
+# importing process with gevent: the scrape targets are read in a process of their own, so that
+# a test session's process stays as it was (whatever module asked first).
+TARGETS_SCRIPT = """
+import pickle
+import sys
+
+from gpunode.cli import load_inventory
+from gpunode.inventory import fleet_of
+from gpunode.monitoring import DCGM_EXPORTER, inventory_hosts, scrape_targets
+
+inventory = sys.argv[1]
+hosts = inventory_hosts(load_inventory(inventory), fleet_of(load_inventory(inventory), inventory))
+with open(sys.argv[2], "wb") as out:
+    pickle.dump((scrape_targets(hosts), scrape_targets(hosts, DCGM_EXPORTER)), out)
+"""
 FAULT_NAMES = ("xid-79", "gpu-removed", "persistence-off")
 
 
@@ -158,6 +174,24 @@ def wait_for(what: str, check: Callable[[], Any], timeout: float, poll: float = 
     return answer
 
 
+def inventory_targets(inventory: str) -> tuple[list[ScrapeTarget], list[ScrapeTarget]]:
+    """The inventory's node_exporter and DCGM exporter scrape targets (gpunode.monitoring),
+    worked out by a process of its own (TARGETS_SCRIPT)."""
+    with tempfile.TemporaryDirectory() as scratch:
+        out = Path(scratch) / "targets.pickle"
+        done = subprocess.run(
+            [sys.executable, "-c", TARGETS_SCRIPT, inventory, str(out)],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        if done.returncode != 0:
+            raise RuntimeError(f"scrape targets of {inventory}: {done.stdout}{done.stderr}")
+        node_targets, dcgm_targets = pickle.loads(out.read_bytes())  # our own process's
+    return list(node_targets), list(dcgm_targets)
+
+
 @contextmanager
 def lab_prometheus(
     directory: Path,
@@ -169,16 +203,14 @@ def lab_prometheus(
 ) -> Iterator[Prometheus]:
     """Prometheus scraping the lab inventory's node_exporters and DCGM exporters over mutual
     TLS."""
-    fleet = fleet_of(load_inventory(inventory), inventory)
-    hosts = inventory_hosts(load_inventory(inventory), fleet)
-    targets = scrape_targets(hosts)
+    targets, dcgm_targets = inventory_targets(inventory)
     assert targets, f"{inventory} has no host with node_exporter enabled"
     rules = directory / "rules"
     rules.mkdir()
     file_sd = directory / "node-exporter.json"
     file_sd.write_text(render_file_sd(targets))
     dcgm_file_sd = directory / "dcgm-exporter.json"
-    dcgm_file_sd.write_text(render_file_sd(scrape_targets(hosts, DCGM_EXPORTER)))
+    dcgm_file_sd.write_text(render_file_sd(dcgm_targets))
     config = directory / "prometheus.yml"
     config.write_text(
         render_prometheus_config(

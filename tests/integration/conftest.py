@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import runpy
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -29,6 +31,7 @@ from typing import Any
 
 import pytest
 
+from gpunode import ssh_kex
 from gpunode.distributions import BY_CODENAME
 from gpunode.model import DesiredState
 from lab import LOGIN_USER, REBOOT_COMMAND, Lab, LabNode, releases_of
@@ -91,6 +94,16 @@ def lab() -> Lab:
 @pytest.fixture(scope="session")
 def lab_nodes(lab: Lab) -> Iterator[list[LabNode]]:
     yield lab.up(LAB_NODES, releases=LAB_RELEASES)
+
+
+@pytest.fixture(scope="session")
+def paramiko_kex() -> None:
+    """paramiko in this process speaks mlkem768x25519-sha256 (gpunode/ssh_kex.py), the only
+    kind of key exchange a hardened Debian 13 sshd offers. pyinfra's CLI gets it from
+    config.py and the drift check installs it itself; a module that connects to nodes in this
+    process (pyinfra's API) asks for this fixture rather than rely on another module (or a
+    unit test) having installed it before."""
+    ssh_kex.install()
 
 
 # Small on purpose (CI time): one VM, 1 GiB; three drives for the RAID0, three for refusals.
@@ -234,13 +247,38 @@ def wait_for_ssh(lab: Lab, node: LabNode) -> None:
     raise AssertionError(f"{node.name} does not accept SSH logins")
 
 
+# Loading an inventory as pyinfra does imports pyinfra's CLI package, which monkey-patches the
+# whole process with gevent (sockets, ssl, threads, subprocesses) as it is imported: done in
+# pytest's process, every module after the first that asked would run patched, and each one's
+# process would differ with the order modules run in. A process of its own loads it instead.
+DESIRED_STATE_SCRIPT = """
+import pickle
+import sys
+
+from gpunode.cli import load_inventory
+from gpunode.inventory import fleet_of
+
+hosts = fleet_of(load_inventory(sys.argv[1]), sys.argv[2]).hosts
+with open(sys.argv[3], "wb") as out:
+    pickle.dump(next(iter(hosts.values())), out)
+"""
+
+
 def lab_desired_state(inventory: str = "inventories/lab.py") -> DesiredState:
     """The desired state the lab inventory declares (all lab hosts share it but hardware)."""
-    from gpunode.cli import load_inventory
-    from gpunode.inventory import fleet_of
-
-    hosts = fleet_of(load_inventory(str(ROOT / inventory)), inventory).hosts
-    return next(iter(hosts.values()))
+    with tempfile.TemporaryDirectory() as scratch:
+        out = Path(scratch) / "desired.pickle"
+        done = subprocess.run(
+            [sys.executable, "-c", DESIRED_STATE_SCRIPT, str(ROOT / inventory), inventory, out],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+        state = pickle.loads(out.read_bytes())  # written just now by our own process
+    assert isinstance(state, DesiredState), state
+    return state
 
 
 def lab_group_data(key: str) -> Any:

@@ -3,6 +3,13 @@
 The module starts from nodes without any of the stack (its packages purged, engine configs
 replaced by ones holding other settings), converges them, changes the data (pin, default runtime,
 releases, exporter) and ends with the nodes converged to the base data again.
+
+It makes that start itself, whatever ran before: an earlier converge of deploys/gpu_node.py
+leaves the NVIDIA driver (purged here too: this deploy must be seen to install none of it, and
+the module leaves the nodes without one, as test_nvidia_driver does) and gpunode's files for
+DCGM's exporter (removed with its packages). The exporter serves with the node certificate,
+which deploys/tls.py issues, not this deploy: the module converges it first, with the lab's
+TLS settings, as deploys/harden.py would have.
 """
 
 from __future__ import annotations
@@ -17,7 +24,9 @@ from typing import Any
 import pytest
 
 from lab import Lab, LabNode
-from roles.dcgm import EXPORTER_WEB_CONFIG_PATH
+from lab.standin import catalogue
+from roles.dcgm import EXPORTER_CONFIG_DIR, EXPORTER_DROP_IN_DIR, EXPORTER_WEB_CONFIG_PATH
+from roles.nvidia_driver import PREFERENCES_PATH
 
 from .conftest import (
     PYINFRA,
@@ -48,6 +57,9 @@ STACK_PREFIXES = (
     "dcgm-exporter",
     "libnccl",
 )
+# Every package of the lab's NVIDIA repositories, the driver's among them: none may be on a
+# node when the module starts.
+STANDIN_PACKAGES = tuple(sorted({package.name for package in catalogue()}))
 DRIVER_PACKAGES = (
     "cuda",
     "cuda-drivers",
@@ -130,25 +142,38 @@ def inventories(
     }
     return {
         name: write_inventory(
-            directory / f"{name}.py", lab, lab_nodes, {node.name: data for node in lab_nodes}
+            directory / f"{name}.py",
+            lab,
+            lab_nodes,
+            # Each node's certificate names its address, as inventories/lab.py has it.
+            {
+                node.name: {**data, "tls": {**data["tls"], "ip_addresses": [node.address]}}
+                for node in lab_nodes
+            },
         )
         for name, data in variants.items()
     }
 
 
 def reset_node(lab: Lab, node: LabNode) -> None:
-    """The node as before gpunode: no stack packages, no mirror lists, engine configs that hold
-    other settings only."""
+    """The node as before gpunode: no stack or driver packages (nor the driver's apt pin), no
+    gpunode files for DCGM's exporter, no mirror lists, engine configs that hold other settings
+    only."""
+    standins = " ".join(STANDIN_PACKAGES)
     purge = (
-        "pkgs=$(dpkg-query -W -f='${db:Status-Abbrev}|${Package}\\n' | awk -F'|' '$1 !~ /^.n/ "
-        f"{{print $2}}' | grep -E '^({'|'.join(STACK_PREFIXES)})' || true); "
+        "pkgs=$({ dpkg-query -W -f='${db:Status-Abbrev}|${Package}\\n' | awk -F'|' '$1 !~ /^.n/ "
+        f"{{print $2}}' | grep -E '^({'|'.join(STACK_PREFIXES)})'; "
+        f"dpkg-query -W -f='${{db:Status-Abbrev}}|${{Package}}\\n' {standins} 2>/dev/null "
+        "| awk -F'|' '$1 !~ /^.n/ {print $2}'; } | sort -u); "
         'if [ -n "$pkgs" ]; then apt-mark unhold $pkgs >/dev/null; '
         "DEBIAN_FRONTEND=noninteractive apt-get purge -y -q $pkgs >/dev/null; fi; "
         "apt-get clean; "
         "rm -rf /etc/docker /etc/containerd /etc/cdi /var/lib/gpunode/cuda-toolkits "
         "/etc/profile.d/gpunode-cuda.sh /etc/ld.so.conf.d/gpunode-cuda.conf "
+        f"{EXPORTER_DROP_IN_DIR} {EXPORTER_CONFIG_DIR} {PREFERENCES_PATH} "
         "/etc/apt/sources.list.d/gpunode-nvidia-*.sources "
         "/usr/share/keyrings/gpunode-nvidia-*.gpg; "
+        "systemctl daemon-reload; "
         f"find /var/lib/apt/lists -name '{lab.gateway}*' -delete"
     )
     sudo(lab, node, purge)
@@ -187,6 +212,13 @@ def assert_no_changes(inventory: str) -> None:
 def first_run(lab: Lab, lab_nodes: list[LabNode], inventories: dict[str, str]) -> dict[str, Any]:
     for node in lab_nodes:
         reset_node(lab, node)
+        state = dpkg_state(lab, node)
+        left = [name for name in (*STANDIN_PACKAGES, *DRIVER_PACKAGES) if installed(state, name)]
+        assert left == [], f"{node.name} still has {left}"
+    # The node certificate DCGM's exporter serves with (deploys/harden.py's TLS, not this
+    # deploy's): the lab's own, unchanged where an earlier module's run issued it already.
+    tls = run_pyinfra("deploys/tls.py", inventory=inventories["base"])
+    assert tls.returncode == 0, tls.output
     log_offset = lab.repo_dir.with_name("aptrepo-requests.log").stat().st_size
     dry = run_pyinfra("--dry", DEPLOY, inventory=inventories["base"])
     real = converge(inventories["base"])

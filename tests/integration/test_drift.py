@@ -127,10 +127,17 @@ def inject_drift(lab: Lab, first: LabNode, second: LabNode) -> dict[tuple[str, s
     }
 
 
+@pytest.fixture(scope="module")
+def drifted(lab: Lab, converged: list[LabNode]) -> dict[tuple[str, str], str]:
+    """The drift of inject_drift, made once for the tests that read it (run alone with -k, each
+    finds it there): {(host, finding id): severity}. converge_repairs_... repairs it."""
+    return inject_drift(lab, converged[0], converged[1])
+
+
 def test_injected_drift_is_reported_exactly_in_every_format(
-    lab: Lab, converged: list[LabNode], tmp_path: Path
+    converged: list[LabNode], drifted: dict[tuple[str, str], str], tmp_path: Path
 ) -> None:
-    expected = inject_drift(lab, converged[0], converged[1])
+    expected = drifted
     junit, prometheus = tmp_path / "drift.xml", tmp_path / "textfile" / "gpunode_drift.prom"
     code, out, err = drift("--json", "--junit", str(junit), "--prometheus", str(prometheus))
     assert code == 1, err
@@ -164,7 +171,9 @@ def test_injected_drift_is_reported_exactly_in_every_format(
     assert {row[0] for row in rows} == {converged[1].name}
 
 
-def test_baseline_marks_yesterdays_findings_known(converged: list[LabNode], tmp_path: Path) -> None:
+def test_baseline_marks_yesterdays_findings_known(
+    converged: list[LabNode], drifted: dict[tuple[str, str], str], tmp_path: Path
+) -> None:
     baseline = tmp_path / "baseline.json"
     drift("--json", "--write-baseline", str(baseline))
     sudo_node = converged[0]
@@ -179,7 +188,7 @@ def test_baseline_marks_yesterdays_findings_known(converged: list[LabNode], tmp_
 
 
 def test_unreachable_host_gives_exit_code_2_and_the_others_are_still_checked(
-    lab: Lab, converged: list[LabNode]
+    lab: Lab, converged: list[LabNode], drifted: dict[tuple[str, str], str]
 ) -> None:
     stopped = converged[1]
     lab.client.containers.get(stopped.container).pause()
@@ -195,7 +204,7 @@ def test_unreachable_host_gives_exit_code_2_and_the_others_are_still_checked(
 
 
 def test_converge_repairs_what_it_can_and_the_rest_stays_reported(
-    lab: Lab, converged: list[LabNode]
+    lab: Lab, converged: list[LabNode], drifted: dict[tuple[str, str], str]
 ) -> None:
     run = run_pyinfra("deploys/gpu_node.py")
     assert run.returncode == 0, run.output

@@ -22,6 +22,7 @@ import pytest
 from gpunode.expected.audit import CONFIG, PROGRAM, STATE_DIR, SUMMARY, UNIT
 from gpunode.model import FileIntegrity
 from lab import Lab, LabNode, hwsim
+from roles.kernel import SYSCTL_PATH
 
 from .conftest import lab_audit_data, run_pyinfra, ssh
 
@@ -99,7 +100,7 @@ def test_a_second_run_changes_nothing(node: LabNode) -> None:
 def test_a_runs_own_change_is_not_tampering(lab: Lab, node: LabNode) -> None:
     changed = run_pyinfra(DEPLOY, "--limit", node.name, "--data", AUDIT, "--data", EXTRA_SYSCTL)
     assert changed.returncode == 0, changed.output[-3000:]
-    assert "262144" in run_ok(lab, node, "cat /etc/sysctl.d/zz-gpunode-hardening.conf")
+    assert "262144" in run_ok(lab, node, f"cat {SYSCTL_PATH}")
     state = summary(lab, node)
     assert state["last_check_kind"] == "gpunode-run"
     assert state["last_explained"]["gpunode-run"] >= 1, state
@@ -107,9 +108,22 @@ def test_a_runs_own_change_is_not_tampering(lab: Lab, node: LabNode) -> None:
     assert drift_findings(node) == []
 
 
+@pytest.fixture
+def with_extra_sysctl(lab: Lab, node: LabNode) -> LabNode:
+    """The node with EXTRA_SYSCTL in gpunode's sysctl file, put there by a run (as
+    test_a_runs_own_change_is_not_tampering leaves it; a run of its own where that test did
+    not run first, -k): a later run without it then has a change of its own to take in."""
+    if "262144" not in run_ok(lab, node, f"cat {SYSCTL_PATH}"):
+        added = run_pyinfra(DEPLOY, "--limit", node.name, "--data", AUDIT, "--data", EXTRA_SYSCTL)
+        assert added.returncode == 0, added.output[-3000:]
+    assert "262144" in run_ok(lab, node, f"cat {SYSCTL_PATH}")
+    return node
+
+
 def test_a_binary_planted_outside_a_run_is_critical_and_no_run_hides_it(
-    lab: Lab, node: LabNode
+    lab: Lab, with_extra_sysctl: LabNode
 ) -> None:
+    node = with_extra_sysctl
     run_ok(lab, node, f"sudo install -m 755 /bin/true {IMPLANT}")
     alerts = check_now(lab, node)["alerts"]
     assert [(a["kind"], a["path"]) for a in alerts] == [("added", IMPLANT)]
@@ -118,11 +132,11 @@ def test_a_binary_planted_outside_a_run_is_critical_and_no_run_hides_it(
         ("audit.file_integrity.changed", "critical")
     ]
     assert IMPLANT in findings[0]["found"]
-    # A run that changes the node (it takes the extra sysctl of the test above out again)
-    # takes its own changes in, never the implant's alert.
+    # A run that changes the node (it takes the extra sysctl out again) takes its own changes
+    # in, never the implant's alert.
     back = run_pyinfra(DEPLOY, "--limit", node.name, "--data", AUDIT)
     assert back.returncode == 0, back.output[-3000:]
-    assert "262144" not in run_ok(lab, node, "cat /etc/sysctl.d/zz-gpunode-hardening.conf")
+    assert "262144" not in run_ok(lab, node, f"cat {SYSCTL_PATH}")
     assert summary(lab, node)["last_check_kind"] == "gpunode-run"
     assert [a["path"] for a in summary(lab, node)["alerts"]] == [IMPLANT]
     assert [f["severity"] for f in drift_findings(node)] == ["critical"]

@@ -22,7 +22,7 @@ import pytest
 
 from lab import Lab, LabNode
 from lab.hwsim.hwstate import DEFAULT_STATE_PATH
-from roles.gpu_settings import BOOT_SCRIPT, BOOT_SETTINGS, BOOT_UNIT
+from roles.gpu_settings import BOOT_SCRIPT, BOOT_SETTINGS, BOOT_UNIT, BOOT_UNIT_PATH
 
 from .conftest import ROOT, PyinfraRun, run_pyinfra, ssh, write_inventory
 
@@ -130,12 +130,31 @@ def predicted(dry: PyinfraRun) -> set[tuple[str, str]]:
 
 
 @pytest.fixture(scope="module")
-def nodes(lab: Lab, lab_nodes: list[LabNode]) -> Iterator[dict[str, LabNode]]:
-    """The H100 and A100 nodes, their simulated hardware put back as found at the end."""
+def nodes(
+    lab: Lab, lab_nodes: list[LabNode], deploy_file: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, LabNode]]:
+    """The H100 and A100 nodes with the boot unit installed, their simulated hardware put back
+    as found at the end."""
     by_profile = {node.profile: node for node in lab_nodes}
     assert {"hgx-h100", "a100"} <= set(by_profile), [n.profile for n in lab_nodes]
     chosen = {"h100": by_profile["hgx-h100"], "a100": by_profile["a100"]}
     saved = {name: sudo(lab, node, f"cat {DEFAULT_STATE_PATH}") for name, node in chosen.items()}
+    # The boot unit (its directory, script, unit file, settings), as any converge of
+    # deploys/gpu_node.py leaves it: on a fresh lab the module's first run would install it,
+    # with a systemd reload, changes beside the GPU settings that the tests count exactly. A
+    # run that leaves every setting as found, where it is missing.
+    missing = [
+        node for node in chosen.values() if ssh(lab, node, f"test -e {BOOT_UNIT_PATH}").returncode
+    ]
+    if missing:
+        data = {
+            node.name: a100_data() if node is chosen["a100"] else {"gpu_settings": LEFT_AS_FOUND}
+            for node in missing
+        }
+        path = tmp_path_factory.mktemp("gpu_settings_boot_unit") / "inventory.py"
+        installed = run_pyinfra(deploy_file, inventory=write_inventory(path, lab, missing, data))
+        assert installed.returncode == 0, installed.output
+        assert all(ssh(lab, node, f"test -e {BOOT_UNIT_PATH}").returncode == 0 for node in missing)
     yield chosen
     for name, node in chosen.items():
         encoded = base64.b64encode(saved[name].encode()).decode()
@@ -251,10 +270,50 @@ def test_mig_layout_waits_while_mig_mode_is_pending(
     assert f"MIG Enabled pending a GPU reset or reboot on GPUs {ALL_GPUS}" in noops(second, a100)
 
 
-def test_after_the_reboot_the_layout_is_created_once(
-    lab: Lab, nodes: dict[str, LabNode], deploy: Deploy
-) -> None:
+# The MIG tests below go on from one another's state; each also runs without those before it
+# (-k, or after one failed): these fixtures bring the A100 to the state the test starts from,
+# by the deploy and the simulated reboot, and do nothing where it is there already.
+
+
+def mig_modes(lab: Lab, node: LabNode) -> set[str]:
+    return set(query(lab, node, "mig.mode.current,mig.mode.pending"))
+
+
+@pytest.fixture
+def mig_pending(lab: Lab, nodes: dict[str, LabNode], deploy: Deploy) -> LabNode:
+    """The A100 with MIG mode requested for the halves' layout (pending until a reboot, or
+    current already)."""
     a100 = nodes["a100"]
+    if mig_modes(lab, a100) not in ({"Disabled, Enabled"}, {"Enabled, Enabled"}):
+        requested = deploy([a100], {a100.name: mig_data(HALVES)})
+        assert requested.returncode == 0, requested.output
+    assert mig_modes(lab, a100) in ({"Disabled, Enabled"}, {"Enabled, Enabled"})
+    return a100
+
+
+@pytest.fixture
+def mig_enabled(lab: Lab, mig_pending: LabNode) -> LabNode:
+    """The A100 in MIG mode (after the simulated reboot that a pending mode waits for)."""
+    if mig_modes(lab, mig_pending) != {"Enabled, Enabled"}:
+        sudo(lab, mig_pending, "gpunode-lab-hw reboot")
+    assert mig_modes(lab, mig_pending) == {"Enabled, Enabled"}
+    return mig_pending
+
+
+@pytest.fixture
+def halves_laid_out(lab: Lab, mig_enabled: LabNode, deploy: Deploy) -> LabNode:
+    """The A100 in MIG mode with the halves' layout on every GPU."""
+    if instances(lab, mig_enabled) != on_every_gpu(HALVES_PLACED):
+        laid_out = deploy([mig_enabled], {mig_enabled.name: mig_data(HALVES)})
+        assert laid_out.returncode == 0, laid_out.output
+    assert instances(lab, mig_enabled) == on_every_gpu(HALVES_PLACED)
+    return mig_enabled
+
+
+def test_after_the_reboot_the_layout_is_created_once(
+    lab: Lab, mig_pending: LabNode, deploy: Deploy
+) -> None:
+    a100 = mig_pending
     data = {a100.name: mig_data(HALVES)}
     sudo(lab, a100, "gpunode-lab-hw reboot")
     assert query(lab, a100, "mig.mode.current") == ["Enabled"] * 8
@@ -274,9 +333,9 @@ def test_after_the_reboot_the_layout_is_created_once(
 
 
 def test_a_reboot_clears_the_layout_and_the_next_run_lays_it_out_again(
-    lab: Lab, nodes: dict[str, LabNode], deploy: Deploy
+    lab: Lab, mig_enabled: LabNode, deploy: Deploy
 ) -> None:
-    a100 = nodes["a100"]
+    a100 = mig_enabled
     data = {a100.name: mig_data(HALVES)}
     sudo(lab, a100, "gpunode-lab-hw reboot")
     assert query(lab, a100, "mig.mode.current") == ["Enabled"] * 8
@@ -289,9 +348,9 @@ def test_a_reboot_clears_the_layout_and_the_next_run_lays_it_out_again(
 
 
 def test_a_new_layout_replaces_instances_only_when_no_process_runs(
-    lab: Lab, nodes: dict[str, LabNode], deploy: Deploy
+    lab: Lab, halves_laid_out: LabNode, deploy: Deploy
 ) -> None:
-    a100 = nodes["a100"]
+    a100 = halves_laid_out
     mixed = ["4g.40gb", "2g.20gb", "1g.10gb"]
     data = {a100.name: mig_data(mixed)}
     before = instances(lab, a100)
@@ -325,10 +384,8 @@ def test_a_new_layout_replaces_instances_only_when_no_process_runs(
     assert instances(lab, a100) == on_every_gpu(laid_out)
 
 
-def test_mig_disabled_again_after_a_reboot(
-    lab: Lab, nodes: dict[str, LabNode], deploy: Deploy
-) -> None:
-    a100 = nodes["a100"]
+def test_mig_disabled_again_after_a_reboot(lab: Lab, mig_enabled: LabNode, deploy: Deploy) -> None:
+    a100 = mig_enabled
     data = {a100.name: mig_data([], mig=False)}
     assert changed(deploy([a100], data)) == {(MIG_MODE, a100.name)}
     assert query(lab, a100, "mig.mode.current,mig.mode.pending") == ["Enabled, Disabled"] * 8

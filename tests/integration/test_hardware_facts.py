@@ -19,6 +19,7 @@ from pyinfra.api import Config, FactBase, Host, Inventory, State
 from pyinfra.api.connect import connect_all, disconnect_all
 
 from facts.hardware import GpuReport, InfinibandPorts, NvmeDevices
+from gpunode.probe.gpu_probe import DPKG_PATTERNS
 from gpunode.probe.parsers import combined_command, parse_combined
 from lab import LOGIN_USER, Lab, LabNode
 
@@ -49,8 +50,11 @@ class CountedHost:
 
 
 @pytest.fixture(scope="module")
-def nodes(lab: Lab, lab_nodes: list[LabNode]) -> Iterator[dict[str, CountedHost]]:
-    """hgx-h100 and a100 lab nodes, connected once, by profile."""
+def nodes(
+    lab: Lab, lab_nodes: list[LabNode], paramiko_kex: None
+) -> Iterator[dict[str, CountedHost]]:
+    """hgx-h100 and a100 lab nodes, connected once, by profile (through this process's
+    paramiko, which must reach a hardened trixie node: ``paramiko_kex``)."""
     wanted = {node.profile: node for node in lab_nodes if node.profile in ("hgx-h100", "a100")}
     assert set(wanted) == {"hgx-h100", "a100"}, "the lab needs an hgx-h100 and an a100 node"
     connection = {
@@ -68,6 +72,11 @@ def nodes(lab: Lab, lab_nodes: list[LabNode]) -> Iterator[dict[str, CountedHost]
     )
     state = State(inventory, Config())
     connect_all(state)
+    # A node that refused the connection fails here, named, not later as a fact of None.
+    unreached = [
+        node.name for node in wanted.values() if not inventory.get_host(node.name).connected
+    ]
+    assert unreached == [], f"pyinfra could not connect to {unreached}"
     counted = {}
     for profile, node in wanted.items():
         host = inventory.get_host(node.name)
@@ -99,9 +108,18 @@ def hardware_before(lab: Lab, nodes: dict[str, CountedHost]) -> dict[str, Any]:
 
 def node_snapshot(lab: Lab, node: LabNode) -> dict[str, Any]:
     stand_in = ssh(lab, node, f"cat {STAND_IN}")
+    # The driver's packages as dpkg lists them (none on a fresh lab), which the probe reads.
+    packages = ssh(
+        lab,
+        node,
+        "dpkg-query -W -f='${db:Status-Abbrev} ${Package} ${Version}\\n' "
+        f"{' '.join(shlex.quote(pattern) for pattern in DPKG_PATTERNS)} 2>/dev/null "
+        "| awk '$1 ~ /^.i/' | sort",
+    )
     return {
         "hardware": hardware(lab, node),
         "stand_in": stand_in.stdout if stand_in.returncode == 0 else None,
+        "driver_packages": packages.stdout,
     }
 
 
@@ -117,11 +135,25 @@ def sudo(lab: Lab, node: LabNode, command: str) -> str:
     return done.stdout
 
 
-def write_stand_in(lab: Lab, node: LabNode, content: str | None) -> None:
-    if content is None:
-        sudo(lab, node, f"rm -f {STAND_IN}")
-    else:
-        sudo(lab, node, f"sh -c {shlex.quote(f'printf %s {shlex.quote(content)} > {STAND_IN}')}")
+# A package dpkg lists among the driver's (DPKG_PATTERNS), for a node with none.
+PLACEHOLDER_PACKAGE = "libnvidia-ml1"
+
+
+def install_placeholder_driver_package(lab: Lab, node: LabNode, version: str) -> None:
+    """An empty ``libnvidia-ml1`` at ``version``, installed with dpkg: on a node without any
+    driver package (a fresh lab), what the probe reads as the installed driver."""
+    control = (
+        f"Package: {PLACEHOLDER_PACKAGE}\nVersion: {version}-1\nArchitecture: all\n"
+        "Maintainer: gpunode lab <lab@example.invalid>\n"
+        "Description: placeholder of test_hardware_facts\n"
+    )
+    script = (
+        "d=$(mktemp -d) && mkdir $d/pkg $d/pkg/DEBIAN && "
+        f"printf {shlex.quote(control)} > $d/pkg/DEBIAN/control && "
+        "dpkg-deb --build $d/pkg $d/placeholder.deb >/dev/null && "
+        "dpkg -i $d/placeholder.deb >/dev/null; status=$?; rm -rf $d; exit $status"
+    )
+    sudo(lab, node, f"sh -c {shlex.quote(script)}")
 
 
 def set_hardware(lab: Lab, node: LabNode, path: str, value: Any) -> None:
@@ -211,11 +243,12 @@ def test_injected_xid_is_reported_with_its_gpu(lab: Lab, h100: CountedHost) -> N
 
 
 def test_installed_driver_that_differs_from_the_running_one(lab: Lab, h100: CountedHost) -> None:
-    previous = node_snapshot(lab, h100.node)["stand_in"]
     loaded = hardware(lab, h100.node, "driver_version")
+    # A converged node has the driver's packages at the loaded version; a fresh one has none.
+    placeholder = h100.fact(GpuReport)["driver_versions"]["installed_packages"] == {}
     try:
-        if h100.fact(GpuReport)["driver_versions"]["installed_package"] is None:
-            write_stand_in(lab, h100.node, f"{loaded}\n")  # factory node: nothing installed
+        if placeholder:
+            install_placeholder_driver_package(lab, h100.node, loaded)
         versions = h100.fact(GpuReport)["driver_versions"]
         installed = versions["installed_package"]
         assert (versions["userspace"], installed, versions["mismatch"]) == (loaded, loaded, False)
@@ -226,7 +259,8 @@ def test_installed_driver_that_differs_from_the_running_one(lab: Lab, h100: Coun
         assert versions["mismatch"] is True
     finally:
         set_hardware(lab, h100.node, "driver_version", loaded)
-        write_stand_in(lab, h100.node, previous)
+        if placeholder:
+            sudo(lab, h100.node, f"dpkg --purge {PLACEHOLDER_PACKAGE}")
 
 
 def test_driver_not_loaded(lab: Lab, h100: CountedHost) -> None:

@@ -86,15 +86,21 @@ def test_lab_reports_boot_time_and_memory(lab_nodes: list[LabNode]) -> None:
         assert 0 < node.memory_mib < 1024
 
 
-def test_a_second_lab_comes_up_and_goes_down_completely(tmp_path, lab_nodes) -> None:
-    # A separate lab (own name, subnet, state dir) so the shared fleet is left alone.
-    scratch = Lab(state_dir=tmp_path / "lab", name="gpunode-labtest", subnet_index=1)
+def test_a_second_lab_comes_up_and_goes_down_completely(tmp_path, lab, lab_nodes) -> None:
+    # A separate lab (own name, state dir, and a subnet 102 above this lab's) so the shared
+    # fleet is left alone, and so is any other session's lab on this machine: a fixed name or
+    # subnet would be the same in every session.
+    scratch = Lab(
+        state_dir=tmp_path / "lab",
+        name=f"{lab.name}-labtest",
+        subnet_index=int(lab.network_prefix.rsplit(".", 1)[1]) + 102,
+    )
     (node,) = scratch.up(1, profiles=["pcie-a10g"])
     assert ssh(scratch, node, "nvidia-smi -L").stdout.startswith("GPU 0: NVIDIA A10G")
     scratch.down(keep_image=True)
     client = scratch.client
-    assert client.containers.list(all=True, filters={"label": "lab=gpunode-labtest"}) == []
-    assert client.networks.list(names=["gpunode-labtest"]) == []
+    assert client.containers.list(all=True, filters={"label": f"lab={scratch.name}"}) == []
+    assert client.networks.list(names=[scratch.name]) == []
     assert not (tmp_path / "lab").exists()
     # The shared fleet is untouched.
     assert client.containers.get(lab_nodes[0].container).status == "running"

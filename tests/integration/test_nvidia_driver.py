@@ -103,6 +103,13 @@ def apt_data(lab: Lab) -> dict[str, str]:
     }
 
 
+# The nvidia_driver data of this module's last real run that succeeded (None: unknown, or the
+# nodes fixture's nodes without a driver). Each test of the 550 -> 595 story starts from the
+# state the one before it leaves; ``driver_at`` makes that state where the test before did not
+# run (-k, or it failed), and costs nothing where it did.
+_last_converged: dict[str, dict[str, Any] | None] = {"driver": None}
+
+
 def deploy(
     lab: Lab, nodes: list[LabNode], path: Path, driver: dict[str, Any], *args: str
 ) -> PyinfraRun:
@@ -113,7 +120,28 @@ def deploy(
         if node.profile == "hgx-h100" and driver.get("source") == "nvidia":
             data[node.name]["expected_hardware"] = {"nvswitch": True}
     inventory = write_inventory(path, lab, nodes, data)
-    return run_pyinfra("-v", *args, DEPLOY, inventory=inventory)
+    result = run_pyinfra("-v", *args, DEPLOY, inventory=inventory)
+    # source "none" leaves the driver as it is; --dry changes nothing.
+    if "--dry" not in args and driver.get("source") != "none":
+        _last_converged["driver"] = driver if result.returncode == 0 else None
+    return result
+
+
+def install_fake_initramfs(lab: Lab, node: LabNode) -> None:
+    script = f'#!/bin/sh\necho "$*" >> {INITRAMFS_CALLS}\n'
+    run(lab, node, f"printf %s {shlex.quote(script)} > {FAKE_INITRAMFS}; "
+                   f"chmod 755 {FAKE_INITRAMFS}")  # fmt: skip
+
+
+def driver_at(lab: Lab, nodes: list[LabNode], path: Path, driver: dict[str, Any]) -> None:
+    """The nodes converged with ``driver``, unless this module's last run left them so."""
+    if _last_converged["driver"] == driver:
+        return
+    for node in nodes:
+        if ssh(lab, node, f"test -x {FAKE_INITRAMFS}").returncode != 0:
+            install_fake_initramfs(lab, node)
+    result = deploy(lab, nodes, path, driver)
+    assert result.returncode == 0, result.output
 
 
 def ours_changed(result: PyinfraRun) -> set[tuple[str, str]]:
@@ -176,6 +204,7 @@ def nodes(
     """The lab nodes without any NVIDIA driver; put back as found afterwards."""
     path = tmp_path_factory.mktemp("nvidia-driver") / "cleanup_inventory.py"
     _remove_everything(lab, lab_nodes, path)
+    _last_converged["driver"] = None
     for node in lab_nodes:
         # The simulated reboots change the loaded driver and reset GPU settings.
         run(lab, node, f"cp -p {HARDWARE} {HARDWARE_BACKUP}")
@@ -184,6 +213,7 @@ def nodes(
     before = {node.name: run(lab, node, SNAPSHOT) for node in lab_nodes}
     yield lab_nodes
     _remove_everything(lab, lab_nodes, path)
+    _last_converged["driver"] = None
     for node in lab_nodes:
         run(lab, node, f"mv {HARDWARE_BACKUP} {HARDWARE}")
         assert run(lab, node, SNAPSHOT) == before[node.name], f"{node.name} not left as found"
@@ -233,9 +263,7 @@ def test_branch_550_installs_pinned_and_held(
     lab: Lab, nodes: list[LabNode], inventory_path: Path
 ) -> None:
     for node in nodes:
-        script = f'#!/bin/sh\necho "$*" >> {INITRAMFS_CALLS}\n'
-        run(lab, node, f"printf %s {shlex.quote(script)} > {FAKE_INITRAMFS}; "
-                       f"chmod 755 {FAKE_INITRAMFS}")  # fmt: skip
+        install_fake_initramfs(lab, node)
     started = len(repository_requests(lab))
     result = converge(lab, nodes, inventory_path, OPEN_127)
     for node in nodes:
@@ -281,6 +309,7 @@ def test_branch_550_installs_pinned_and_held(
 
 
 def test_second_run_changes_nothing(lab: Lab, nodes: list[LabNode], inventory_path: Path) -> None:
+    driver_at(lab, nodes, inventory_path, OPEN_127)
     assert_no_change(lab, nodes, inventory_path, OPEN_127)
     for node in nodes:
         # The blacklist did not change, so the initramfs was left alone.
@@ -290,6 +319,7 @@ def test_second_run_changes_nothing(lab: Lab, nodes: list[LabNode], inventory_pa
 def test_a_new_version_in_data_upgrades_and_holds_again(
     lab: Lab, nodes: list[LabNode], inventory_path: Path
 ) -> None:
+    driver_at(lab, nodes, inventory_path, OPEN_127)
     result = converge(lab, nodes, inventory_path, OPEN_144)
     changed = ours_changed(result)
     for node in nodes:
@@ -310,6 +340,7 @@ def test_a_new_version_in_data_upgrades_and_holds_again(
 def test_if_needed_reboots_into_the_installed_driver_and_fabric_manager_starts(
     lab: Lab, nodes: list[LabNode], inventory_path: Path
 ) -> None:
+    driver_at(lab, nodes, inventory_path, OPEN_144)
     assert {loaded_driver(lab, node) for node in nodes} != {"550.144.03"}
     result = converge(lab, nodes, inventory_path, OPEN_144_REBOOT)
     rebooted = {host for name, host in ours_changed(result) if "Loaded kernel module" in name}
@@ -323,6 +354,7 @@ def test_if_needed_reboots_into_the_installed_driver_and_fabric_manager_starts(
 def test_switching_to_the_proprietary_flavour(
     lab: Lab, nodes: list[LabNode], inventory_path: Path
 ) -> None:
+    driver_at(lab, nodes, inventory_path, OPEN_144_REBOOT)
     converge(lab, nodes, inventory_path, PROPRIETARY_144)
     for node in nodes:
         installed = versions(lab, node)
@@ -337,6 +369,7 @@ def test_switching_to_the_proprietary_flavour(
 def test_source_none_leaves_the_installed_driver_alone(
     lab: Lab, nodes: list[LabNode], inventory_path: Path
 ) -> None:
+    driver_at(lab, nodes, inventory_path, PROPRIETARY_144)
     before = {node.name: versions(lab, node) for node in nodes}
     result = deploy(lab, nodes, inventory_path, {"source": "none"})
     assert ours_changed(result) == set()
@@ -366,6 +399,7 @@ def driver_packages_at(lab: Lab, node: LabNode) -> dict[str, str]:
 def test_580_compute_only_replaces_the_full_stack_and_fabric_manager_loses_its_suffix(
     lab: Lab, nodes: list[LabNode], inventory_path: Path
 ) -> None:
+    driver_at(lab, nodes, inventory_path, PROPRIETARY_144)  # NVIDIA's full stack, 550
     converge(lab, nodes, inventory_path, COMPUTE_580)
     for node in nodes:
         installed = driver_packages_at(lab, node)
@@ -387,6 +421,7 @@ def test_580_compute_only_replaces_the_full_stack_and_fabric_manager_loses_its_s
 def test_crossing_to_595_locks_the_branch_with_its_pinning_package_in_one_run(
     lab: Lab, nodes: list[LabNode], inventory_path: Path
 ) -> None:
+    driver_at(lab, nodes, inventory_path, COMPUTE_580)
     converge(lab, nodes, inventory_path, COMPUTE_595)
     for node in nodes:
         installed = driver_packages_at(lab, node)

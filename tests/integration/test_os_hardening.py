@@ -22,7 +22,7 @@ from lab import LOGIN_USER, Lab, LabNode
 from roles.kernel import SYSCTL_PATH, parse_sysctl_conf, sysctl_values
 from roles.unattended_upgrades import CONFIG_PATH, blacklist_pattern
 
-from .conftest import PyinfraRun, lab_desired_state, run_pyinfra, ssh
+from .conftest import ROOT, PyinfraRun, lab_desired_state, run_pyinfra, ssh
 
 pytestmark = pytest.mark.lab
 
@@ -188,10 +188,38 @@ def test_ssh_sudo_su_and_apt_still_work(
         assert run_ok(lab, node, "sudo -n su -s /bin/sh -c 'id -un' nobody").strip() == "nobody"
 
 
-def test_key_only_admin_is_never_locked_out_by_password_expiry(
-    lab: Lab, lab_nodes: list[LabNode], first_run: PyinfraRun
-) -> None:
+# The admin users role alone, with the lab inventory's data.
+ADMIN_USERS_DEPLOY = f"""\
+import sys
+
+sys.path.insert(0, {str(ROOT)!r})
+
+from gpunode.inventory import desired_state
+from roles.admin_users import admin_users
+
+admin_users(desired=desired_state())
+"""
+
+
+@pytest.fixture
+def declared_admin(lab: Lab, lab_nodes: list[LabNode], tmp_path: Path) -> LabNode:
+    """lab-2 with the lab inventory's admin account, as any converge of deploys/harden.py or
+    gpu_node.py leaves it. This module's deploy makes no account: where it is missing (a fresh
+    lab, no such converge before), the admin users role alone makes it."""
     node = lab_nodes[1]
+    if ssh(lab, node, f"getent passwd {KEY_ONLY_ADMIN}").returncode != 0:
+        deploy = tmp_path / "admin_users_only.py"
+        deploy.write_text(ADMIN_USERS_DEPLOY)
+        made = run_pyinfra(str(deploy))
+        assert made.returncode == 0, made.output
+    assert run_ok(lab, node, "id -un", user=KEY_ONLY_ADMIN).strip() == KEY_ONLY_ADMIN
+    return node
+
+
+def test_key_only_admin_is_never_locked_out_by_password_expiry(
+    lab: Lab, declared_admin: LabNode, first_run: PyinfraRun
+) -> None:
+    node = declared_admin
     # Only gpunode-login may log in (an undeclared account is refused by sshd before PAM's
     # account checks), so the key-only account is the lab's declared admin. Its password
     # "changed" long ago under a maximum age, as PASS_MAX_DAYS gives an account useradd

@@ -68,23 +68,32 @@ def run_verify(inventory: str, junit: Path, *args: str, tests: str = "tests/veri
     return VerifyRun(result.returncode, result.stdout + result.stderr, passed, failed)
 
 
-def test_converged_lab_passes_every_check(lab_nodes: list[LabNode], tmp_path: Path) -> None:
-    assert run_pyinfra("deploys/gpu_node.py").returncode == 0
+@pytest.fixture(scope="module")
+def converged(lab_nodes: list[LabNode]) -> list[LabNode]:
+    """The lab converged with its own inventory, once for the module's tests: each may run
+    alone (-k), after any other module (test_nvidia_driver and test_cuda_stack leave the
+    nodes without a driver)."""
+    run = run_pyinfra("deploys/gpu_node.py")
+    assert run.returncode == 0, run.output
+    return lab_nodes
+
+
+def test_converged_lab_passes_every_check(converged: list[LabNode], tmp_path: Path) -> None:
     run = run_verify("inventories/lab.py", tmp_path / "verify.xml")
     assert run.failed == set(), run.output
     assert run.code == 0
-    assert run.total >= 40 * len(lab_nodes)
-    for node in lab_nodes:
+    assert run.total >= 40 * len(converged)
+    for node in converged:
         ran = {check for check in NVIDIA_CHECKS if f"{check}[ssh://{node.name}]" in run.passed}
         assert ran == set(NVIDIA_CHECKS), (node.name, sorted(set(NVIDIA_CHECKS) - ran))
 
 
 def test_nvidia_checks_fail_on_a_node_that_drifted(
-    lab: Lab, lab_nodes: list[LabNode], tmp_path: Path
+    lab: Lab, converged: list[LabNode], tmp_path: Path
 ) -> None:
-    # Converged by the test above (or by whoever ran the lab): drift two things on lab-1
-    # behind gpunode's back, the way an operator's hand or a vendor tool would.
-    node = lab_nodes[0]
+    # Drift two things on lab-1 behind gpunode's back, the way an operator's hand or a vendor
+    # tool would.
+    node = converged[0]
 
     def on_node(command: str) -> None:
         result = ssh(lab, node, f"sudo sh -c {shlex.quote(command)}")
@@ -114,9 +123,14 @@ def test_nvidia_checks_fail_on_a_node_that_drifted(
 
 
 def test_stock_debian_node_fails_the_hardening_checks(
-    lab_nodes: list[LabNode], tmp_path: Path
+    lab: Lab, lab_nodes: list[LabNode], tmp_path: Path
 ) -> None:
-    stock = Lab(state_dir=tmp_path / "lab", name="gpunode-verifytest", subnet_index=2)
+    # A lab of its own (name and a subnet 103 above this lab's): never another session's.
+    stock = Lab(
+        state_dir=tmp_path / "lab",
+        name=f"{lab.name}-verifytest",
+        subnet_index=int(lab.network_prefix.rsplit(".", 1)[1]) + 103,
+    )
     try:
         nodes = stock.up(1, profiles=["pcie-a10g"])
         inventory = write_inventory(tmp_path / "stock.py", stock, nodes, {})
