@@ -5,7 +5,8 @@ a VM has Debian's kernel, so storage, sysctls, module blacklists and reboots are
 Each VM is reached over SSH on the lab's bridge exactly as a container node is.
 
 - Image: per release, built once with mmdebstrap into a directory (the container image's
-  packages and customization, plus Debian's kernel, udev, mdadm and nvme-cli), then
+  packages and customization, plus Debian's kernel, udev, mdadm and nvme-cli, what the test
+  suite's converge installs, a small initramfs and no units a lab VM does not need), then
   ``mkfs.ext4 -d`` makes a raw root filesystem of it (no loop mount). Its kernel and
   initramfs are copied out and booted with ``-kernel/-initrd``. Cached under
   ``$GPUNODE_LAB_CACHE/vm-images`` (named by a digest of the recipe), kept by
