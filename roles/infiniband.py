@@ -30,9 +30,8 @@ from typing import Any
 
 from pyinfra import host
 from pyinfra.api import OperationError, deploy, operation
-from pyinfra.facts.deb import DebPackages
 from pyinfra.facts.files import File, FindFiles, FindInFile
-from pyinfra.operations import apt, files
+from pyinfra.operations import files
 
 from facts.fabric import (
     KernelModuleStatus,
@@ -46,6 +45,7 @@ from facts.hardware import InfinibandPorts
 from gpunode.model import DesiredState, IpoibInterface
 from gpunode.refusal import NodeRefused
 from gpunode.schema import one_line
+from roles.packages import install_packages
 
 RDMA_PACKAGES = ["rdma-core", "infiniband-diags", "ibverbs-utils"]
 MODULES_LOAD_PATH = "/etc/modules-load.d/gpunode-rdma.conf"
@@ -171,17 +171,6 @@ def memlock_reported():
             f"raise it; {LIMITS_PATH} takes effect on a real node"
         )
     yield from ()
-
-
-# --- packages ----------------------------------------------------------------------------
-
-
-def install_packages(name: str, packages: list[str]) -> None:
-    """apt packages present; the package lists are refreshed (at most daily) only when one is
-    missing, so a converged node makes no change and --dry predicts the run."""
-    installed = host.get_fact(DebPackages)
-    missing = [package for package in packages if package not in installed]
-    apt.packages(name=name, packages=packages, update=bool(missing), cache_time=86400)
 
 
 # --- IPoIB -------------------------------------------------------------------------------

@@ -26,11 +26,13 @@ from typing import Any, Literal
 
 from pyinfra import host
 from pyinfra.api import deploy, operation
-from pyinfra.operations import apt, files
+from pyinfra.operations import files
 
 from facts.kernel import FileModes, LoginDefs, PasswordStates, SysctlState
+from gpunode.expected.packages import PASSWORD_QUALITY_PACKAGE
 from gpunode.model import DesiredState
 from gpunode.schema import one_line
+from roles.packages import install_packages
 
 # systemd-sysctl applies the sysctl.d files of /etc, /run and /usr/lib in the order of their
 # names, the last value of a key winning; Debian's procps ships protect-links.conf (with
@@ -331,7 +333,10 @@ def live_sysctls(values: dict[str, str]):
     commands, notes = plan_sysctls(values, report)
     for note in notes:
         host.noop(note)
-    yield from commands
+    if commands:
+        # One command, in their order, stopping at the first that fails: a fresh node changes
+        # some thirty keys, each otherwise a round trip and a sudo of its own.
+        yield " && ".join(commands)
 
 
 # --- modules -----------------------------------------------------------------------------
@@ -501,12 +506,7 @@ def kernel_hardening(desired: DesiredState) -> None:
     login_defs(name="Password ageing, umask and hashing in login.defs", settings=LOGIN_DEFS)
     no_password_expiry_for_key_only_accounts(name="No password expiry on key-only accounts")
     # dev-sec's password quality checks (only for password changes; keys are unaffected).
-    apt.packages(
-        name="Password quality checks (passwdqc)",
-        packages=["libpam-passwdqc"],
-        update=True,
-        cache_time=86400,
-    )
+    install_packages("Password quality checks (passwdqc)", [PASSWORD_QUALITY_PACKAGE])
     files.line(
         name="su only for the sudo group",
         path=PAM_SU_PATH,

@@ -46,7 +46,7 @@ from facts.fabric import (
 from facts.hardware import NvmeDevices
 from gpunode.model import DesiredState, NvmeCache
 from gpunode.refusal import NodeRefused
-from roles.infiniband import install_packages
+from roles.packages import install_packages
 
 ARRAY_NAME = "gpunode-cache"
 ARRAY_PATH = f"/dev/md/{ARRAY_NAME}"

@@ -13,9 +13,10 @@ from io import StringIO
 from pyinfra import host
 from pyinfra.api import deploy
 from pyinfra.facts.server import Which
-from pyinfra.operations import apt, files
+from pyinfra.operations import files
 
 from gpunode.model import DesiredState, UnattendedUpgrades
+from roles.packages import install_packages
 
 CONFIG_PATH = "/etc/apt/apt.conf.d/51gpunode-unattended-upgrades"
 
@@ -68,12 +69,7 @@ def render_unattended_upgrades_conf(settings: UnattendedUpgrades) -> str:
 def unattended_upgrades(desired: DesiredState) -> None:
     settings = desired.unattended_upgrades
     if settings.enabled:
-        apt.packages(
-            name="unattended-upgrades installed",
-            packages=["unattended-upgrades"],
-            update=True,
-            cache_time=86400,
-        )
+        install_packages("unattended-upgrades installed", ["unattended-upgrades"])
     elif not host.get_fact(Which, command="unattended-upgrade"):
         host.noop(
             "unattended-upgrades is not installed and not enabled; its blacklist is written "

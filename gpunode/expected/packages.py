@@ -124,6 +124,9 @@ def fabric_manager_packages(branch: str) -> tuple[str, ...]:
     return ("nvidia-fabricmanager", "libnvidia-nscq")
 
 
+# Password quality checks for the PAM stack (dev-sec's choice; roles/kernel.py): only password
+# changes meet it, SSH keys are unaffected.
+PASSWORD_QUALITY_PACKAGE = "libpam-passwdqc"
 # The NVLink Subnet Manager (Blackwell NVSwitch systems): a calendar-versioned package of its
 # own, not at the driver's version.
 NVLSM_PACKAGE = "nvlsm"

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from gpunode.cli import build_parser, main
+from gpunode.expected.packages import PASSWORD_QUALITY_PACKAGE
 from lab import Lab, _customize_script, hwsim
 from lab import vm as lab_vm
 
@@ -62,6 +63,10 @@ def test_the_qemu_command_boots_the_image_kernel_with_the_vm_s_address_and_drive
     assert "ip=10.213.7.231::10.213.7.1:255.255.255.0:lab-vm-1:eth0:off" in append
     assert "systemd.hostname=lab-vm-1" in append
     assert "net.ifnames=0" in append  # eth0, as on the containers
+    # An emulated CPU without the features that cost most under TCG, and no speculative
+    # execution mitigations in a guest whose CPU is qemu's translator.
+    assert options["-cpu"] == "qemu64"
+    assert "mitigations=off" in append
     nvme = [word for word in command if word.startswith("nvme,serial=")]
     assert nvme == [
         f"nvme,serial={serial},drive=nvme{i}" for i, serial in enumerate(vm.nvme_serials)
@@ -74,6 +79,7 @@ def test_the_qemu_command_boots_the_image_kernel_with_the_vm_s_address_and_drive
     assert str(image.root) not in " ".join(command)
     kvm = lab_vm.qemu_command(lab, vm, image, "kvm")
     assert dict(zip(kvm[1::2], kvm[2::2], strict=False))["-accel"] == "kvm"
+    assert dict(zip(kvm[1::2], kvm[2::2], strict=False))["-cpu"] == "host"
 
 
 def test_the_vm_image_keeps_the_real_nvme_cli_and_the_container_image_is_unchanged() -> None:
@@ -88,7 +94,30 @@ def test_the_vm_image_keeps_the_real_nvme_cli_and_the_container_image_is_unchang
         lab_vm.VM_PACKAGES
     )
     assert lab_vm.image_name("bookworm").startswith("debian12-")
+    # What the test suite's converge installs from Debian is in the image already.
+    assert {"xfsprogs", PASSWORD_QUALITY_PACKAGE} <= set(lab_vm.VM_PACKAGES)
     assert lab_vm.image_name("trixie").startswith("debian13-")
+
+
+def test_the_vm_image_has_a_small_initramfs_and_masks_units_a_lab_vm_does_not_want() -> None:
+    script = lab_vm._vm_customize_script("bookworm")
+    conf = script.split("gpunode-lab-vm.conf\" <<'CONF'\n", 1)[1].split("CONF\n", 1)[0]
+    assert conf.splitlines() == ["MODULES=list", "COMPRESS=zstd", "COMPRESSLEVEL=1", "RESUME=none"]
+    # The root disk's driver and filesystem; the rest the hooks add (mdadm's md and raid).
+    assert "printf '%s\\n' virtio_pci virtio_blk ext4 >> \"$1/etc/initramfs-tools/modules\"" in (
+        script
+    )
+    # Made again after the list: the image's own initramfs is the small one.
+    assert script.index("update-initramfs -u -k all") > script.index("initramfs-tools/modules")
+    (mask,) = [line for line in script.splitlines() if "systemctl mask" in line]
+    assert set(mask.split()[4:]) == {
+        "e2scrub_reap.service", "e2scrub_all.timer", "nvmf-autoconnect.service",
+        "nvmefc-boot-connections.service", "apt-daily.timer", "apt-daily-upgrade.timer",
+        "dpkg-db-backup.timer", "fstrim.timer",
+    }  # fmt: skip
+    # The units the VM needs are still enabled.
+    assert "systemctl enable gpunode-lab-vm-seed.service" in script
+    assert "systemctl enable systemd-networkd.service" in script
 
 
 def test_a_vm_gets_the_doubles_of_its_profile_but_its_own_nvme_and_kernel_modules() -> None:

@@ -255,6 +255,30 @@ def test_live_sysctls_operation_yields_commands_and_noops() -> None:
     ]
 
 
+def test_live_sysctls_sets_every_key_in_one_command_in_order() -> None:
+    observed = report(
+        entry("net.ipv4.conf.all.rp_filter", "0"),
+        entry("kernel.sysrq", "1"),
+        entry("net.ipv4.ip_local_port_range", "32768 60999"),
+    )
+    commands, _ = commands_of(
+        live_sysctls,
+        {SysctlState: observed},
+        values={
+            "net.ipv4.conf.all.rp_filter": "1",
+            "kernel.sysrq": "0",
+            "net.ipv4.ip_local_port_range": "1024 65000",
+        },
+    )
+    assert commands == [
+        "sysctl -w net.ipv4.conf.all.rp_filter=1 && sysctl -w kernel.sysrq=0 && "
+        "sysctl -w 'net.ipv4.ip_local_port_range=1024 65000'"
+    ]
+    # Nothing to set: no command at all.
+    settled = report(entry("kernel.sysrq", "0"))
+    assert commands_of(live_sysctls, {SysctlState: settled}, values={"kernel.sysrq": "0"})[0] == []
+
+
 # --- the fact ------------------------------------------------------------------------------
 
 
