@@ -281,10 +281,17 @@ def python_source(body: str, **constants: object) -> str:
     """A Python part's source: ``constants`` first, as assignments of their ``repr`` (plain
     values only: str, bytes, int, tuples of them), then ``body``; never text pasted into code."""
     for name, value in constants.items():
-        if not name.isidentifier() or not isinstance(value, str | bytes | int | tuple):
+        if not name.isidentifier() or not _plain(value):
             raise ValueError(f"constant {name!r} = {value!r}: a name and a plain value")
     assignments = "".join(f"{name} = {value!r}\n" for name, value in constants.items())
     return assignments + body.lstrip("\n")
+
+
+def _plain(value: object) -> bool:
+    """str, bytes, int, or a tuple of those: values whose repr is the value in Python code."""
+    if isinstance(value, tuple):
+        return all(_plain(item) for item in value)
+    return isinstance(value, str | bytes | int)
 
 
 def _python_runner(parts: list[Part], token: str) -> str:

@@ -344,7 +344,13 @@ def test_a_part_after_a_part_of_the_other_kind_is_refused() -> None:
 
 @pytest.mark.parametrize(
     ("name", "value"),
-    [("not a name", "x"), ("path", ["a", "list"]), ("code", object()), ("f", 1.5)],
+    [
+        ("not a name", "x"),
+        ("path", ["a", "list"]),
+        ("code", object()),
+        ("f", 1.5),
+        ("nested", ("a", ("b", object()))),
+    ],
 )
 def test_python_source_takes_only_plain_named_constants(name: str, value: object) -> None:
     with pytest.raises(ValueError, match="a name and a plain value"):
