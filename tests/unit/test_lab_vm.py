@@ -80,6 +80,7 @@ def test_the_qemu_command_boots_the_image_kernel_with_the_vm_s_address_and_drive
     kvm = lab_vm.qemu_command(lab, vm, image, "kvm")
     assert dict(zip(kvm[1::2], kvm[2::2], strict=False))["-accel"] == "kvm"
     assert dict(zip(kvm[1::2], kvm[2::2], strict=False))["-cpu"] == "host"
+    assert "mitigations=off" not in dict(zip(kvm[1::2], kvm[2::2], strict=False))["-append"]
 
 
 def test_the_vm_image_keeps_the_real_nvme_cli_and_the_container_image_is_unchanged() -> None:
