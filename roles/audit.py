@@ -22,13 +22,14 @@ from pathlib import Path
 from pyinfra import host
 from pyinfra.api import deploy, operation
 from pyinfra.facts.server import Date
-from pyinfra.operations import apt, files
+from pyinfra.operations import files
 
 from facts.audit import FileIntegrityState
 from gpunode import pyinfra_patches
 from gpunode.expected import audit as expected
 from gpunode.model import DesiredState
 from gpunode.probe import file_integrity as file_integrity_program
+from roles.packages import install_packages
 from roles.scheduled_units import no_scheduled_unit, scheduled_unit
 
 
@@ -67,7 +68,7 @@ def file_integrity(desired: DesiredState) -> None:
         return
     # aide alone: aide-common (recommended) brings Debian's configuration and its daily
     # check of the whole system, which this role does not use.
-    apt.packages(name="AIDE", packages=["aide"], no_recommends=True)
+    install_packages("AIDE", ["aide"], no_recommends=True)
     files.directory(name=f"Directory {expected.PROGRAM_DIR}", path=expected.PROGRAM_DIR,
                     mode="755")  # fmt: skip
     files.put(

@@ -13,11 +13,12 @@ from io import StringIO
 
 from pyinfra import host
 from pyinfra.api import deploy, operation
-from pyinfra.operations import apt, files, server, systemd
+from pyinfra.operations import files, server, systemd
 
 from facts.auditd import AuditdState
 from gpunode.expected import auditd as expected
 from gpunode.model import DesiredState
+from roles.packages import install_packages
 
 
 @operation()
@@ -51,7 +52,7 @@ def auditd(desired: DesiredState) -> None:
         reason = state.get("refused_because") or state.get("reason") or "unknown"
         auditd_skipped(name="auditd skipped where the kernel refuses audit", reason=reason)
         return
-    apt.packages(name="auditd", packages=["auditd"], no_recommends=True)
+    install_packages("auditd", ["auditd"], no_recommends=True)
     rules = files.put(
         name="gpunode's audit rules",
         src=StringIO(expected.render_rules()),

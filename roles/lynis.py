@@ -15,12 +15,13 @@ from io import StringIO
 
 from pyinfra import host
 from pyinfra.api import deploy, operation
-from pyinfra.operations import apt, files, systemd
+from pyinfra.operations import files, systemd
 
 from facts.freshness import UnitsNeedDaemonReload
 from facts.lynis import LoginHomeModes, LynisReport
 from gpunode.expected import lynis as expected
 from gpunode.model import DesiredState
+from roles.packages import install_packages
 
 UNITS = ["lynis.service", "lynis.timer"]
 
@@ -41,7 +42,7 @@ def lynis(desired: DesiredState) -> None:
                             running=False, enabled=False)  # fmt: skip
         return
     # lynis alone: it recommends menu (desktop menus), of no use on a server.
-    apt.packages(name="lynis", packages=["lynis"], no_recommends=True)
+    install_packages("lynis", ["lynis"], no_recommends=True)
     for drop_in in (expected.SERVICE_DROP_IN, expected.TIMER_DROP_IN):
         directory = drop_in.rsplit("/", 1)[0]
         files.directory(name=f"Directory {directory}", path=directory, mode="755")
@@ -80,7 +81,7 @@ def audit_tools(desired: DesiredState) -> None:
     tools = desired.audit.tools
     packages = expected.tool_packages(tools)
     if packages:
-        apt.packages(name="Audit tools", packages=packages, no_recommends=True)
+        install_packages("Audit tools", packages, no_recommends=True)
     if tools.sysstat:
         files.line(name="sysstat collects", path=expected.SYSSTAT_DEFAULTS,
                    line="^ENABLED=.*", replace='ENABLED="true"')  # fmt: skip

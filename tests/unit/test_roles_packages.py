@@ -3,6 +3,7 @@ when one is missing (so a converged node, or a lab VM whose image has them, make
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -30,6 +31,7 @@ def test_installed_packages_refresh_no_package_lists(apt_calls: list[dict[str, A
             "packages": ["libpam-passwdqc", "xfsprogs"],
             "update": False,
             "cache_time": 86400,
+            "no_recommends": False,
         }
     ]
 
@@ -41,3 +43,19 @@ def test_a_missing_package_refreshes_the_lists_at_most_daily(
         install_packages("Checks", ["libpam-passwdqc", "xfsprogs"])
     (call,) = apt_calls
     assert (call["update"], call["cache_time"]) == (True, 86400)
+
+
+def test_the_audit_roles_install_through_it_so_a_fresh_image_gets_its_lists(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """AIDE, auditd, lynis, the audit tools and ClamAV: on a node whose package lists were
+    never fetched and whose image already holds the kernel role's passwdqc, nothing else
+    refreshes them."""
+    import roles.audit
+    import roles.auditd
+    import roles.lynis
+    import roles.malware_scan
+
+    for module in (roles.audit, roles.auditd, roles.lynis, roles.malware_scan):
+        assert module.install_packages is install_packages, module.__name__
+        assert "apt.packages(" not in Path(str(module.__file__)).read_text(), module.__name__
