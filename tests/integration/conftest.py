@@ -206,6 +206,25 @@ def lab_vms(lab: Lab) -> Iterator[list[lab_vm.LabVm]]:
     _vm_boot["removed"] = True
 
 
+# Python source that counts, per host, the shell commands (SSH round trips) pyinfra's SSH
+# connector runs in the process it is put into: ``commands`` is {host name: count}. The
+# tests that count put it after their imports and before they run pyinfra or the drift check.
+SSH_COMMAND_COUNTER = """
+from pyinfra.connectors.ssh import SSHConnector
+
+commands = {}
+original = SSHConnector.run_shell_command
+
+
+def counting(self, *args, **kwargs):
+    commands[self.host.name] = commands.get(self.host.name, 0) + 1
+    return original(self, *args, **kwargs)
+
+
+SSHConnector.run_shell_command = counting
+"""
+
+
 def ssh(
     lab: Lab, node: LabNode, command: str, user: str = LOGIN_USER, input: str | None = None
 ) -> subprocess.CompletedProcess:

@@ -22,7 +22,7 @@ from facts.tls import NodeCertificate
 from gpunode import factcache
 from lab import Lab, LabNode
 
-from .conftest import ROOT, run_pyinfra, ssh, write_inventory
+from .conftest import ROOT, SSH_COMMAND_COUNTER, run_pyinfra, ssh, write_inventory
 
 pytestmark = pytest.mark.lab
 
@@ -60,21 +60,10 @@ def test_second_run_changes_nothing(converged: list[LabNode]) -> None:
 
 
 # pyinfra's own CLI, counting the shell commands (SSH round trips) it runs on each host.
-COUNT_SSH_COMMANDS = """
+COUNT_SSH_COMMANDS = f"""
 import atexit, json, sys
-from pyinfra.connectors.ssh import SSHConnector
 from pyinfra_cli.main import main
-
-commands = {}
-original = SSHConnector.run_shell_command
-
-
-def counting(self, *args, **kwargs):
-    commands[self.host.name] = commands.get(self.host.name, 0) + 1
-    return original(self, *args, **kwargs)
-
-
-SSHConnector.run_shell_command = counting
+{SSH_COMMAND_COUNTER}
 atexit.register(lambda: print("COUNTED " + json.dumps(commands), file=sys.stderr))
 sys.argv = ["pyinfra", *sys.argv[1:]]
 main()

@@ -22,7 +22,14 @@ from gpunode.expected.packages import TOOLKIT_PACKAGES
 from gpunode.model import Tls
 from lab import Lab, LabNode
 
-from .conftest import ROOT, lab_desired_state, run_pyinfra, ssh, wait_for_ssh
+from .conftest import (
+    ROOT,
+    SSH_COMMAND_COUNTER,
+    lab_desired_state,
+    run_pyinfra,
+    ssh,
+    wait_for_ssh,
+)
 
 pytestmark = pytest.mark.lab
 
@@ -225,30 +232,18 @@ def test_converge_repairs_what_it_can_and_the_rest_stays_reported(
     assert code == 0
 
 
-COUNT_SSH_COMMANDS = """
+COUNT_SSH_COMMANDS = f"""
 from gevent import monkey
 
 monkey.patch_all()  # first, as gpunode drift does: pyinfra's parallel SSH needs it
 import json
 import sys
 
-from pyinfra.connectors.ssh import SSHConnector
-
 from gpunode.cli import load_inventory
 from gpunode.drift import run_drift
-
-commands = {}
-original = SSHConnector.run_shell_command
-
-
-def counting(self, *args, **kwargs):
-    commands[self.host.name] = commands.get(self.host.name, 0) + 1
-    return original(self, *args, **kwargs)
-
-
-SSHConnector.run_shell_command = counting
+{SSH_COMMAND_COUNTER}
 result = run_drift(load_inventory(sys.argv[1]), sys.argv[1])
-print(json.dumps({"checked": result.checked_hosts, "commands": commands}))
+print(json.dumps({{"checked": result.checked_hosts, "commands": commands}}))
 """
 
 
