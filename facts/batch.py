@@ -10,7 +10,6 @@ a non-zero exit status a failed read.
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, ClassVar
 
 from pyinfra.api import FactBase
@@ -42,11 +41,11 @@ class FactBatch(FactBase):
         parts = []
         for name, cls in self.FACTS.items():
             fact = cls()
-            own = _own_parts(fact)
+            own = _own_parts(cls)
             if own is not None:
                 # The fact's parts become the batch's, so that the Python parts of every
                 # fact run in the batch's one Python process (gpunode.framing).
-                parts += [_renamed(name, part) for part in own]
+                parts += framing.prefixed(name, own)
                 continue
             # pyinfra takes requires_command as a method or a plain value; so does a batch.
             attribute: Any = fact.requires_command
@@ -69,15 +68,22 @@ class FactBatch(FactBase):
     def _part_names(self) -> list[str]:
         names = []
         for name, cls in self.FACTS.items():
-            own = _own_parts(cls())
-            names += [name] if own is None else [f"{name}.{part.name}" for part in own]
+            own = _own_parts(cls)
+            names += [name] if own is None else [part.name for part in framing.prefixed(name, own)]
         return names
 
     def _value(self, name: str, frame: framing.FrameOutput) -> Any:
         fact = self.FACTS[name]()
-        own = _own_parts(fact)
+        own = _own_parts(self.FACTS[name])
         if own is not None:
-            return self._value_of_parts(name, fact, own, frame)
+            # The output its own command would have printed: its parts, in a frame of their own.
+            lines, why = framing.unprefixed_output(frame, name, [part.name for part in own])
+            if lines is None:
+                return unreadable(name, why)
+            try:
+                return fact.process(lines)
+            except Exception as error:  # a parser bug must not cost the other parts
+                return unreadable(name, f"could not parse: {error!r}")
         part = frame.part(name)
         if part.problem is not None:
             return unreadable(name, part.problem)
@@ -93,38 +99,21 @@ class FactBatch(FactBase):
         except Exception as error:  # a parser bug must not cost the other parts
             return unreadable(name, f"could not parse: {error!r}")
 
-    @staticmethod
-    def _value_of_parts(
-        name: str, fact: FactBase, own: list[framing.Part], frame: framing.FrameOutput
-    ) -> Any:
-        """A fact whose parts ran in the batch: its process() gets the output its own
-        command would have printed (the same parts, in a frame of their own)."""
-        outputs: dict[str, framing.PartOutput] = {}
-        for part in own:
-            found = frame.part(f"{name}.{part.name}")
-            if found.problem is not None:
-                return unreadable(name, f"{part.name}: {found.problem}")
-            outputs[part.name] = found
-        try:
-            return fact.process(framing.output_of(outputs))
-        except Exception as error:  # a parser bug must not cost the other parts
-            return unreadable(name, f"could not parse: {error!r}")
+
+_PARTS: dict[type, tuple[framing.Part, ...] | None] = {}
 
 
-def _own_parts(fact: FactBase) -> list[framing.Part] | None:
+def _own_parts(cls: type[FactBase]) -> tuple[framing.Part, ...] | None:
     """The framing parts a fact's command is made of (its ``parts()``), where it has them
-    and needs no program of its own; else None: the batch runs its command whole."""
+    and needs no program of its own; else None: the batch runs its command whole. Made once
+    per fact class: the batch reads them for its command and again for every host's output
+    (the GPU probe's part carries the probe's source)."""
+    if cls in _PARTS:
+        return _PARTS[cls]
+    fact = cls()
     parts = getattr(fact, "parts", None)
     attribute: Any = fact.requires_command
     requires = attribute() if callable(attribute) else attribute
-    if not callable(parts) or requires is not None:
-        return None
-    return list(parts())
-
-
-def _renamed(fact_name: str, part: framing.Part) -> framing.Part:
-    return dataclasses.replace(
-        part,
-        name=f"{fact_name}.{part.name}",
-        after=None if part.after is None else f"{fact_name}.{part.after}",
-    )
+    made = tuple(parts()) if callable(parts) and requires is None else None
+    _PARTS[cls] = made
+    return made

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import atexit
 import copy
-import dataclasses
 import hashlib
 import importlib
 import inspect
@@ -479,14 +478,7 @@ def batch_parts(facts: list[tuple[Any, dict[str, Any]]]) -> dict[int, tuple[fram
         if own is not None:
             # The fact's parts become the batch's, so that the Python parts of every fact
             # run in the batch's one Python process (gpunode.framing).
-            parts[index] = tuple(
-                dataclasses.replace(
-                    part,
-                    name=f"fact{index}.{part.name}",
-                    after=None if part.after is None else f"fact{index}.{part.after}",
-                )
-                for part in own
-            )
+            parts[index] = tuple(framing.prefixed(f"fact{index}", own))
             continue
         try:
             parts[index] = (
@@ -692,28 +684,34 @@ def _group_outputs(part: framing.PartOutput, members: list[int]) -> dict[int, fr
     }
 
 
-def batch_script(facts: list[tuple[Any, dict[str, Any]]]) -> str:
-    """ONE shell command reading every fact of ``facts`` (see ``batch_parts``, ``batch_groups``)."""
+def batch_script(
+    facts: list[tuple[Any, dict[str, Any]]],
+    parts: dict[int, tuple[framing.Part, ...]] | None = None,
+) -> str:
+    """ONE shell command reading every fact of ``facts`` (see ``batch_parts``, ``batch_groups``);
+    ``parts``: ``batch_parts(facts)``, where the caller has made them already."""
     groups = [
         _group_part(name, [facts[index][1] for index in members], type(facts[members[0]][0]))
         for name, members in batch_groups(facts).items()
     ]
-    return framing.command([*itertools.chain(*batch_parts(facts).values()), *groups])
+    parts = batch_parts(facts) if parts is None else parts
+    return framing.command([*itertools.chain(*parts.values()), *groups])
 
 
 def parse_batch(
-    lines: list[str], facts: list[tuple[Any, dict[str, Any]]]
+    lines: list[str],
+    facts: list[tuple[Any, dict[str, Any]]],
+    parts: dict[int, tuple[framing.Part, ...]] | None = None,
 ) -> dict[int, framing.PartOutput]:
     """index -> what that fact's part printed (or, for a fact read in a group, what it would
-    have printed alone), for the parts whose output came back whole."""
+    have printed alone), for the parts whose output came back whole. ``parts``: the
+    ``batch_parts(facts)`` the script was made of, where the caller has them."""
     groups = batch_groups(facts)
-    own = {
-        index: parts
-        for index, parts in batch_parts(facts).items()
-        if parts[0].name != f"fact{index}"
-    }
+    parts = batch_parts(facts) if parts is None else parts
+    # Facts made of parts of their own: each of their parts is one of the batch's.
+    own = {index: made for index, made in parts.items() if made[0].name != f"fact{index}"}
     names = [f"fact{index}" for index in range(len(facts)) if index not in own]
-    names += [part.name for parts in own.values() for part in parts]
+    names += [part.name for made in own.values() for part in made]
     names += [f"group-{g}" for g in groups]
     frame = framing.parse(lines, names)
     outputs = {
@@ -721,13 +719,12 @@ def parse_batch(
         for name, part in frame.parts.items()
         if name.startswith("fact") and "." not in name and part.complete and part.problem is None
     }
-    for index, parts in own.items():
-        # What the fact's own command would have printed: its parts, in a frame of their own.
-        found = {part.name.split(".", 1)[1]: frame.part(part.name) for part in parts}
-        if all(part.complete and part.problem is None for part in found.values()):
-            outputs[index] = framing.PartOutput(
-                f"fact{index}", lines=framing.output_of(found), exit_status=0
-            )
+    for index, made in own.items():
+        prefix = f"fact{index}"
+        names = [part.name.removeprefix(f"{prefix}.") for part in made]
+        fact_lines, _ = framing.unprefixed_output(frame, prefix, names)
+        if fact_lines is not None:
+            outputs[index] = framing.PartOutput(f"fact{index}", lines=fact_lines, exit_status=0)
     for name, members in groups.items():
         part = frame.parts.get(f"group-{name}")
         if part is None:
@@ -768,9 +765,10 @@ def prefetch(state: Any, host: Any) -> None:
         groups.setdefault(group, []).append((key, cls, kwargs))
     for group, entries in groups.items():
         instances = [cls() for _, cls, _ in entries]
-        script = batch_script(
-            [(fact, kwargs) for fact, (_, _, kwargs) in zip(instances, entries, strict=True)]
-        )  # the same instances and arguments parse_batch is given below
+        batched = [(fact, kwargs) for fact, (_, _, kwargs) in zip(instances, entries, strict=True)]
+        # Made once: the script and the reading of its output need the same parts.
+        parts = batch_parts(batched)
+        script = batch_script(batched, parts)
         stats["prefetch_commands"] += 1
         command, stdin = remote_script.script_command(script)
         try:
@@ -787,8 +785,7 @@ def prefetch(state: Any, host: Any) -> None:
         if not ok:
             continue
         values = _values.setdefault(host.name, {})
-        batched = [(fact, kwargs) for fact, (_, _, kwargs) in zip(instances, entries, strict=True)]
-        for index, part in parse_batch(output.stdout_lines, batched).items():
+        for index, part in parse_batch(output.stdout_lines, batched, parts).items():
             key, fact = entries[index][0], instances[index]
             try:
                 read, value = batched_value(fact, part)

@@ -30,7 +30,7 @@ import re
 import secrets
 import shlex
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 PREFIX = "##gpunode-frame:"
@@ -447,6 +447,34 @@ def parse(
         if not part.complete and part.problem is None:
             part.problem = "cut short: the output ended before its exit status"
     return FrameOutput(parts, complete, problems)
+
+
+def prefixed(prefix: str, parts: Iterable[Part]) -> list[Part]:
+    """``parts`` named ``prefix.<name>`` (and what they run after): one fact's parts among
+    the parts of a batch of several facts."""
+    return [
+        replace(
+            part,
+            name=f"{prefix}.{part.name}",
+            after=None if part.after is None else f"{prefix}.{part.after}",
+        )
+        for part in parts
+    ]
+
+
+def unprefixed_output(
+    frame: FrameOutput, prefix: str, names: Iterable[str]
+) -> tuple[list[str] | None, str]:
+    """What the parts ``names`` would have printed in a frame of their own, read from
+    ``frame`` where they ran as ``prefixed(prefix, ...)``: (lines, ""), or (None, why) where
+    one of them did not come back whole."""
+    outputs: dict[str, PartOutput] = {}
+    for name in names:
+        found = frame.part(f"{prefix}.{name}")
+        if found.problem is not None:
+            return None, f"{name}: {found.problem}"
+        outputs[name] = found
+    return output_of(outputs), ""
 
 
 def output_of(

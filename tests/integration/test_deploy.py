@@ -74,6 +74,9 @@ def test_a_no_op_reads_each_host_in_a_few_ssh_commands(converged: list[LabNode])
     """The fact plan the last run left (gpunode.factcache) is read in one batch per
     connector setting: a no-op costs the run lock and those batches, not one SSH command per
     fact (some 190 per host when no plan could be written)."""
+    # A converge that changed something plans only what it asked; a no-op plans it all.
+    settled = run_pyinfra(DEPLOY)
+    assert settled.returncode == 0 and settled.changed_operations() == {}, settled.output
     done = subprocess.run(
         [sys.executable, "-c", COUNT_SSH_COMMANDS, "-y", "inventories/lab.py", DEPLOY],
         cwd=ROOT,
