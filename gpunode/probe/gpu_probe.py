@@ -32,19 +32,23 @@ Usage: ``python3 gpu_probe.py [--xid-since ISO8601] [--no-nvml]``
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
+import collections
 import functools
-import importlib
-import importlib.util
 import json
 import os
 import re
 import subprocess
 import sys
-from collections.abc import Iterable
 from datetime import datetime, timedelta, timezone
-from typing import Any, NamedTuple
+
+# Names for the type checker alone. The probe runs on every node at every drift check, in the
+# check's one Python process, and each module imported costs that node CPU (typing 2 ms,
+# ctypes 2 ms, contextlib 1 ms): ctypes and importlib are imported where they are used,
+# typing not at all.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+    from typing import Any, NamedTuple
 
 RECORD_MODULE = "gpunode.probe.gpu_record"
 TEXTFILE_MODULE = "gpunode.probe.textfile"
@@ -61,6 +65,8 @@ def _load_module(name: str = RECORD_MODULE) -> Any:
     """
     if name in sys.modules:
         return sys.modules[name]
+    import importlib.util  # lazily: see the imports above
+
     try:
         return importlib.import_module(name)
     except ImportError:
@@ -168,8 +174,10 @@ def _event_time(line: str) -> str | None:
     if match := _ISO_TIME.match(line):
         stamp = match.group(1)
         for layout in ("%Y-%m-%dT%H:%M:%S.%f%z", "%Y-%m-%dT%H:%M:%S%z"):
-            with contextlib.suppress(ValueError):
+            try:
                 return datetime.strptime(stamp.replace("Z", "+0000"), layout).isoformat()
+            except ValueError:
+                continue
         return stamp
     if match := _SYSLOG_TIME.match(line):
         return match.group(1)
@@ -487,6 +495,8 @@ class NvmlReader:
         structure = getattr(self.nvml, "c_nvmlGpuFabricInfo_t", None)
         if structure is None:
             return {"state": None, "status": None}
+        import ctypes  # lazily: see the imports above
+
         info = structure()
         if self.get("nvmlDeviceGetGpuFabricInfo", handle, ctypes.byref(info)) is None:
             return {"state": None, "status": None}
@@ -560,8 +570,10 @@ def collect_nvml(nvml: Any) -> Result:
             "gpus": gpus,
         }
     finally:
-        with contextlib.suppress(Exception):
+        try:  # noqa: SIM105 - contextlib is not imported (see the imports above)
             nvml.nvmlShutdown()
+        except Exception:
+            pass
 
 
 def _beside_this_file() -> tuple[str, ...]:
@@ -585,6 +597,9 @@ def load_pynvml(search: Iterable[str] | None = None) -> tuple[Any, str]:
     # pynvml is 200 kB of Python to import, and useless where its library cannot load (no
     # driver stack installed): ask the dynamic loader first, for the library pynvml itself
     # opens on Linux.
+    import ctypes  # lazily: see the imports above
+    import importlib.util
+
     try:
         ctypes.CDLL(NVML_LIBRARY)
     except OSError as error:
@@ -601,11 +616,18 @@ def load_pynvml(search: Iterable[str] | None = None) -> tuple[Any, str]:
 # --- the node ---------------------------------------------------------------------------------
 
 
-class Completed(NamedTuple):
-    exit_code: int | None  # None: timed out
-    stdout: str
-    stderr: str
-    missing: bool = False  # the program is not installed
+if TYPE_CHECKING:
+
+    class Completed(NamedTuple):
+        exit_code: int | None  # None: timed out
+        stdout: str
+        stderr: str
+        missing: bool = False  # the program is not installed
+
+else:
+    Completed = collections.namedtuple(
+        "Completed", ("exit_code", "stdout", "stderr", "missing"), defaults=(False,)
+    )
 
 
 class System:
@@ -919,14 +941,25 @@ class UsageError(ValueError):
     pass
 
 
-class Options(NamedTuple):
-    xid_since: datetime | None = None
-    no_nvml: bool = False
-    prometheus: str | None = None
-    expected_gpus: int | None = None
-    expected_nvlinks: int | None = None
-    expected_persistence: str | None = None
-    certificate: tuple[str, ...] = ()
+if TYPE_CHECKING:
+
+    class Options(NamedTuple):
+        xid_since: datetime | None = None
+        no_nvml: bool = False
+        prometheus: str | None = None
+        expected_gpus: int | None = None
+        expected_nvlinks: int | None = None
+        expected_persistence: str | None = None
+        certificate: tuple[str, ...] = ()
+
+else:
+    _OPTION_FIELDS = (
+        "xid_since", "no_nvml", "prometheus", "expected_gpus", "expected_nvlinks",
+        "expected_persistence", "certificate",
+    )  # fmt: skip
+    Options = collections.namedtuple(
+        "Options", _OPTION_FIELDS, defaults=(None, False, None, None, None, None, ())
+    )
 
 
 def _count(text: str) -> int:

@@ -43,9 +43,15 @@ from __future__ import annotations
 
 import functools
 import re
-import xml.etree.ElementTree as ElementTree
-from collections.abc import Callable, Sequence
-from typing import Any
+
+# typing and ElementTree are names for the type checker alone: a node runs this in the drift
+# check's one Python process, where each import costs CPU (typing 2 ms), and ElementTree is
+# imported where nvidia-smi's XML is read (a node whose NVML answers never needs it).
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import xml.etree.ElementTree as ElementTree
+    from collections.abc import Callable, Sequence
+    from typing import Any
 
 XML_COMMAND = "nvidia-smi -q -x"
 NVLINK_COMMAND = "nvidia-smi nvlink -s"
@@ -72,7 +78,10 @@ UNAVAILABLE = re.compile(
     re.IGNORECASE,
 )
 
-Result = dict[str, Any]
+if TYPE_CHECKING:
+    Result = dict[str, Any]
+else:
+    Result = dict
 
 # Every key of one GPU record, from the XML report and from NVML alike (see the docstring).
 RECORD_KEYS = frozenset(
@@ -416,6 +425,8 @@ def parse_nvidia_smi_xml(text: str) -> Result:
     """``nvidia-smi -q -x`` output (any DTD version) -> driver versions and normalized GPUs."""
     if not text.strip():
         return unreadable(XML_COMMAND, "empty output")
+    import xml.etree.ElementTree as ElementTree  # lazily: see the imports above
+
     try:
         root = ElementTree.fromstring(text)
     except (ElementTree.ParseError, ValueError) as error:
