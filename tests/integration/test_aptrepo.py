@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lab import Lab, LabNode, aptrepo
+from lab import DEFAULT_PROFILES, Lab, LabNode, aptrepo
 from lab.standin import CONTAINER_TOOLKIT_VERSIONS, DRIVER_VERSIONS, catalogue
-from tests.integration.conftest import ssh
+from tests.integration.conftest import LAB_RELEASES, ssh
 
 pytestmark = pytest.mark.lab
 
@@ -101,6 +101,28 @@ def install_toolkit(lab: Lab, node: LabNode, version: str) -> None:
 
 
 @pytest.fixture(scope="module")
+def lab(lab: Lab, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
+    """A lab of this module's own (its name, and a subnet 104 above the session lab's): the
+    module installs and purges stand-ins with apt by hand, as on a fresh node, and a session
+    node that gpunode converged before it (held packages, its pins and sources) is not one."""
+    own = Lab(
+        state_dir=tmp_path_factory.mktemp("aptrepo-lab"),
+        name=f"{lab.name}-aptrepo",
+        subnet_index=int(lab.network_prefix.rsplit(".", 1)[1]) + 104,
+    )
+    try:
+        yield own
+    finally:
+        own.down(keep_image=True)
+
+
+@pytest.fixture(scope="module")
+def lab_nodes(lab: Lab) -> list[LabNode]:
+    """One node, as the session lab's first (an HGX H100 profile, the first release)."""
+    return lab.up(1, profiles=[DEFAULT_PROFILES[0]], releases=[LAB_RELEASES[0]])
+
+
+@pytest.fixture(scope="module")
 def repo(lab: Lab) -> aptrepo.RepoInfo:
     return aptrepo.build_repository(lab.state_dir / "aptrepo")
 
@@ -119,8 +141,8 @@ def server(
 
 @pytest.fixture(scope="module")
 def preinstalled(lab: Lab, lab_nodes: list[LabNode]) -> frozenset[str]:
-    """Stand-in packages the node had before this module (a converge of another module's):
-    the module never purges them. Its tests expect none of them held, as on a fresh node."""
+    """Stand-in packages the node had before this module (the lab image's, if any): the
+    module never purges them. Its tests expect none of them held, as on a fresh node."""
     return installed_standins(lab, lab_nodes[0])
 
 
