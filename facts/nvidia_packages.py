@@ -64,59 +64,25 @@ SHELL_COMMANDS = {
 }
 
 # dpkg's status database read in Python (gpunode.framing runs these parts in one process
-# where the node has python3), printing what the shell parts' dpkg-query prints: its
-# ${db:Status-Abbrev} letters are the Status field's three words (dpkg-query(1)). A database
-# with records still in dpkg's journal (updates/, after an interrupted dpkg) is left to
-# dpkg-query itself, which applies them first.
-DPKG_DIR = "/var/lib/dpkg"
-_DPKG_STATUS_PYTHON = r"""
-import os, re, sys
-WANT = {"unknown": "u", "install": "i", "hold": "h", "deinstall": "r", "purge": "p"}
-FLAG = {"ok": " ", "reinstreq": "R"}
-STATE = {"not-installed": "n", "config-files": "c", "half-installed": "H", "unpacked": "U",
-         "half-configured": "F", "triggers-awaited": "W", "triggers-pending": "t",
-         "installed": "i"}
-def journal_pending():
-    try:
-        return any(name.isdigit() for name in os.listdir(dpkg_dir + "/updates"))
-    except OSError:
-        return False
-def records(text, chosen):
-    # Only the records of the packages chosen by name are read whole; in dpkg-query's order,
-    # by name, then architecture.
-    found = []
-    for package in re.finditer(r"^Package: *(.*)$", text, re.M):
-        if not chosen(package.group(1)):
-            continue
-        end = text.find("\n\n", package.start())
-        stanza = text[package.start():end]
-        fields = dict(re.findall(r"^(Status|Version|Architecture): *(.*)$", stanza, re.M))
-        words = (fields.get("Status", "").split() + ["", "", ""])[:3]
-        abbrev = WANT.get(words[0], "?") + STATE.get(words[2], "?") + FLAG.get(words[1], "?")
-        key = (package.group(1), fields.get("Architecture", ""))
-        found.append((key, (abbrev, package.group(1), fields.get("Version", ""))))
-    return [record for _, record in sorted(found, key=lambda item: item[0])]
-def status_text():
-    if journal_pending():
-        return None
-    try:
-        with open(dpkg_dir + "/status", encoding="utf-8", errors="surrogateescape") as status:
-            return status.read()
-    except OSError:
-        return None
+# where the node has python3, and reads the database once for all of them: the frame's
+# ``dpkg_packages``), printing what the shell parts' dpkg-query prints. Where the frame says
+# dpkg-query must answer (records still in dpkg's journal, updates/, after an interrupted
+# dpkg), the part runs its shell command.
+DPKG_DIR = framing.DPKG_DIR
+_SHELL_INSTEAD = r"""
+import subprocess, sys
 def run_shell_instead():
-    import subprocess
     sys.stdout.flush()
     sys.exit(subprocess.run(["sh", "-c", shell]).returncode)
 """
 INSTALLED_PYTHON = framing.python_source(
-    _DPKG_STATUS_PYTHON
+    _SHELL_INSTEAD
     + r"""
-text = status_text()
-if text is None:
+import re
+found = dpkg_packages(dpkg_dir, re.compile(names).search)
+if found is None:
     run_shell_instead()
-wanted = re.compile(names)
-for abbrev, package, version in records(text, wanted.search):
+for abbrev, package, version in found:
     if abbrev[1] != "n":
         print(f"{abbrev}{sep}{package}{sep}{version}")
 """,
@@ -126,14 +92,15 @@ for abbrev, package, version in records(text, wanted.search):
     shell=SHELL_COMMANDS["installed"],
 )
 HEADERS_PYTHON = framing.python_source(
-    _DPKG_STATUS_PYTHON
+    _SHELL_INSTEAD
     + r"""
+import os
 release = os.uname().release
 headers = "linux-headers-" + release
-text = status_text()
-if text is None:
+found = dpkg_packages(dpkg_dir, headers.__eq__)
+if found is None:
     run_shell_instead()
-abbrev = next((found[0] for found in records(text, headers.__eq__)), "")
+abbrev = next((record[0] for record in found), "")
 print(f"status{sep}{abbrev}")
 if os.path.isdir(f"/lib/modules/{release}/build"):
     print(f"build_dir{sep}yes")

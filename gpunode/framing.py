@@ -72,7 +72,11 @@ class Part:
     runs after another only if that one is a Python part too.
 
     Python parts have ``read_bytes(path)`` at hand: a file's bytes, None where it cannot be
-    read.
+    read; and ``dpkg_packages(directory, chosen)``: the packages of dpkg's database in
+    ``directory`` (``/var/lib/dpkg``) whose name ``chosen`` accepts, as
+    ``(status_abbrev, package, version)`` in dpkg-query's order (by name, then architecture),
+    the database read once for every part of the frame; None where dpkg-query itself must
+    answer (records still in dpkg's journal, which it applies first, or no database).
 
     ``systemd_units``: the units whose state the Python source reads with
     ``unit_properties(unit)`` (a dict of ``UNIT_PROPERTIES``; empty where systemctl is
@@ -198,6 +202,9 @@ def _shell_part(part: Part, index: int, names: list[str], token: str) -> str:
     return f"gpunode_rc_{index}=; echo '{_marker(token, 'part:' + part.name)}'; {run}"
 
 
+# dpkg's database, as Python parts name it to the frame's ``dpkg_packages`` (see Part).
+DPKG_DIR = "/var/lib/dpkg"
+
 # The program that runs a frame's Python parts, each as the shell would have run its command:
 # the same markers, its stderr captured per ``stderr``, its exit status from ``sys.exit`` (an
 # exception: 1, and its message on stderr). Kept to what Python 3.9 and later have.
@@ -224,6 +231,50 @@ def _gpunode_units(units, properties):
                 answers.setdefault(name, {})
         return dict(answers.get(unit, {}))
     return unit_properties
+def _gpunode_dpkg():
+    # dpkg's status database, read once per frame for every part that asks: its
+    # ${db:Status-Abbrev} letters are the Status field's three words (dpkg-query(1)).
+    want = {"unknown": "u", "install": "i", "hold": "h", "deinstall": "r", "purge": "p"}
+    flag = {"ok": " ", "reinstreq": "R"}
+    state = {"not-installed": "n", "config-files": "c", "half-installed": "H",
+             "unpacked": "U", "half-configured": "F", "triggers-awaited": "W",
+             "triggers-pending": "t", "installed": "i"}
+    databases = {}
+    def read(directory):
+        import re
+        try:
+            if any(name.isdigit() for name in os.listdir(directory + "/updates")):
+                return None  # records in dpkg's journal: dpkg-query applies them first
+        except OSError:
+            pass
+        try:
+            with open(directory + "/status", encoding="utf-8", errors="surrogateescape") as held:
+                text = held.read()
+        except OSError:
+            return None
+        found = re.compile(r"^Package: *(.*)$", re.M).finditer(text)
+        return text, [(match.group(1), match.start()) for match in found]
+    def dpkg_packages(directory, chosen):
+        import re
+        if directory not in databases:
+            databases[directory] = read(directory)
+        database = databases[directory]
+        if database is None:
+            return None
+        text, names = database
+        found = []
+        for name, start in names:
+            if not chosen(name):
+                continue
+            end = text.find("\n\n", start)
+            stanza = text[start:] if end < 0 else text[start:end]
+            fields = dict(re.findall(r"^(Status|Version|Architecture): *(.*)$", stanza, re.M))
+            words = (fields.get("Status", "").split() + ["", "", ""])[:3]
+            abbrev = want.get(words[0], "?") + state.get(words[2], "?") + flag.get(words[1], "?")
+            key = (name, fields.get("Architecture", ""))
+            found.append((key, (abbrev, name, fields.get("Version", ""))))
+        return [record for _, record in sorted(found, key=lambda item: item[0])]
+    return dpkg_packages
 def _gpunode_read_bytes(path):
     try:
         with open(path, "rb") as held:
@@ -232,6 +283,7 @@ def _gpunode_read_bytes(path):
         return None
 def _gpunode_frame(prefix, parts, units, properties):
     unit_properties = _gpunode_units(units, properties)
+    dpkg_packages = _gpunode_dpkg()
     status = {}
     # Text written through at once: a part's print and its writes to sys.stdout.buffer (bytes
     # as the node has them) keep their order; what cannot be encoded goes out as it came in.
@@ -256,6 +308,7 @@ def _gpunode_frame(prefix, parts, units, properties):
                 "__name__": "__gpunode_part__",
                 "unit_properties": unit_properties,
                 "read_bytes": _gpunode_read_bytes,
+                "dpkg_packages": dpkg_packages,
             }
             exec(compile(source, name, "exec"), space)
         except SystemExit as stop:

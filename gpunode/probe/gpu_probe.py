@@ -110,6 +110,7 @@ XID_WINDOW_HOURS = 24
 XID_COMMAND = "journalctl -t kernel -o short-iso"
 DPKG_COMMAND = "dpkg-query -W nvidia-driver* libnvidia-ml1 libnvidia-compute*"
 DPKG_PATTERNS = ("nvidia-driver*", "libnvidia-ml1", "libnvidia-compute*")
+DPKG_FORMAT = "${Package}\t${Version}\t${db:Status-Abbrev}\n"
 FABRIC_MANAGER_UNIT = "nvidia-fabricmanager.service"
 FABRIC_MANAGER_PROPERTIES = ("LoadState", "ActiveState", "SubState", "UnitFileState")
 FABRIC_MANAGER_COMMAND = f"systemctl show {FABRIC_MANAGER_UNIT}"
@@ -804,9 +805,7 @@ def kernel_module(system: System, gpu_section: Result, nvml_state: Result) -> Re
 
 def installed_driver(system: System) -> tuple[dict[str, str], str | None]:
     """Installed driver package versions, and where they were read."""
-    completed = system.run(
-        ["dpkg-query", "-W", "-f", "${Package}\t${Version}\t${db:Status-Abbrev}\n", *DPKG_PATTERNS]
-    )
+    completed = system.run(["dpkg-query", "-W", "-f", DPKG_FORMAT, *DPKG_PATTERNS])
     installed = parse_dpkg_versions(completed.stdout)
     if installed:
         return installed, "dpkg"

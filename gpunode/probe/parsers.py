@@ -841,6 +841,7 @@ def probe_part(
         payload=payload,
         unit=gpu_probe.FABRIC_MANAGER_UNIT,
         properties=gpu_probe.FABRIC_MANAGER_PROPERTIES,
+        dpkg_dir=framing.DPKG_DIR,
     )
     units = (gpu_probe.FABRIC_MANAGER_UNIT,)
     if not ship_pynvml:
@@ -879,14 +880,38 @@ if installed():
     sys.path.insert(0, directory)
     import gpu_probe
     class FrameSystem(gpu_probe.System):
-        # The Fabric Manager's state from the frame's one systemctl (gpunode.framing).
+        # The Fabric Manager's state from the frame's one systemctl, the driver's packages from
+        # its one read of dpkg's database (gpunode.framing).
         def run(self, argv, timeout=60.0):
             asked = ["systemctl", "show", unit, "--property=" + ",".join(properties)]
             known = unit_properties(unit) if argv == asked else {}
             if all(name in known for name in properties):
                 shown = "".join(f"{name}={known[name]}\n" for name in properties)
                 return gpu_probe.Completed(0, shown, "")
+            if argv == ["dpkg-query", "-W", "-f", gpu_probe.DPKG_FORMAT, *gpu_probe.DPKG_PATTERNS]:
+                answer = installed_packages(gpu_probe.DPKG_PATTERNS)
+                if answer is not None:
+                    return answer
             return super().run(argv, timeout)
+    def installed_packages(patterns):
+        # What the probe reads of dpkg-query -W's answer: the lines of packages in any state
+        # but not-installed (the probe reads installed ones alone), "no packages found" and
+        # exit status 1 for a pattern that matches none.
+        import fnmatch
+        def chosen(name):
+            return any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns)
+        found = dpkg_packages(dpkg_dir, chosen)
+        if found is None:
+            return None
+        lines = "".join(
+            f"{package}\t{version}\t{abbrev}\n"
+            for abbrev, package, version in found
+            if abbrev[1] != "n"
+        )
+        names = [package for _, package, _ in found]
+        unmatched = [p for p in patterns if not any(fnmatch.fnmatchcase(n, p) for n in names)]
+        errors = "".join(f"dpkg-query: no packages found matching {p}\n" for p in unmatched)
+        return gpu_probe.Completed(1 if unmatched else 0, lines, errors)
     sys.exit(gpu_probe.main(list(arguments), FrameSystem()))
 import base64, lzma
 program = lzma.decompress(base64.b64decode(payload))

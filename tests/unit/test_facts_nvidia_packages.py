@@ -112,20 +112,20 @@ Version: 5.2.15-2+b8
 """
 
 
-def test_dpkgs_database_read_in_python_is_what_dpkg_query_prints(tmp_path: Path) -> None:
-    """The installed and headers parts, in Python and by dpkg-query itself (the real program,
-    told to read this database), on a database of every state the fact meets."""
-    (tmp_path / "updates").mkdir()
-    (tmp_path / "info").mkdir()
-    (tmp_path / "status").write_text(STATUS_DATABASE.format(release=os.uname().release))
-    admindir = f"dpkg-query --admindir={tmp_path} "
+def read_both_ways(database: Path) -> dict[bool, dict[str, framing.PartOutput]]:
+    """The installed and headers parts, in Python (the frame's one read of dpkg's database)
+    and by dpkg-query itself (the real program, told to read ``database``)."""
+    admindir = f"dpkg-query --admindir={database} "
     parts = [
         framing.Part(
             part.name,
             part.command.replace("dpkg-query ", admindir),
+            # The database's directory, and dpkg-query's where the Python part lets it answer.
             python=None
             if part.python is None
-            else part.python.replace(repr(nvidia_packages.DPKG_DIR), repr(str(tmp_path))),
+            else part.python.replace(repr(nvidia_packages.DPKG_DIR), repr(str(database))).replace(
+                "dpkg-query ", admindir
+            ),
         )
         for part in nvidia_packages.NvidiaPackages().parts()
         if part.name in ("installed", "headers")
@@ -136,6 +136,15 @@ def test_dpkgs_database_read_in_python_is_what_dpkg_query_prints(tmp_path: Path)
         done = subprocess.run(["sh", "-c", command], capture_output=True, text=True, check=True)
         frame = framing.parse(done.stdout.splitlines())
         read[in_python] = {name: frame.part(name) for name in ("installed", "headers")}
+    return read
+
+
+def test_dpkgs_database_read_in_python_is_what_dpkg_query_prints(tmp_path: Path) -> None:
+    """On a database of every state the fact meets."""
+    (tmp_path / "updates").mkdir()
+    (tmp_path / "info").mkdir()
+    (tmp_path / "status").write_text(STATUS_DATABASE.format(release=os.uname().release))
+    read = read_both_ways(tmp_path)
     assert read[True] == read[False]
     assert read[True]["installed"].lines == [
         "iFR|datacenter-gpu-manager-4-core|1:4.4.1-1",
@@ -145,3 +154,18 @@ def test_dpkgs_database_read_in_python_is_what_dpkg_query_prints(tmp_path: Path)
         "hi |nvidia-open|590.48.01-1",
     ]
     assert read[True]["headers"].lines[0] == "status|ii "
+
+
+def test_records_still_in_dpkgs_journal_are_left_to_dpkg_query(tmp_path: Path) -> None:
+    """After an interrupted dpkg its journal (updates/) holds records the status file does not
+    yet: the Python parts let dpkg-query answer, which applies them first."""
+    (tmp_path / "updates").mkdir()
+    (tmp_path / "info").mkdir()
+    (tmp_path / "status").write_text(STATUS_DATABASE.format(release=os.uname().release))
+    (tmp_path / "updates" / "0001").write_text(
+        "Package: nvidia-kernel-dkms\nStatus: install ok installed\nArchitecture: amd64\n"
+        "Version: 590.48.01-1\nMaintainer: x\nDescription: y\n"
+    )
+    read = read_both_ways(tmp_path)
+    assert read[True] == read[False]
+    assert "ii |nvidia-kernel-dkms|590.48.01-1" in read[True]["installed"].lines

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import copy
 import ctypes
+import dataclasses
 import importlib
 import io
 import json
 import os
+import shutil
 import subprocess
 import sys
 import types
@@ -944,3 +946,69 @@ def test_no_gpu_instances_is_an_answer_although_nvidia_smi_exits_6() -> None:
     report = collect(node, None, "not shipped", None)
     assert report["mig_listing"]["state"] == "ok"
     assert instance_profiles(report) == [[]] * 8
+
+
+# A dpkg database holding the driver's packages in the states the probe meets: installed,
+# held, removed with its configuration kept, purged, and a package none of its patterns name.
+DRIVER_DATABASE = """\
+Package: nvidia-driver-cuda
+Status: hold ok installed
+Architecture: amd64
+Version: 590.48.01-1
+
+Package: libnvidia-ml1
+Status: install ok installed
+Architecture: amd64
+Version: 590.48.01-1
+
+Package: nvidia-driver-libs
+Status: deinstall ok config-files
+Architecture: amd64
+Version: 580.95.05-1
+
+Package: libnvidia-compute-580
+Status: purge ok not-installed
+Architecture: amd64
+
+Package: bash
+Status: install ok installed
+Architecture: amd64
+Version: 5.2.15-2+b8
+"""
+
+
+def test_the_probe_in_the_frame_reads_the_driver_packages_dpkg_query_reads(
+    lab_root: Path, tmp_path: Path
+) -> None:
+    """In the frame's Python process the probe takes the driver's packages from the frame's one
+    read of dpkg's database (no dpkg-query of its own); from its shell command it runs the
+    real dpkg-query. Both, told to read one database, report the same packages."""
+    database = tmp_path / "dpkg"
+    for directory in ("updates", "info"):
+        (database / directory).mkdir(parents=True)
+    (database / "status").write_text(DRIVER_DATABASE)
+    real = shutil.which("dpkg-query")
+    assert real is not None
+    calls = tmp_path / "dpkg-query.log"
+    wrapper = lab_root / "bin" / "dpkg-query"
+    wrapper.write_text(f'#!/bin/sh\necho "$*" >> {calls}\nexec {real} --admindir={database} "$@"\n')
+    wrapper.chmod(0o755)
+    installed = lab_root / "usr/local/lib/gpunode-probe"
+    install_probe(installed)
+    part = probe_part(installed_dir=str(installed))
+    assert part.python is not None and repr(framing.DPKG_DIR) in part.python
+    part = dataclasses.replace(
+        part, python=part.python.replace(repr(framing.DPKG_DIR), repr(str(database)))
+    )
+    reports = {}
+    for in_python in (True, False):
+        command = framing.command([part], python=in_python)
+        reports[in_python] = parse_section("gpu", run_command(command, lab_root))
+        logged = calls.read_text() if calls.exists() else ""
+        assert logged.count("-W -f ") == (0 if in_python else 1), logged
+    assert reports[True]["driver_versions"] == reports[False]["driver_versions"]
+    assert reports[True]["driver_versions"]["installed_package_source"] == "dpkg"
+    assert reports[True]["driver_versions"]["installed_packages"] == {
+        "libnvidia-ml1": "590.48.01",
+        "nvidia-driver-cuda": "590.48.01",
+    }
