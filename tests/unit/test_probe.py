@@ -586,8 +586,9 @@ def test_main_prints_one_json_document_even_when_the_probe_fails(
 def test_probe_command_fits_in_one_argument_and_validates_its_time() -> None:
     # Linux caps one argument (the command sshd hands to the shell) at 128 KiB.
     assert len(probe_command()) < 100_000
-    # With the MIG listing reader, and the Python form's installed-copy check.
-    assert len(probe_command(ship_pynvml=False)) < 32_000
+    # With the MIG listing reader, the Python form's installed-copy check, and the frame's
+    # runner (its systemd and dpkg readers).
+    assert len(probe_command(ship_pynvml=False)) < 40_000
     with pytest.raises(ValueError):
         probe_command(xid_since="yesterday; rm -rf /")
     since = probe_part(xid_since="2026-11-30T10:00:00Z")
