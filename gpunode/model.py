@@ -412,6 +412,8 @@ class Sshd:
         "no", "root login: off, or key-only"
     )
     max_auth_tries: int = setting(2, "MaxAuthTries", min=1, max=6)
+    # 10, dev-sec's, though lynis's SSH-7408 wants 2 (4 partly): an admin's multiplexed
+    # sessions (ControlMaster) and pyinfra's SFTP beside its commands share one connection.
     max_sessions: int = setting(10, "MaxSessions", min=1, max=100)
     login_grace_time_s: int = setting(30, "LoginGraceTime in seconds", min=5, max=600)
     client_alive_interval_s: int = setting(300, "ClientAliveInterval in seconds", min=0, max=3600)
@@ -607,6 +609,14 @@ class Kernel:
 class UnattendedUpgrades:
     """Debian security updates on their own; never NVIDIA, CUDA or kernel packages."""
 
+    # Off by default, though lynis's PKGS-7420 counts it (1 of 5 points without a tool, 5 as
+    # soon as /usr/bin/unattended-upgrade exists: lynis 3.0.8 and 3.1.4, tests_ports_packages).
+    # A GPU node's packages change in a rollout (gpunode rollout: drained, converged, its
+    # health gate passed); unattended-upgrades changes them on a node running jobs at a time
+    # of its own: maintainer scripts restart what they upgrade (sshd, slurmd, munge, a
+    # Debian-packaged containerd or docker, which stops the containers it runs), and its apt
+    # run holds dpkg's lock under a converge. Held and blacklisted NVIDIA, CUDA and kernel
+    # packages would be safe; the rest is not. A site that patches this way turns it on.
     enabled: bool = setting(False, "install and enable unattended-upgrades")
     blacklist: tuple[str, ...] = setting(
         ("nvidia-", "libnvidia-", "cuda-", "libcuda", "datacenter-gpu-manager", "firmware-nvidia-",
