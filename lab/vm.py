@@ -4,9 +4,10 @@ A container shares this machine's kernel, which has no md driver and refuses mos
 a VM has Debian's kernel, so storage, sysctls, module blacklists and reboots are real there.
 Each VM is reached over SSH on the lab's bridge exactly as a container node is.
 
-- Image: per release, built once with mmdebstrap into a directory (the container image's
-  packages and customization, plus Debian's kernel, udev, mdadm and nvme-cli, what the test
-  suite's converge installs, a small initramfs and no units a lab VM does not need), then
+- Image: per release, built once with mmdebstrap from the release, its updates and its
+  security archive into a directory (the container image's packages and customization,
+  plus Debian's kernel, udev, mdadm and nvme-cli, what the test suite's converge installs,
+  a small initramfs and no units a lab VM does not need), then
   ``mkfs.ext4 -d`` makes a raw root filesystem of it (no loop mount). Its kernel and
   initramfs are copied out and booted with ``-kernel/-initrd``. Cached under
   ``$GPUNODE_LAB_CACHE/vm-images`` (named by a digest of the recipe), kept by
@@ -231,9 +232,31 @@ def cache_root() -> Path:
     return Path(os.environ.get("GPUNODE_LAB_CACHE", "/var/cache/gpunode-lab")) / "vm-images"
 
 
+# The Debian archives the image is built from: the release, its updates and its security
+# archive, the suites its apt sources name (lab.debian_sources). Built from the release alone,
+# a fresh VM starts with every security fix since the point release pending: lynis counts
+# them (PKGS-7392) and a node in a data centre is installed from the current archive.
+DEBIAN_MIRROR = "http://deb.debian.org/debian"
+DEBIAN_SECURITY_MIRROR = "http://deb.debian.org/debian-security"
+IMAGE_COMPONENTS = "main contrib non-free non-free-firmware"
+
+
+def image_sources(release: str) -> tuple[str, ...]:
+    """mmdebstrap's MIRROR arguments for ``release``: one sources.list line per suite."""
+    row = distributions.BY_CODENAME[release]
+    return tuple(
+        [f"deb {DEBIAN_MIRROR} {suite} {IMAGE_COMPONENTS}" for suite in row.suites]
+        + [f"deb {DEBIAN_SECURITY_MIRROR} {suite} {IMAGE_COMPONENTS}"
+           for suite in row.security_suites]
+    )  # fmt: skip
+
+
 def image_name(release: str) -> str:
-    """The VM image of ``release``; named by a digest of how it is built."""
-    recipe = json.dumps([VM_PACKAGES, _vm_customize_script(release), ROOT_DISK_SIZE]).encode()
+    """The VM image of ``release``; named by a digest of how it is built (its packages, its
+    archives and suites, its customization and size): a changed recipe is a new image."""
+    recipe = json.dumps(
+        [VM_PACKAGES, image_sources(release), _vm_customize_script(release), ROOT_DISK_SIZE]
+    ).encode()
     codename = distributions.BY_CODENAME[release].cuda_repo_distro
     return f"{codename}-{hashlib.sha256(recipe).hexdigest()[:12]}"
 
@@ -257,10 +280,9 @@ def ensure_image(lab: Lab, release: str = DEFAULT_RELEASE) -> VmImage:
         result = subprocess.run(
             [
                 "mmdebstrap", "--variant=minbase", "--quiet",
-                "--components=main contrib non-free non-free-firmware",
                 "--include=" + ",".join(VM_PACKAGES),
                 f"--customize-hook=sh {hook} \"$1\"",
-                release, str(rootfs), "http://deb.debian.org/debian",
+                release, str(rootfs), *image_sources(release),
             ],
             capture_output=True,
             text=True,

@@ -84,6 +84,11 @@ def file_integrity(desired: DesiredState) -> None:
         dest=expected.CONFIG,
         mode="644",
     )
+    files.link(
+        name=f"{expected.CONFIG_LINK} -> {expected.CONFIG} (where lynis looks for it)",
+        path=expected.CONFIG_LINK,
+        target=expected.CONFIG,
+    )
     files.directory(name=f"Directory {expected.STATE_DIR}", path=expected.STATE_DIR, mode="700")
     scheduled_unit(
         expected.UNIT, expected.render_service(), expected.render_timer(settings.schedule)

@@ -18,6 +18,12 @@ from gpunode.expected.timers import render_schedule_timer
 from gpunode.model import FileIntegrity
 
 CONFIG = "/etc/gpunode/aide.conf"
+# A symbolic link to CONFIG where other tools look for AIDE's configuration: lynis's FINT-4315
+# searches aide.conf in /etc, /etc/aide and /usr/local/etc only, warns when it finds none, and
+# its FINT-4316 reads the database's path from the file it found (lynis 3.0.8 and 3.1.4,
+# include/tests_file_integrity). /etc/aide/aide.conf is Debian's (aide-common, which gpunode
+# does not install); /etc/aide.conf is no package's in Debian 12 or 13.
+CONFIG_LINK = "/etc/aide.conf"
 STATE_DIR = "/var/lib/gpunode/aide"
 DATABASE = f"{STATE_DIR}/aide.db"
 SUMMARY = f"{STATE_DIR}/summary.json"

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from gpunode.expected.audit import CONFIG, PROGRAM, STATE_DIR, SUMMARY, UNIT
+from gpunode.expected.audit import CONFIG, CONFIG_LINK, PROGRAM, STATE_DIR, SUMMARY, UNIT
 from gpunode.model import FileIntegrity
 from lab import Lab, LabNode, hwsim
 from roles.kernel import SYSCTL_PATH
@@ -89,6 +89,18 @@ def test_the_database_is_built_and_checked_on_a_timer(lab: Lab, node: LabNode) -
     assert state["last_check_kind"] == "check"
     assert state["alerts"] == [], state
     assert drift_findings(node) == []
+
+
+def test_aide_s_configuration_is_found_where_lynis_looks_and_names_the_database(
+    lab: Lab, node: LabNode
+) -> None:
+    # What lynis's FINT-4315 and FINT-4316 do: find aide.conf in /etc, check it with aide -D,
+    # read database_in from it and look for that file.
+    assert run_ok(lab, node, f"readlink {CONFIG_LINK}").strip() == CONFIG
+    run_ok(lab, node, f"sudo aide --config={CONFIG_LINK} -D")
+    database = run_ok(lab, node, f"grep '^database_in=' {CONFIG_LINK}").strip()
+    assert database == f"database_in=file:{STATE_DIR}/aide.db"
+    run_ok(lab, node, f"sudo test -s {STATE_DIR}/aide.db")
 
 
 def test_a_second_run_changes_nothing(node: LabNode) -> None:

@@ -17,7 +17,7 @@ import pytest
 
 from gpunode.cli import build_parser, main
 from gpunode.expected.packages import PASSWORD_QUALITY_PACKAGE
-from lab import Lab, _customize_script, hwsim
+from lab import Lab, _customize_script, debian_sources, hwsim
 from lab import vm as lab_vm
 
 
@@ -98,6 +98,35 @@ def test_the_vm_image_keeps_the_real_nvme_cli_and_the_container_image_is_unchang
     # What the test suite's converge installs from Debian is in the image already.
     assert {"xfsprogs", PASSWORD_QUALITY_PACKAGE} <= set(lab_vm.VM_PACKAGES)
     assert lab_vm.image_name("trixie").startswith("debian13-")
+
+
+@pytest.mark.parametrize("release", ["bookworm", "trixie"])
+def test_the_vm_image_is_built_from_the_release_its_updates_and_its_security_archive(
+    release: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sources = lab_vm.image_sources(release)
+    # One sources.list line per suite its apt sources name (lab.debian_sources): what a
+    # fresh VM's apt would upgrade is in the image already (lynis PKGS-7392).
+    assert [line.split()[1:3] for line in sources] == [
+        ["http://deb.debian.org/debian", release],
+        ["http://deb.debian.org/debian", f"{release}-updates"],
+        ["http://deb.debian.org/debian-security", f"{release}-security"],
+    ]
+    for line in sources:
+        assert line.startswith("deb ")
+        assert line.split()[3:] == ["main", "contrib", "non-free", "non-free-firmware"]
+    apt_suites = [
+        suite
+        for line in debian_sources(release).splitlines()
+        if line.startswith("Suites:")
+        for suite in line.split()[1:]
+    ]
+    assert [line.split()[2] for line in sources] == apt_suites
+    # The archives are part of the recipe: an image built from other suites is another image
+    # (so a cached image of the release alone is built again, once).
+    name = lab_vm.image_name(release)
+    monkeypatch.setattr(lab_vm, "image_sources", lambda _release: sources[:1])
+    assert lab_vm.image_name(release) != name
 
 
 def test_the_vm_image_has_a_small_initramfs_and_masks_units_a_lab_vm_does_not_want() -> None:

@@ -156,6 +156,18 @@ def test_writable_host_key_in_container_is_never_written() -> None:
     assert "would change the host's kernel" in note
 
 
+def test_the_bpf_jit_keys_are_the_host_s_though_they_are_under_net() -> None:
+    # Registered for the initial network namespace only: a writable one seen from a
+    # container (one sharing the host's network) is the host kernel's, never written.
+    action, note = decide_sysctl("2", entry("net.core.bpf_jit_harden", "0"), "docker")
+    assert action == "skip"
+    assert "would change the host's kernel" in note
+    assert decide_sysctl("2", entry("net.core.bpf_jit_harden", "0"), "none") == (
+        "set",
+        "sysctl -w net.core.bpf_jit_harden=2",
+    )
+
+
 def test_namespaced_key_in_container_is_written_when_writable() -> None:
     decision = decide_sysctl("1", entry("net.ipv4.conf.all.log_martians", "0"), "docker")
     assert decision == ("set", "sysctl -w net.ipv4.conf.all.log_martians=1")
