@@ -14,11 +14,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gpunode.converge import converging
 from roles.audit import file_integrity_takes_this_run
+from roles.base import package_database
 from roles.fabric_manager import fabric_manager
 from roles.nvidia_driver import nvidia_driver
 from roles.nvidia_repos import nvidia_repositories
 
 with converging() as desired:
+    # A driver change cut short (the node rebooted or lost power while dpkg worked) is
+    # finished first: apt installs nothing until it is.
+    package_database()
     nvidia_repositories(desired=desired)
     nvidia_driver(desired=desired)
     fabric_manager(desired=desired)

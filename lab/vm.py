@@ -91,10 +91,11 @@ SEEDED_MARK = "/var/lib/gpunode-lab/vm-seeded"
 VM_PACKAGES = (
     *NODE_PACKAGES,
     "linux-image-amd64", "udev", "zstd", "mdadm", "nvme-cli", "e2fsprogs", "libnss-myhostname",
-    # What the test suite's converge (tests/integration/test_vm.py) installs from Debian, here
-    # already, so that a TCG guest runs no apt at all: the NVMe cache's filesystem tools and
-    # the kernel role's password quality checks. The roles still ensure them (a no-op here).
-    "xfsprogs", PASSWORD_QUALITY_PACKAGE,
+    # What the test suite's converges (tests/integration/test_vm*.py) install from Debian, here
+    # already, so that a TCG guest runs no apt at all: the NVMe cache's filesystem tools, the
+    # kernel role's password quality checks and the firewall's nftables. The roles still
+    # ensure them (a no-op here).
+    "xfsprogs", PASSWORD_QUALITY_PACKAGE, "nftables",
 )  # fmt: skip
 
 SEED_SCRIPT = f"""\

@@ -116,6 +116,24 @@ def debian_release_files(repos: Repositories, distribution: Distribution) -> lis
     ]
 
 
+def finish_interrupted_package_change() -> None:
+    """What dpkg left unfinished (a run or a node cut off in the middle of an install) is
+    finished first: apt refuses every install until it is."""
+    unfinished = host.get_fact(DpkgInterrupted)
+    if unfinished:
+        server.shell(
+            name=f"Finish the interrupted package change ({unfinished[0]})",
+            commands=[f"{DPKG_RECOVER} && DEBIAN_FRONTEND=noninteractive apt-get -y -f install"],
+        )
+
+
+@deploy("Package database")
+def package_database() -> None:
+    """For a deploy without the base system (deploys/nvidia.py): dpkg's unfinished work
+    finished before its roles install anything."""
+    finish_interrupted_package_change()
+
+
 @deploy("Base system")
 def base_system(desired: DesiredState) -> None:
     repos = desired.apt
@@ -138,12 +156,7 @@ def base_system(desired: DesiredState) -> None:
             proxy=repos.proxy,
             direct_hosts=list(repos.direct_hosts),
         )
-    unfinished = host.get_fact(DpkgInterrupted)
-    if unfinished:
-        server.shell(
-            name=f"Finish the interrupted package change ({unfinished[0]})",
-            commands=[f"{DPKG_RECOVER} && DEBIAN_FRONTEND=noninteractive apt-get -y -f install"],
-        )
+    finish_interrupted_package_change()
     files.put(
         name="apt waits for a busy package database",
         src=StringIO(LOCK_TIMEOUT),

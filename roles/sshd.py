@@ -64,13 +64,44 @@ def _shell_quote(text: str) -> str:
     return "'" + text.replace("'", "'\"'\"'") + "'"
 
 
-def _restore_command() -> str:
+def _backup_command() -> str:
+    """The configuration, moduli and RSA host key as they are, or the key's absence."""
+    backup_key = f"{BACKUP_DIR}/{RSA_HOST_KEY.rsplit('/', 1)[1]}"
     return (
-        f"cp -p {BACKUP_DIR}/sshd_config {SSHD_CONFIG} && "
-        f"for f in {BACKUP_DIR}/ssh_host_rsa_key {BACKUP_DIR}/ssh_host_rsa_key.pub "
-        f'{BACKUP_DIR}/moduli; do [ -e "$f" ] && cp -p "$f" /etc/ssh/; done; '
+        f"mkdir -p -m 0700 {BACKUP_DIR} && rm -f {backup_key} {backup_key}.pub && "
+        f"cp -p {SSHD_CONFIG} {MODULI} {BACKUP_DIR}/ && "
+        f"{{ [ ! -e {RSA_HOST_KEY} ] || cp -p {RSA_HOST_KEY} {RSA_HOST_KEY}.pub {BACKUP_DIR}/; }}"
+    )
+
+
+def _restore_command() -> str:
+    """Back to the backup: a host key made by this run goes again where there was none."""
+    backup_key = f"{BACKUP_DIR}/{RSA_HOST_KEY.rsplit('/', 1)[1]}"
+    return (
+        f"cp -p {BACKUP_DIR}/sshd_config {SSHD_CONFIG} && cp -p {BACKUP_DIR}/moduli {MODULI}; "
+        f"if [ -e {backup_key} ]; then cp -p {backup_key} {backup_key}.pub /etc/ssh/; "
+        f"else rm -f {RSA_HOST_KEY} {RSA_HOST_KEY}.pub; fi; "
         "systemctl reload-or-restart ssh.service"
     )
+
+
+# What sshd said when it did not come back, if it did not: ssh.service's state and its last
+# error lines (the journal of the last five minutes; a reload is seconds ago).
+SSHD_STATE_COMMAND = (
+    'state=$(systemctl is-active ssh.service); [ "$state" = active ] || { '
+    'echo "ssh.service is $state"; journalctl -u ssh.service --since -5min -o cat '
+    "--no-pager 2>/dev/null | grep -E '^(error|fatal):' | tail -n 2; }"
+)
+
+
+def _sshd_state(host: Any) -> str:
+    """``; sshd did not come back (ssh.service is failed: <its errors>)``, or nothing."""
+    answered, output = host.run_shell_command(SSHD_STATE_COMMAND, _sudo=True)
+    lines = [line.strip() for line in output.stdout_lines if line.strip()] if answered else []
+    if not lines:
+        return ""
+    said = f": {'; '.join(lines[1:])}" if lines[1:] else ""
+    return f"; sshd did not come back ({lines[0]}{said})"
 
 
 def _confirm_or_restore(state: Any, host: Any, port: int) -> None:
@@ -78,9 +109,10 @@ def _confirm_or_restore(state: Any, host: Any, port: int) -> None:
     error = fresh_login(host, port=port)
     if error is None:
         return
+    sshd_state = _sshd_state(host)
     restored, _ = host.run_shell_command(_restore_command(), _sudo=True)
     raise OperationError(
-        f"{host.name}: the new sshd configuration was rolled back because {error}; "
+        f"{host.name}: the new sshd configuration was rolled back because {error}{sshd_state}; "
         + ("the previous configuration is active again" if restored else "RESTORE FAILED")
     )
 
@@ -130,11 +162,7 @@ def hardened_sshd(config: str, port: int = 22, login_user: str | None = None):
         return
     if login_user is not None:
         yield login_group_guard(login_user)
-    backup = (
-        f"mkdir -p -m 0700 {BACKUP_DIR} && cp -p {SSHD_CONFIG} {MODULI} {BACKUP_DIR}/ && "
-        f"{{ [ ! -e {RSA_HOST_KEY} ] || cp -p {RSA_HOST_KEY} {RSA_HOST_KEY}.pub {BACKUP_DIR}/; }}"
-    )
-    yield backup
+    yield _backup_command()
     yield f"printf '%s' {_shell_quote(config)} > {CANDIDATE} && chmod 0600 {CANDIDATE}"
     yield f"/usr/sbin/sshd -t -f {CANDIDATE} || {{ rm -f {CANDIDATE}; exit 1; }}"
     yield from (change for change in changes if change != "sshd_config")

@@ -23,7 +23,9 @@ settings for real and tests inject drift with ``gpunode-lab-hw``. Only lab nodes
 
 A lab VM (``lab.vm``, ``node_files(..., vm=True)``) has a real kernel and real (emulated) NVMe
 drives: it gets no ``nvme`` double (the real nvme-cli lists its drives) and no modules.dep
-(its kernel's own is depmod's; the VM's first boot adds the ``nvidia.ko`` line to it).
+(its kernel's own is depmod's; the VM's first boot adds the ``nvidia.ko`` line to it), and a
+unit that does at each of its (real) reboots what ``gpunode-lab-hw reboot`` does to a
+container's GPUs (``VM_BOOT_UNIT``): the installed stand-in driver is the loaded one.
 
 The lab dpkg-diverts ``DIVERTED_PATHS`` so installing the real packages cannot overwrite the
 doubles.
@@ -73,6 +75,28 @@ RemainAfterExit=yes
 [Install]
 WantedBy=sysinit.target
 """
+# A lab VM reboots for real (its kernel restarts), so its boot does what the lab's reboot
+# command (``gpunode-lab-hw reboot``) does to a container's GPUs: the simulated GPUs load the
+# installed stand-in driver, and lose the settings a driver does not keep. At every boot but
+# the first (the seed that brings it is unpacked during the first boot, after systemd read its
+# units), before the units that apply GPU settings at boot (hwctl.BOOT_UNITS).
+VM_BOOT_UNIT = "gpunode-lab-vm-gpus.service"
+VM_BOOT_UNIT_TEXT = b"""\
+[Unit]
+Description=The lab VM's simulated GPUs load the installed driver (a real reboot)
+DefaultDependencies=no
+After=local-fs.target
+Before=sysinit.target gpunode-gpu-settings.service slurmd.service
+
+[Service]
+Type=oneshot
+ExecStart=/usr/local/sbin/gpunode-lab-hw reboot
+RemainAfterExit=yes
+"""
+# Wanted by sysinit.target through a drop-in: the seed is a tar of plain files, no symlinks.
+VM_BOOT_DROP_IN = (
+    f"/etc/systemd/system/sysinit.target.d/{VM_BOOT_UNIT.removesuffix('.service')}.conf"
+)
 # The query doubles whose answers are replayed for the same state (hwstate, "replayed answers").
 REPLAYED = ("nvidia_smi", "ibstat", "nvme")
 FIXTURES = Path(__file__).resolve().parents[2] / "tests" / "fixtures"
@@ -130,7 +154,10 @@ def node_files(profile: str, hostname: str, vm: bool = False) -> dict[str, tuple
         )
     state = hwstate.dumps(initial_state(profile, hostname))
     files[hwstate.DEFAULT_STATE_PATH] = (state.encode(), 0o644)
-    if not vm:
+    if vm:
+        files[f"/etc/systemd/system/{VM_BOOT_UNIT}"] = (VM_BOOT_UNIT_TEXT, 0o644)
+        files[VM_BOOT_DROP_IN] = (f"[Unit]\nWants={VM_BOOT_UNIT}\n".encode(), 0o644)
+    else:
         files[f"/lib/modules/{os.uname().release}/modules.dep"] = (MODULES_DEP, 0o644)
     return files
 

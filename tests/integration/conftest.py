@@ -4,17 +4,17 @@ GPUNODE_TEST_LAB_RELEASE picks their releases as `gpunode lab up --release` does
 default: bookworm and trixie in turn, lab-1 bookworm, lab-2 trixie, so that every test runs
 against both releases), bookworm or trixie.
 
-The VM part of the suite (tests marked ``vm``, test_vm.py) runs on ``lab_vms``: one lab VM
-with a real kernel (`gpunode lab up --vms 1`: 1 GiB, six emulated NVMe drives) of the first of
-those releases. It is part of every run of the suite (``-m "not vm"`` leaves it out). When the
-session's tests include VM tests, it starts booting (a process of its own: image build, TCG
-boot) as soon as the tests are collected, so that it comes up while the unit and container
-tests run; ``lab_vms`` waits for it, and a VM that does not come up is a failure with its boot
-log and console, never a hang. It is left out of inventories/lab.py (no container test's
-deploy reaches it) and removed at the end of the session. Under TCG on this two-core CI
-machine, loaded by another lab (load average 4-5), test_vm.py took 8 min 43 s alone, its VM's
-boot (40 s) included: the first converge 3.5 min (update-initramfs about 70 s of it), the
-real reboot and the second run 2.4 min.
+The VM part of the suite (tests marked ``vm``: test_vm.py, then test_vm_guards.py on the
+same VM) runs on ``lab_vms``: one lab VM with a real kernel (`gpunode lab up --vms 1`: 1 GiB,
+six emulated NVMe drives) of the first of those releases. It is part of every run of the
+suite (``-m "not vm"`` leaves it out). When the session's tests include VM tests, it starts
+booting (a process of its own: image build, TCG boot) as soon as the tests are collected, so
+that it comes up while the unit and container tests run; ``lab_vms`` waits for it, and a VM
+that does not come up is a failure with its boot log and console, never a hang. It is left
+out of inventories/lab.py (no container test's deploy reaches it) and removed at the end of
+the session. Under TCG on this two-core CI machine, loaded by another lab (load average
+4-5), test_vm.py took 8 min 43 s alone, its VM's boot (40 s) included: the first converge
+3.5 min (update-initramfs about 70 s of it), the real reboot and the second run 2.4 min.
 """
 
 from __future__ import annotations

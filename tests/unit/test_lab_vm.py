@@ -95,8 +95,8 @@ def test_the_vm_image_keeps_the_real_nvme_cli_and_the_container_image_is_unchang
         lab_vm.VM_PACKAGES
     )
     assert lab_vm.image_name("bookworm").startswith("debian12-")
-    # What the test suite's converge installs from Debian is in the image already.
-    assert {"xfsprogs", PASSWORD_QUALITY_PACKAGE} <= set(lab_vm.VM_PACKAGES)
+    # What the test suite's converges install from Debian is in the image already.
+    assert {"xfsprogs", PASSWORD_QUALITY_PACKAGE, "nftables"} <= set(lab_vm.VM_PACKAGES)
     assert lab_vm.image_name("trixie").startswith("debian13-")
 
 
@@ -156,10 +156,20 @@ def test_a_vm_gets_the_doubles_of_its_profile_but_its_own_nvme_and_kernel_module
     assert "/usr/sbin/nvme" in container
     assert "/usr/sbin/nvme" not in vm
     assert not [path for path in vm if path.startswith("/lib/modules/")]
-    assert set(vm) == {path for path in container if path != "/usr/sbin/nvme"} - {
+    vm_boot = {f"/etc/systemd/system/{hwsim.VM_BOOT_UNIT}", hwsim.VM_BOOT_DROP_IN}
+    assert set(vm) - vm_boot == {path for path in container if path != "/usr/sbin/nvme"} - {
         path for path in container if path.startswith("/lib/modules/")
     }
     assert vm["/usr/bin/nvidia-smi"] == container["/usr/bin/nvidia-smi"]
+    # A VM reboots for real: each boot does what the lab's reboot command does to the GPUs
+    # (the installed stand-in driver is loaded), before the units that set the GPUs up.
+    assert not vm_boot & set(container)
+    unit = vm[f"/etc/systemd/system/{hwsim.VM_BOOT_UNIT}"][0].decode()
+    assert "ExecStart=/usr/local/sbin/gpunode-lab-hw reboot\n" in unit
+    assert "Before=sysinit.target gpunode-gpu-settings.service slurmd.service" in unit
+    drop_in = vm[hwsim.VM_BOOT_DROP_IN][0].decode()
+    assert hwsim.VM_BOOT_DROP_IN.startswith("/etc/systemd/system/sysinit.target.d/")
+    assert drop_in == f"[Unit]\nWants={hwsim.VM_BOOT_UNIT}\n"
 
 
 def test_the_seed_script_adds_the_nvidia_line_to_modules_dep_and_replaces_nothing() -> None:

@@ -23,6 +23,7 @@ from gpunode.distributions import BY_CODENAME
 from gpunode.expected.sshd import CIPHERS, expected_effective, render_sshd_config
 from gpunode.framing import PartOutput
 from gpunode.model import DesiredState, Sshd, build_desired_state
+from roles import sshd as sshd_role
 from roles.sshd import hardened_sshd, lockout_risks, login_group_guard
 
 from .fakehost import fake_host
@@ -252,3 +253,77 @@ def test_fact_reads_each_part_and_names_a_failed_sshd_t() -> None:
     assert failed["rsa_host_key_bits"] == 4096  # the other parts are still read
     cut = SshdState().process(framing.output_of({"effective": parts["effective"]}, complete=False))
     assert cut["config_sha1"] is None and cut["effective"] == {}
+
+
+def _in(root: Path, command: str) -> str:
+    """A backup or restore command of the role, pointed at ``root`` instead of the node."""
+    return (
+        command.replace("/var/lib/gpunode/sshd-previous", str(root / "backup"))
+        .replace("/etc/ssh", str(root / "ssh"))
+        .replace("systemctl reload-or-restart ssh.service", "true")
+    )
+
+
+def test_restore_puts_back_the_previous_host_key_or_removes_the_one_the_run_made(
+    tmp_path: Path,
+) -> None:
+    ssh = tmp_path / "ssh"
+    ssh.mkdir()
+    (ssh / "sshd_config").write_text("previous\n")
+    (ssh / "moduli").write_text("all\n")
+    key = ssh / "ssh_host_rsa_key"
+    for had_key in (True, False):
+        if had_key:
+            key.write_text("old key\n")
+            key.with_suffix(".pub").write_text("old key pub\n")
+        else:
+            key.unlink()
+            key.with_suffix(".pub").unlink()
+        backup = _in(tmp_path, sshd_role._backup_command())
+        subprocess.run(["sh", "-c", backup], check=True)
+        # What the run changes: the configuration, the moduli, a new 4096-bit key.
+        (ssh / "sshd_config").write_text("new\n")
+        (ssh / "moduli").write_text("strong only\n")
+        key.write_text("new key\n")
+        key.with_suffix(".pub").write_text("new key pub\n")
+        restore = _in(tmp_path, sshd_role._restore_command())
+        assert subprocess.run(["sh", "-c", restore]).returncode == 0
+        assert (ssh / "sshd_config").read_text() == "previous\n"
+        assert (ssh / "moduli").read_text() == "all\n"
+        if had_key:
+            assert key.read_text() == "old key\n"
+            assert key.with_suffix(".pub").read_text() == "old key pub\n"
+        else:
+            # The backup of the earlier round is not taken for this one's.
+            assert not key.exists() and not key.with_suffix(".pub").exists()
+
+
+class _Answer:
+    def __init__(self, lines: list[str]) -> None:
+        self.stdout_lines = lines
+
+
+class _Host:
+    def __init__(self, lines: list[str]) -> None:
+        self.lines = lines
+        self.commands: list[str] = []
+
+    def run_shell_command(self, command: str, _sudo: bool) -> tuple[bool, _Answer]:
+        self.commands.append(command)
+        return True, _Answer(self.lines)
+
+
+def test_a_failed_sshd_is_named_with_its_errors_and_a_running_one_is_not() -> None:
+    failed = _Host(
+        [
+            "ssh.service is failed",
+            "error: Bind to port 22 on 192.0.2.1 failed: Cannot assign requested address.",
+            "fatal: Cannot bind any address.",
+        ]
+    )
+    assert sshd_role._sshd_state(failed) == (
+        "; sshd did not come back (ssh.service is failed: error: Bind to port 22 on 192.0.2.1 "
+        "failed: Cannot assign requested address.; fatal: Cannot bind any address.)"
+    )
+    assert failed.commands == [sshd_role.SSHD_STATE_COMMAND]
+    assert sshd_role._sshd_state(_Host([])) == ""
