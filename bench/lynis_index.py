@@ -18,6 +18,8 @@ import sys
 import time
 from pathlib import Path
 
+from lynis import points_lost  # bench/lynis.py, beside this script
+
 from lab import LOGIN_USER, Lab, LabNode
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -48,17 +50,8 @@ def audit(lab: Lab, node: LabNode) -> tuple[int, list[tuple[str, int]]]:
     found = re.search(r"Hardening index : (\d+)", report)
     if found is None:
         raise SystemExit(f"{node.name}: no hardening index in lynis output:\n{report[-2000:]}")
-    log = ssh(lab, node, "sudo cat /var/log/lynis.log")
-    lost: dict[str, int] = {}
-    test = "?"
-    for line in log.splitlines():
-        started = re.search(r"Performing test ID (\S+)", line)
-        if started:
-            test = started.group(1)
-        points = re.search(r"hardening points \((\d+) of (\d+)\)", line)
-        if points and int(points.group(2)) > int(points.group(1)):
-            lost[test] = lost.get(test, 0) + int(points.group(2)) - int(points.group(1))
-    return int(found.group(1)), sorted(lost.items(), key=lambda item: -item[1])
+    lost, _totals = points_lost(ssh(lab, node, "sudo cat /var/log/lynis.log"))
+    return int(found.group(1)), lost
 
 
 def timed_deploy(deploy: str) -> float:
