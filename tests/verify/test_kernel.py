@@ -67,6 +67,9 @@ DEV_SEC_SYSCTLS: dict[str, str] = {
     "kernel.randomize_va_space": "2",
     "kernel.core_uses_pid": "1",
     "kernel.ctrl-alt-del": "0",
+    # Not dev-sec's: KSPP's constant blinding for every BPF program (lynis KRNL-6000 wants 2).
+    # One copy per kernel (the initial network namespace's), so a container has no file.
+    "net.core.bpf_jit_harden": "2",
     "dev.tty.ldisc_autoload": "0",
     "fs.protected_hardlinks": "1",
     "fs.protected_symlinks": "1",
