@@ -77,20 +77,27 @@ NODE_PACKAGES = (
 )  # fmt: skip
 
 
+# Debian's archives, as every lab image (container and VM) is built from them and its apt
+# sources name them.
+DEBIAN_MIRROR = "http://deb.debian.org/debian"
+DEBIAN_SECURITY_MIRROR = "http://deb.debian.org/debian-security"
+DEBIAN_COMPONENTS = "main contrib non-free non-free-firmware"
+
+
 def debian_sources(release: str) -> str:
     """The image's apt sources for ``release`` (a codename of gpunode's distribution table)."""
     row = distributions.BY_CODENAME[release]
     return f"""\
 Types: deb
-URIs: http://deb.debian.org/debian
+URIs: {DEBIAN_MIRROR}
 Suites: {" ".join(row.suites)}
-Components: main contrib non-free non-free-firmware
+Components: {DEBIAN_COMPONENTS}
 Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
 
 Types: deb
-URIs: http://deb.debian.org/debian-security
+URIs: {DEBIAN_SECURITY_MIRROR}
 Suites: {" ".join(row.security_suites)}
-Components: main contrib non-free non-free-firmware
+Components: {DEBIAN_COMPONENTS}
 Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
 """
 
@@ -589,10 +596,10 @@ class Lab:
             result = subprocess.run(
                 [
                     "mmdebstrap", "--variant=minbase", "--quiet",
-                    "--components=main contrib non-free non-free-firmware",
+                    f"--components={DEBIAN_COMPONENTS}",
                     "--include=" + ",".join(NODE_PACKAGES),
                     f"--customize-hook=sh {hook} \"$1\"",
-                    release, str(rootfs), "http://deb.debian.org/debian",
+                    release, str(rootfs), DEBIAN_MIRROR,
                 ],
                 capture_output=True,
                 text=True,

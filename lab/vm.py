@@ -55,6 +55,9 @@ from typing import TYPE_CHECKING
 from gpunode import distributions
 from gpunode.expected.packages import PASSWORD_QUALITY_PACKAGE
 from lab import (
+    DEBIAN_COMPONENTS,
+    DEBIAN_MIRROR,
+    DEBIAN_SECURITY_MIRROR,
     DEFAULT_RELEASE,
     LOGIN_USER,
     NODE_PACKAGES,
@@ -233,21 +236,17 @@ def cache_root() -> Path:
     return Path(os.environ.get("GPUNODE_LAB_CACHE", "/var/cache/gpunode-lab")) / "vm-images"
 
 
-# The Debian archives the image is built from: the release, its updates and its security
-# archive, the suites its apt sources name (lab.debian_sources). Built from the release alone,
-# a fresh VM starts with every security fix since the point release pending: lynis counts
-# them (PKGS-7392) and a node in a data centre is installed from the current archive.
-DEBIAN_MIRROR = "http://deb.debian.org/debian"
-DEBIAN_SECURITY_MIRROR = "http://deb.debian.org/debian-security"
-IMAGE_COMPONENTS = "main contrib non-free non-free-firmware"
-
-
 def image_sources(release: str) -> tuple[str, ...]:
-    """mmdebstrap's MIRROR arguments for ``release``: one sources.list line per suite."""
+    """mmdebstrap's MIRROR arguments for ``release``: one sources.list line per suite.
+
+    The image is built from the release, its updates and its security archive, the suites its
+    apt sources name (lab.debian_sources). Built from the release alone, a fresh VM starts with
+    every security fix since the point release pending: lynis counts them (PKGS-7392) and a
+    node in a data centre is installed from the current archive."""
     row = distributions.BY_CODENAME[release]
     return tuple(
-        [f"deb {DEBIAN_MIRROR} {suite} {IMAGE_COMPONENTS}" for suite in row.suites]
-        + [f"deb {DEBIAN_SECURITY_MIRROR} {suite} {IMAGE_COMPONENTS}"
+        [f"deb {DEBIAN_MIRROR} {suite} {DEBIAN_COMPONENTS}" for suite in row.suites]
+        + [f"deb {DEBIAN_SECURITY_MIRROR} {suite} {DEBIAN_COMPONENTS}"
            for suite in row.security_suites]
     )  # fmt: skip
 

@@ -64,11 +64,14 @@ def _shell_quote(text: str) -> str:
     return "'" + text.replace("'", "'\"'\"'") + "'"
 
 
+# The RSA host key's copy in the backup (absent where the node had no RSA host key).
+BACKUP_KEY = f"{BACKUP_DIR}/{RSA_HOST_KEY.rsplit('/', 1)[1]}"
+
+
 def _backup_command() -> str:
     """The configuration, moduli and RSA host key as they are, or the key's absence."""
-    backup_key = f"{BACKUP_DIR}/{RSA_HOST_KEY.rsplit('/', 1)[1]}"
     return (
-        f"mkdir -p -m 0700 {BACKUP_DIR} && rm -f {backup_key} {backup_key}.pub && "
+        f"mkdir -p -m 0700 {BACKUP_DIR} && rm -f {BACKUP_KEY} {BACKUP_KEY}.pub && "
         f"cp -p {SSHD_CONFIG} {MODULI} {BACKUP_DIR}/ && "
         f"{{ [ ! -e {RSA_HOST_KEY} ] || cp -p {RSA_HOST_KEY} {RSA_HOST_KEY}.pub {BACKUP_DIR}/; }}"
     )
@@ -76,10 +79,9 @@ def _backup_command() -> str:
 
 def _restore_command() -> str:
     """Back to the backup: a host key made by this run goes again where there was none."""
-    backup_key = f"{BACKUP_DIR}/{RSA_HOST_KEY.rsplit('/', 1)[1]}"
     return (
         f"cp -p {BACKUP_DIR}/sshd_config {SSHD_CONFIG} && cp -p {BACKUP_DIR}/moduli {MODULI}; "
-        f"if [ -e {backup_key} ]; then cp -p {backup_key} {backup_key}.pub /etc/ssh/; "
+        f"if [ -e {BACKUP_KEY} ]; then cp -p {BACKUP_KEY} {BACKUP_KEY}.pub /etc/ssh/; "
         f"else rm -f {RSA_HOST_KEY} {RSA_HOST_KEY}.pub; fi; "
         "systemctl reload-or-restart ssh.service"
     )
