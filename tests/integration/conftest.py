@@ -64,15 +64,23 @@ class PyinfraRun:
         }
 
 
-def run_pyinfra(*args: str, inventory: str = "inventories/lab.py") -> PyinfraRun:
+def run_pyinfra(
+    *args: str, inventory: str = "inventories/lab.py", checkout: Path = ROOT
+) -> PyinfraRun:
     """Run the pyinfra CLI as an operator would, with JSON results on stdout.
 
     --dry runs without -y: pyinfra only works out its change plan when not told to skip it.
+    ``checkout``: this checkout seen at another path (a bind mount of it): pyinfra and its
+    interpreter run from there, so a deploy knows its checkout and Python by that path.
     """
     confirm = [] if "--dry" in args else ["-y"]
+    command = [PYINFRA]
+    if checkout != ROOT:
+        python = checkout / Path(sys.executable).relative_to(ROOT)
+        command = [str(python), str(python.with_name("pyinfra"))]
     result = subprocess.run(
-        [PYINFRA, *confirm, "--json", inventory, *args],
-        cwd=ROOT,
+        [*command, *confirm, "--json", inventory, *args],
+        cwd=checkout,
         capture_output=True,
         text=True,
         timeout=1200,

@@ -3,7 +3,10 @@ by its own user, idempotently, and that service really runs `gpunode drift` in i
 
 The control host is usually an admin machine; here a lab node stands in for it. This
 checkout (with its venv's packages, on the node's own Python) is staged on that node at the
-same path, so the unit the deploy writes runs gpunode from there, against another lab node.
+path the deploy runs it from, so the unit the deploy writes runs gpunode from there, against
+another lab node. That path is a lasting one, a bind mount of this checkout under /srv: the
+deploy rightly refuses a checkout under /tmp (the sandboxed check gets a private /tmp), and
+the suite must pass wherever it was cloned, /tmp included.
 """
 
 from __future__ import annotations
@@ -74,6 +77,7 @@ EXPOSURE_CEILING = 2.5
 @dataclass
 class ControlHost:
     node: LabNode
+    checkout: Path  # where the deploy runs from, here and on the node
     target: LabNode
     inventory: str  # x_drift_inventory, relative to the checkout
     data: dict[str, str]
@@ -113,9 +117,27 @@ def root_ssh(lab: Lab, node: LabNode, script: str) -> subprocess.CompletedProces
 
 
 @pytest.fixture(scope="module")
-def control_host(lab: Lab, lab_nodes: list[LabNode]) -> Iterator[ControlHost]:
+def lasting_checkout() -> Iterator[Path]:
+    """This checkout at a lasting path (/srv/gpunode-checkout-<random>, a bind mount of it),
+    wherever it was cloned; unmounted and removed after the module."""
+    path = Path("/srv") / f"gpunode-checkout-{secrets.token_hex(4)}"
+    path.mkdir(parents=True)
+    mounted = subprocess.run(["mount", "--bind", str(ROOT), str(path)], capture_output=True)
+    assert mounted.returncode == 0, mounted.stderr
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", str(path)], check=True)
+        path.rmdir()
+
+
+@pytest.fixture(scope="module")
+def control_host(
+    lab: Lab, lab_nodes: list[LabNode], lasting_checkout: Path
+) -> Iterator[ControlHost]:
     node, target = lab_nodes[0], lab_nodes[-1]
-    top = first_missing_directory(lab, node, PurePosixPath(ROOT))  # made here, removed after
+    checkout = lasting_checkout
+    top = first_missing_directory(lab, node, PurePosixPath(checkout))  # made here, removed after
     # What the deploy makes or changes, as it was: put back exactly so afterwards.
     ours = (top, OUTPUT_DIR, "/var/lib/gpunode-drift")
     found = root_ssh(
@@ -141,7 +163,7 @@ def control_host(lab: Lab, lab_nodes: list[LabNode]) -> Iterator[ControlHost]:
             [
                 "ssh", "-i", str(lab.key_path), "-o", f"UserKnownHostsFile={lab.known_hosts_path}",
                 "-o", "BatchMode=yes", f"{LOGIN_USER}@{node.address}",
-                f"sudo mkdir -p {ROOT} && sudo tar -xzf - -C {ROOT}",
+                f"sudo mkdir -p {checkout} && sudo tar -xzf - -C {checkout}",
             ],
             input=tar.stdout,
             capture_output=True,
@@ -149,10 +171,14 @@ def control_host(lab: Lab, lab_nodes: list[LabNode]) -> Iterator[ControlHost]:
         )  # fmt: skip
         assert unpack.returncode == 0, unpack.stderr
         # A venv on the node's own Python; the checkout root's, readable by all, as a
-        # checkout made with umask 022 is.
+        # checkout made with umask 022 is. The gpunode command names its interpreter by the
+        # path the venv was made at; on the node, the venv is where the checkout is staged.
         prepare = (
-            f"cd {ROOT} && ln -sfn /usr/bin/python3 .venv/bin/python3 && "
+            f"cd {checkout} && ln -sfn /usr/bin/python3 .venv/bin/python3 && "
             "printf 'home = /usr/bin\\ninclude-system-site-packages = false\\n' > .venv/pyvenv.cfg"
+            f" && sed -i '1s|.*|#!{checkout}/.venv/bin/python|' .venv/bin/gpunode"
+            # ... and its editable install names the checkout it was made from.
+            f" && sed -i 's|{ROOT}/|{checkout}/|g' {VENV_PACKAGES}/__editable__*finder.py"
             f" && chown -R root:root {top} && chmod -R u=rwX,go=rX {top} && "
             "chmod 755 .venv/bin/gpunode"
         )
@@ -164,7 +190,7 @@ def control_host(lab: Lab, lab_nodes: list[LabNode]) -> Iterator[ControlHost]:
             "x_drift_ssh_key": str(lab.key_path),
             "x_drift_known_hosts": str(lab.known_hosts_path),
         }
-        yield ControlHost(node, target, inventory, data)
+        yield ControlHost(node, checkout, target, inventory, data)
     finally:
         inventory_file.unlink(missing_ok=True)
         restore = [
@@ -195,7 +221,7 @@ def deploy(lab: Lab, control: ControlHost, tmp_path: Path) -> PyinfraRun:
     inventory = write_inventory(
         tmp_path / "control.py", lab, [control.node], {control.node.name: control.data}
     )
-    return run_pyinfra(DEPLOY, inventory=inventory)
+    return run_pyinfra(DEPLOY, inventory=inventory, checkout=control.checkout)
 
 
 def service_properties(lab: Lab, node: LabNode) -> dict[str, str]:
@@ -276,13 +302,13 @@ def test_the_sandboxed_service_checks_a_node(
     for path in (
         DRIFT_SSH_DIR,
         f"{DRIFT_SSH_DIR}/id_drift",
-        ROOT,
-        f"{ROOT}/{control_host.inventory}",
+        control_host.checkout,
+        f"{control_host.checkout}/{control_host.inventory}",
     ):
         assert ssh(lab, node, f"sudo -u gpunode-drift test -w {path}").returncode == 1, path
     # Nothing in the checkout was written (it was staged without byte-code; Python could
     # leave none).
-    written = ssh(lab, node, f"sudo find {ROOT} -name '*.pyc' -print -quit")
+    written = ssh(lab, node, f"sudo find {control_host.checkout} -name '*.pyc' -print -quit")
     assert written.returncode == 0 and written.stdout == ""
 
 
@@ -342,7 +368,7 @@ def test_the_drain_setting_reaches_the_check_and_is_off_by_default(
     node = control_host.node
     data = {**control_host.data, "x_drift_drain": "critical", "x_drift_scheduler_ssh": "admin@ctl"}
     inventory = write_inventory(tmp_path / "control.py", lab, [node], {node.name: data})
-    run = run_pyinfra(DEPLOY, inventory=inventory)
+    run = run_pyinfra(DEPLOY, inventory=inventory, checkout=control_host.checkout)
     assert run.returncode == 0, run.output
     unit = ssh(lab, node, "systemctl cat gpunode-drift.service").stdout
     assert f"--prometheus {TEXTFILE} --drain critical --scheduler-ssh admin@ctl\n" in unit

@@ -1,0 +1,68 @@
+"""Where the test suite's time goes: wall time per test module, per tier, from the JUnit XML
+that `./dev test` leaves in .test-reports/ (one file per tier: tests/tiers.py).
+
+    python bench/suite.py [--reports .test-reports] [--top 40]
+
+A module's time is the sum of its tests' times as pytest reports them (set-up, call and
+tear-down each), so a module-scoped fixture counts in the module that first asks for it; a
+session fixture (the lab's nodes) counts in the first module of its tier. Within a tier the
+modules run one after the other; the tiers run at once, so the suite's wall time is about its
+longest tier, not the sum printed here. Compare two runs' tables in review: a change that
+adds minutes shows as a module that grew.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import xml.etree.ElementTree as ElementTree
+from collections import defaultdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def module_of(classname: str) -> str:
+    """pytest's JUnit classname (``tests.unit.test_model`` or ``tests.unit.test_x.TestY``)
+    -> the module's path (``tests/unit/test_model.py``)."""
+    parts = classname.split(".")
+    for end in range(len(parts), 0, -1):
+        if parts[end - 1].startswith("test_"):
+            return "/".join(parts[:end]) + ".py"
+    return classname
+
+
+def module_times(report: Path) -> dict[str, tuple[float, int]]:
+    """Module -> (seconds, number of tests) in one tier's JUnit XML."""
+    times: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
+    for case in ElementTree.parse(report).iter("testcase"):
+        entry = times[module_of(case.get("classname", "?"))]
+        entry[0] += float(case.get("time", "0") or 0)
+        entry[1] += 1
+    return {module: (seconds, int(count)) for module, (seconds, count) in times.items()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--reports", type=Path, default=ROOT / ".test-reports")
+    parser.add_argument("--top", type=int, default=40, help="modules to list (default 40)")
+    options = parser.parse_args(argv)
+    reports = sorted(options.reports.glob("*.xml"))
+    if not reports:
+        print(f"no JUnit reports in {options.reports}: run ./dev test first", file=sys.stderr)
+        return 2
+    rows = []
+    for report in reports:
+        tier = report.stem
+        times = module_times(report)
+        total = sum(seconds for seconds, _ in times.values())
+        print(f"tier {tier}: {total / 60:.1f} min in {len(times)} modules")
+        rows += [(seconds, tier, module, count) for module, (seconds, count) in times.items()]
+    print(f"\n{'seconds':>8}  {'tier':<5} {'tests':>5}  module")
+    for seconds, tier, module, count in sorted(rows, reverse=True)[: options.top]:
+        print(f"{seconds:8.1f}  {tier:<5} {count:5d}  {module}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
