@@ -176,7 +176,7 @@ def control_host(
         prepare = (
             f"cd {checkout} && ln -sfn /usr/bin/python3 .venv/bin/python3 && "
             "printf 'home = /usr/bin\\ninclude-system-site-packages = false\\n' > .venv/pyvenv.cfg"
-            f" && sed -i '1s|.*|#!{checkout}/.venv/bin/python|' .venv/bin/gpunode"
+            f" && sed -i '1s|^#!{ROOT}/|#!{checkout}/|' .venv/bin/gpunode"
             # ... and its editable install names the checkout it was made from.
             f" && sed -i 's|{ROOT}/|{checkout}/|g' {VENV_PACKAGES}/__editable__*finder.py"
             f" && chown -R root:root {top} && chmod -R u=rwX,go=rX {top} && "
