@@ -101,6 +101,22 @@ def start(tier: str, extra: list[str], to_log: bool) -> TierRun:
     return TierRun(tier, process, time.monotonic(), log)
 
 
+def cpu_times(stat: str | None = None) -> tuple[int, int]:
+    """(busy, total) jiffies of every CPU since boot, from /proc/stat's first line."""
+    if stat is None:
+        stat = Path("/proc/stat").read_text()
+    fields = [int(value) for value in stat.splitlines()[0].split()[1:]]
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    return sum(fields) - idle, sum(fields)
+
+
+def busy_share(before: tuple[int, int], after: tuple[int, int]) -> float:
+    """How busy the machine's CPUs were between two cpu_times(), 0..1: near 1, the tiers
+    wait on the CPU and running more at once gains little; well below, they wait on I/O."""
+    total = after[1] - before[1]
+    return (after[0] - before[0]) / total if total > 0 else 0.0
+
+
 def time_line(runs: list[TierRun], setup_s: float, lint_s: float, total_s: float) -> str:
     parts = []
     if setup_s:
@@ -113,8 +129,13 @@ def time_line(runs: list[TierRun], setup_s: float, lint_s: float, total_s: float
     return "time: " + ", ".join([*parts, *tiers, f"total {format_seconds(total_s)}"])
 
 
+def cpu_line(share: float, cpus: int | None) -> str:
+    return f"CPU busy {share:.0%} of {cpus or '?'} CPUs while the tiers ran"
+
+
 def run(tiers: list[str], extra: list[str], setup_s: float, lint_s: float) -> int:
     began = time.monotonic()
+    cpu_before = cpu_times()
     several = len(tiers) > 1
     runs = [start(tier, extra, to_log=several) for tier in tiers]
     pending = list(runs)
@@ -144,6 +165,7 @@ def run(tiers: list[str], extra: list[str], setup_s: float, lint_s: float) -> in
         verdict = "passed" if tier_run.process.returncode == 0 else "FAILED"
         print(f"tier {tier_run.name}: {verdict} (pytest exit {tier_run.process.returncode})")
     print(time_line(runs, setup_s, lint_s, time.monotonic() - began + setup_s + lint_s))
+    print(cpu_line(busy_share(cpu_before, cpu_times()), os.cpu_count()))
     if failed:
         print("failed tiers: " + ", ".join(failed))
     return 1 if failed else 0

@@ -94,4 +94,15 @@ def test_a_failed_tier_fails_the_run_and_is_named(
     assert "failed tiers: bad" in out
     assert "assert 1 == 2" in out  # the failing tier's log, printed
     assert (tmp_path / "reports" / "bad.xml").is_file()
-    assert out.splitlines()[-2].startswith("time: good ")
+    assert out.splitlines()[-3].startswith("time: good ")
+    assert out.splitlines()[-2].startswith("CPU busy ")
+
+
+def test_cpu_busy_share_is_read_from_proc_stat() -> None:
+    # user nice system idle iowait irq softirq steal: 600 busy of 1000, then 900 of 2000
+    before = tiers.cpu_times("cpu  300 0 200 350 50 50 50 0 0 0\ncpu0 1 2 3 4\n")
+    after = tiers.cpu_times("cpu  500 0 300 1000 100 50 50 0 0 0\n")
+    assert before == (600, 1000) and after == (900, 2000)
+    assert tiers.busy_share(before, after) == 0.3
+    assert tiers.busy_share(after, after) == 0.0
+    assert tiers.cpu_line(0.934, 2) == "CPU busy 93% of 2 CPUs while the tiers ran"
