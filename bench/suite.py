@@ -1,19 +1,26 @@
 """Where the test suite's time goes: wall time per test module, per tier, from the JUnit XML
-that `./dev test` leaves in .test-reports/ (one file per tier: tests/tiers.py).
+that `./dev test` leaves in .test-reports/ (tests/tiers.py: unit.xml, vm.xml, and one file per
+lab module in lab/).
 
-    python bench/suite.py [--reports .test-reports] [--top 40]
+    python bench/suite.py [--reports .test-reports] [--top 40] [--write-seconds]
+
+``--write-seconds`` records each lab module's seconds in tests/module_seconds.json, the order
+in which the next run's lab queue starts (longest first), with the date of the run.
 
 A module's time is the sum of its tests' times as pytest reports them (set-up, call and
 tear-down each), so a module-scoped fixture counts in the module that first asks for it; a
-session fixture (the lab's nodes) counts in the first module of its tier. Within a tier the
-modules run one after the other; the tiers run at once, so the suite's wall time is about its
-longest tier, not the sum printed here. Compare two runs' tables in review: a change that
+session fixture (the lab's nodes) counts in the first module of its process: each lab module
+is a process of its own, so each pays its lab's check (and a fresh lab's first converge).
+The tiers run at once and the lab tier's modules on several labs, so the suite's wall time is
+about its longest tier, not the sum printed here. Compare two runs' tables in review: a change that
 adds minutes shows as a module that grew.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
+import json
 import sys
 import xml.etree.ElementTree as ElementTree
 from collections import defaultdict
@@ -46,21 +53,40 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reports", type=Path, default=ROOT / ".test-reports")
     parser.add_argument("--top", type=int, default=40, help="modules to list (default 40)")
+    parser.add_argument(
+        "--write-seconds", action="store_true", help="record the lab modules' seconds"
+    )
     options = parser.parse_args(argv)
-    reports = sorted(options.reports.glob("*.xml"))
+    reports = sorted(options.reports.rglob("*.xml"))
     if not reports:
         print(f"no JUnit reports in {options.reports}: run ./dev test first", file=sys.stderr)
         return 2
-    rows = []
+    by_tier: dict[str, dict[str, tuple[float, int]]] = defaultdict(dict)
     for report in reports:
-        tier = report.stem
-        times = module_times(report)
+        # unit.xml, vm.xml: the tier; lab/<module>.xml: the lab tier
+        relative = report.relative_to(options.reports)
+        tier = relative.parts[0] if len(relative.parts) > 1 else report.stem
+        by_tier[tier].update(module_times(report))
+    rows = []
+    for tier, times in sorted(by_tier.items()):
         total = sum(seconds for seconds, _ in times.values())
         print(f"tier {tier}: {total / 60:.1f} min in {len(times)} modules")
         rows += [(seconds, tier, module, count) for module, (seconds, count) in times.items()]
     print(f"\n{'seconds':>8}  {'tier':<5} {'tests':>5}  module")
     for seconds, tier, module, count in sorted(rows, reverse=True)[: options.top]:
         print(f"{seconds:8.1f}  {tier:<5} {count:5d}  {module}")
+    if options.write_seconds:
+        record = {
+            "measured": datetime.date.today().isoformat(),
+            "how": "bench/suite.py --write-seconds after ./dev test (JUnit times per module)",
+            "modules": {
+                module: round(seconds, 1)
+                for module, (seconds, _) in sorted(by_tier.get("lab", {}).items())
+            },
+        }
+        path = ROOT / "tests" / "module_seconds.json"
+        path.write_text(json.dumps(record, indent=2) + "\n")
+        print(f"\nwrote {path.relative_to(ROOT)}: {len(record['modules'])} lab modules")
     return 0
 
 

@@ -3,56 +3,85 @@
 The suite has three tiers that need nothing of each other:
 
 - ``unit``: tests/unit, no lab (CPU-bound, a few minutes);
-- ``lab``: tests/integration on lab containers (``-m "not vm"``; mostly waiting on SSH and apt);
+- ``lab``: tests/integration on lab containers (``-m "not vm"``; mostly waiting on SSH, apt
+  and dpkg in the nodes);
 - ``vm``: tests/integration on a lab VM with a real kernel (``-m vm``; qemu under TCG on CI).
 
-Run one after the other they cost their sum; run at once they cost about the longest, because
-the lab tier mostly waits while the VM tier's emulated CPU and the unit tests compute. Each
-tier is its own pytest process: the VM tier gets a lab of its own (state directory, name and
-subnet), so that no teardown of one tier removes what the other uses.
+Run one after the other they cost their sum; run at once they cost about the longest. The
+lab tier, the longest, is itself spread over ``GPUNODE_TEST_LAB_SHARDS`` labs (default 2):
+each lab has a worker that takes the next test module from one queue and runs it as a pytest
+of its own, so the labs stay busy until the queue is empty whatever each module costs, and
+every module runs alone in its process (a module that leans on another's leftovers fails).
+The queue starts with the modules that took longest (``tests/module_seconds.json``, written
+by ``bench/suite.py --write-seconds`` from a run's reports). Each lab and the VM tier's lab
+are labs of their own (state directory, name and subnet): no teardown of one removes what
+another uses.
 
-With several tiers, each one's output goes to ``.test-reports/<tier>.log`` (with its JUnit
-XML beside it, read by ``bench/suite.py`` for the per-module wall times) and is printed whole
-when the tier ends, so that logs never interleave; with one tier, pytest prints as it goes.
-The run ends with one line of where the time went.
+With several tiers, each pytest's output goes to ``.test-reports/`` (``unit.log``,
+``vm.log``, ``lab/<module>.log``, with JUnit XML beside each, read by ``bench/suite.py``) and is
+printed whole when it ends, so that logs never interleave; with one tier, pytest prints as it
+goes. The run ends with one line of where the time went and how busy the CPUs were.
 
-    python tests/tiers.py [--setup-s N] [--lint-s N] [unit] [lab] [vm] [-- pytest args]
+``GPUNODE_TEST_SHUFFLE=<seed>|random`` (tests/conftest.py) shuffles the unit and VM tiers'
+modules and the lab queue with one seed, printed first.
+
+    python -m tests.tiers [--setup-s N] [--lint-s N] [unit] [lab] [vm] [-- pytest args]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import queue
+import random
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from tests.conftest import SHUFFLE, shuffle_seed
+
 ROOT = Path(__file__).resolve().parents[1]
 REPORTS = ROOT / ".test-reports"
+MODULE_SECONDS = Path(__file__).with_name("module_seconds.json")
 PYTEST = [sys.executable, "-m", "pytest"]
 TIERS: dict[str, list[str]] = {
     "unit": ["tests/unit"],
     "lab": ["tests/integration", "-m", "not vm"],
     "vm": ["tests/integration", "-m", "vm"],
 }
-# The VM tier's lab lives beside the session lab: its own directory, name and subnet
-# (10.213.<session's + 1>.0/24; the lab tier's modules with labs of their own take
-# the session's subnet + 100 to + 104).
+LAB_SHARDS = "GPUNODE_TEST_LAB_SHARDS"
+DEFAULT_LAB_SHARDS = 2
+# Subnets beside the session lab's (10.213.S.0/24): the VM tier's lab S+1, lab shard k
+# S+10k; a lab tier's modules with labs of their own take their lab's subnet + 100 to + 104.
 VM_SUBNET_OFFSET = 1
+SHARD_SUBNET_STEP = 10
 
 
-def tier_environment(tier: str, environ: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment ``tier``'s pytest runs in: the VM tier's lab is its own."""
+def _beside(env: dict[str, str], suffix: str, subnet_offset: int) -> dict[str, str]:
+    """``env`` with a lab of its own beside the session lab: its directory, name and subnet."""
+    env = dict(env)
+    state = Path(env.get("GPUNODE_LAB_DIR", ROOT / ".lab"))
+    env["GPUNODE_LAB_DIR"] = str(state.with_name(f"{state.name}-{suffix}"))
+    env["GPUNODE_LAB_NAME"] = env.get("GPUNODE_LAB_NAME", "gpunode-lab") + f"-{suffix}"
+    env["GPUNODE_LAB_SUBNET"] = str(int(env.get("GPUNODE_LAB_SUBNET", "0")) + subnet_offset)
+    return env
+
+
+def tier_environment(
+    tier: str, environ: dict[str, str] | None = None, shard: int = 0
+) -> dict[str, str]:
+    """The environment a pytest of ``tier`` runs in: the VM tier's lab is its own, and so is
+    each lab shard's but the first (the session lab)."""
     env = dict(os.environ if environ is None else environ)
     if tier == "vm":
-        state = Path(env.get("GPUNODE_LAB_DIR", ROOT / ".lab"))
-        env["GPUNODE_LAB_DIR"] = str(state.with_name(state.name + "-vm"))
-        env["GPUNODE_LAB_NAME"] = env.get("GPUNODE_LAB_NAME", "gpunode-lab") + "-vm"
-        subnet = int(env.get("GPUNODE_LAB_SUBNET", "0")) + VM_SUBNET_OFFSET
-        env["GPUNODE_LAB_SUBNET"] = str(subnet)
+        return _beside(env, "vm", VM_SUBNET_OFFSET)
+    if tier == "lab" and shard > 0:
+        return _beside(env, f"shard{shard}", SHARD_SUBNET_STEP * shard)
     return env
 
 
@@ -65,40 +94,199 @@ def format_seconds(seconds: float) -> str:
 
 
 @dataclass
+class Job:
+    """One pytest process of a tier."""
+
+    tier: str
+    args: list[str]
+    name: str
+    returncode: int | None = None
+    seconds: float = 0.0
+
+    def paths(self) -> tuple[Path, Path]:
+        """Its log and JUnit XML under .test-reports/."""
+        stem = REPORTS / self.name
+        return stem.with_name(stem.name + ".log"), stem.with_name(stem.name + ".xml")
+
+
+@dataclass
 class TierRun:
     name: str
-    process: subprocess.Popen
-    started: float
-    log: Path | None
-    ended: float | None = None
+    jobs: list[Job]
+    workers: int = 1
+    started: float = 0.0
+    ended: float = 0.0
 
     @property
     def seconds(self) -> float:
-        return (self.ended or time.monotonic()) - self.started
+        return self.ended - self.started
+
+    @property
+    def failed(self) -> list[Job]:
+        return [job for job in self.jobs if job.returncode != 0]
 
 
-def start(tier: str, extra: list[str], to_log: bool) -> TierRun:
-    command = [*PYTEST, *TIERS[tier], *extra]
-    log = None
-    output = None
-    if to_log:
-        REPORTS.mkdir(exist_ok=True)
-        log = REPORTS / f"{tier}.log"
-        command.append(f"--junitxml={REPORTS / f'{tier}.xml'}")
-        output = log.open("wb")
-    process = subprocess.Popen(
-        command,
+class Runner:
+    """Runs jobs, several at once, each its own process group; prints each log whole."""
+
+    def __init__(self, to_log: bool) -> None:
+        self.to_log = to_log
+        self.print_lock = threading.Lock()
+        self.processes: set[subprocess.Popen] = set()
+        self.stopping = False
+
+    def run(self, job: Job, env: dict[str, str]) -> None:
+        command = [*PYTEST, *job.args]
+        output = None
+        if self.to_log:
+            log, xml = job.paths()
+            log.parent.mkdir(parents=True, exist_ok=True)
+            command.append(f"--junitxml={xml}")
+            output = log.open("wb")
+        started = time.monotonic()
+        with self.print_lock:
+            if self.stopping:
+                job.returncode = -signal.SIGINT
+                return
+            process = subprocess.Popen(
+                command,
+                cwd=ROOT,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=output,
+                stderr=subprocess.STDOUT if output else None,
+                start_new_session=self.to_log,
+            )
+            self.processes.add(process)
+        if output is not None:
+            output.close()
+        job.returncode = process.wait()
+        job.seconds = time.monotonic() - started
+        with self.print_lock:
+            self.processes.discard(process)
+            if self.to_log:
+                log, _ = job.paths()
+                verdict = "passed" if job.returncode == 0 else f"FAILED ({job.returncode})"
+                sys.stdout.write(
+                    f"\n===== {job.name}: {verdict} in {format_seconds(job.seconds)} =====\n"
+                )
+                sys.stdout.flush()
+                sys.stdout.buffer.write(log.read_bytes())
+                sys.stdout.flush()
+
+    def interrupt(self) -> None:
+        with self.print_lock:
+            self.stopping = True
+            for process in self.processes:
+                if self.to_log:
+                    os.killpg(process.pid, signal.SIGINT)
+
+
+def lab_modules(env: dict[str, str]) -> list[str]:
+    """The integration test modules with container tests, as pytest collects them."""
+    collected = subprocess.run(
+        [*PYTEST, *TIERS["lab"], "--collect-only", "-q", "-p", "no:cacheprovider"],
         cwd=ROOT,
-        env=tier_environment(tier),
-        stdin=subprocess.DEVNULL,
-        stdout=output,
-        stderr=subprocess.STDOUT if output else None,
-        # Its own process group: an interrupted run stops each tier and what it started.
-        start_new_session=to_log,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
-    if output is not None:
-        output.close()
-    return TierRun(tier, process, time.monotonic(), log)
+    if collected.returncode != 0:
+        raise SystemExit(f"collecting the lab tier failed:\n{collected.stdout}{collected.stderr}")
+    return list(
+        dict.fromkeys(
+            line.split("::", 1)[0] for line in collected.stdout.splitlines() if "::" in line
+        )
+    )
+
+
+def queue_order(modules: list[str], seconds: dict[str, float], seed: int | None) -> list[str]:
+    """The lab queue: longest first (a module not timed yet first of all: it may be long);
+    with a seed, shuffled instead."""
+    if seed is not None:
+        shuffled = list(modules)
+        random.Random(seed).shuffle(shuffled)
+        return shuffled
+    return sorted(modules, key=lambda module: -seconds.get(module, float("inf")))
+
+
+def recorded_seconds(path: Path = MODULE_SECONDS) -> dict[str, float]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    modules = data.get("modules", {}) if isinstance(data, dict) else {}
+    return {
+        str(module): float(value)
+        for module, value in modules.items()
+        if isinstance(value, int | float)
+    }
+
+
+def shards_wanted(env: dict[str, str]) -> int:
+    value = env.get(LAB_SHARDS, str(DEFAULT_LAB_SHARDS))
+    if not value.isdigit() or not 1 <= int(value) <= 8:
+        raise SystemExit(f"{LAB_SHARDS}={value!r}: a number of labs from 1 to 8")
+    return int(value)
+
+
+def plan(
+    tiers: list[str], extra: list[str], env: dict[str, str], seed: int | None
+) -> list[TierRun]:
+    """One job per tier, but the lab tier in a full run: one job per module, on shards."""
+    runs = []
+    for tier in tiers:
+        if tier == "lab" and len(tiers) > 1 and not extra:
+            modules = queue_order(lab_modules(env), recorded_seconds(), seed)
+            jobs = [
+                Job("lab", [module, "-m", "not vm"], "lab/" + Path(module).stem)
+                for module in modules
+            ]
+            runs.append(TierRun("lab", jobs, workers=min(shards_wanted(env), len(jobs)) or 1))
+        else:
+            runs.append(TierRun(tier, [Job(tier, [*TIERS[tier], *extra], tier)]))
+    return runs
+
+
+def execute(runs: list[TierRun], runner: Runner, env: dict[str, str]) -> None:
+    """Every tier at once; a tier's workers take its jobs in turn."""
+    threads = []
+    for tier_run in runs:
+        pending: queue.Queue[Job] = queue.Queue()
+        for job in tier_run.jobs:
+            pending.put(job)
+        tier_run.started = time.monotonic()
+        done = threading.Semaphore(0)
+
+        def work(
+            tier_run: TierRun, shard: int, pending: queue.Queue[Job], done: threading.Semaphore
+        ) -> None:
+            shard_env = tier_environment(tier_run.name, env, shard)
+            try:
+                while True:
+                    try:
+                        job = pending.get_nowait()
+                    except queue.Empty:
+                        return
+                    runner.run(job, shard_env)
+            finally:
+                tier_run.ended = max(tier_run.ended, time.monotonic())
+                done.release()
+
+        for shard in range(tier_run.workers):
+            thread = threading.Thread(target=work, args=(tier_run, shard, pending, done))
+            thread.start()
+            threads.append(thread)
+    try:
+        for thread in threads:
+            while thread.is_alive():
+                thread.join(timeout=1)
+    except KeyboardInterrupt:
+        runner.interrupt()
+        for thread in threads:
+            thread.join()
+        raise
 
 
 def cpu_times(stat: str | None = None) -> tuple[int, int]:
@@ -123,9 +311,14 @@ def time_line(runs: list[TierRun], setup_s: float, lint_s: float, total_s: float
         parts.append(f"setup {format_seconds(setup_s)}")
     if lint_s:
         parts.append(f"lint {format_seconds(lint_s)}")
-    tiers = [f"{run.name} {format_seconds(run.seconds)}" for run in runs]
+    tiers = []
+    for tier_run in runs:
+        text = f"{tier_run.name} {format_seconds(tier_run.seconds)}"
+        if tier_run.workers > 1:
+            text += f" ({len(tier_run.jobs)} modules on {tier_run.workers} labs)"
+        tiers.append(text)
     if len(runs) > 1:
-        tiers[-1] += " (at once)"
+        tiers[-1] += " (tiers at once)"
     return "time: " + ", ".join([*parts, *tiers, f"total {format_seconds(total_s)}"])
 
 
@@ -136,39 +329,30 @@ def cpu_line(share: float, cpus: int | None) -> str:
 def run(tiers: list[str], extra: list[str], setup_s: float, lint_s: float) -> int:
     began = time.monotonic()
     cpu_before = cpu_times()
-    several = len(tiers) > 1
-    runs = [start(tier, extra, to_log=several) for tier in tiers]
-    pending = list(runs)
-    try:
-        while pending:
-            for tier_run in list(pending):
-                if tier_run.process.poll() is None:
-                    continue
-                tier_run.ended = time.monotonic()
-                pending.remove(tier_run)
-                if tier_run.log is not None:
-                    sys.stdout.write(f"\n===== tier {tier_run.name}: {tier_run.log} =====\n")
-                    sys.stdout.flush()
-                    sys.stdout.buffer.write(tier_run.log.read_bytes())
-                    sys.stdout.flush()
-            if pending:
-                time.sleep(1)
-    except KeyboardInterrupt:
-        for tier_run in pending:
-            if several:
-                os.killpg(tier_run.process.pid, signal.SIGINT)
-        for tier_run in pending:
-            tier_run.process.wait()
-        raise
-    failed = [run.name for run in runs if run.process.returncode != 0]
+    env = dict(os.environ)
+    seed = shuffle_seed(env.get(SHUFFLE))
+    if seed is not None:
+        env[SHUFFLE] = str(seed)
+        print(f"test modules shuffled: {SHUFFLE}={seed} runs them in this order again")
+    runs = plan(tiers, extra, env, seed)
+    several = len(runs) > 1 or any(len(tier_run.jobs) > 1 for tier_run in runs)
+    execute(runs, Runner(to_log=several), env)
+    print()
     for tier_run in runs:
-        verdict = "passed" if tier_run.process.returncode == 0 else "FAILED"
-        print(f"tier {tier_run.name}: {verdict} (pytest exit {tier_run.process.returncode})")
+        failed = tier_run.failed
+        verdict = (
+            "passed"
+            if not failed
+            else "FAILED: "
+            + ", ".join(f"{job.name} (pytest exit {job.returncode})" for job in failed)
+        )
+        print(f"tier {tier_run.name}: {verdict}")
     print(time_line(runs, setup_s, lint_s, time.monotonic() - began + setup_s + lint_s))
     print(cpu_line(busy_share(cpu_before, cpu_times()), os.cpu_count()))
-    if failed:
-        print("failed tiers: " + ", ".join(failed))
-    return 1 if failed else 0
+    failed_tiers = [tier_run.name for tier_run in runs if tier_run.failed]
+    if failed_tiers:
+        print("failed tiers: " + ", ".join(failed_tiers))
+    return 1 if failed_tiers else 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -177,7 +361,7 @@ def main(argv: list[str] | None = None) -> int:
     if "--" in args:
         extra = args[args.index("--") + 1 :]
         args = args[: args.index("--")]
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("tiers", nargs="*", metavar="tier", help=", ".join(TIERS))
     parser.add_argument("--setup-s", type=float, default=0.0, help="seconds set-up took")
     parser.add_argument("--lint-s", type=float, default=0.0, help="seconds lint took")

@@ -1,7 +1,9 @@
-"""tests/tiers.py: `./dev test`'s tiers run at once, apart, and say where the time went."""
+"""tests/tiers.py: `./dev test`'s tiers run at once, on labs of their own, the lab tier's
+modules spread over several labs, and the run says where the time went."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -27,10 +29,25 @@ def test_the_vm_tier_has_a_lab_of_its_own_beside_the_session_lab() -> None:
     assert defaults["GPUNODE_LAB_SUBNET"] == "1"
 
 
-@pytest.mark.parametrize("tier", ["unit", "lab"])
-def test_the_other_tiers_use_the_session_lab_as_it_is(tier: str) -> None:
+def test_each_lab_shard_but_the_first_has_a_lab_of_its_own() -> None:
+    given = {"GPUNODE_LAB_NAME": "mine", "GPUNODE_LAB_SUBNET": "3", "PATH": "/usr/bin"}
+    assert tiers.tier_environment("lab", given, shard=0) == given
+    second = tiers.tier_environment("lab", given, shard=1)
+    third = tiers.tier_environment("lab", given, shard=2)
+    assert (second["GPUNODE_LAB_NAME"], second["GPUNODE_LAB_SUBNET"]) == ("mine-shard1", "13")
+    assert (third["GPUNODE_LAB_NAME"], third["GPUNODE_LAB_SUBNET"]) == ("mine-shard2", "23")
+    assert second["GPUNODE_LAB_DIR"] == str(tiers.ROOT / ".lab-shard1")
+    # No two labs' subnets meet, the shards' modules' own labs (+100..+104) included (the
+    # VM tier's modules make none).
+    shards = [3 + tiers.SHARD_SUBNET_STEP * shard for shard in range(8)]
+    taken = [subnet + offset for subnet in shards for offset in (0, 100, 101, 102, 103, 104)]
+    taken.append(3 + tiers.VM_SUBNET_OFFSET)
+    assert len(taken) == len(set(taken)) and max(taken) < 256
+
+
+def test_the_unit_tier_uses_the_environment_as_it_is() -> None:
     given = {"GPUNODE_LAB_NAME": "mine", "PATH": "/usr/bin"}
-    assert tiers.tier_environment(tier, given) == given
+    assert tiers.tier_environment("unit", given) == given
 
 
 def test_the_tiers_split_the_integration_tests_by_the_vm_marker_and_miss_none() -> None:
@@ -38,6 +55,31 @@ def test_the_tiers_split_the_integration_tests_by_the_vm_marker_and_miss_none() 
     assert lab[0] == vm[0] == "tests/integration"
     assert lab[lab.index("-m") + 1] == "not " + vm[vm.index("-m") + 1]
     assert tiers.TIERS["unit"] == ["tests/unit"]
+
+
+def test_the_lab_queue_starts_with_the_longest_modules_and_untimed_ones_first() -> None:
+    modules = ["a.py", "b.py", "c.py", "new.py"]
+    seconds = {"a.py": 10.0, "b.py": 300.0, "c.py": 45.0}
+    assert tiers.queue_order(modules, seconds, seed=None) == ["new.py", "b.py", "c.py", "a.py"]
+    shuffled = tiers.queue_order(modules, seconds, seed=11)
+    assert sorted(shuffled) == sorted(modules)
+    assert shuffled == tiers.queue_order(modules, {}, seed=11)
+
+
+def test_recorded_seconds_are_read_and_a_bad_file_is_no_record(tmp_path: Path) -> None:
+    path = tmp_path / "module_seconds.json"
+    path.write_text(json.dumps({"modules": {"tests/x.py": 12.5, "tests/y.py": "slow"}}))
+    assert tiers.recorded_seconds(path) == {"tests/x.py": 12.5}
+    path.write_text("{not json")
+    assert tiers.recorded_seconds(path) == {}
+    assert tiers.recorded_seconds(tmp_path / "absent.json") == {}
+
+
+@pytest.mark.parametrize("value", ["0", "9", "two", "-1"])
+def test_a_bad_number_of_labs_is_refused_by_name(value: str) -> None:
+    with pytest.raises(SystemExit, match=f"GPUNODE_TEST_LAB_SHARDS='{value}'"):
+        tiers.shards_wanted({tiers.LAB_SHARDS: value})
+    assert tiers.shards_wanted({}) == tiers.DEFAULT_LAB_SHARDS
 
 
 @pytest.mark.parametrize(
@@ -48,54 +90,17 @@ def test_seconds_read_as_minutes_and_seconds(seconds: float, shown: str) -> None
 
 
 def test_the_time_line_names_each_part_and_the_total() -> None:
-    def finished(name: str, seconds: float) -> tiers.TierRun:
-        run = tiers.TierRun(name, subprocess.Popen(["true"]), started=100.0, log=None)
-        run.process.wait()
-        run.ended = 100.0 + seconds
+    def finished(name: str, seconds: float, jobs: int = 1, workers: int = 1) -> tiers.TierRun:
+        run = tiers.TierRun(name, [tiers.Job(name, [], name)] * jobs, workers=workers)
+        run.started, run.ended = 100.0, 100.0 + seconds
         return run
 
-    runs = [finished("unit", 250), finished("lab", 1800), finished("vm", 1000)]
-    assert tiers.time_line(runs, setup_s=61, lint_s=40, total_s=1901) == (
-        "time: setup 1m01s, lint 40s, unit 4m10s, lab 30m00s, vm 16m40s (at once), total 31m41s"
+    runs = [finished("unit", 250), finished("lab", 1500, jobs=27, workers=2), finished("vm", 1000)]
+    assert tiers.time_line(runs, setup_s=61, lint_s=40, total_s=1601) == (
+        "time: setup 1m01s, lint 40s, unit 4m10s, lab 25m00s (27 modules on 2 labs), "
+        "vm 16m40s (tiers at once), total 26m41s"
     )
     assert tiers.time_line(runs[:1], 0, 0, 250) == "time: unit 4m10s, total 4m10s"
-
-
-def test_an_unknown_tier_is_refused_by_name() -> None:
-    done = subprocess.run(
-        [sys.executable, str(Path(tiers.__file__)), "units"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert done.returncode == 2
-    assert "no tier units: the tiers are unit, lab, vm" in done.stderr
-
-
-def test_a_failed_tier_fails_the_run_and_is_named(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    """Two tiers at once, one failing: the run fails, both logs are printed whole, and the
-    failed tier is named (stand-in tiers: a pytest run of one tiny test file each)."""
-    (tmp_path / "test_ok.py").write_text("def test_ok():\n    assert True\n")
-    (tmp_path / "test_bad.py").write_text("def test_bad():\n    assert 1 == 2\n")
-    monkeypatch.setattr(tiers, "ROOT", tmp_path)
-    monkeypatch.setattr(tiers, "REPORTS", tmp_path / "reports")
-    monkeypatch.setattr(
-        tiers,
-        "TIERS",
-        {"good": [str(tmp_path / "test_ok.py")], "bad": [str(tmp_path / "test_bad.py")]},
-    )
-    extra = ["-p", "no:cacheprovider", "-o", "addopts="]
-    assert tiers.run(["good", "bad"], extra, setup_s=0, lint_s=0) == 1
-    out = capsys.readouterr().out
-    assert "tier good: passed (pytest exit 0)" in out
-    assert "tier bad: FAILED (pytest exit 1)" in out
-    assert "failed tiers: bad" in out
-    assert "assert 1 == 2" in out  # the failing tier's log, printed
-    assert (tmp_path / "reports" / "bad.xml").is_file()
-    assert out.splitlines()[-3].startswith("time: good ")
-    assert out.splitlines()[-2].startswith("CPU busy ")
 
 
 def test_cpu_busy_share_is_read_from_proc_stat() -> None:
@@ -106,3 +111,51 @@ def test_cpu_busy_share_is_read_from_proc_stat() -> None:
     assert tiers.busy_share(before, after) == 0.3
     assert tiers.busy_share(after, after) == 0.0
     assert tiers.cpu_line(0.934, 2) == "CPU busy 93% of 2 CPUs while the tiers ran"
+
+
+def test_an_unknown_tier_is_refused_by_name() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.tiers", "units"],
+        cwd=tiers.ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2
+    assert "no tier units: the tiers are unit, lab, vm" in done.stderr
+
+
+def test_a_failed_job_fails_its_tier_and_the_run_and_is_named(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Two tiers at once, one of them two modules on two workers, one module failing: the run
+    fails, every log is printed whole, and the failed module is named (stand-in tiers: tiny
+    test files, pytest run on each for real)."""
+    (tmp_path / "test_ok.py").write_text("def test_ok():\n    assert True\n")
+    (tmp_path / "test_also_ok.py").write_text("def test_also():\n    assert 2 == 2\n")
+    (tmp_path / "test_bad.py").write_text("def test_bad():\n    assert 1 == 2\n")
+    monkeypatch.setattr(tiers, "ROOT", tmp_path)
+    monkeypatch.setattr(tiers, "REPORTS", tmp_path / "reports")
+    extra = ["-p", "no:cacheprovider", "-o", "addopts="]
+    good = tiers.TierRun(
+        "good", [tiers.Job("good", [str(tmp_path / "test_ok.py"), *extra], "good")]
+    )
+    modules = tiers.TierRun(
+        "lab",
+        [
+            tiers.Job("lab", [str(tmp_path / name), *extra], f"lab/{name[:-3]}")
+            for name in ("test_bad.py", "test_also_ok.py")
+        ],
+        workers=2,
+    )
+    tiers.execute([good, modules], tiers.Runner(to_log=True), {"PATH": "/usr/bin:/bin"})
+    out = capsys.readouterr().out
+    assert [job.returncode for job in modules.jobs] == [1, 0]
+    assert good.jobs[0].returncode == 0 and not good.failed
+    assert [job.name for job in modules.failed] == ["lab/test_bad"]
+    assert "===== lab/test_bad: FAILED (1) in " in out
+    assert "assert 1 == 2" in out  # the failing module's log, printed
+    assert "===== good: passed in " in out
+    for name in ("good", "lab/test_bad", "lab/test_also_ok"):
+        assert (tmp_path / "reports" / f"{name}.xml").is_file(), name
+    assert modules.ended >= modules.started > 0
