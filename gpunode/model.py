@@ -1289,7 +1289,8 @@ DCGM_EXPORTER_PORT = 9400
 @dataclass(frozen=True)
 class NodeExporter:
     """Debian's prometheus-node-exporter, serving only TLS 1.3 with the node certificate and
-    only to clients holding a certificate from gpunode's CA; it serves gpu_metrics' textfile."""
+    only to clients holding a client certificate from gpunode's CA (a monitoring host's
+    scraper certificate, not another node's); it serves gpu_metrics' textfile."""
 
     enabled: bool = setting(
         False, "install prometheus-node-exporter and serve it over mutual TLS (needs tls.enabled)"
