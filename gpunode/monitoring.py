@@ -34,7 +34,7 @@ import os
 import re
 import stat
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -271,7 +271,18 @@ def _job(name: str, tls: ScraperTls, file_sd_files: Sequence[str], refresh: str)
 # --- Prometheus' own web server -----------------------------------------------------------
 
 
-def read_web_password(path: str) -> bytes:
+@dataclass(frozen=True)
+class WebPassword:
+    """The web password, which nothing prints: pyinfra shows an unnamed operation's
+    arguments (and puts them in --json), a traceback its frames' values."""
+
+    secret: bytes = field(repr=False)
+
+    def __str__(self) -> str:
+        return "<the web password>"
+
+
+def read_web_password(path: str) -> WebPassword:
     """The password in ``prometheus.web_password_file``; an error names the file and why,
     never its content. A file others may read is refused, as the CA's passphrase file is."""
     try:
@@ -296,16 +307,17 @@ def read_web_password(path: str) -> bytes:
             f"prometheus.web_password_file {path}: the password must be one line of at most "
             f"{MAX_WEB_PASSWORD_BYTES} bytes (bcrypt reads no more), without control characters"
         )
-    return password
+    return WebPassword(password)
 
 
-def web_password_hash(password: bytes, current: str | None = None) -> str:
+def web_password_hash(password: WebPassword, current: str | None = None) -> str:
     """A bcrypt hash of ``password``: ``current`` (the hash the host has now) where it is
     one and matches, so that a second run changes nothing; else a new one, salted anew."""
+    secret = password.secret
     matches = current is not None and BCRYPT_HASH.fullmatch(current) is not None
-    if matches and current is not None and bcrypt.checkpw(password, current.encode()):
+    if matches and current is not None and bcrypt.checkpw(secret, current.encode()):
         return current
-    return bcrypt.hashpw(password, bcrypt.gensalt(rounds=WEB_PASSWORD_BCRYPT_COST)).decode()
+    return bcrypt.hashpw(secret, bcrypt.gensalt(rounds=WEB_PASSWORD_BCRYPT_COST)).decode()
 
 
 def web_user_line_prefix(user: str) -> str:

@@ -69,6 +69,7 @@ from gpunode.monitoring import (
     DCGM_EXPORTER,
     MonitoringError,
     ScraperTls,
+    WebPassword,
     hash_in_web_config_line,
     inventory_hosts,
     read_web_password,
@@ -151,7 +152,7 @@ def web_check_command(candidate: str = WEB_CANDIDATE_PATH, live: str = WEB_CONFI
 
 
 @operation()
-def web_config(user: str, password: bytes):
+def web_config(user: str, password: WebPassword):
     """/etc/prometheus/gpunode/web.yml serves TLS 1.3 with the node certificate to ``user``
     with ``password`` alone, 0640 root:prometheus; checked by promtool before it replaces
     the live one. Neither the password nor its hash is ever shown.
@@ -316,12 +317,11 @@ def prometheus(desired: DesiredState) -> None:
         authority=authority,
         key_will_be_made=key_will_be_made,
     )
-    changed.append(
-        web_config(
-            name=f"Web configuration {WEB_CONFIG_PATH} (TLS 1.3, {server.web_user} alone)",
-            user=server.web_user,
-            password=password,
-        )
+    # Read again at every request: a new one needs no restart (its flag, in ARGS, does).
+    web_config(
+        name=f"Web configuration {WEB_CONFIG_PATH} (TLS 1.3, {server.web_user} alone)",
+        user=server.web_user,
+        password=password,
     )
     for path, text in rules.items():
         rule_file = files.put(

@@ -34,6 +34,7 @@ from gpunode.monitoring import (
     DCGM_EXPORTER_JOB,
     NODE_EXPORTER_JOB,
     MonitoringError,
+    WebPassword,
     read_web_password,
     render_web_config,
     shipped_rule_files,
@@ -270,6 +271,8 @@ def test_a_node_key_made_in_this_run_gets_a_scraper_certificate_after_it(
 # --- the web configuration: its password's hash, never the password ----------------------------
 
 PASSWORD = b"correct horse battery staple web"
+SECRET = WebPassword(PASSWORD)
+PREVIOUS = WebPassword(b"the password before this one")
 
 
 def password_file(directory: Path, mode: int = 0o600, content: bytes = PASSWORD + b"\n") -> str:
@@ -280,7 +283,10 @@ def password_file(directory: Path, mode: int = 0o600, content: bytes = PASSWORD 
 
 
 def test_the_web_password_is_read_from_a_private_file(tmp_path: Path) -> None:
-    assert read_web_password(password_file(tmp_path)) == PASSWORD
+    password = read_web_password(password_file(tmp_path))
+    assert password.secret == PASSWORD
+    # What pyinfra or a traceback would print of it.
+    assert PASSWORD.decode() not in f"{password} {password!r}"
 
 
 @pytest.mark.parametrize(
@@ -311,8 +317,8 @@ def web_facts(text: str | None, mode: int = 640, group: str = "prometheus") -> d
 
 
 def test_a_web_configuration_whose_hash_matches_the_password_is_left_alone() -> None:
-    live = render_host_web_config("gpunode", web_password_hash(PASSWORD))
-    commands, noops = commands_of(web_config, web_facts(live), user="gpunode", password=PASSWORD)
+    live = render_host_web_config("gpunode", web_password_hash(SECRET))
+    commands, noops = commands_of(web_config, web_facts(live), user="gpunode", password=SECRET)
     assert commands == [] and noops == [f"{WEB_CONFIG_PATH} serves TLS 1.3 to gpunode alone"]
 
 
@@ -320,8 +326,8 @@ def test_a_web_configuration_whose_hash_matches_the_password_is_left_alone() -> 
     "facts",
     [
         web_facts(None),
-        web_facts(render_host_web_config("gpunode", web_password_hash(b"the previous password!"))),
-        web_facts(render_host_web_config("gpunode", web_password_hash(PASSWORD)), mode=644),
+        web_facts(render_host_web_config("gpunode", web_password_hash(PREVIOUS))),
+        web_facts(render_host_web_config("gpunode", web_password_hash(SECRET)), mode=644),
     ],
     ids=["missing", "other-password", "mode"],
 )
@@ -329,12 +335,12 @@ def test_a_missing_stale_or_exposed_web_configuration_is_checked_then_replaced(
     facts: dict[type, Any],
 ) -> None:
     with fake_host(facts):
-        upload, check = list(web_config._inner(user="gpunode", password=PASSWORD))
+        upload, check = list(web_config._inner(user="gpunode", password=SECRET))
     assert isinstance(upload, FileUploadCommand) and upload.dest == WEB_CANDIDATE_PATH
     text = upload.src.getvalue()
     assert PASSWORD.decode() not in text
     (line,) = [line for line in text.splitlines() if line.startswith('  "gpunode": ')]
-    assert web_password_hash(PASSWORD, line.split(": ", 1)[1].strip('"')) in line
+    assert web_password_hash(SECRET, line.split(": ", 1)[1].strip('"')) in line
     assert check == web_check_command()
 
 
@@ -403,7 +409,7 @@ def served_prometheus(
             certificate=str(directory / "node.crt"),
             key=str(directory / "node.key"),
             user="grafana",
-            password_hash=web_password_hash(PASSWORD),
+            password_hash=web_password_hash(SECRET),
         )
     )
     checked = promtool.run("check", "web-config", web)
