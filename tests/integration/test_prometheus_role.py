@@ -233,7 +233,8 @@ def test_a_password_file_others_can_read_is_refused_and_nothing_changes(
         refused.output
     ), refused.output[-3000:]
     assert web_password[1].decode() not in refused.output
-    assert refused.changed_operations() == {}
+    assert "Nothing was changed." in refused.output
+    assert f"{monitoring_host.name} (refused before any change)" in refused.output
 
 
 @pytest.fixture
