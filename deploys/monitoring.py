@@ -5,9 +5,11 @@
 Runs on the hosts with ``prometheus.enabled`` (every other host is left alone): their
 firewall first (roles/firewall.py, where ``firewall.enabled``: Prometheus' port open to
 ``prometheus.client_networks``, by default ``firewall.admin_networks``, only), their node
-certificate (roles/tls.py; it is the scraper's client certificate), then Debian's
-prometheus with the scrape targets of every host of the inventory whose node_exporter or
-DCGM exporter is enabled, and gpunode's rules (roles/prometheus.py).
+certificate (roles/tls.py; it serves Prometheus' web UI, and its key is the one the
+scraper's own client certificate is issued for), then Debian's prometheus with the scrape
+targets of every host of the inventory whose node_exporter or DCGM exporter is enabled,
+gpunode's rules, the scraper certificate and the web configuration that admits
+``prometheus.web_user`` alone (roles/prometheus.py).
 """
 
 import sys

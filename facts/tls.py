@@ -23,6 +23,9 @@ TLS_DIR = "/etc/gpunode/tls"
 KEY_PATH = f"{TLS_DIR}/node.key"
 CERT_PATH = f"{TLS_DIR}/node.crt"
 CA_PATH = f"{TLS_DIR}/ca.crt"
+# The monitoring host's client certificate for scraping (for node.key, clientAuth only):
+# roles/prometheus.py installs it beside the rest of what its Prometheus reads.
+SCRAPER_CERT_PATH = "/etc/prometheus/gpunode/scraper.crt"
 
 BEGIN_CERTIFICATE = "-----BEGIN CERTIFICATE-----"
 END_CERTIFICATE = "-----END CERTIFICATE-----"
@@ -109,28 +112,30 @@ def _split(lines: list[str]) -> dict[str, tuple[str, list[str], int | None]] | N
 
 
 def parse_node_certificate(
-    lines: list[str], now: datetime.datetime | None = None
+    lines: list[str], now: datetime.datetime | None = None, cert_path: str = CERT_PATH
 ) -> dict[str, Any]:
-    """Turn the fact command's output into a report; never raises on bad output."""
+    """Turn the fact command's output (for the certificate at ``cert_path``) into a report;
+    never raises on bad output."""
     now = now or datetime.datetime.now(datetime.UTC)
+    cert_command = certificate_command(cert_path)
     sections = _split(lines)
     if sections is None:
         return _unreadable(
-            f"`{CERT_COMMAND}` / `{PUBLIC_KEY_COMMAND}` printed output in no known shape"
+            f"`{cert_command}` / `{PUBLIC_KEY_COMMAND}` printed output in no known shape"
         )
     key_state, key_reason, public_key = _public_key(*sections["public-key"])
     key = _key(key_state, key_reason) | {"public_key_pem": public_key}
     cert_state, cert_body, cert_exit = sections["certificate"]
     if cert_state == "absent":
-        return _empty("absent", f"{CERT_PATH} does not exist") | key
+        return _empty("absent", f"{cert_path} does not exist") | key
     if cert_state == "failed":
-        reason = f"`{CERT_COMMAND}` failed (exit {cert_exit}): {_brief(cert_body)}"
+        reason = f"`{cert_command}` failed (exit {cert_exit}): {_brief(cert_body)}"
         return _empty("unreadable", reason) | key
     pem = "\n".join(cert_body).strip() + "\n"
     try:
         certificate = x509.load_pem_x509_certificate(pem.encode())
     except ValueError:
-        reason = f"`{CERT_COMMAND}` printed no PEM certificate: {_brief(cert_body)}"
+        reason = f"`{cert_command}` printed no PEM certificate: {_brief(cert_body)}"
         return _empty("unreadable", reason) | key
     dns_names, ip_addresses = certificate_names(certificate)
     if key_state == "present" and public_key is not None:
@@ -240,3 +245,16 @@ class NodeCertificate(FactBase):
 
     def process(self, output: list[str]) -> dict[str, Any]:
         return parse_node_certificate(list(output))
+
+
+class ScraperCertificate(NodeCertificate):
+    """
+    The monitoring host's scraper certificate (``SCRAPER_CERT_PATH``) and whether node.key
+    belongs to it: the report of ``NodeCertificate``.
+    """
+
+    def parts(self) -> list[framing.Part]:
+        return node_certificate_parts(SCRAPER_CERT_PATH)
+
+    def process(self, output: list[str]) -> dict[str, Any]:
+        return parse_node_certificate(list(output), cert_path=SCRAPER_CERT_PATH)

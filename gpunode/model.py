@@ -1289,7 +1289,8 @@ DCGM_EXPORTER_PORT = 9400
 @dataclass(frozen=True)
 class NodeExporter:
     """Debian's prometheus-node-exporter, serving only TLS 1.3 with the node certificate and
-    only to clients holding a certificate from gpunode's CA; it serves gpu_metrics' textfile."""
+    only to clients holding a client certificate from gpunode's CA (a monitoring host's
+    scraper certificate, not another node's); it serves gpu_metrics' textfile."""
 
     enabled: bool = setting(
         False, "install prometheus-node-exporter and serve it over mutual TLS (needs tls.enabled)"
@@ -1302,19 +1303,39 @@ class NodeExporter:
     )
 
 
+# Prometheus' web user: a word that sits unquoted as a YAML key of its web configuration.
+PROMETHEUS_WEB_USER = r"[a-z][a-z0-9_-]{0,31}"
+
+
 @dataclass(frozen=True)
 class Prometheus:
     """A Prometheus server on this host (the monitoring host): Debian's ``prometheus``
     scraping the node_exporter of every host of the inventory that runs one, over mutual
-    TLS 1.3 with this host's gpunode certificate, with gpunode's alerting and recording rules
-    (monitoring/rules)."""
+    TLS 1.3 with a client certificate of its own from gpunode's CA, with gpunode's alerting
+    and recording rules (monitoring/rules). Its web UI and HTTP API are served over TLS 1.3
+    with the node certificate, to ``web_user`` with the password in ``web_password_file``
+    only (basic authentication)."""
 
     enabled: bool = setting(
         False,
         "install prometheus here and scrape the inventory's node_exporters (needs tls.enabled: "
-        "its node certificate is the scraper's client certificate)",
+        "gpunode's CA issues its scraper certificate, and the node certificate serves its web "
+        "UI; and web_password_file)",
     )
     port: int = setting(9090, "TCP port of its web UI and HTTP API", min=1, max=65535)
+    web_user: str = setting(
+        "gpunode",
+        "the user name its web UI and HTTP API accept (basic authentication, over TLS only)",
+        pattern=PROMETHEUS_WEB_USER,
+        accepts="a lowercase letter, then up to 31 lowercase letters, digits, _ or -",
+    )
+    web_password_file: str | None = setting(
+        None,
+        "file on the control machine (mode 0600 or 0400, refused when others may read it) "
+        "holding web_user's password; its bcrypt hash is all the host gets. Required: "
+        "without it the fleet's metrics would be open to whoever reaches the port",
+        check=check_absolute_path, accepts="an absolute path",
+    )  # fmt: skip
     client_networks: tuple[str, ...] = setting(
         (),
         "where its web UI and HTTP API may be reached from (Grafana, operators) where the "
@@ -1624,9 +1645,17 @@ class DesiredState:
         if not self.tls.enabled:
             builder.problem(
                 "prometheus.enabled", True,
-                "Prometheus scrapes the exporters with this host's node certificate as its "
-                "client certificate, and tls.enabled is false",
+                "Prometheus scrapes the exporters with a client certificate from gpunode's CA "
+                "and serves its web UI with the node certificate, and tls.enabled is false",
                 "tls.enabled: true, or prometheus.enabled: false",
+            )  # fmt: skip
+        if server.web_password_file is None:
+            builder.problem(
+                "prometheus.web_password_file", None,
+                f"unset: Prometheus would serve the fleet's metrics and its HTTP API to every "
+                f"network that reaches port {server.port}, without authentication",
+                "the path of a file on the control machine (mode 0600) holding the password "
+                "of prometheus.web_user",
             )  # fmt: skip
         taken = {self.sshd.port: "sshd.port"}
         if self.node_exporter.enabled:

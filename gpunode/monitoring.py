@@ -14,6 +14,11 @@ Three texts, one source of truth: the validated desired state of every host.
     ``gpunode-dcgm-exporter``), each ``scheme: https`` with a ``tls_config`` verifying every
     exporter against gpunode's CA and presenting a client certificate issued by it, TLS 1.3
     only; the shipped rules (``monitoring/rules``) as ``rule_files``.
+``render_web_config``
+    Prometheus' own web configuration (``--web.config.file``): its web UI and HTTP API over
+    TLS 1.3 only, with the host's node certificate, to ``prometheus.web_user`` alone (HTTP
+    basic authentication against a bcrypt hash of the password in
+    ``prometheus.web_password_file``, a file on the control machine that never leaves it).
 ``scrape_address``
     where Prometheus dials a host (``gpunode.model.scrape_host``, which inventory validation
     uses too: two hosts scraped at one address are refused before any host is touched).
@@ -25,14 +30,20 @@ inventory value can break out of its place; numbers and paths are checked before
 from __future__ import annotations
 
 import json
+import os
+import re
+import stat
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
+
+import bcrypt
 
 from gpunode.inventory import Fleet
 from gpunode.model import (
     DCGM_EXPORTER_PORT,
+    PROMETHEUS_WEB_USER,
     DesiredState,
     check_absolute_path,
     scrape_host,
@@ -50,6 +61,18 @@ DCGM_EXPORTER: Exporter = "dcgm_exporter"
 SHIPPED_RULES_DIR = Path(__file__).resolve().parents[1] / "monitoring" / "rules"
 # Prometheus label values gpunode writes: printable text of bounded length.
 MAX_LABEL_CHARS = 256
+
+
+# The web password: bcrypt reads at most 72 bytes of it (and the bcrypt package refuses
+# more); fewer than 16 characters is a password a scan of the monitoring network can guess.
+MIN_WEB_PASSWORD_CHARS = 16
+MAX_WEB_PASSWORD_BYTES = 72
+# bcrypt's cost for the web password's hash: exporter-toolkit checks a password against it
+# once, then caches the result (prometheus/exporter-toolkit docs/web-configuration.md, "About
+# bcrypt": cost 10 takes about 70 ms; read 2026-12-07).
+WEB_PASSWORD_BCRYPT_COST = 12
+# A bcrypt hash in the modular crypt format exporter-toolkit (Go's x/crypto/bcrypt) reads.
+BCRYPT_HASH = re.compile(r"\$2[aby]\$[0-9]{2}\$[./A-Za-z0-9]{53}")
 
 
 class MonitoringError(ValueError):
@@ -243,3 +266,96 @@ def _job(name: str, tls: ScraperTls, file_sd_files: Sequence[str], refresh: str)
         *(f"          - {_q(_path(path, 'file_sd file'))}" for path in file_sd_files),
         f"        refresh_interval: {refresh}",
     ]
+
+
+# --- Prometheus' own web server -----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class WebPassword:
+    """The web password, which nothing prints: pyinfra shows an unnamed operation's
+    arguments (and puts them in --json), a traceback its frames' values."""
+
+    secret: bytes = field(repr=False)
+
+    def __str__(self) -> str:
+        return "<the web password>"
+
+
+def read_web_password(path: str) -> WebPassword:
+    """The password in ``prometheus.web_password_file``; an error names the file and why,
+    never its content. A file others may read is refused, as the CA's passphrase file is."""
+    try:
+        mode = os.stat(path).st_mode
+        with open(path, "rb") as handle:
+            text = handle.read(4096)
+    except OSError as error:
+        raise MonitoringError(f"prometheus.web_password_file {path}: {error.strerror}") from None
+    if mode & 0o077:
+        raise MonitoringError(
+            f"prometheus.web_password_file {path} is readable by others (mode "
+            f"{stat.S_IMODE(mode):04o}); chmod 600 {path}"
+        )
+    password = text.rstrip(b"\r\n")
+    if len(password.decode("utf-8", errors="replace")) < MIN_WEB_PASSWORD_CHARS:
+        raise MonitoringError(
+            f"prometheus.web_password_file {path}: the password is shorter than "
+            f"{MIN_WEB_PASSWORD_CHARS} characters"
+        )
+    if len(password) > MAX_WEB_PASSWORD_BYTES or any(b < 0x20 or b == 0x7F for b in password):
+        raise MonitoringError(
+            f"prometheus.web_password_file {path}: the password must be one line of at most "
+            f"{MAX_WEB_PASSWORD_BYTES} bytes (bcrypt reads no more), without control characters"
+        )
+    return WebPassword(password)
+
+
+def web_password_hash(password: WebPassword, current: str | None = None) -> str:
+    """A bcrypt hash of ``password``: ``current`` (the hash the host has now) where it is
+    one and matches, so that a second run changes nothing; else a new one, salted anew."""
+    secret = password.secret
+    matches = current is not None and BCRYPT_HASH.fullmatch(current) is not None
+    if matches and current is not None and bcrypt.checkpw(secret, current.encode()):
+        return current
+    return bcrypt.hashpw(secret, bcrypt.gensalt(rounds=WEB_PASSWORD_BCRYPT_COST)).decode()
+
+
+def web_user_line_prefix(user: str) -> str:
+    """How ``render_web_config`` begins the line of ``user``'s hash (a fact finds it by it)."""
+    return f"  {_q(user)}: "
+
+
+def hash_in_web_config_line(line: str, user: str) -> str | None:
+    """The bcrypt hash on a line of the host's web configuration (node output: anything
+    that is not exactly a quoted bcrypt hash after the user's prefix is None)."""
+    prefix = web_user_line_prefix(user)
+    if not line.startswith(prefix):
+        return None
+    try:
+        value = json.loads(line[len(prefix) :])
+    except ValueError:
+        return None
+    return value if isinstance(value, str) and BCRYPT_HASH.fullmatch(value) else None
+
+
+def render_web_config(*, certificate: str, key: str, user: str, password_hash: str) -> str:
+    """Prometheus' web configuration (exporter-toolkit's format, as for the exporters:
+    prometheus/exporter-toolkit docs/web-configuration.md, read 2026-12-07): TLS 1.3 only
+    with ``certificate`` and ``key``, and ``user`` with ``password_hash`` the one user that
+    may use the web UI and HTTP API."""
+    if not re.fullmatch(PROMETHEUS_WEB_USER, user):
+        raise MonitoringError(f"web user {user!r} is not a word of {PROMETHEUS_WEB_USER}")
+    if not BCRYPT_HASH.fullmatch(password_hash):
+        raise MonitoringError("the web password's hash is not a bcrypt hash")
+    lines = [
+        "# Managed by gpunode (gpunode.monitoring); local edits are replaced on the next run.",
+        "# TLS 1.3 only; the web UI and HTTP API to prometheus.web_user alone.",
+        "tls_server_config:",
+        f"  cert_file: {_q(_path(certificate, 'web certificate'))}",
+        f"  key_file: {_q(_path(key, 'web key'))}",
+        "  min_version: TLS13",
+        "  max_version: TLS13",
+        "basic_auth_users:",
+        f"{web_user_line_prefix(user)}{_q(password_hash)}",
+    ]
+    return "\n".join(lines) + "\n"

@@ -14,6 +14,15 @@ a leaked CA key cannot make the nodes trust any other site.
 Node keys are made on the nodes; only their certificate requests come here, are checked
 against what the inventory declares, and are signed.
 
+What a certificate may be used for is one thing only (extendedKeyUsage): a node certificate
+serves (serverAuth), and only a monitoring host's scraper certificate is a client
+(clientAuth). The exporters require a client certificate from this CA, and their TLS stack
+(Go's crypto/tls, which exporter-toolkit serves with: golang/go src/crypto/tls
+handshake_server.go verifies a client's chain for ExtKeyUsageClientAuth, read 2026-12-07;
+OpenSSL does the same as a server) checks that it is for clientAuth: so a node, whose
+certificate is for serving only, cannot scrape any other node's exporter. A certificate from
+an older gpunode, for both, is re-issued.
+
 Where the CA lives (first that is set):
 
 ``GPUNODE_CA_DIR``, else the inventory's ``tls.ca_directory``, else ``~/.local/share/gpunode/ca``
@@ -38,7 +47,7 @@ import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from cryptography import x509
 from cryptography.exceptions import InvalidSignature
@@ -69,6 +78,13 @@ CA_CURVE = ec.SECP384R1
 CA_SIGNATURE_HASH = hashes.SHA384
 # Curves a node key may use; the role makes P-256 keys.
 NODE_KEY_CURVES = ("secp256r1", "secp384r1")
+# What a certificate is for: "server" (a node certificate: serverAuth only) or "client" (a
+# monitoring host's scraper certificate: clientAuth only).
+Usage = Literal["server", "client"]
+EXTENDED_KEY_USAGE: dict[str, x509.ObjectIdentifier] = {
+    "server": ExtendedKeyUsageOID.SERVER_AUTH,
+    "client": ExtendedKeyUsageOID.CLIENT_AUTH,
+}
 # Certificates start a little in the past so a node whose clock lags accepts them at once.
 CLOCK_SKEW = datetime.timedelta(minutes=5)
 
@@ -461,6 +477,7 @@ class WantedCertificate:
     ip_addresses: tuple[str, ...]
     validity_days: int
     renew_before_days: int
+    usage: Usage = "server"
 
     @property
     def names(self) -> tuple[frozenset[str], frozenset[str]]:
@@ -478,8 +495,10 @@ class WantedCertificate:
         )
 
 
-def wanted_certificate(host_name: str, tls: Tls) -> WantedCertificate:
-    """The host's inventory name (a DNS name or an IP address) plus tls.names/ip_addresses."""
+def wanted_certificate(host_name: str, tls: Tls, usage: Usage = "server") -> WantedCertificate:
+    """The host's inventory name (a DNS name or an IP address) plus tls.names/ip_addresses,
+    for ``usage`` (a node certificate serves; a monitoring host's scraper certificate is a
+    client)."""
     dns_names: list[str] = []
     ip_addresses: list[str] = []
     if _is_ip_address(host_name):
@@ -504,6 +523,7 @@ def wanted_certificate(host_name: str, tls: Tls) -> WantedCertificate:
         ip_addresses=tuple(ip_addresses),
         validity_days=tls.validity_days,
         renew_before_days=tls.renew_before_days,
+        usage=usage,
     )
 
 
@@ -602,8 +622,9 @@ def issue_certificate(
     wanted: WantedCertificate,
     now: datetime.datetime | None = None,
 ) -> x509.Certificate:
-    """A serverAuth+clientAuth certificate for ``public_key`` valid ``wanted.validity_days``
-    from ``now``, never beyond the CA's own expiry."""
+    """A certificate for ``public_key`` for ``wanted.usage`` alone (serverAuth, or
+    clientAuth), valid ``wanted.validity_days`` from ``now``, never beyond the CA's own
+    expiry."""
     now = now or _now()
     ca_certificate = authority.certificate
     not_after = min(
@@ -622,12 +643,7 @@ def issue_certificate(
         .not_valid_after(not_after)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(_key_usage(digital_signature=True), critical=True)
-        .add_extension(
-            x509.ExtendedKeyUsage(
-                [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]
-            ),
-            critical=False,
-        )
+        .add_extension(x509.ExtendedKeyUsage([EXTENDED_KEY_USAGE[wanted.usage]]), critical=False)
         .add_extension(x509.SubjectAlternativeName(alt_names), critical=False)
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(public_key), critical=False)
         .add_extension(
@@ -636,6 +652,20 @@ def issue_certificate(
         )
         .sign(authority.private_key, CA_SIGNATURE_HASH())
     )
+
+
+def extended_key_usages(certificate: x509.Certificate) -> tuple[str, ...]:
+    """What ``certificate`` may be used for, as ``Usage`` names ("server", "client"), in
+    that order; any other purpose by its dotted OID."""
+    try:
+        purposes = certificate.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+    except x509.ExtensionNotFound:
+        # No extendedKeyUsage at all: TLS stacks accept it for every purpose.
+        return ("server", "client")
+    names = {oid: name for name, oid in EXTENDED_KEY_USAGE.items()}
+    known = tuple(name for name in EXTENDED_KEY_USAGE if EXTENDED_KEY_USAGE[name] in purposes)
+    others = tuple(oid.dotted_string for oid in purposes if oid not in names)
+    return known + others
 
 
 # --- when to re-issue --------------------------------------------------------------------------
@@ -674,6 +704,12 @@ def reissue_reason(
         certificate.verify_directly_issued_by(ca_certificate)
     except (ValueError, TypeError, InvalidSignature):
         return f"not signed by the current CA (issuer: {report['issuer']})"
+    usages = extended_key_usages(certificate)
+    if usages != (wanted.usage,):
+        why = f"it is for {', '.join(usages) or 'no named use'}; wanted {wanted.usage} only"
+        if wanted.usage == "server" and "client" in usages:
+            why += " (a node certificate must not act as a client)"
+        return why
     left = certificate.not_valid_after_utc - now
     if left <= datetime.timedelta(days=wanted.renew_before_days):
         return (

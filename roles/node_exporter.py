@@ -2,8 +2,9 @@
 
 Its web configuration file (exporter-toolkit's ``--web.config.file``) allows TLS 1.3 only,
 serves the node certificate (roles/tls.py) and requires a client certificate signed by
-gpunode's CA (/etc/gpunode/tls/ca.crt): only a scraper given a certificate from that CA
-(``gpunode.pki``) gets metrics. The textfile collector reads ``gpu_metrics.textfile_dir``,
+gpunode's CA (/etc/gpunode/tls/ca.crt) for clientAuth: only a monitoring host's scraper
+certificate (``gpunode.pki``, roles/prometheus.py) gets metrics; another node's certificate,
+for serving only, is refused. The textfile collector reads ``gpu_metrics.textfile_dir``,
 where the GPU probe (roles/gpu_metrics.py) and the drift timer write. The firewall
 (roles/firewall.py) opens ``node_exporter.port`` to ``firewall.monitoring_networks`` only.
 

@@ -30,10 +30,11 @@ from pyinfra.facts.files import File, Link
 from pyinfra.operations import apt, files
 
 from facts.tls import CA_PATH, CERT_PATH, KEY_PATH, TLS_DIR, NodeCertificate
-from gpunode.model import DesiredState
+from gpunode.model import DesiredState, Tls
 from gpunode.pki import (
     CertificateAuthority,
     PkiError,
+    Usage,
     WantedCertificate,
     certificate_authority,
     reissue_reason,
@@ -73,11 +74,19 @@ def csr_command(wanted: WantedCertificate) -> str:
     )
 
 
-def install_certificate_command(new_path: str) -> str:
-    """Move an uploaded certificate into place only once it verifies against ca.crt."""
+# openssl verify's -purpose for a certificate's usage (openssl-verification-options(1)).
+VERIFY_PURPOSE = {"server": "sslserver", "client": "sslclient"}
+
+
+def install_certificate_command(
+    new_path: str, destination: str = CERT_PATH, usage: Usage = "server"
+) -> str:
+    """Move an uploaded certificate into place only once it verifies against ca.crt for
+    its use (a node certificate to serve, a scraper certificate as a client)."""
+    new, final = shlex.quote(new_path), shlex.quote(destination)
     return (
-        f"openssl verify -CAfile {CA_PATH} {new_path} >/dev/null && chown root:root {new_path} "
-        f"&& chmod 644 {new_path} && mv -f {new_path} {CERT_PATH}"
+        f"openssl verify -purpose {VERIFY_PURPOSE[usage]} -CAfile {CA_PATH} {new} >/dev/null "
+        f"&& chown root:root {new} && chmod 644 {new} && mv -f {new} {final}"
     )
 
 
@@ -89,8 +98,10 @@ def issue_node_certificate(
     authority: CertificateAuthority | None,
     expected_public_key_pem: str | None,
     connector_arguments: dict[str, Any],
+    certificate_path: str = CERT_PATH,
 ) -> bool:
-    """Execution-time callback: CSR from the node, checked and signed here, cert installed.
+    """Execution-time callback: CSR from the node, checked and signed here, cert installed
+    at ``certificate_path``.
 
     Only the CSR (public) comes here and only the certificate goes back.
     """
@@ -113,11 +124,13 @@ def issue_node_certificate(
         host.log_styled(f"certificate refused: {error}", fg="red", log_func=logger.error)
         return False
     pem = certificate.public_bytes(serialization.Encoding.PEM).decode()
-    new_path = f"{CERT_PATH}.new"
+    new_path = f"{certificate_path}.new"
     if not host.put_file(StringIO(pem), new_path, **printing, **connector_arguments):
         return False
     installed, output = host.run_shell_command(
-        StringCommand(install_certificate_command(new_path)), **printing, **connector_arguments
+        StringCommand(install_certificate_command(new_path, certificate_path, wanted.usage)),
+        **printing,
+        **connector_arguments,
     )
     if not installed:
         host.log_styled(
@@ -158,10 +171,32 @@ def node_certificate(
     + now: the time the renewal window is judged at; None: the current time (UTC)
     """
     report = host.get_fact(NodeCertificate)
+    yield from certificate_commands(report, wanted, authority, now, make_missing_key=True)
+
+
+def certificate_commands(
+    report: dict[str, Any],
+    wanted: WantedCertificate,
+    authority: CertificateAuthority | None,
+    now: datetime.datetime | None,
+    make_missing_key: bool,
+    certificate_path: str = CERT_PATH,
+    key_will_be_made: bool = False,
+):
+    """What installs a certificate for ``wanted`` at ``certificate_path`` for node.key, as
+    ``report`` (the NodeCertificate fact of that path) shows it: nothing (a noop) when it is
+    fine, else node.key made first where it is missing and ``make_missing_key``, and the
+    signing callback.
+
+    ``key_will_be_made``: node.key is made anew earlier in this run (roles/tls.py), so the
+    certificate is issued after it, for the new key, whatever the report says now.
+    """
     ca_certificate = authority.certificate if authority else None
     reason = reissue_reason(
         report, wanted, ca_certificate, now or datetime.datetime.now(datetime.UTC)
     )
+    if key_will_be_made:
+        reason = "node.key is made in this run"
     if reason is None:
         host.noop(
             f"certificate for {wanted.describe()} valid until {report['not_after'][:10]} "
@@ -173,8 +208,9 @@ def node_certificate(
         # any host is changed. Only here, so a run with nothing to sign never decrypts it.
         authority.unlock()
     expected_public_key: str | None = report["public_key_pem"]
-    if report["key"] in ("absent", "unreadable"):
-        yield key_generation_command()
+    if key_will_be_made or report["key"] in ("absent", "unreadable"):
+        if make_missing_key and not key_will_be_made:
+            yield key_generation_command()
         expected_public_key = None
     # python.call's own mechanism; yielded from here, only when a re-issue is due, because
     # python.call always counts as a change and a second run must report none.
@@ -187,6 +223,7 @@ def node_certificate(
             "authority": authority,
             "expected_public_key_pem": expected_public_key,
             "connector_arguments": _connector_arguments(),
+            "certificate_path": certificate_path,
         },
     )
 
@@ -236,6 +273,12 @@ def _dry_run() -> bool:
     return bool(context.params.get("dry"))
 
 
+def certificate_authority_for_run(tls: Tls) -> CertificateAuthority | None:
+    """gpunode's CA for this run: created on a real run where it does not exist yet, never
+    in a dry run (then None until it exists)."""
+    return certificate_authority(tls, create=not _dry_run())
+
+
 @deploy("TLS")
 def tls_certificate(desired: DesiredState) -> None:
     tls = desired.tls
@@ -246,7 +289,7 @@ def tls_certificate(desired: DesiredState) -> None:
     # Loaded (or created, on a real run) before any host is touched: a missing or short
     # passphrase or half a CA stops the run with nothing changed; a wrong passphrase does
     # where a certificate is due (node_certificate decrypts the key while preparing).
-    authority = certificate_authority(tls, create=not _dry_run())
+    authority = certificate_authority_for_run(tls)
     ca_pem = authority.certificate_pem if authority else PLANNED_CA_PEM
 
     apt.packages(name="openssl and ca-certificates", packages=["openssl", "ca-certificates"])

@@ -40,12 +40,19 @@ def _write_key(path: Path, key: ec.EllipticCurvePrivateKey) -> None:
 
 
 def issue_client(
-    authority: pki.CertificateAuthority, name: str, directory: Path
+    authority: pki.CertificateAuthority,
+    name: str,
+    directory: Path,
+    usage: pki.Usage = "client",
 ) -> ClientCertificate:
-    """A certificate for ``name`` from ``authority`` (as gpunode issues its node certificates:
-    serverAuth and clientAuth), with its key, written to ``directory``."""
+    """A certificate for ``name`` from ``authority`` with its key, written to ``directory``:
+    as gpunode issues a monitoring host's scraper certificate (clientAuth only), or with
+    ``usage="server"`` as it issues a node certificate, here presented as a client."""
     key = ec.generate_private_key(ec.SECP256R1())
-    wanted = pki.wanted_certificate(name, Tls(enabled=True))
+    if usage == "server":  # what roles/tls.py asks for
+        wanted = pki.wanted_certificate(name, Tls(enabled=True))
+    else:
+        wanted = pki.wanted_certificate(name, Tls(enabled=True), usage=usage)
     certificate = pki.issue_certificate(authority, key.public_key(), wanted)
     paths = ClientCertificate(directory / f"{name}.crt", directory / f"{name}.key")
     paths.certificate.write_bytes(certificate.public_bytes(serialization.Encoding.PEM))

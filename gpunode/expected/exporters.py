@@ -6,6 +6,15 @@ Prometheus' exporter-toolkit, which reads this file (prometheus/exporter-toolkit
 docs/web-configuration.md, read 2026-12-02): TLS 1.3 only, the node certificate, and a client
 certificate required and verified against gpunode's CA. One text, so the two cannot drift
 apart.
+
+Only the monitoring host's scraper is admitted, not any holder of a gpunode certificate: the
+verification of a client's chain asks for clientAuth (Go's crypto/tls, golang/go
+src/crypto/tls/handshake_server.go, read 2026-12-07), and gpunode's CA issues clientAuth to
+scraper certificates alone; a node certificate is for serverAuth only (``gpunode.pki``).
+exporter-toolkit's ``client_allowed_sans`` (docs/web-configuration.md, read 2026-12-07) would
+name the scrapers too, but Debian 12's exporters predate it: prometheus-node-exporter
+1.5.0-1+b6 reads the file strictly and refuses to serve with "field client_allowed_sans not
+found in type web.TLSConfig" (tried 2026-12-07), as does promtool 2.42.0's check.
 """
 
 from __future__ import annotations

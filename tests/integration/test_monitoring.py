@@ -140,6 +140,28 @@ def test_a_client_certificate_from_another_ca_is_refused(
         assert answer.status is None, (port, answer)
 
 
+def test_a_nodes_own_certificate_cannot_scrape_another_node(
+    lab: Lab,
+    converged: list[LabNode],
+    ports: tuple[int, int],
+    ca_file: Path,
+    tmp_path: Path,
+) -> None:
+    """A node's certificate and key, as gpunode installed them on it, presented to another
+    node's exporters: refused, on both ports (the certificate is for serving only)."""
+    holder, target = converged[0], converged[1]
+    node = ClientCertificate(tmp_path / "node.crt", tmp_path / "node.key")
+    node.certificate.write_text(sudo(lab, holder, "cat /etc/gpunode/tls/node.crt"))
+    node.key.touch(mode=0o600)
+    node.key.write_text(sudo(lab, holder, "cat /etc/gpunode/tls/node.key"))
+    shown = sudo(lab, holder, "openssl x509 -in /etc/gpunode/tls/node.crt -noout -ext "
+                 "extendedKeyUsage")  # fmt: skip
+    assert shown.splitlines()[1:] == ["    TLS Web Server Authentication"], shown
+    for port in ports:
+        answer = scrape(target.address, port, client_context(ca_file, node), target.name)
+        assert answer.status is None and answer.body == "", (port, answer)
+
+
 def test_tls_12_is_refused(
     converged: list[LabNode], ports: tuple[int, int], ca_file: Path, scraper: ClientCertificate
 ) -> None:

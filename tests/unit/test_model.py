@@ -141,17 +141,21 @@ BAD_INPUTS = [
         id="node-exporter-on-dcgms-port",
     ),
     pytest.param(
-        {"prometheus": {"enabled": True}},
-        "prometheus.enabled = True: Prometheus scrapes the exporters with this host's node "
-        "certificate as its client certificate, and tls.enabled is false; accepted: "
-        "tls.enabled: true, or prometheus.enabled: false",
+        {"prometheus": {"enabled": True, "web_password_file": "/etc/gpunode/prometheus.pw"}},
+        "prometheus.enabled = True: Prometheus scrapes the exporters with a client certificate "
+        "from gpunode's CA and serves its web UI with the node certificate, and tls.enabled is "
+        "false; accepted: tls.enabled: true, or prometheus.enabled: false",
         id="prometheus-without-tls",
     ),
     pytest.param(
         {
             "tls": {"enabled": True},
             "node_exporter": {"enabled": True},
-            "prometheus": {"enabled": True, "port": 9100},
+            "prometheus": {
+                "enabled": True,
+                "port": 9100,
+                "web_password_file": "/etc/gpunode/prometheus.pw",
+            },
         },
         "prometheus.port = 9100: taken by node_exporter.port; accepted: a port no other service "
         "of the host listens on (9090 by default)",

@@ -453,6 +453,16 @@ def _remote_syslog(state: DesiredState, value: str) -> None:
     assert forward.split() == ["*.*", f"@@{value}:514"]
 
 
+def _prometheus_web_user(state: DesiredState, value: str) -> None:
+    import yaml
+
+    from roles.prometheus import render_host_web_config
+
+    password_hash = "$2b$12$" + "a" * 53
+    web = yaml.safe_load(render_host_web_config(value, password_hash))
+    assert web["basic_auth_users"] == {value: password_hash}
+
+
 RENDERED: dict[str, Callable[[DesiredState, str], None]] = {
     "Sshd.listen_addresses": _sshd,
     "Sshd.penalty_exempt_networks": _penalty_exempt,
@@ -478,6 +488,7 @@ RENDERED: dict[str, Callable[[DesiredState, str], None]] = {
     "MalwareSignatures.custom_urls": _freshclam_url,
     "Lynis.schedule": _lynis_schedule,
     "AuditTools.remote_syslog_host": _remote_syslog,
+    "Prometheus.web_user": _prometheus_web_user,
 }
 
 

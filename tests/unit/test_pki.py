@@ -391,7 +391,7 @@ def test_a_host_name_that_cannot_be_certified_is_refused() -> None:
 # --- signing ------------------------------------------------------------------------------
 
 
-def test_signed_certificate_names_the_node_for_server_and_client_use(
+def test_signed_certificate_names_the_node_for_serving_only(
     authority: CertificateAuthority,
 ) -> None:
     key = node_key()
@@ -402,7 +402,8 @@ def test_signed_certificate_names_the_node_for_server_and_client_use(
     certificate.verify_directly_issued_by(authority.certificate)
     assert pki.certificate_names(certificate) == (["node1", "node1.cluster.example"], ["10.0.0.11"])
     usage = certificate.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
-    assert list(usage) == [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]
+    # For serving only: a node's certificate cannot scrape another node's exporter.
+    assert list(usage) == [ExtendedKeyUsageOID.SERVER_AUTH]
     constraints = certificate.extensions.get_extension_for_class(x509.BasicConstraints).value
     assert constraints.ca is False
     assert certificate.not_valid_after_utc == NOW + datetime.timedelta(days=90)
@@ -558,6 +559,68 @@ def test_expiry_inside_the_renewal_window_causes_a_reissue(
     why = reason(authority, lines, days_later=335, renew_before_days=30)
     assert why is not None and "inside the renewal window of 30 days" in why
     assert reason(authority, lines, days_later=300, renew_before_days=90) is not None
+
+
+def test_a_scraper_certificate_is_for_clients_only(authority: CertificateAuthority) -> None:
+    key = node_key()
+    csr = make_csr(key, ["node1", "node1.cluster.example"], ["10.0.0.11"])
+    scraper = pki.wanted_certificate(
+        "node1",
+        Tls(enabled=True, names=("node1.cluster.example",), ip_addresses=("10.0.0.11",)),
+        usage="client",
+    )
+    certificate = pki.sign_csr(authority, csr, scraper, public_pem(key), now=NOW)
+    usage = certificate.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+    assert list(usage) == [ExtendedKeyUsageOID.CLIENT_AUTH]
+    assert pki.extended_key_usages(certificate) == ("client",)
+
+
+def old_style_certificate(
+    authority: CertificateAuthority, key: ec.EllipticCurvePrivateKey
+) -> x509.Certificate:
+    """A node certificate as gpunode issued them before: for serving and as a client."""
+    issued = pki.issue_certificate(authority, key.public_key(), wanted(), now=NOW)
+    builder = x509.CertificateBuilder(
+        issuer_name=issued.issuer,
+        subject_name=issued.subject,
+        public_key=issued.public_key(),
+        serial_number=issued.serial_number,
+        not_valid_before=issued.not_valid_before_utc,
+        not_valid_after=issued.not_valid_after_utc,
+    )
+    for extension in issued.extensions:
+        value = extension.value
+        if isinstance(value, x509.ExtendedKeyUsage):
+            value = x509.ExtendedKeyUsage(
+                [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]
+            )
+        builder = builder.add_extension(value, extension.critical)
+    return builder.sign(authority.private_key, hashes.SHA384())
+
+
+def test_a_node_certificate_that_can_act_as_a_client_is_issued_anew(
+    authority: CertificateAuthority,
+) -> None:
+    key = node_key()
+    lines = fact_output(old_style_certificate(authority, key), key)
+    assert reason(authority, lines, days_later=1) == (
+        "it is for server, client; wanted server only (a node certificate must not act as a client)"
+    )
+
+
+def test_a_scraper_certificate_that_could_serve_is_issued_anew(
+    authority: CertificateAuthority, issued: Issued
+) -> None:
+    key, certificate = issued  # a node certificate: for serving
+    report = parse_node_certificate(fact_output(certificate, key), now=NOW)
+    scraper = pki.wanted_certificate(
+        "node1",
+        Tls(enabled=True, names=("node1.cluster.example",), ip_addresses=("10.0.0.11",)),
+        usage="client",
+    )
+    assert pki.reissue_reason(report, scraper, authority.certificate, NOW) == (
+        "it is for server; wanted client only"
+    )
 
 
 def test_a_dry_run_before_the_ca_exists_predicts_a_reissue(issued: Issued) -> None:

@@ -136,7 +136,7 @@ def test_the_monitoring_hosts_prometheus_port_opens_to_its_client_networks_only(
     base = {
         "firewall": {"enabled": True, "admin_networks": ["10.1.0.0/16"]},
         "tls": {"enabled": True},
-        "prometheus": {"enabled": True, "port": 9091},
+        "prometheus": {"enabled": True, "port": 9091, "web_password_file": "/etc/prometheus.pw"},
     }
     state, problems = build_desired_state(base)
     assert problems == []
@@ -162,7 +162,8 @@ def test_the_monitoring_hosts_prometheus_port_opens_to_its_client_networks_only(
 def test_prometheus_client_networks_are_validated() -> None:
     _, problems = build_desired_state(
         {"tls": {"enabled": True},
-         "prometheus": {"enabled": True, "client_networks": ["10.0.0.0/33"]}}
+         "prometheus": {"enabled": True, "client_networks": ["10.0.0.0/33"],
+                        "web_password_file": "/etc/prometheus.pw"}}
     )  # fmt: skip
     assert [problem.key for problem in problems] == ["prometheus.client_networks[0]"]
 

@@ -229,10 +229,18 @@ def served(
         process.wait(timeout=10)
 
 
-def test_a_client_certificate_from_gpunodes_ca_gets_the_metrics(served: Served) -> None:
+def test_the_scrapers_client_certificate_gets_the_metrics(served: Served) -> None:
     answer = scrape("127.0.0.1", served.port, client_context(served.ca, served.client))
     assert answer.status == 200, answer.error
     assert re.search(served.shows, answer.body, re.MULTILINE), answer.body
+
+
+def test_a_node_certificate_presented_as_a_client_is_refused(served: Served) -> None:
+    """Another node's certificate, from the same CA, as gpunode issues it (for serving):
+    a node cannot scrape another node's exporter."""
+    node = issue_client(served.authority, "node-2", served.directory / "clients", usage="server")
+    answer = scrape("127.0.0.1", served.port, client_context(served.ca, node))
+    assert answer.status is None and answer.body == "", answer
 
 
 def test_no_client_certificate_is_refused(served: Served) -> None:

@@ -313,7 +313,8 @@ def test_callback_signs_the_nodes_csr_and_installs_a_verified_certificate(
     assert host.commands == [
         "openssl req -new -key /etc/gpunode/tls/node.key -subj /CN=node-1 "
         "-addext subjectAltName=DNS:node-1,DNS:node-1.cluster.example,IP:10.0.0.11",
-        "openssl verify -CAfile /etc/gpunode/tls/ca.crt /etc/gpunode/tls/node.crt.new "
+        "openssl verify -purpose sslserver -CAfile /etc/gpunode/tls/ca.crt "
+        "/etc/gpunode/tls/node.crt.new "
         ">/dev/null && chown root:root /etc/gpunode/tls/node.crt.new "
         "&& chmod 644 /etc/gpunode/tls/node.crt.new "
         "&& mv -f /etc/gpunode/tls/node.crt.new /etc/gpunode/tls/node.crt",

@@ -51,3 +51,10 @@ def test_ca_is_not_in_the_system_trust_store(host: Any, wanted: DesiredState) ->
     assert not host.file(TRUST_LINK).exists
     # Only what is pointed at ca.crt trusts the node certificate; the system store does not.
     assert host.run(f"openssl verify {CERT_PATH}").rc != 0
+
+
+def test_certificate_serves_and_cannot_act_as_a_client(host: Any, wanted: DesiredState) -> None:
+    """For serverAuth only: presented as a client, no exporter admits it."""
+    text = host.check_output(f"openssl x509 -in {CERT_PATH} -noout -ext extendedKeyUsage")
+    assert text.splitlines()[1:] == ["    TLS Web Server Authentication"], text
+    assert host.run(f"openssl verify -purpose sslclient -CAfile {CA_PATH} {CERT_PATH}").rc != 0
