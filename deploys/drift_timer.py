@@ -47,6 +47,7 @@ from pyinfra.operations import files, server, systemd
 
 from facts.kernel import FileModes
 from gpunode.expected.timers import drift_textfile_problem
+from gpunode.secret_files import SecretFileError, read_secret_file
 
 PROJECT = Path(__file__).resolve().parents[1]
 UNIT = "gpunode-drift"
@@ -152,6 +153,11 @@ drain_arguments = (
 
 
 ssh_key = local_file("x_drift_ssh_key", host.data.get("x_drift_ssh_key"))
+if ssh_key is not None:  # a private key: refused when others may read it, as the CA's is
+    try:
+        read_secret_file(str(ssh_key), "x_drift_ssh_key", 1 << 16)
+    except SecretFileError as error:
+        raise DeployError(str(error)) from None
 known_hosts = local_file(
     "x_drift_known_hosts", host.data.get("x_drift_known_hosts", "~/.ssh/known_hosts")
 )

@@ -48,12 +48,14 @@ from facts.accounts import (
 from gpunode.model import DesiredState
 from gpunode.pyinfra_patches import inner
 from gpunode.refusal import REFUSED_EXIT, NodeRefused
+from gpunode.secret_files import SecretFileError, SecretFileExposed, read_secret_file
 
 SUDOERS_PATH = f"/etc/sudoers.d/{ADMIN_GROUP}"
 # Day 1 of 1970: long past, so the account is expired for good (0 is reserved by shadow(5)).
 EXPIRED_SINCE_DAY = 1
 FIRST_USER_UID = 1000  # Debian's UID_MIN: below it, system accounts
 _UNUSABLE_SHELLS = ("nologin", "false")
+MAX_PRIVATE_KEY_BYTES = 1 << 16
 
 
 @operation()
@@ -245,11 +247,19 @@ def deploy_user(data: Any) -> str:
 
 
 def deploy_public_key(data: Any) -> str | None:
-    """``type base64`` of the key this deploy logs in with; None if it cannot be known."""
+    """``type base64`` of the key this deploy logs in with; None if it cannot be known. A
+    private key the group or others may read is refused, as the CA's is (OpenSSH's ssh
+    refuses it too)."""
     path = data.get("ssh_key")
     if not path:
         return None
     path = os.path.expanduser(str(path))
+    try:
+        read_secret_file(path, "ssh_key", MAX_PRIVATE_KEY_BYTES)
+    except SecretFileExposed as error:
+        raise NodeRefused(f"admin users refused: {error}") from None
+    except SecretFileError:
+        pass  # unreadable: its .pub may still say which key it is
     try:
         import paramiko
 

@@ -1,11 +1,15 @@
 """The control host's drift timer (deploys/drift_timer.py): the textfile's directory, which
-the deploy makes writable by the check's group, is always a directory gpunode owns."""
+the deploy makes writable by the check's group, is always a directory gpunode owns; the
+private key it copies is refused when others may read it (gpunode.secret_files)."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 
 from gpunode.expected.timers import NODE_EXPORTER_TEXTFILE_DIR, drift_textfile_problem
+from gpunode.secret_files import SecretFileError, SecretFileExposed, read_secret_file
 
 
 @pytest.mark.parametrize(
@@ -51,3 +55,18 @@ def test_the_textfile_directory_is_the_one_gpunode_s_node_exporter_reads() -> No
     state, problems = build_desired_state({})
     assert problems == []
     assert state.gpu_metrics.textfile_dir == NODE_EXPORTER_TEXTFILE_DIR
+
+
+def test_a_secret_file_is_read_only_when_private_to_its_owner(tmp_path: Path) -> None:
+    key = tmp_path / "id_drift"
+    key.write_bytes(b"-----BEGIN OPENSSH PRIVATE KEY-----\n")
+    key.chmod(0o600)
+    assert read_secret_file(str(key), "x_drift_ssh_key", 64).startswith(b"-----BEGIN")
+    for mode in (0o640, 0o604, 0o660, 0o610):
+        key.chmod(mode)
+        with pytest.raises(SecretFileExposed, match=f"mode {mode:04o}"):
+            read_secret_file(str(key), "x_drift_ssh_key", 64)
+    with pytest.raises(SecretFileError, match="not a regular file"):
+        read_secret_file(str(tmp_path), "x_drift_ssh_key", 64)
+    with pytest.raises(SecretFileError, match="No such file"):
+        read_secret_file(str(tmp_path / "missing"), "x_drift_ssh_key", 64)

@@ -324,9 +324,30 @@ def test_deploy_key_is_derived_from_the_private_key(tmp_path: Path) -> None:
     )
     path = tmp_path / "id_ed25519"
     path.write_bytes(pem)
+    path.chmod(0o600)
     assert deploy_public_key({"ssh_key": str(path)}) == public.decode()
     assert deploy_public_key({}) is None
     assert deploy_public_key({"ssh_key": str(tmp_path / "missing")}) is None
+
+
+@pytest.mark.parametrize("mode", [0o640, 0o644, 0o604], ids=lambda mode: f"{mode:04o}")
+def test_a_deploy_key_the_group_or_others_may_read_is_refused(tmp_path: Path, mode: int) -> None:
+    private = Ed25519PrivateKey.generate()
+    path = tmp_path / "id_ed25519"
+    path.write_bytes(
+        private.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.OpenSSH,
+            serialization.NoEncryption(),
+        )
+    )
+    path.chmod(mode)
+    with pytest.raises(NodeRefused) as refused:
+        deploy_public_key({"ssh_key": str(path)})
+    assert refused.value.reason == (
+        f"admin users refused: ssh_key {path} is readable by others (mode {mode:04o}); "
+        f"chmod 600 {path}"
+    )
 
 
 # --- admin_account: server.user's commands, from the managed accounts' entries only ------
