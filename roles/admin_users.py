@@ -152,8 +152,9 @@ def own_key_files(node: str, user: str, targets: Mapping[str, Any]) -> list[tupl
         if not inside or owner != uid:
             raise NodeRefused(
                 f"{what}: ~{user}/{name} leads to {path}, owned by uid {owner}, not a file of "
-                f"{user}'s own (uid {uid}) in its home {home}; removing it could take another "
-                f"account's keys. Look at ~{user}/.ssh by hand, remove the link, and run again"
+                f"{user}'s own (uid {uid}) in its home {home or '(none)'}; removing it could "
+                f"take another account's keys. Look at ~{user}/.ssh by hand, remove the link, "
+                "and run again"
             )
         removals.append((path, owner))
     return removals
