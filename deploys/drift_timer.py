@@ -8,7 +8,8 @@ yesterday's as the baseline, so new findings stand out), writes a JUnit file for
 dashboards and a Prometheus textfile for node_exporter. Data (all optional but the first):
 x_drift_inventory (a path inside this checkout), x_drift_schedule (systemd OnCalendar,
 default 05:30 daily), x_drift_output_dir (default /var/lib/gpunode/drift), x_drift_textfile
-(default /var/lib/prometheus/node-exporter/gpunode_drift.prom), x_drift_ssh_key (the
+(default /var/lib/prometheus/node-exporter/gpunode_drift.prom; in node_exporter's textfile
+directory or under one of gpunode's, gpunode.expected.timers), x_drift_ssh_key (the
 private key the check logs in to the nodes with; best one of its own) and
 x_drift_known_hosts (the nodes' host keys, default ~/.ssh/known_hosts): both are files on
 the machine that runs this deploy, copied to the control host. x_drift_drain: 'critical' runs
@@ -45,6 +46,8 @@ from pyinfra.api import DeployError
 from pyinfra.operations import files, server, systemd
 
 from facts.kernel import FileModes
+from gpunode.expected.timers import drift_textfile_problem
+from gpunode.secret_files import SecretFileError, read_secret_file
 
 PROJECT = Path(__file__).resolve().parents[1]
 UNIT = "gpunode-drift"
@@ -128,6 +131,8 @@ textfile = writable_path(
 )
 if not textfile.endswith(".prom"):
     raise _refuse("x_drift_textfile", textfile, "node_exporter reads only *.prom files")
+if textfile_problem := drift_textfile_problem(textfile, DRIFT_USER):
+    raise _refuse("x_drift_textfile", textfile, textfile_problem)
 textfile_dir = posixpath.dirname(textfile)
 # Health-driven drain (gpunode drift --drain critical), off unless the data turns it on.
 drain = host.data.get("x_drift_drain", "off")
@@ -148,6 +153,11 @@ drain_arguments = (
 
 
 ssh_key = local_file("x_drift_ssh_key", host.data.get("x_drift_ssh_key"))
+if ssh_key is not None:  # a private key: refused when others may read it, as the CA's is
+    try:
+        read_secret_file(str(ssh_key), "x_drift_ssh_key", 1 << 16)
+    except SecretFileError as error:
+        raise DeployError(str(error)) from None
 known_hosts = local_file(
     "x_drift_known_hosts", host.data.get("x_drift_known_hosts", "~/.ssh/known_hosts")
 )

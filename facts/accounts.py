@@ -276,3 +276,79 @@ class PasswdEntries(FactBase):
 
     def process(self, output: list[str]) -> dict[str, dict[str, Any]]:  # type: ignore[override]
         return parse_passwd_entries(list(output))
+
+
+def key_file_targets_command(user: str) -> str:
+    """Where ``user``'s home and each of its authorized_keys files resolve, and who owns each."""
+    if not _USER_NAME.fullmatch(user):
+        raise ValueError(f"not a user name: {user!r}")
+    name = shlex.quote(user)
+    lines = [
+        f"entry=$(getent passwd -- {name}) || exit 0;",
+        'uid=$(echo "$entry" | cut -d: -f3); home=$(echo "$entry" | cut -d: -f6);',
+        'echo "home $uid $(realpath -e -- "$home" 2>/dev/null)";',
+    ]
+    for path in KEY_FILES:
+        # -e follows links: a link to nothing reads no keys (LoginAccounts counts none).
+        lines.append(
+            f'if [ -e "$home/{path}" ]; then echo "key {path} '
+            f'$(stat -L -c %u -- "$home/{path}") $(realpath -e -- "$home/{path}")"; fi;'
+        )
+    return " ".join(lines)
+
+
+_NODE_PATH = re.compile(r"/[^\x00-\x1f\x7f]{0,4095}")
+
+
+def parse_key_file_targets(lines: list[str]) -> dict[str, Any]:
+    """The command's output -> ``{"state": "ok", "uid": 1001, "home": "/home/u",
+    "keys": {".ssh/authorized_keys": {"uid": 1001, "path": "/home/u/.ssh/authorized_keys"}}}``;
+    ``{"state": "absent"}`` without an account; any other line makes it ``unreadable``."""
+    result: dict[str, Any] = {"state": "absent", "uid": None, "home": None, "keys": {}}
+    for raw in lines[:8]:
+        word, _, rest = raw.rstrip("\r\n").partition(" ")
+        number, _, path = rest.partition(" ")
+        if (
+            word == "home"
+            and _number(number) is not None
+            and (path == "" or _NODE_PATH.fullmatch(path))
+        ):
+            result.update(state="ok", uid=_number(number), home=path or None)
+        elif word == "key":
+            owner, _, path = path.partition(" ")
+            if number in KEY_FILES and _number(owner) is not None and _NODE_PATH.fullmatch(path):
+                result["keys"][number] = {"uid": _number(owner), "path": path}
+                continue
+            return {"state": "unreadable", "reason": f"key file line {raw[:120]!r}"}
+        else:
+            return {"state": "unreadable", "reason": f"line {raw[:120]!r}"}
+    if len(lines) > 8:
+        return {"state": "unreadable", "reason": f"{len(lines)} lines"}
+    if result["keys"] and result["state"] != "ok":
+        return {"state": "unreadable", "reason": "key files without a home that resolves"}
+    return result
+
+
+class KeyFileTargets(FactBase):
+    """
+    Where an account's home and its authorized_keys files resolve (links followed), and who
+    owns each file: a revocation removes only what is the account's own.
+
+    .. code:: python
+
+        {"state": "ok", "uid": 1001, "home": "/home/olduser",
+         "keys": {".ssh/authorized_keys": {"uid": 1001,
+                                           "path": "/home/olduser/.ssh/authorized_keys"}}}
+
+    + user: the account
+    """
+
+    @staticmethod
+    def default() -> dict[str, Any]:
+        return {"state": "absent", "uid": None, "home": None, "keys": {}}
+
+    def command(self, user: str) -> str:
+        return key_file_targets_command(user)
+
+    def process(self, output: list[str]) -> dict[str, Any]:  # type: ignore[override]
+        return parse_key_file_targets(list(output))

@@ -9,7 +9,7 @@ from typing import Any
 from pyinfra.api import FactBase
 
 from gpunode import framing
-from gpunode.expected.audit import CONFIG, DATABASE, SUMMARY
+from gpunode.expected.audit import CONFIG, DATABASE, SUMMARY, changed_dirs_command
 
 PARTS = ("database", "summary")
 # The summary is gpunode's own file, but node text all the same: bounded, checked field by
@@ -18,6 +18,10 @@ MAX_SUMMARY_BYTES = 512 * 1024
 MAX_ALERTS_KEPT = 200
 ALERT_KINDS = ("added", "removed", "changed")
 _PATH = re.compile(r"/[^\x00-\x1f\x7f]{0,4095}")
+# The directories changed before a run go back to the node in the adopt step's command line,
+# one argument for sh -c (Linux's MAX_ARG_STRLEN, 128 KiB): past this many characters, the
+# run treats the list as unknown.
+MAX_CHANGED_DIRS_CHARS = 32 * 1024
 _TIME = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}Z")
 
 
@@ -115,3 +119,47 @@ class FileIntegrityState(FactBase):
 
     def process(self, output: list[str]) -> dict[str, Any]:  # type: ignore[override]
         return parse_file_integrity(list(output))
+
+
+def parse_changed_directories(output: list[str]) -> list[str] | None:
+    """``changed-dirs``'s JSON -> the directories; None (unknown) for anything else: a list
+    cut short, a path gpunode would not put in a command, too many characters."""
+    try:
+        raw = json.loads("\n".join(output))
+    except ValueError:
+        return None
+    if not isinstance(raw, dict) or raw.get("complete") is not True:
+        return None
+    directories = raw.get("directories")
+    if not isinstance(directories, list) or not all(
+        isinstance(path, str) and _PATH.fullmatch(path) for path in directories
+    ):
+        return None
+    if sum(len(path) + 3 for path in directories) > MAX_CHANGED_DIRS_CHARS:
+        return None
+    return directories
+
+
+class DirectoriesChangedSinceCheck(FactBase):
+    """
+    The watched directories whose ctime is past AIDE's last check, read with the run's other
+    facts (before it changes anything): a removal there may predate the run. None where it
+    cannot be known (no program yet, too many).
+
+    .. code:: python
+
+        ["/etc", "/etc/apt/apt.conf.d"]
+    """
+
+    def requires_command(self) -> str:
+        return "python3"
+
+    @staticmethod
+    def default() -> None:
+        return None
+
+    def command(self) -> str:
+        return f"{changed_dirs_command()} 2>/dev/null || true"
+
+    def process(self, output: list[str]) -> list[str] | None:  # type: ignore[override]
+        return parse_changed_directories(list(output))

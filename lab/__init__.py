@@ -667,8 +667,10 @@ class Lab:
                 f"{LABEL}.release": node.release,
             },
             # systemd as PID 1 without --privileged: the capabilities it needs, the host's
-            # cgroup tree, and tmpfs where it expects them.
-            cap_add=["SYS_ADMIN", "NET_ADMIN"],
+            # cgroup tree, and tmpfs where it expects them. DAC_READ_SEARCH, which Docker
+            # drops and root on a real node has: a unit bounded to it alone (the malware
+            # scan) reads every file with it, as on a real node.
+            cap_add=["SYS_ADMIN", "NET_ADMIN", "DAC_READ_SEARCH"],
             security_opt=["seccomp=unconfined", "apparmor=unconfined"],
             cgroupns="host",
             volumes={

@@ -6,10 +6,11 @@ gpunode manages the members of its two groups: gpunode-login, the only group ssh
 gpunode-login, and in gpunode-admins when it has sudo. A member of either group that the
 inventory no longer declares is revoked: the account expires (PAM then refuses every login,
 key logins included; a locked password alone does not stop key logins when sshd uses PAM),
-its password is locked, its shell becomes nologin, its authorized_keys files are removed and it
-leaves both groups (a system account, uid below 1000, keeps its shell and expiry, which
-belong to its package). Its home directory and files are kept, and its running sessions are
-not ended (a job may be running). Declaring it again gives its access back.
+its password is locked, its shell becomes nologin, its authorized_keys files are removed (only
+where they resolve inside its own home and it owns them: a link into another account's keys
+refuses the node) and it leaves both groups (a system account, uid below 1000, keeps its shell
+and expiry, which belong to its package). Its home directory and files are kept, and its
+running sessions are not ended (a job may be running). Declaring it again gives its access back.
 
 The deploy user (the account pyinfra logs in as) is always in gpunode-login and is never
 revoked. If the inventory does not declare it, gpunode changes nothing else about it. If it
@@ -36,23 +37,25 @@ from pyinfra.operations import files, server
 
 from facts.accounts import (
     ADMIN_GROUP,
-    KEY_FILES,
     LOGIN_GROUP,
     MANAGED_GROUPS,
     NOLOGIN_SHELL,
+    KeyFileTargets,
     LoginAccounts,
     PasswdEntries,
     expired,
 )
 from gpunode.model import DesiredState
 from gpunode.pyinfra_patches import inner
-from gpunode.refusal import NodeRefused
+from gpunode.refusal import REFUSED_EXIT, NodeRefused
+from gpunode.secret_files import SecretFileError, SecretFileExposed, read_secret_file
 
 SUDOERS_PATH = f"/etc/sudoers.d/{ADMIN_GROUP}"
 # Day 1 of 1970: long past, so the account is expired for good (0 is reserved by shadow(5)).
 EXPIRED_SINCE_DAY = 1
 FIRST_USER_UID = 1000  # Debian's UID_MIN: below it, system accounts
 _UNUSABLE_SHELLS = ("nologin", "false")
+MAX_PRIVATE_KEY_BYTES = 1 << 16
 
 
 @operation()
@@ -129,6 +132,46 @@ def admin_account(user: str, shell: str, groups: list[str], public_keys: list[st
     )
 
 
+def own_key_files(node: str, user: str, targets: Mapping[str, Any]) -> list[tuple[str, int]]:
+    """(resolved path, owner uid) of each authorized_keys file of ``user`` to remove.
+
+    A revoked account's ``~/.ssh`` or key file may be a link (its owner made it) into another
+    account's keys: removing through it would take that account's access. Only a file that
+    resolves inside the account's own home and that the account owns is removed; anything
+    else refuses the node (KeyFileTargets: links followed, node text checked).
+    """
+    what = f"{node}: revoking {user}"
+    if targets.get("state") != "ok":
+        reason = targets.get("reason") or targets.get("state")
+        raise NodeRefused(f"{what}: where its authorized_keys lead cannot be read ({reason})")
+    home, uid = str(targets.get("home") or ""), targets.get("uid")
+    removals = []
+    for name, target in sorted((targets.get("keys") or {}).items()):
+        path, owner = target["path"], target["uid"]
+        inside = bool(home) and path.startswith(f"{home.rstrip('/')}/")
+        if not inside or owner != uid:
+            raise NodeRefused(
+                f"{what}: ~{user}/{name} leads to {path}, owned by uid {owner}, not a file of "
+                f"{user}'s own (uid {uid}) in its home {home or '(none)'}; removing it could "
+                f"take another account's keys. Look at ~{user}/.ssh by hand, remove the link, "
+                "and run again"
+            )
+        removals.append((path, owner))
+    return removals
+
+
+def removal_of_own_file(path: str, owner: int) -> str:
+    """``rm`` of ``path`` if it is still a file, not a link, owned by ``owner``: the account
+    may change its home between the fact and this command."""
+    quoted = shlex.quote(path)
+    message = shlex.quote(f"{path} changed since it was checked (a link, or not uid {owner}'s)")
+    return (
+        f'if [ -f {quoted} ] && [ ! -L {quoted} ] && [ "$(realpath -e -- {quoted})" = {quoted} ]'
+        f' && [ "$(stat -c %u -- {quoted})" = {owner} ]; then rm -f -- {quoted}; '
+        f"elif [ -e {quoted} ] || [ -L {quoted} ]; then echo {message} >&2; exit {REFUSED_EXIT}; fi"
+    )
+
+
 def _members(accounts: Mapping[str, Any], group: str) -> list[str]:
     return list((accounts.get("groups") or {}).get(group) or [])
 
@@ -187,10 +230,10 @@ def revoked_account(user: str):
             )
             changed = True
         if account.get("keys"):
-            home = str(account.get("home") or "")
-            paths = " ".join(shlex.quote(os.path.join(home, path)) for path in KEY_FILES)
-            yield f"rm -f -- {paths}"
-            changed = True
+            targets = host.get_fact(KeyFileTargets, user=user)
+            for path, owner in own_key_files(host.name, user, targets):
+                yield removal_of_own_file(path, owner)
+                changed = True
     for group in MANAGED_GROUPS:
         if user in _members(accounts, group):
             yield f"gpasswd -d {name} {group} >/dev/null"
@@ -205,11 +248,19 @@ def deploy_user(data: Any) -> str:
 
 
 def deploy_public_key(data: Any) -> str | None:
-    """``type base64`` of the key this deploy logs in with; None if it cannot be known."""
+    """``type base64`` of the key this deploy logs in with; None if it cannot be known. A
+    private key the group or others may read is refused, as the CA's is (OpenSSH's ssh
+    refuses it too)."""
     path = data.get("ssh_key")
     if not path:
         return None
     path = os.path.expanduser(str(path))
+    try:
+        read_secret_file(path, "ssh_key", MAX_PRIVATE_KEY_BYTES)
+    except SecretFileExposed as error:
+        raise NodeRefused(f"admin users refused: {error}") from None
+    except SecretFileError:
+        pass  # unreadable: its .pub may still say which key it is
     try:
         import paramiko
 

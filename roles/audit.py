@@ -5,7 +5,9 @@ declared paths; ``file_integrity.py`` (installed beside it) keeps the database a
 the drift check reads. The database is built once; a timer checks on the schedule; and the
 last step of every run that changed the node takes that run's changes into the database,
 so a deploy is never reported as tampering, while what changed before the run started is
-classified as a nightly check would (an alert unless a package explains it).
+classified as a nightly check would (an alert unless a package explains it). A removal
+leaves no ctime of its own: the run reads, with its facts, which watched directories had
+already changed since the last check, and a removal in one of those is never the run's.
 
 Every deploy ends with ``file_integrity_takes_this_run``: whichever roles it runs, it must
 see every operation before it (a change by deploys/tls.py is a gpunode run's as much as one
@@ -24,7 +26,7 @@ from pyinfra.api import deploy, operation
 from pyinfra.facts.server import Date
 from pyinfra.operations import files
 
-from facts.audit import FileIntegrityState
+from facts.audit import DirectoriesChangedSinceCheck, FileIntegrityState
 from gpunode import pyinfra_patches
 from gpunode.expected import audit as expected
 from gpunode.model import DesiredState
@@ -47,17 +49,21 @@ def integrity_database_built(initialised: bool) -> Generator[str, None, None]:
 
 
 @operation()
-def integrity_database_takes_this_run(run_started: datetime) -> Generator[str, None, None]:
+def integrity_database_takes_this_run(
+    run_started: datetime, changed_before_run: list[str] | None
+) -> Generator[str, None, None]:
     """
     Take what this run changed on the node into AIDE's database (only when it changed
     something), classifying what changed before the run as a nightly check does.
 
     + run_started: the node's clock when the run read its facts, before any change
+    + changed_before_run: the watched directories changed since the last check, read then
+      (None: unknown; then no removal is taken as the run's)
     """
     if not pyinfra_patches.host_changed_in_this_run(host):
         host.noop("nothing else changed on the node in this run")
         return
-    yield expected.adopt_command(run_started.timestamp())
+    yield expected.adopt_command(run_started.timestamp(), changed_before_run)
 
 
 @deploy("File integrity (AIDE)")
@@ -111,6 +117,8 @@ def _this_run_into_the_database(built: bool) -> None:
     """``built``: only where the node has its database already (nothing installed here)."""
     # Read with the run's other facts, before anything changes the node: the run's start.
     run_started = host.get_fact(Date)
+    # A removal leaves only its directory's ctime, which the run's own writes move too.
+    changed_before_run = host.get_fact(DirectoriesChangedSinceCheck)
     if not host.get_fact(FileIntegrityState).get("database"):
         if built:
             host.noop("no AIDE database on the node yet (deploys/gpu_node.py builds it)")
@@ -118,5 +126,7 @@ def _this_run_into_the_database(built: bool) -> None:
         integrity_database_built(name="AIDE database built", initialised=False)
         return
     integrity_database_takes_this_run(
-        name="AIDE database takes this run's changes", run_started=run_started
+        name="AIDE database takes this run's changes",
+        run_started=run_started,
+        changed_before_run=changed_before_run,
     )

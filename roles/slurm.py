@@ -55,6 +55,7 @@ from gpunode.expected.slurm import (
     render_slurmd_drop_in,
 )
 from gpunode.model import USER_NAME, DesiredState
+from gpunode.secret_files import SecretFileError, read_secret_file
 
 PACKAGES = ("munge", "slurmd")
 MUNGE_SERVICE = "munge.service"
@@ -69,12 +70,12 @@ USER_NAME_PATTERN = re.compile(USER_NAME)
 
 
 def read_munge_key(path: str) -> bytes:
-    """The key file's bytes; an error names the file and why, never its content."""
+    """The key file's bytes; an error names the file and why, never its content. A key the
+    group or others may read is refused, as the CA's key is (gpunode.secret_files)."""
     try:
-        with open(path, "rb") as handle:
-            key = handle.read(MAX_MUNGE_KEY_BYTES + 1)
-    except OSError as error:
-        raise OperationError(f"slurm.munge_key_file {path}: {error.strerror}") from None
+        key = read_secret_file(path, "slurm.munge_key_file", MAX_MUNGE_KEY_BYTES)
+    except SecretFileError as error:
+        raise OperationError(str(error)) from None
     if not MIN_MUNGE_KEY_BYTES <= len(key) <= MAX_MUNGE_KEY_BYTES:
         raise OperationError(
             f"slurm.munge_key_file {path}: {len(key)} bytes; munged needs "

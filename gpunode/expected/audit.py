@@ -13,6 +13,8 @@ aide.conf(5) of aide 0.18.3, read on a Debian 12 test node 2026-12-01.
 from __future__ import annotations
 
 import re
+import shlex
+from collections.abc import Sequence
 
 from gpunode.expected.timers import render_schedule_timer
 from gpunode.model import FileIntegrity
@@ -99,12 +101,23 @@ def render_timer(schedule: str) -> str:
     )
 
 
-def adopt_command(since: float) -> str:
-    """The run's last step: what changed from ``since`` on is the run's (file_integrity.py)."""
-    return (
+def adopt_command(since: float, changed_before_run: Sequence[str] | None) -> str:
+    """The run's last step: what changed from ``since`` on is the run's (file_integrity.py);
+    a removal only in a directory not in ``changed_before_run`` (what ``changed_dirs_command``
+    read when the run began; None: unknown, so no removal is the run's)."""
+    command = (
         f"/usr/bin/python3 -I {PROGRAM} --config {CONFIG} --state {STATE_DIR} "
         f"adopt --since {int(since)}"
     )
+    if changed_before_run is None:
+        return command
+    # Last: the option takes every word after it.
+    return " ".join([command, "--changed-before-run", *map(shlex.quote, changed_before_run)])
+
+
+def changed_dirs_command() -> str:
+    """Read only, with the run's facts: the watched directories changed since the last check."""
+    return f"/usr/bin/python3 -I {PROGRAM} --config {CONFIG} --state {STATE_DIR} changed-dirs"
 
 
 def init_command() -> str:

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import posixpath
+
+from gpunode.model import GpuMetrics
+
 
 def render_schedule_timer(key: str, description: str, schedule: str) -> str:
     """The timer of the setting ``key`` (named in its header), on ``schedule`` (a systemd
@@ -22,4 +26,25 @@ def render_schedule_timer(key: str, description: str, schedule: str) -> str:
             "WantedBy=timers.target",
             "",
         ]
+    )
+
+
+# The control host's drift check (deploys/drift_timer.py) writes its textfile atomically, so
+# the deploy makes the textfile's directory writable by the check's group. Only a directory
+# gpunode owns may be: node_exporter's textfile directory, the one gpunode's node_exporter
+# role points the collector at, or a directory under one named for gpunode. Never /var/lib,
+# /var/cache/apt or any other system directory.
+NODE_EXPORTER_TEXTFILE_DIR = GpuMetrics().textfile_dir
+GPUNODE_DIRECTORIES = ("/var/lib/gpunode/", "/var/cache/gpunode/", "/srv/gpunode/")
+
+
+def drift_textfile_problem(textfile: str, group: str) -> str | None:
+    """Why ``textfile``'s directory may not be made writable by ``group``; None if it may."""
+    directory = posixpath.dirname(textfile)
+    if directory == NODE_EXPORTER_TEXTFILE_DIR or directory.startswith(GPUNODE_DIRECTORIES):
+        return None
+    return (
+        f"its directory {directory} would be made writable by group {group}, and only a "
+        f"directory gpunode owns may be: node_exporter's textfile directory "
+        f"{NODE_EXPORTER_TEXTFILE_DIR}, or one under " + ", ".join(GPUNODE_DIRECTORIES)
     )

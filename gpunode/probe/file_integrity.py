@@ -9,8 +9,11 @@ reported once. What a change is reported as:
   ``adopt --since T`` (T: the node's clock when the run read its facts, before it changed
   anything), takes into the database what changed after T: the run's files, its packages,
   what their maintainer scripts wrote. A file's ctime says when it last changed, and only
-  the kernel sets it; a file removed is dated by its directory's ctime. What changed before
-  T is classified as by a nightly check, so a run never takes in unseen what it did not do.
+  the kernel sets it. A file removed leaves only its directory's ctime, which the run's own
+  writes there move past T too: so the run reads, at T, which watched directories had
+  changed since the last check (``changed-dirs``), and a removal is the run's only in a
+  directory that had not, and has changed since T. What changed before T is classified as
+  by a nightly check, so a run never takes in unseen what it did not do.
 - ``package``: a file dpkg owns whose contents still match the package's md5sums
   (``dpkg --verify``), or a file gone while dpkg was busy since the last check (an upgrade
   by unattended-upgrades).
@@ -19,7 +22,9 @@ reported once. What a change is reported as:
 
 The summary (JSON, written atomically) is what the drift check reads.
 
-    file_integrity.py --config CONF --state DIR init | check | adopt --since T | accept
+    file_integrity.py --config CONF --state DIR init | check | accept
+    file_integrity.py --config CONF --state DIR changed-dirs
+    file_integrity.py --config CONF --state DIR adopt --since T [--changed-before-run DIR ...]
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ import argparse
 import datetime
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -44,6 +50,11 @@ MAX_ALERTS = 500
 AIDE_DIFFERENCES = range(0, 8)
 NOT_JSON = -1
 DPKG_LOG = "/var/log/dpkg.log"
+# The rule name gpunode's configuration gives its watched paths (gpunode.expected.audit.RULE).
+WATCH_RULE = "GpunodeIntegrity"
+# How many directories changed before a run ``changed-dirs`` names; past it, the run cannot
+# tell which removals are its own and none is (the adopt step gets no list).
+MAX_CHANGED_DIRS = 200
 
 
 def now() -> str:
@@ -147,10 +158,52 @@ def by_package(kind: str, path: str, dpkg_busy: bool, verified: dict[str, set[st
     return os.path.isfile(path) and package_consistent(path, verified)
 
 
-def changed_since(kind: str, path: str, since: float) -> bool:
-    """Whether the entry last changed at or after ``since`` (its ctime; a removed entry's
-    directory's: removing it changed that)."""
-    target = os.path.dirname(path) if kind == "removed" else path
+def watched_paths(config: str) -> list[str]:
+    """The paths gpunode's AIDE configuration watches (``<regex> GpunodeIntegrity`` lines)."""
+    paths = []
+    with open(config, encoding="utf-8", errors="surrogateescape") as handle:
+        for line in handle:
+            selection, _, rule = line.strip().rpartition(" ")
+            if rule == WATCH_RULE and selection.startswith("/"):
+                paths.append(re.sub(r"\\(.)", r"\1", selection))  # gpunode's escaping undone
+    return paths
+
+
+def changed_directories(watched: list[str], database: Path) -> list[str] | None:
+    """The watched directories whose ctime is past the database's (the last check): a
+    removal there may have happened before now. None when there are more than
+    MAX_CHANGED_DIRS, or the database cannot be read."""
+    try:
+        checked = os.stat(database).st_mtime
+    except OSError:
+        return None
+    changed: list[str] = []
+    for top in watched:
+        for directory, _, _ in os.walk(top):  # never into a linked directory
+            try:
+                if os.lstat(directory).st_ctime > checked:
+                    changed.append(directory)
+            except OSError:
+                continue  # gone while walked: its parent changed, and is listed
+            if len(changed) > MAX_CHANGED_DIRS:
+                return None
+    return changed
+
+
+def changed_since(
+    kind: str, path: str, since: float, changed_before_run: frozenset[str] | None
+) -> bool:
+    """Whether the entry last changed at or after ``since``. A changed or added entry: its
+    ctime. A removed one: its directory changed since ``since`` and had not changed between
+    the last check and ``since`` (``changed_before_run``; None: unknown, so never the run's),
+    so the entry was still there when the run began."""
+    if kind == "removed":
+        directory = os.path.dirname(path)
+        if changed_before_run is None or directory in changed_before_run:
+            return False
+        target = directory
+    else:
+        target = path
     try:
         return os.lstat(target).st_ctime >= since
     except OSError:
@@ -158,10 +211,14 @@ def changed_since(kind: str, path: str, since: float) -> bool:
 
 
 def classify(
-    found: list[tuple[str, str]], database_time: float, since: float | None = None
+    found: list[tuple[str, str]],
+    database_time: float,
+    since: float | None = None,
+    changed_before_run: frozenset[str] | None = None,
 ) -> tuple[list[dict[str, str]], dict[str, int]]:
     """Alerts (changes nothing explains) and the count of each explanation; with ``since``,
-    what changed from then on is a gpunode run's."""
+    what changed from then on is a gpunode run's (a removal only in a directory that had not
+    changed before ``since``: ``changed_before_run``)."""
     verified: dict[str, set[str]] = {}
     alerts = []
     explained = {"package": 0, "gpunode-run": 0}
@@ -169,7 +226,7 @@ def classify(
     for kind, path in found:
         if os.path.isdir(path) and kind == "changed":
             continue  # a directory's times change with its entries, which are listed
-        if since is not None and changed_since(kind, path, since):
+        if since is not None and changed_since(kind, path, since, changed_before_run):
             explained["gpunode-run"] += 1
         elif by_package(kind, path, dpkg_busy, verified):
             explained["package"] += 1
@@ -196,7 +253,12 @@ def initialise(config: str, state: Path) -> int:
     return 0
 
 
-def update(config: str, state: Path, since: float | None) -> int:
+def update(
+    config: str,
+    state: Path,
+    since: float | None,
+    changed_before_run: frozenset[str] | None = None,
+) -> int:
     """One check: AIDE's differences since the last, explained or added to the alerts."""
     database = state / DATABASE
     if not database.exists():
@@ -210,7 +272,7 @@ def update(config: str, state: Path, since: float | None) -> int:
         write_summary(state, summary)
         print(f"aide --update failed ({status}): {errors.strip()[:500]}", file=sys.stderr)
         return 1
-    alerts, explained = classify(differences(report), database_time, since)
+    alerts, explained = classify(differences(report), database_time, since, changed_before_run)
     for alert in alerts:
         alert["found"] = moment
     kept = list(summary.get("alerts") or []) + alerts
@@ -243,17 +305,31 @@ def main(argv: list[str]) -> int:
     parser.add_argument(
         "--since", type=float, help="adopt: epoch seconds the gpunode run started at"
     )
-    parser.add_argument("action", choices=("init", "check", "adopt", "accept"))
+    parser.add_argument(
+        "--changed-before-run", nargs="*", metavar="DIR",
+        help="adopt: the directories changed-dirs named when the run began; without it, no "
+        "removal is the run's",
+    )  # fmt: skip
+    parser.add_argument("action", choices=("init", "check", "adopt", "accept", "changed-dirs"))
     arguments = parser.parse_args(argv)
     if arguments.action == "adopt" and arguments.since is None:
         parser.error("adopt needs --since")
     state = Path(arguments.state)
+    if arguments.action == "changed-dirs":  # read only: run with the run's facts
+        changed = changed_directories(watched_paths(arguments.config), state / DATABASE)
+        print(json.dumps({"complete": changed is not None, "directories": changed or []}))
+        return 0
     state.mkdir(mode=0o700, parents=True, exist_ok=True)
     if arguments.action == "init":
         return initialise(arguments.config, state)
     if arguments.action == "accept":
         return accept(state)
-    return update(arguments.config, state, arguments.since if arguments.action == "adopt" else None)
+    if arguments.action == "check":
+        return update(arguments.config, state, None)
+    before = arguments.changed_before_run
+    return update(
+        arguments.config, state, arguments.since, None if before is None else frozenset(before)
+    )
 
 
 if __name__ == "__main__":

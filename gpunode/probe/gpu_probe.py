@@ -33,10 +33,13 @@ Usage: ``python3 gpu_probe.py [--xid-since ISO8601] [--no-nvml]``
 from __future__ import annotations
 
 import collections
+import contextlib
 import functools
 import json
 import os
 import re
+import secrets
+import stat
 import subprocess
 import sys
 from datetime import datetime, timedelta, timezone
@@ -911,15 +914,46 @@ def parse_since(text: str) -> datetime:
     return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)  # noqa: UP017
 
 
+class UnsafeTextfile(Exception):
+    """The textfile's place is a link: root writes nothing through it."""
+
+
 def write_atomically(path: str, content: str) -> None:
-    """node_exporter must never read half a file: write beside it, then rename."""
+    """node_exporter must never read half a file: write beside it, then rename.
+
+    The probe runs as root in a directory others may write to (node_exporter's textfile
+    directory, shared with other writers): it writes through no link. A directory or file
+    that is a link is refused; the new file is made under a name nobody can guess, created
+    exclusively and never through a link (O_EXCL, O_NOFOLLOW), in the directory opened
+    once and used by descriptor, then renamed over the old one.
+    """
     directory = os.path.dirname(os.path.abspath(path))
+    name = os.path.basename(path)
     os.makedirs(directory, exist_ok=True)
-    temporary = os.path.join(directory, f".{os.path.basename(path)}.{os.getpid()}")
-    with open(temporary, "w", encoding="utf-8") as stream:
-        stream.write(content)
-    os.chmod(temporary, 0o644)
-    os.replace(temporary, path)
+    if os.path.realpath(directory) != directory:
+        raise UnsafeTextfile(f"{directory} is, or lies under, a symbolic link: not written")
+    directory_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        try:
+            if stat.S_ISLNK(os.stat(name, dir_fd=directory_fd, follow_symlinks=False).st_mode):
+                raise UnsafeTextfile(f"{path} is a symbolic link: not written")
+        except FileNotFoundError:
+            pass
+        temporary = f".{name}.{secrets.token_hex(8)}"
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        descriptor = os.open(temporary, flags, 0o644, dir_fd=directory_fd)
+        try:
+            with os.fdopen(descriptor, "w", encoding="utf-8") as stream:
+                stream.write(content)
+                stream.flush()
+                os.fchmod(stream.fileno(), 0o644)  # whatever the umask
+            os.rename(temporary, name, src_dir_fd=directory_fd, dst_dir_fd=directory_fd)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(temporary, dir_fd=directory_fd)
+            raise
+    finally:
+        os.close(directory_fd)
 
 
 USAGE = """usage: gpu_probe [--xid-since TIME] [--no-nvml] [--prometheus FILE]
@@ -1055,7 +1089,11 @@ def main(argv: list[str], system: System | None = None) -> int:
             None if persistence is None else persistence == "on",
         )
         content = textfile.render_prometheus(report, expected, certificates)
-        write_atomically(options.prometheus, content)
+        try:
+            write_atomically(options.prometheus, content)
+        except UnsafeTextfile as error:
+            sys.stderr.write(f"gpu_probe: {error}\n")
+            return 1
         return 0
     sys.stdout.write(json.dumps(report, sort_keys=True, separators=(",", ":")) + "\n")
     return 0

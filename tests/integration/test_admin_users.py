@@ -150,6 +150,42 @@ def test_undeclared_account_with_a_key_cannot_log_in_and_is_reported_when_it_cou
     assert access_findings(target) == set()
 
 
+def test_revoking_an_account_whose_ssh_links_into_another_s_keys_refuses_the_node(
+    lab: Lab, target: LabNode
+) -> None:
+    # The intruder links its ~/.ssh to the deploy user's: removing its authorized_keys through
+    # the link would cut the deploy user's login to every node.
+    deploy_keys = f"/home/{LOGIN_USER}/.ssh/authorized_keys"
+    before = sudo(lab, target, f"sha1sum {deploy_keys}")
+    sudo(
+        lab,
+        target,
+        f"userdel -r {INTRUDER} 2>/dev/null; useradd --create-home --shell /bin/bash {INTRUDER} && "
+        f"ln -s /home/{LOGIN_USER}/.ssh /home/{INTRUDER}/.ssh && "
+        f"chown -h {INTRUDER}: /home/{INTRUDER}/.ssh && gpasswd -a {INTRUDER} gpunode-login",
+    )
+    try:
+        run = run_pyinfra(DEPLOY)
+        assert run.returncode != 0
+        assert (
+            f"{target.name}: revoking {INTRUDER}: ~{INTRUDER}/.ssh/authorized_keys leads to "
+            f"{deploy_keys}" in run.output
+        ), run.output[-3000:]
+        assert "Nothing was changed." in run.output
+        assert sudo(lab, target, f"sha1sum {deploy_keys}") == before
+        assert "gpunode-login" in sudo(lab, target, f"id -Gn {INTRUDER}").split()
+        assert ssh(lab, target, "sudo -n true").returncode == 0
+
+        # Once the link is gone, the revocation goes through and the deploy user keeps its keys.
+        sudo(lab, target, f"rm /home/{INTRUDER}/.ssh")
+        run = run_pyinfra(DEPLOY)
+        assert run.returncode == 0, run.output[-3000:]
+        assert sudo(lab, target, f"sha1sum {deploy_keys}") == before
+        assert "gpunode-login" not in sudo(lab, target, f"id -Gn {INTRUDER}").split()
+    finally:
+        sudo(lab, target, f"rm -f /home/{INTRUDER}/.ssh; userdel -r {INTRUDER} 2>/dev/null; true")
+
+
 def test_deploy_user_keeps_its_login_and_sudo(lab: Lab, target: LabNode) -> None:
     assert ssh(lab, target, "sudo -n true").returncode == 0
     assert "gpunode-login" in sudo(lab, target, f"id -Gn {LOGIN_USER}").split()

@@ -342,6 +342,11 @@ def test_missing_inventory_is_refused_before_any_change(
         ("x_drift_output_dir", "/etc", "must lie under /var/lib/"),
         ("x_drift_output_dir", "/var/lib/../etc", "not normalised"),
         ("x_drift_textfile", "/var/lib/node exporter/x.prom", "not an absolute path"),
+        (
+            "x_drift_textfile",
+            "/var/lib/gpunode_drift.prom",
+            "its directory /var/lib would be made writable by group gpunode-drift",
+        ),
         ("x_drift_ssh_key", "/nonexistent/drift_key", "no such file here"),
         ("x_drift_schedule", "daily\nExecStartPre=/bin/sh", "not a systemd OnCalendar"),
         ("x_drift_drain", "all", "not 'off' or 'critical'"),

@@ -12,6 +12,7 @@ removes its timer, so what they change by hand is never checked.
 from __future__ import annotations
 
 import json
+import posixpath
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -157,6 +158,30 @@ def test_a_binary_planted_outside_a_run_is_critical_and_no_run_hides_it(
     assert ("removed", IMPLANT) in [(a["kind"], a["path"]) for a in check_now(lab, node)["alerts"]]
     run_ok(lab, node, f"sudo python3 -I {PROGRAM} --config {CONFIG} --state {STATE_DIR} accept")
     assert drift_findings(node) == []
+
+
+def test_a_removal_before_a_run_is_an_alert_though_the_run_writes_beside_it(
+    lab: Lab, node: LabNode
+) -> None:
+    # Removed before the run, in the directory where the run then rewrites gpunode's sysctl
+    # file: that write moves the directory's ctime past the run's start, which alone would
+    # take the removal in as the run's.
+    planted = f"{posixpath.dirname(SYSCTL_PATH)}/60-gpunode-test-removed.conf"
+    accept = f"sudo python3 -I {PROGRAM} --config {CONFIG} --state {STATE_DIR} accept"
+    run_ok(lab, node, f"echo '# a file of the node' | sudo tee {planted} >/dev/null")
+    check_now(lab, node)
+    run_ok(lab, node, accept)
+    run_ok(lab, node, f"sudo rm {planted}")
+    extra = "262144" in run_ok(lab, node, f"cat {SYSCTL_PATH}")
+    toggled = run_pyinfra(
+        DEPLOY, "--limit", node.name, "--data", AUDIT, *([] if extra else ["--data", EXTRA_SYSCTL])
+    )
+    assert toggled.returncode == 0, toggled.output[-3000:]
+    assert ("262144" in run_ok(lab, node, f"cat {SYSCTL_PATH}")) != extra  # the run wrote it
+    state = summary(lab, node)
+    assert state["last_check_kind"] == "gpunode-run"
+    assert [(a["kind"], a["path"]) for a in state["alerts"]] == [("removed", planted)], state
+    run_ok(lab, node, accept)
 
 
 def test_a_changed_configuration_file_is_a_warning(lab: Lab, node: LabNode) -> None:

@@ -6,13 +6,14 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import shlex
 import shutil
 import time
 from pathlib import Path
 
 import pytest
 
-from facts.audit import parse_file_integrity, parse_summary
+from facts.audit import parse_changed_directories, parse_file_integrity, parse_summary
 from gpunode import framing
 from gpunode.drift.findings import Severity
 from gpunode.drift.rules import file_integrity_rules
@@ -72,7 +73,7 @@ def test_bad_settings_are_refused_naming_the_key(settings: dict, key: str) -> No
 
 def test_the_adopt_step_never_dates_the_run_later_than_it_began() -> None:
     # ctime at the run's first second counts as the run's: the start is rounded down.
-    assert adopt_command(1764590400.9).endswith("adopt --since 1764590400")
+    assert adopt_command(1764590400.9, None).endswith("adopt --since 1764590400")
 
 
 # --- the node program --------------------------------------------------------------------------
@@ -122,6 +123,123 @@ def test_what_changed_after_the_run_began_is_the_run_s_and_what_changed_before_i
     alerts, explained = program.classify(found, database_time=time.time() + 3600, since=started)
     assert alerts == [{"kind": "added", "path": str(before)}]
     assert explained["gpunode-run"] == 1  # the directory's own change is its entries'
+
+
+def _checked_before(tmp_path: Path) -> Path:
+    """The last check's database, written after what is in ``tmp_path`` now."""
+    time.sleep(0.05)
+    database = tmp_path / "state" / "aide.db"
+    database.parent.mkdir()
+    database.write_text("db")
+    time.sleep(0.05)
+    return database
+
+
+def test_a_removal_before_the_run_is_not_the_run_s_though_the_run_wrote_beside_it(
+    tmp_path: Path,
+) -> None:
+    # The run's own write in the same directory moves its ctime past the run's start: the
+    # directory's ctime alone would take in a removal nobody explained.
+    watched = tmp_path / "etc"
+    watched.mkdir()
+    removed_before = watched / "planted-then-removed"
+    removed_before.write_text("x")
+    database = _checked_before(tmp_path)
+    removed_before.unlink()
+    changed_before_run = program.changed_directories([str(watched)], database)
+    assert changed_before_run == [str(watched)]
+    time.sleep(0.05)
+    started = time.time()
+    time.sleep(0.05)
+    (watched / "written-by-the-run").write_text("y")
+    alerts, explained = program.classify(
+        [("removed", str(removed_before))],
+        database_time=database.stat().st_mtime,
+        since=started,
+        changed_before_run=frozenset(changed_before_run),
+    )
+    assert alerts == [{"kind": "removed", "path": str(removed_before)}]
+    assert explained["gpunode-run"] == 0
+
+
+def test_a_removal_by_the_run_in_a_directory_unchanged_before_it_is_the_run_s(
+    tmp_path: Path,
+) -> None:
+    watched = tmp_path / "etc"
+    watched.mkdir()
+    removed_by_run = watched / "old-drop-in"
+    removed_by_run.write_text("x")
+    database = _checked_before(tmp_path)
+    changed_before_run = program.changed_directories([str(watched)], database)
+    assert changed_before_run == []
+    time.sleep(0.05)
+    started = time.time()
+    time.sleep(0.05)
+    removed_by_run.unlink()
+    found = [("removed", str(removed_by_run))]
+    alerts, explained = program.classify(
+        found, database.stat().st_mtime, since=started, changed_before_run=frozenset()
+    )
+    assert alerts == [] and explained["gpunode-run"] == 1
+    # Where the run could not read which directories had changed, no removal is its own.
+    alerts, _ = program.classify(found, database.stat().st_mtime, since=started)
+    assert alerts == [{"kind": "removed", "path": str(removed_by_run)}]
+
+
+def test_too_many_changed_directories_or_no_database_is_unknown(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    watched = tmp_path / "etc"
+    for index in range(3):
+        (watched / str(index)).mkdir(parents=True)
+    assert program.changed_directories([str(watched)], tmp_path / "no-database") is None
+    database = tmp_path / "aide.db"
+    database.write_text("db")
+    os.utime(database, (1, 1))
+    monkeypatch.setattr(program, "MAX_CHANGED_DIRS", 2)
+    assert program.changed_directories([str(watched)], database) is None
+
+
+def test_the_watched_paths_are_read_back_from_gpunode_s_configuration(tmp_path: Path) -> None:
+    paths = ("/etc", "/usr/lib/x+y", "/opt/a.b")
+    config = tmp_path / "aide.conf"
+    config.write_text(render_aide_conf(FileIntegrity(enabled=True, paths=paths)))
+    assert program.watched_paths(str(config)) == list(paths)
+
+
+def test_the_adopt_step_carries_the_directories_to_the_program(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls: list[tuple] = []
+    monkeypatch.setattr(program, "update", lambda *arguments: calls.append(arguments) or 0)
+    for changed_before_run in (["/etc", "/etc/it's here"], [], None):
+        words = shlex.split(adopt_command(1764590400.0, changed_before_run))
+        assert words[:3] == [
+            "/usr/bin/python3",
+            "-I",
+            "/usr/local/lib/gpunode-audit/file_integrity.py",
+        ]
+        arguments = [
+            word if word != "/var/lib/gpunode/aide" else str(tmp_path) for word in words[3:]
+        ]
+        assert program.main(arguments) == 0
+        *_, since, before = calls.pop()
+        assert since == 1764590400.0
+        assert before == (None if changed_before_run is None else frozenset(changed_before_run))
+
+
+def test_the_fact_takes_only_a_complete_list_of_clean_paths() -> None:
+    assert parse_changed_directories(['{"complete": true, "directories": ["/etc"]}']) == ["/etc"]
+    assert parse_changed_directories(['{"complete": true, "directories": []}']) == []
+    for bad in (
+        '{"complete": false, "directories": []}',
+        '{"complete": true, "directories": ["/etc/a\\nb"]}',
+        '{"complete": true, "directories": ["relative"]}',
+        '{"complete": true, "directories": ["/' + "x" * 40000 + '"]}',
+        "not json",
+        "",
+    ):
+        assert parse_changed_directories([bad]) is None, bad
 
 
 def test_a_nightly_check_explains_nothing_by_time(tmp_path: Path) -> None:

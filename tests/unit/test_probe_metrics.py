@@ -7,6 +7,7 @@ nvidia-smi and through NVML), with faults injected into the simulated state.
 from __future__ import annotations
 
 import datetime
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from gpunode.probe import gpu_probe
-from gpunode.probe.gpu_probe import Completed, collect
+from gpunode.probe.gpu_probe import Completed, collect, write_atomically
 from gpunode.probe.textfile import Expected, certificate_expiry, render_prometheus
 
 from .prometheus_tools import check_metrics
@@ -221,3 +222,49 @@ def test_nvml_without_the_v2_memory_call_counts_reserved_memory_as_used() -> Non
         "total": memory["total_mib"],
         "used": memory["reserved_mib"] + memory["used_mib"],
     }
+
+
+# --- the textfile is written by root, through no link (issue 29, item 6) ------------------------
+
+
+def test_the_textfile_is_written_whole_with_its_mode_and_nothing_left_beside_it(
+    tmp_path: Path,
+) -> None:
+    target = tmp_path / "textfile" / "gpu_metrics.prom"
+    write_atomically(str(target), "a 1\n")
+    write_atomically(str(target), "a 2\n")
+    assert target.read_text() == "a 2\n"
+    assert (target.stat().st_mode & 0o777) == 0o644
+    assert os.listdir(target.parent) == ["gpu_metrics.prom"]
+
+
+def test_a_link_planted_at_a_temporary_name_is_never_written_through(tmp_path: Path) -> None:
+    # The old temporary name was the PID's: anyone who may write in the textfile directory
+    # could plant a link there to a file of root's.
+    victim = tmp_path / "victim"
+    victim.write_text("root's own file\n")
+    directory = tmp_path / "textfile"
+    directory.mkdir()
+    for pid in range(os.getpid() - 2, os.getpid() + 3):
+        (directory / f".gpu_metrics.prom.{pid}").symlink_to(victim)
+    write_atomically(str(directory / "gpu_metrics.prom"), "a 1\n")
+    assert victim.read_text() == "root's own file\n"
+    assert (directory / "gpu_metrics.prom").read_text() == "a 1\n"
+
+
+def test_a_linked_textfile_or_directory_is_refused_and_its_target_kept(tmp_path: Path) -> None:
+    elsewhere = tmp_path / "etc"
+    elsewhere.mkdir()
+    (elsewhere / "gpu_metrics.prom").write_text("kept\n")
+    linked_directory = tmp_path / "textfile"
+    linked_directory.symlink_to(elsewhere)
+    with pytest.raises(gpu_probe.UnsafeTextfile, match="symbolic link"):
+        write_atomically(str(linked_directory / "gpu_metrics.prom"), "a 1\n")
+    linked_file = tmp_path / "real" / "gpu_metrics.prom"
+    linked_file.parent.mkdir()
+    linked_file.symlink_to(elsewhere / "gpu_metrics.prom")
+    with pytest.raises(gpu_probe.UnsafeTextfile, match="symbolic link"):
+        write_atomically(str(linked_file), "a 1\n")
+    assert (elsewhere / "gpu_metrics.prom").read_text() == "kept\n"
+    assert os.listdir(elsewhere) == ["gpu_metrics.prom"]
+    assert os.listdir(linked_file.parent) == ["gpu_metrics.prom"]  # no temporary left

@@ -4,10 +4,13 @@ removed admins lose access; the deploy user's login and sudo are proven to survi
 from __future__ import annotations
 
 import hashlib
+import os
+import subprocess
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from pyinfra.context import ctx_state
@@ -15,14 +18,23 @@ from pyinfra.facts.files import Directory, File, Link, Sha1File
 from pyinfra.facts.server import AuthorizedKeys, Groups, Os, Users, Which
 from pyinfra.operations import server
 
-from facts.accounts import LoginAccounts, PasswdEntries, parse_passwd_entries
+from facts.accounts import (
+    KeyFileTargets,
+    LoginAccounts,
+    PasswdEntries,
+    key_file_targets_command,
+    parse_key_file_targets,
+    parse_passwd_entries,
+)
 from gpunode.model import DesiredState, build_desired_state
+from gpunode.refusal import REFUSED_EXIT, NodeRefused
 from roles.admin_users import (
     access_risks,
     admin_account,
     deploy_public_key,
     group_membership,
     reinstated_account,
+    removal_of_own_file,
     revocations,
     revoked_account,
     sudoers_dropin,
@@ -98,14 +110,29 @@ def desired_with(*admins: dict[str, Any], **data: Any) -> DesiredState:
     return state
 
 
+def key_targets(home: str, uid: int = 1001, **keys: tuple[int, str]) -> dict[str, Any]:
+    """A KeyFileTargets value: each key file (authorized_keys, authorized_keys2) its owner and
+    where it resolves."""
+    return {
+        "state": "ok",
+        "uid": uid,
+        "home": home,
+        "keys": {
+            f".ssh/{name}": {"uid": owner, "path": path} for name, (owner, path) in keys.items()
+        },
+    }
+
+
 def test_removed_admin_is_expired_locked_keyless_and_leaves_both_groups() -> None:
     facts = accounts_fact(
         {"oldadmin": account()}, gpunode_admins=["oldadmin"], gpunode_login=["oldadmin"]
     )
+    keys = "/home/old admin/.ssh/authorized_keys"
+    facts[KeyFileTargets] = key_targets("/home/old admin", authorized_keys=(1001, keys))
     commands, noops = commands_of(revoked_account, facts, user="oldadmin")
     assert commands == [
         "usermod --lock --expiredate 1 --shell /usr/sbin/nologin oldadmin",
-        "rm -f -- '/home/old admin/.ssh/authorized_keys' '/home/old admin/.ssh/authorized_keys2'",
+        removal_of_own_file(keys, 1001),
         "gpasswd -d oldadmin gpunode-admins >/dev/null",
         "gpasswd -d oldadmin gpunode-login >/dev/null",
     ]
@@ -118,11 +145,93 @@ def test_removed_system_account_keeps_its_shell_and_expiry_but_loses_keys_and_gr
         {"www-data": account(uid=33, home="/var/www", groups=["gpunode-login"])},
         gpunode_login=["www-data"],
     )
+    facts[KeyFileTargets] = key_targets(
+        "/var/www",
+        uid=33,
+        authorized_keys=(33, "/var/www/.ssh/authorized_keys"),
+        authorized_keys2=(33, "/var/www/.ssh/authorized_keys2"),
+    )
     commands, _ = commands_of(revoked_account, facts, user="www-data")
     assert commands == [
-        "rm -f -- /var/www/.ssh/authorized_keys /var/www/.ssh/authorized_keys2",
+        removal_of_own_file("/var/www/.ssh/authorized_keys", 33),
+        removal_of_own_file("/var/www/.ssh/authorized_keys2", 33),
         "gpasswd -d www-data gpunode-login >/dev/null",
     ]
+
+
+@pytest.mark.parametrize(
+    "targets",
+    [
+        # ~/.ssh a link to the deploy user's: the file resolves into another home.
+        key_targets("/home/olduser", authorized_keys=(1000, "/home/debian/.ssh/authorized_keys")),
+        # A link inside the home to a file another account owns (a hard link reads the same).
+        key_targets("/home/olduser", authorized_keys=(0, "/home/olduser/.ssh/authorized_keys")),
+        # /home/olduser2 starts with /home/olduser but is another home.
+        key_targets("/home/olduser", authorized_keys=(1001, "/home/olduser2/.ssh/authorized_keys")),
+        {"state": "unreadable", "reason": "line 'x'"},
+    ],
+    ids=["into-another-home", "not-its-own", "a-home-beside-it", "unreadable"],
+)
+def test_a_key_file_that_is_not_the_account_s_own_refuses_the_node(
+    targets: dict[str, Any],
+) -> None:
+    facts = accounts_fact({"olduser": account(home="/home/olduser")}, gpunode_login=["olduser"])
+    facts[KeyFileTargets] = targets
+    with pytest.raises(NodeRefused) as refused:
+        commands_of(revoked_account, facts, user="olduser")
+    assert "node-1: revoking olduser" in refused.value.reason
+    assert "Nothing was changed." in str(refused.value)
+
+
+def _run(command: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["sh", "-c", command], capture_output=True, text=True, check=False)
+
+
+def test_the_removal_takes_only_the_file_it_checked(tmp_path: Path) -> None:
+    own = tmp_path / "olduser" / ".ssh" / "authorized_keys"
+    own.parent.mkdir(parents=True)
+    own.write_text("ssh-ed25519 AAAA olduser")
+    assert _run(removal_of_own_file(str(own), os.getuid())).returncode == 0
+    assert not own.exists()
+    assert _run(removal_of_own_file(str(own), os.getuid())).returncode == 0  # gone: nothing to do
+
+    # Swapped for a link into another account's keys after the fact read it: refused, kept.
+    other = tmp_path / "debian" / ".ssh" / "authorized_keys"
+    other.parent.mkdir(parents=True)
+    other.write_text("ssh-ed25519 AAAA deploy")
+    own.parent.rmdir()
+    own.parent.symlink_to(other.parent)
+    swapped = _run(removal_of_own_file(str(own), os.getuid()))
+    assert swapped.returncode == REFUSED_EXIT
+    assert "changed since it was checked" in swapped.stderr
+    assert other.read_text() == "ssh-ed25519 AAAA deploy"
+    # Not its owner's: refused, kept.
+    assert _run(removal_of_own_file(str(other), os.getuid() + 1)).returncode == REFUSED_EXIT
+    assert other.exists()
+
+
+def test_key_file_targets_keep_clean_lines_and_refuse_odd_ones() -> None:
+    assert parse_key_file_targets(
+        [
+            "home 1001 /home/old admin",
+            "key .ssh/authorized_keys 1000 /home/debian/.ssh/authorized_keys",
+        ]
+    ) == key_targets("/home/old admin", authorized_keys=(1000, "/home/debian/.ssh/authorized_keys"))
+    assert parse_key_file_targets([]) == KeyFileTargets.default()
+    assert parse_key_file_targets(["home 1001 "])["home"] is None
+    for odd in (
+        ["home 1001 /home/u", "key .ssh/other 1001 /home/u/x"],
+        ["home 1001 /home/u", "key .ssh/authorized_keys 1001 relative"],
+        ["home 1001 /home/u", "key .ssh/authorized_keys 1001 /home/u/\x1b[2J"],
+        ["key .ssh/authorized_keys 1001 /home/u/.ssh/authorized_keys"],
+        ["something else"],
+    ):
+        assert parse_key_file_targets(odd)["state"] == "unreadable", odd
+
+
+def test_key_file_targets_refuse_a_name_that_is_not_a_user_name() -> None:
+    with pytest.raises(ValueError, match="not a user name"):
+        key_file_targets_command("x; rm -rf /")
 
 
 def test_revoked_account_is_a_noop() -> None:
@@ -215,9 +324,30 @@ def test_deploy_key_is_derived_from_the_private_key(tmp_path: Path) -> None:
     )
     path = tmp_path / "id_ed25519"
     path.write_bytes(pem)
+    path.chmod(0o600)
     assert deploy_public_key({"ssh_key": str(path)}) == public.decode()
     assert deploy_public_key({}) is None
     assert deploy_public_key({"ssh_key": str(tmp_path / "missing")}) is None
+
+
+@pytest.mark.parametrize("mode", [0o640, 0o644, 0o604], ids=lambda mode: f"{mode:04o}")
+def test_a_deploy_key_the_group_or_others_may_read_is_refused(tmp_path: Path, mode: int) -> None:
+    private = Ed25519PrivateKey.generate()
+    path = tmp_path / "id_ed25519"
+    path.write_bytes(
+        private.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.OpenSSH,
+            serialization.NoEncryption(),
+        )
+    )
+    path.chmod(mode)
+    with pytest.raises(NodeRefused) as refused:
+        deploy_public_key({"ssh_key": str(path)})
+    assert refused.value.reason == (
+        f"admin users refused: ssh_key {path} is readable by others (mode {mode:04o}); "
+        f"chmod 600 {path}"
+    )
 
 
 # --- admin_account: server.user's commands, from the managed accounts' entries only ------

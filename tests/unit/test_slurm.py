@@ -179,9 +179,10 @@ def test_without_cgroup_enforcement_jobs_are_tracked_by_process() -> None:
 # --- the MUNGE key ------------------------------------------------------------------------
 
 
-def key_file(tmp_path: Path, content: bytes = KEY) -> str:
+def key_file(tmp_path: Path, content: bytes = KEY, mode: int = 0o600) -> str:
     path = tmp_path / "munge.key"
     path.write_bytes(content)
+    path.chmod(mode)
     return str(path)
 
 
@@ -234,6 +235,22 @@ def test_an_unusable_key_file_stops_the_run_without_its_content(tmp_path: Path) 
     with pytest.raises(OperationError, match="16 bytes") as error:
         read_munge_key(short)
     assert "secret-but-short" not in str(error.value)
+
+
+@pytest.mark.parametrize(
+    "mode", [0o640, 0o604, 0o644, 0o620, 0o404], ids=lambda mode: f"{mode:04o}"
+)
+def test_a_key_file_the_group_or_others_may_read_is_refused_as_the_ca_s_key_is(
+    tmp_path: Path, mode: int
+) -> None:
+    path = key_file(tmp_path, mode=mode)
+    with pytest.raises(OperationError) as error:
+        read_munge_key(path)
+    assert str(error.value) == (
+        f"slurm.munge_key_file {path} is readable by others (mode {mode:04o}); chmod 600 {path}"
+    )
+    assert KEY.decode()[:16] not in str(error.value)
+    assert read_munge_key(key_file(tmp_path, mode=0o400)) == KEY
 
 
 def test_a_login_name_that_is_no_user_name_is_refused(tmp_path: Path) -> None:
