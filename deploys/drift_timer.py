@@ -46,7 +46,7 @@ from pyinfra.api import DeployError
 from pyinfra.operations import files, server, systemd
 
 from facts.kernel import FileModes
-from gpunode.expected.timers import drift_textfile_problem
+from gpunode.expected.timers import drift_output_dir_problem, drift_textfile_problem
 from gpunode.secret_files import SecretFileError, read_secret_file
 
 PROJECT = Path(__file__).resolve().parents[1]
@@ -125,6 +125,8 @@ if not isinstance(schedule, str) or not CALENDAR.fullmatch(schedule):
 output_dir = writable_path(
     "x_drift_output_dir", host.data.get("x_drift_output_dir", "/var/lib/gpunode/drift")
 )
+if output_dir_problem := drift_output_dir_problem(output_dir, DRIFT_USER):
+    raise _refuse("x_drift_output_dir", output_dir, output_dir_problem)
 textfile = writable_path(
     "x_drift_textfile",
     host.data.get("x_drift_textfile", "/var/lib/prometheus/node-exporter/gpunode_drift.prom"),

@@ -48,3 +48,20 @@ def drift_textfile_problem(textfile: str, group: str) -> str | None:
         f"directory gpunode owns may be: node_exporter's textfile directory "
         f"{NODE_EXPORTER_TEXTFILE_DIR}, or one under " + ", ".join(GPUNODE_DIRECTORIES)
     )
+
+
+def drift_output_dir_problem(output_dir: str, user: str) -> str | None:
+    """Why the drift check's output directory may not be handed to ``user``; None if it may.
+
+    The deploy makes the directory itself ``user``'s (mode 750): a system directory named
+    there (/var/lib/apt, /var/cache/man) would change hands. Only a directory under one
+    named for gpunode may be.
+    """
+    if output_dir.rstrip("/") + "/" not in GPUNODE_DIRECTORIES and (
+        output_dir.startswith(GPUNODE_DIRECTORIES)
+    ):
+        return None
+    return (
+        f"the directory would be given to {user}, and only a directory under one gpunode "
+        "owns may be: " + ", ".join(GPUNODE_DIRECTORIES)
+    )

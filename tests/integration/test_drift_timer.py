@@ -341,6 +341,7 @@ def test_missing_inventory_is_refused_before_any_change(
     [
         ("x_drift_output_dir", "/etc", "must lie under /var/lib/"),
         ("x_drift_output_dir", "/var/lib/../etc", "not normalised"),
+        ("x_drift_output_dir", "/var/lib/apt", "the directory would be given to gpunode-drift"),
         ("x_drift_textfile", "/var/lib/node exporter/x.prom", "not an absolute path"),
         (
             "x_drift_textfile",

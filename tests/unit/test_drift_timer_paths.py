@@ -8,7 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from gpunode.expected.timers import NODE_EXPORTER_TEXTFILE_DIR, drift_textfile_problem
+from gpunode.expected.timers import (
+    NODE_EXPORTER_TEXTFILE_DIR,
+    drift_output_dir_problem,
+    drift_textfile_problem,
+)
 from gpunode.secret_files import SecretFileError, SecretFileExposed, read_secret_file
 
 
@@ -70,3 +74,22 @@ def test_a_secret_file_is_read_only_when_private_to_its_owner(tmp_path: Path) ->
         read_secret_file(str(tmp_path), "x_drift_ssh_key", 64)
     with pytest.raises(SecretFileError, match="No such file"):
         read_secret_file(str(tmp_path / "missing"), "x_drift_ssh_key", 64)
+
+
+@pytest.mark.parametrize(
+    "output_dir",
+    ["/var/lib/apt", "/var/cache/man", "/var/lib/gpunode", "/srv/gpunode", "/var/lib/gpunodex/x"],
+)
+def test_an_output_directory_that_is_not_gpunode_s_is_never_given_to_the_check(
+    output_dir: str,
+) -> None:
+    """The deploy makes the output directory the check's own (750): /var/lib/apt named there
+    would change hands, and so would gpunode's top directory, which others share."""
+    problem = drift_output_dir_problem(output_dir, "gpunode-drift")
+    assert problem is not None
+    assert problem.startswith("the directory would be given to gpunode-drift")
+
+
+@pytest.mark.parametrize("output_dir", ["/var/lib/gpunode/drift", "/srv/gpunode/reports/drift"])
+def test_an_output_directory_under_one_of_gpunode_s_is_accepted(output_dir: str) -> None:
+    assert drift_output_dir_problem(output_dir, "gpunode-drift") is None
