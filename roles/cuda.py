@@ -101,21 +101,27 @@ def not_offered(package: str, url: str, version: str | None, suffix: str | None)
 
 
 def select_version_shell(
-    package: str, url: str, version: str | None = None, suffix: str | None = None
+    package: str,
+    url: str,
+    version: str | None = None,
+    suffix: str | None = None,
+    branch: str | None = None,
 ) -> str:
     """Shell printing the newest version of ``package`` that ``url`` offers (exactly ``version``,
-    or ending in ``suffix``), from apt-cache madison: ``pkg | version | URL  Packages``."""
+    or ending in ``suffix``, or whose upstream version is of ``branch``: ``550`` takes
+    ``550.127.08-1``), from apt-cache madison: ``pkg | version | URL  Packages``."""
     program = (
-        '{ v = $2; gsub(/ /, "", v) } '
+        '{ v = $2; gsub(/ /, "", v); u = v; sub(/^[0-9]+:/, "", u) } '
         'index($3, url) && (want == "" || v == want) && '
-        '(suffix == "" || substr(v, length(v) - length(suffix) + 1) == suffix) '
+        '(suffix == "" || substr(v, length(v) - length(suffix) + 1) == suffix) && '
+        '(branch == "" || index(u, branch ".") == 1) '
         "{ print v; exit }"
     )
     return (
         f"apt-cache madison {shlex.quote(package)} | awk -F'|' "
         f"-v url={shlex.quote(' ' + normalise_url(url) + ' ')} "
         f"-v want={shlex.quote(version or '')} -v suffix={shlex.quote(suffix or '')} "
-        f"{shlex.quote(program)}"
+        f"-v branch={shlex.quote(branch or '')} {shlex.quote(program)}"
     )
 
 

@@ -24,6 +24,14 @@ What results on a node whose ``nvidia_driver.source`` is not ``none``:
   the ``debian`` source a missing version resolves at prepare time to the installed one, else
   to the newest Debian offers for the flavour's kernel module (Debian's open module can lag the
   driver, so the whole set is pinned to the module's version).
+* A driver the mirror does not offer is refused before anything changes on the node: when
+  packages are to be installed, each must be offered at the exact version (or, with a branch
+  alone, at a version of the branch), the pinning package at all. The nvidia source's come
+  from apt's lists of ``apt.cuda_repo_url`` only (Debian's build of a name counts for
+  nothing), the debian source's from any list apt has. Where apt has no lists of NVIDIA's
+  repository yet (it is added in this run), the node is asked once its lists are fetched,
+  before the nouveau blacklist and the pin. The pin is never written for a package apt
+  cannot install.
 * Kernel headers: before a kernel module that builds with DKMS is installed,
   ``linux-headers-$(uname -r)`` must be installed or installable (it is then installed with the
   driver); otherwise the run stops with an error naming the package, at prepare time, before
@@ -53,11 +61,13 @@ from pyinfra.facts.server import Which
 from pyinfra.facts.systemd import SystemdEnabled, SystemdStatus
 from pyinfra.operations import files, server
 
+from facts.container_runtime import AptPackagePolicy, is_indexed, package_state, versions_from
 from facts.nvidia_packages import AptPackageVersions, NvidiaPackages
 from gpunode.expected.packages import DriverPackages, driver_packages_for, module_package
 from gpunode.model import DesiredState, NvidiaDriver, upstream_version, version_tuple
 from gpunode.pyinfra_patches import inner
-from gpunode.refusal import NodeRefused
+from gpunode.refusal import REFUSED_EXIT, NodeRefused
+from roles.cuda import select_version_shell
 
 PREFERENCES_PATH = "/etc/apt/preferences.d/gpunode-nvidia-driver"
 NOUVEAU_PATH = "/etc/modprobe.d/gpunode-nouveau.conf"
@@ -221,6 +231,116 @@ def kernel_headers(spec: DriverPackages):
         }[need]
     )
     yield from ()
+
+
+# --- offered by the mirror ------------------------------------------------------------------
+
+
+def packages_to_fetch(spec: DriverPackages, packages: dict[str, str]) -> list[str]:
+    """The driver's packages apt must find for this run: those not installed as ``spec``
+    wants them (the pinning package at any version)."""
+
+    def wanted(installed: str | None) -> bool:
+        if installed is None:
+            return False
+        return installed == spec.version if spec.version else in_branch(installed, spec.branch)
+
+    fetch = [name for name in spec.versioned if not wanted(packages.get(name))]
+    fetch += [name for name in spec.unversioned if name not in packages]
+    if spec.pinning and spec.pinning not in packages:
+        fetch.append(spec.pinning)
+    return fetch
+
+
+def unoffered(spec: DriverPackages, fetch: list[str], offered: dict[str, list[str]]) -> list[str]:
+    """Which of ``fetch`` apt cannot install as ``spec`` wants: no version of the branch, or
+    not the exact version (the pinning package and packages of their own version: none)."""
+    missing = []
+    for name in fetch:
+        versions = offered.get(name, [])
+        if name in spec.versioned:
+            versions = [version for version in versions if spec_matches(spec, {"version": version})]
+        if not versions:
+            missing.append(name)
+    return missing
+
+
+def not_offered_message(
+    spec: DriverPackages, missing: list[str], offered: dict[str, list[str]], where: str
+) -> str:
+    wanted = spec.version or f"of branch {spec.branch}"
+    shown = [
+        f"{name} ({', '.join(offered.get(name, [])) or 'nothing'})"
+        if name in spec.versioned
+        else name
+        for name in missing
+    ]
+    return (
+        f"{host.name}: NVIDIA driver {wanted} is not offered by {where}: missing "
+        f"{'; '.join(shown)}; check the repository or mirror, then apt update, or set "
+        "nvidia_driver.branch / nvidia_driver.version to a release it offers"
+    )
+
+
+def require_driver_offered(spec: DriverPackages, packages: dict[str, str], url: str) -> bool:
+    """Prepare-time check, before the pin or any package changes: refuse a driver the mirror
+    does not offer (as ``roles.cuda.require_offered`` does for CUDA, DCGM and the container
+    toolkit): the pin is never written for packages apt cannot install.
+
+    The nvidia source's versions come from apt's lists of ``url`` only; the debian source's
+    from any list apt has. False: apt has no lists of ``url`` yet (the repository is added in
+    this run), so ``driver_offered`` asks the node once they are there."""
+    fetch = packages_to_fetch(spec, packages)
+    if not fetch:
+        return True
+    if spec.source == "nvidia":
+        policy = host.get_fact(AptPackagePolicy, packages=fetch)
+        if not is_indexed(policy, url):
+            return False
+        offered = {name: versions_from(package_state(policy, name), url) for name in fetch}
+        where = url
+    else:
+        known = host.get_fact(AptPackageVersions, packages=fetch)
+        offered = {name: [entry["version"] for entry in known.get(name, [])] for name in fetch}
+        where = "apt's package lists (Debian)"
+    missing = unoffered(spec, fetch, offered)
+    if missing:
+        raise NodeRefused(not_offered_message(spec, missing, offered, where))
+    return True
+
+
+def offered_check_shell(spec: DriverPackages, fetch: list[str], url: str) -> str:
+    """Shell that fails the node, before the pin is written, when apt's lists of ``url`` (fetched
+    by this run's update) lack a package of ``fetch`` as ``spec`` wants it."""
+    checks = []
+    for name in fetch:
+        versioned = name in spec.versioned
+        select = select_version_shell(
+            name,
+            url,
+            version=spec.version if versioned else None,
+            branch=spec.branch if versioned and not spec.version else None,
+        )
+        message = f"gpunode: {not_offered_message(spec, [name], {}, url)}"
+        checks.append(
+            f'if [ -z "$({select})" ]; then echo {shlex.quote(message)} >&2; '
+            f"exit {REFUSED_EXIT}; fi"
+        )
+    return "; ".join(checks)
+
+
+@operation()
+def driver_offered(spec: DriverPackages, repository_url: str, fetch: list[str]):
+    """The mirror offers the driver ``spec`` names, asked of the node once this run's apt
+    update has fetched the repository's lists (they were not there to ask at prepare time);
+    otherwise the host stops here, before the nouveau blacklist, the apt pin or any package.
+    Changes nothing itself.
+
+    + spec: the driver as apt packages (``driver_packages_for``)
+    + repository_url: NVIDIA's repository (``apt.cuda_repo_url``) the packages must come from
+    + fetch: the packages this run installs (``packages_to_fetch``)
+    """
+    yield offered_check_shell(spec, fetch, repository_url)
 
 
 # --- installed, pinned, held ---------------------------------------------------------------
@@ -547,6 +667,14 @@ def nvidia_driver(desired: DesiredState) -> None:
         if headers_need(spec, facts, available) == "missing":
             raise NodeRefused(headers_error(facts))
     install_pending = bool(plan_driver(spec, facts, available, wanted.persistence_daemon)[0])
+    url = desired.apt.cuda_repo_url
+    if install_pending and not require_driver_offered(spec, facts["packages"], url):
+        driver_offered(
+            name="NVIDIA driver offered by the repository (asked once its lists are fetched)",
+            spec=spec,
+            repository_url=url,
+            fetch=packages_to_fetch(spec, facts["packages"]),
+        )
 
     kernel_headers(name="Kernel headers for the NVIDIA kernel module", spec=spec)
     blacklist = files.put(

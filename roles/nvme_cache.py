@@ -44,6 +44,7 @@ from facts.fabric import (
     UnitState,
 )
 from facts.hardware import NvmeDevices
+from facts.paths import SymlinkOnPath
 from gpunode.model import DesiredState, NvmeCache
 from gpunode.refusal import NodeRefused
 from roles.packages import install_packages
@@ -422,6 +423,19 @@ def _existing_array_plan(
     )
 
 
+def refuse_symlinked_mount_point(cache: NvmeCache) -> None:
+    """A mount point that passes through a symbolic link is refused before anything changes:
+    ``mkdir -p`` and ``mount`` follow it, so the cache would land wherever it points (over
+    ``/etc``, say), past the model's system-directory check."""
+    link = host.get_fact(SymlinkOnPath, path=cache.mount_point)
+    if link is not None:
+        raise NodeRefused(
+            f"{host.name}: nvme_cache: mount point {cache.mount_point} passes through the "
+            f"symbolic link {link['path']} (-> {link['target']}), which mount and mkdir follow; "
+            "set nvme_cache.mount_point to the real directory"
+        )
+
+
 def refused_at_prepare(error: CacheRefused) -> NodeRefused:
     return NodeRefused(str(error))
 
@@ -693,6 +707,7 @@ def nvme_cache(desired: DesiredState) -> None:
     cache = desired.nvme_cache
     if not cache.enabled:
         return
+    refuse_symlinked_mount_point(cache)
     try:
         plan = plan_cache(cache, gather_cache_facts(cache), host.name)
     except CacheRefused as error:

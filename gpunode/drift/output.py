@@ -9,6 +9,22 @@ import xml.etree.ElementTree as ElementTree
 from pathlib import Path
 
 from gpunode.drift.findings import DriftResult, Severity
+from gpunode.sanitize import MAX_REPORT_TEXT_CHARS, clean_text
+
+
+def _text(text: str) -> str:
+    """Host names and why a host was not checked, as every report shows them: findings clean
+    their own text, these are a DriftResult's plain strings (run_drift cleans its own, but any
+    caller may build one), and cleaning twice changes nothing."""
+    return clean_text(str(text), MAX_REPORT_TEXT_CHARS)
+
+
+def _unreachable(result: DriftResult) -> dict[str, str]:
+    return {_text(host): _text(reason) for host, reason in result.unreachable.items()}
+
+
+def _checked(result: DriftResult) -> list[str]:
+    return sorted({_text(host) for host in result.checked_hosts})
 
 
 def render_table(result: DriftResult) -> str:
@@ -26,9 +42,9 @@ def render_table(result: DriftResult) -> str:
             lines.append(
                 "  ".join(str(cell).ljust(width) for cell, width in zip(row, widths, strict=True))
             )
-    for host, reason in sorted(result.unreachable.items()):
+    for host, reason in sorted(_unreachable(result).items()):
         lines.append(f"{host}: NOT CHECKED: {reason}")
-    clean = sorted(set(result.checked_hosts) - {f.host for f in findings})
+    clean = sorted(set(_checked(result)) - {f.host for f in findings})
     lines.append(
         f"{len(result.checked_hosts)} hosts checked, {len(clean)} without drift, "
         f"{len(findings)} findings "
@@ -42,8 +58,8 @@ def render_json(result: DriftResult) -> str:
     return json.dumps(
         {
             "findings": [f.as_dict() for f in result.sorted_findings()],
-            "checked_hosts": sorted(result.checked_hosts),
-            "unreachable": result.unreachable,
+            "checked_hosts": _checked(result),
+            "unreachable": _unreachable(result),
             "exit_code": result.exit_code,
         },
         indent=2,
@@ -53,7 +69,7 @@ def render_json(result: DriftResult) -> str:
 def render_junit(result: DriftResult) -> str:
     """One test suite per host, one failing test case per finding (CI shows each)."""
     suites = ElementTree.Element("testsuites", name="gpunode drift")
-    by_host: dict[str, list] = {host: [] for host in result.checked_hosts}
+    by_host: dict[str, list] = {host: [] for host in _checked(result)}
     for finding in result.sorted_findings():
         by_host.setdefault(finding.host, []).append(finding)
     for host in sorted(by_host):
@@ -71,7 +87,7 @@ def render_junit(result: DriftResult) -> str:
                 message=f"expected {finding.expected}, found {finding.found}",
             )  # fmt: skip
             failure.text = f"fix: {finding.fix}"
-    for host, reason in sorted(result.unreachable.items()):
+    for host, reason in sorted(_unreachable(result).items()):
         suite = ElementTree.SubElement(
             suites, "testsuite", name=host, tests="1", failures="0", errors="1"
         )
@@ -90,7 +106,7 @@ def render_prometheus(result: DriftResult) -> str:
         "# HELP gpunode_drift_findings Drift findings per host and severity.",
         "# TYPE gpunode_drift_findings gauge",
     ]
-    hosts = sorted(set(result.checked_hosts))
+    hosts = _checked(result)
     for host in hosts:
         for severity in Severity:
             count = sum(1 for f in result.findings if f.host == host and f.severity is severity)
@@ -111,7 +127,7 @@ def render_prometheus(result: DriftResult) -> str:
     ]
     lines += [f'gpunode_drift_host_checked{{host="{_label(h)}"}} 1' for h in hosts]
     lines += [
-        f'gpunode_drift_host_checked{{host="{_label(h)}"}} 0' for h in sorted(result.unreachable)
+        f'gpunode_drift_host_checked{{host="{_label(h)}"}} 0' for h in sorted(_unreachable(result))
     ]
     return "\n".join(lines) + "\n"
 

@@ -522,6 +522,26 @@ def test_missing_disk_is_refused(
     ) in output
 
 
+def test_a_mount_point_through_a_symbolic_link_is_refused(
+    lab: Lab, fabric_nodes: list[LabNode], second_run: PyinfraRun, tmp_path: Path
+) -> None:
+    """mount and mkdir follow a link: /cachelink -> /var/tmp/elsewhere would put the cache
+    there (or over /etc, for a link to it), past the model's system-directory check."""
+    lab_1 = fabric_nodes[0]
+    sudo(lab, lab_1, "mkdir -p /var/tmp/elsewhere && ln -sfn /var/tmp/elsewhere /cachelink")
+    try:
+        link = {"devices": ["/dev/nvme2n1"], "mount_point": "/cachelink/cache"}
+        output = refused(lab, fabric_nodes, tmp_path, lab_1={"nvme_cache": link})
+        assert (
+            "lab-1: nvme_cache: mount point /cachelink/cache passes through the symbolic link "
+            "/cachelink (-> /var/tmp/elsewhere), which mount and mkdir follow; set "
+            "nvme_cache.mount_point to the real directory"
+        ) in output
+        assert sudo(lab, lab_1, "ls -A /var/tmp/elsewhere") == ""
+    finally:
+        sudo(lab, lab_1, "rm -f /cachelink; rmdir /var/tmp/elsewhere 2>/dev/null || true")
+
+
 def test_several_disks_without_md_driver_are_refused_with_the_reason(
     lab: Lab, fabric_nodes: list[LabNode], second_run: PyinfraRun, tmp_path: Path
 ) -> None:

@@ -252,6 +252,52 @@ def test_debian_source_refuses_missing_headers_before_anything_changes(
 
 # --- nvidia source: the lab's stand-in repository --------------------------------------------
 
+# What a refused run must leave byte for byte: installed packages, holds, the files of the
+# apt pin, the apt sources and keyrings, and modprobe's configuration (the nouveau blacklist).
+FILES_DIGEST = (
+    "sha256sum /etc/apt/sources.list /etc/apt/preferences.d/* /etc/apt/sources.list.d/* "
+    "/etc/modprobe.d/* /usr/share/keyrings/* 2>/dev/null; true"
+)
+# Branches and versions the stand-in repository does not carry (lab/standin/world.toml: 550,
+# 570, 580 and 595 only; 550.163.01 is Debian's build, never NVIDIA's).
+MODPROBE_DIGEST = "sha256sum /etc/modprobe.d/* 2>/dev/null; true"
+UNOFFERED_BRANCH = {"source": "nvidia", "branch": "590"}
+UNOFFERED_VERSION = {"source": "nvidia", "branch": "550", "version": "550.163.01-1"}
+
+
+def packages_and_files(lab: Lab, node: LabNode) -> tuple[str, str]:
+    return run(lab, node, SNAPSHOT), run(lab, node, FILES_DIGEST)
+
+
+def test_a_branch_the_fresh_mirror_lacks_stops_the_node_before_the_pin(
+    lab: Lab, nodes: list[LabNode], inventory_path: Path
+) -> None:
+    """No NVIDIA source yet: apt learns what the mirror offers only from this run's update, so
+    the node is asked then, before the nouveau blacklist, the pin or any package."""
+    for node in nodes:
+        sources = "/etc/apt/sources.list.d/gpunode-nvidia-cuda.sources"
+        assert ssh(lab, node, f"test -e {sources}").returncode != 0
+    before = {node.name: run(lab, node, SNAPSHOT) for node in nodes}
+    modprobe = {node.name: run(lab, node, MODPROBE_DIGEST) for node in nodes}
+    result = deploy(lab, nodes, inventory_path, UNOFFERED_BRANCH)
+    assert result.returncode != 0
+    for node in nodes:
+        url = f"{lab.repo_base_url}/{cuda_path(node)}"
+        assert (
+            f"gpunode: {node.name}: NVIDIA driver of branch 590 is not offered by {url}: missing "
+        ) in result.output
+        assert run(lab, node, f"test -e {PREFERENCES} && echo pinned || true") == ""
+        assert run(lab, node, MODPROBE_DIGEST) == modprobe[node.name]
+        # Packages and holds as they were; only the repository (declared) was added.
+        after = run(lab, node, SNAPSHOT)
+        assert (
+            after.replace("gpunode-nvidia-cuda.sources\n", "").replace(
+                "gpunode-nvidia-cuda.gpg\n", ""
+            )
+            == before[node.name]
+        )
+
+
 # NVIDIA's full stack (nvidia-open / cuda-drivers); the compute-only default follows below.
 OPEN_127 = {"source": "nvidia", "branch": "550", "version": "550.127.08-1", "stack": "full"}
 OPEN_144 = {**OPEN_127, "version": "550.144.03-1"}
@@ -314,6 +360,30 @@ def test_second_run_changes_nothing(lab: Lab, nodes: list[LabNode], inventory_pa
     for node in nodes:
         # The blacklist did not change, so the initramfs was left alone.
         assert run(lab, node, f"cat {INITRAMFS_CALLS}") == "-u\n"
+
+
+def test_a_branch_or_version_the_mirror_does_not_offer_is_refused_before_anything_changes(
+    lab: Lab, nodes: list[LabNode], inventory_path: Path
+) -> None:
+    driver_at(lab, nodes, inventory_path, OPEN_127)
+    before = {node.name: packages_and_files(lab, node) for node in nodes}
+    for driver, wanted in (
+        (UNOFFERED_BRANCH, "of branch 590"),
+        (UNOFFERED_VERSION, "550.163.01-1"),
+    ):
+        for args in (("--dry",), ()):
+            result = deploy(lab, nodes, inventory_path, driver, *args)
+            assert result.returncode != 0
+            for node in nodes:
+                url = f"{lab.repo_base_url}/{cuda_path(node)}"
+                assert (
+                    f"{node.name}: NVIDIA driver {wanted} is not offered by {url}: missing "
+                ) in result.output
+            assert "Nothing was changed" in result.output
+            for node in nodes:
+                assert packages_and_files(lab, node) == before[node.name]
+    # Nothing changed: the nodes are still as OPEN_127 left them.
+    _last_converged["driver"] = OPEN_127
 
 
 def test_a_new_version_in_data_upgrades_and_holds_again(

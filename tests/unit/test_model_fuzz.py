@@ -15,16 +15,20 @@ from __future__ import annotations
 import dataclasses
 import functools
 import ipaddress
+import posixpath
 import re
+import runpy
 import shlex
 import types
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Union, get_args, get_origin, get_type_hints
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from pyinfra.api import DeployError
 
 from gpunode.distributions import DEFAULT as DEFAULT_DISTRIBUTION
 from gpunode.expected.sshd import render_sshd_config
@@ -526,3 +530,112 @@ def test_string_field_is_refused_or_reaches_the_node_literally(
     check = RENDERED.get(field.qualified)
     if check is not None:
         check(state, value)
+
+
+# --- operator keys prefixed x_ that reach a node: deploys/drift_timer.py -------------------
+#
+# build_desired_state lets x_ keys through unchecked (they are the operator's own); the one
+# deploy of ours that reads some puts them into a systemd unit and an ExecStart command line.
+# The deploy runs here with pyinfra's operations recorded instead of run.
+
+DRIFT_TIMER = Path(__file__).resolve().parents[2] / "deploys" / "drift_timer.py"
+X_KEYS = {
+    "x_drift_inventory": "inventories/lab.py",
+    "x_drift_schedule": "*-*-* 05:30:00",
+    "x_drift_output_dir": "/var/lib/gpunode/drift",
+    "x_drift_textfile": "/var/lib/prometheus/node-exporter/gpunode_drift.prom",
+    "x_drift_drain": "critical",
+    "x_drift_scheduler_ssh": "slurm@ctl.example",
+}
+X_SEEDS = (*X_KEYS.values(), "inventories/prod.py", "off", "ctl", "/srv/drift", "daily")
+
+
+def run_drift_timer(data: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    """The drift timer deploy with ``data``: the files it would put, by destination."""
+    from pyinfra.operations import files, server, systemd
+
+    from facts.kernel import FileModes
+
+    from .fakehost import fake_host
+
+    written: dict[str, str] = {}
+
+    def put(**kwargs: Any) -> Any:
+        source = kwargs["src"]
+        if hasattr(source, "getvalue"):
+            written[kwargs["dest"]] = source.getvalue()
+        return types.SimpleNamespace(did_change=lambda: False)
+
+    def recorded(**kwargs: Any) -> Any:
+        return types.SimpleNamespace(did_change=lambda: False)
+
+    monkeypatch.setattr(files, "put", put)
+    for module, names in ((files, ("directory",)), (server, ("group", "user")),
+                          (systemd, ("daemon_reload", "service"))):  # fmt: skip
+        for name in names:
+            monkeypatch.setattr(module, name, recorded)
+
+    def modes(paths: list[str]) -> dict[str, dict[str, int]]:
+        return {path: {"mode": 0o755} for path in paths}
+
+    with fake_host({FileModes: modes}) as host:
+        host.data = dict(data)  # type: ignore[attr-defined]
+        runpy.run_path(str(DRIFT_TIMER), run_name="drift_timer_fuzz")
+    return written
+
+
+@pytest.fixture(scope="module")
+def known_hosts(tmp_path_factory: pytest.TempPathFactory) -> str:
+    path = tmp_path_factory.mktemp("drift-timer") / "known_hosts"
+    path.write_text("ctl.example ssh-ed25519 AAAA\n")
+    path.chmod(0o600)
+    return str(path)
+
+
+@pytest.mark.parametrize("key", list(X_KEYS))
+@FUZZ
+@given(data=st.data())
+def test_x_key_is_refused_by_name_or_reaches_the_units_literally(
+    key: str, data: st.DataObject, known_hosts: str
+) -> None:
+    seeds = st.sampled_from(X_SEEDS)
+    value = data.draw(
+        st.one_of(
+            seeds,
+            st.builds(str.__add__, seeds, st.sampled_from(HOSTILE)),
+            st.builds(_inserted, seeds, st.floats(0, 1), st.sampled_from(HOSTILE)),
+            st.builds(_inserted, seeds, st.floats(0, 1), FRAGMENT),
+        ),
+        label=key,
+    )
+    given_data = {**X_KEYS, "x_drift_known_hosts": known_hosts, key: value}
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        try:
+            written = run_drift_timer(given_data, monkeypatch)
+        except DeployError as error:
+            assert key in str(error) and str(error).isprintable(), str(error)
+            return
+    service = written["/etc/systemd/system/gpunode-drift.service"]
+    timer = written["/etc/systemd/system/gpunode-drift.timer"]
+    for line in (*service.splitlines(), *timer.splitlines()):
+        assert line.isprintable(), repr(line)
+    assert unprintable_character(value) is None
+    (exec_start,) = [line for line in service.splitlines() if line.startswith("ExecStart=")]
+    argv = shlex.split(exec_start.removeprefix("ExecStart="))
+    # systemd expands % specifiers and $ variables even in quoted words.
+    assert "%" not in exec_start and "$" not in exec_start
+    output_dir = given_data["x_drift_output_dir"]
+    expected_tail = [
+        "drift", given_data["x_drift_inventory"],
+        "--baseline", f"{output_dir}/latest.json", "--write-baseline", f"{output_dir}/latest.json",
+        "--junit", f"{output_dir}/latest.xml", "--prometheus", given_data["x_drift_textfile"],
+        *(["--drain", "critical"] if given_data["x_drift_drain"] == "critical" else []),
+        *(["--scheduler-ssh", given_data["x_drift_scheduler_ssh"]]
+          if given_data["x_drift_drain"] == "critical" else []),
+    ]  # fmt: skip
+    assert argv[1:] == expected_tail
+    (read_write,) = [line for line in service.splitlines() if line.startswith("ReadWritePaths=")]
+    textfile_dir = posixpath.dirname(given_data["x_drift_textfile"])
+    assert read_write.removeprefix("ReadWritePaths=").split(" ") == [output_dir, textfile_dir]
+    assert f"OnCalendar={given_data['x_drift_schedule']}" in timer.splitlines()
+    assert "%" not in given_data["x_drift_schedule"]

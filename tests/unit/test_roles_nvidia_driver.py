@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -10,6 +11,7 @@ import pytest
 from pyinfra.api import DeployError, OperationError
 from pyinfra.facts.systemd import SystemdEnabled, SystemdStatus
 
+from facts.container_runtime import AptPackagePolicy
 from facts.nvidia_packages import (
     AptPackageVersions,
     NvidiaPackages,
@@ -20,17 +22,21 @@ from facts.nvidia_packages import (
 from gpunode import framing
 from gpunode.expected.packages import DriverPackages, driver_packages_for
 from gpunode.model import NvidiaDriver, build_desired_state
+from gpunode.refusal import REFUSED_EXIT, NodeRefused
 from lab import REBOOT_COMMAND
 from lab.hwsim import hwstate
 from roles.nvidia_driver import (
     APT_INSTALL,
     driver_left_alone,
+    driver_offered,
     driver_packages,
     driver_reboot,
     headers_need,
     kernel_headers,
+    packages_to_fetch,
     persistence_daemon,
     render_preferences,
+    require_driver_offered,
     resolve_version,
 )
 
@@ -835,3 +841,144 @@ def test_a_pinned_held_595_driver_with_its_pinning_package_is_left_alone() -> No
         driver_packages, {NvidiaPackages: unheld, AptPackageVersions: {}}, spec=spec
     )
     assert "apt-mark hold nvidia-driver-pinning-595" in commands[-2]
+
+
+# --- a driver the mirror does not offer: refused before the pin ------------------------------
+
+CUDA_URL = "http://mirror.example:8089/cuda/debian12/x86_64"
+DEBIAN_URL = "http://deb.debian.org/debian"
+
+
+def mirror(indexed: bool = True, **versions: tuple[str, ...]) -> dict[type, Any]:
+    """An AptPackagePolicy fact value: each package's versions, all from the NVIDIA mirror
+    (nvidia-kernel-dkms also from Debian, at a version of its own)."""
+    known = {}
+    for name, offered_versions in versions.items():
+        name = name.replace("_", "-")
+        entries = [{"version": v, "urls": [CUDA_URL]} for v in offered_versions]
+        if name == "nvidia-kernel-dkms":
+            entries.append({"version": "550.163.01-2", "urls": [DEBIAN_URL]})
+        known[name] = {"installed": None, "held": False, "candidate": None, "versions": entries}
+
+    def value(packages: list[str]) -> dict[str, Any]:
+        return {
+            "indexed_urls": [CUDA_URL, DEBIAN_URL] if indexed else [DEBIAN_URL],
+            "packages": {name: known[name] for name in packages if name in known},
+        }
+
+    return {AptPackagePolicy: value}
+
+
+STANDIN_550 = {
+    name.replace("-", "_"): ("550.144.03-1", "550.127.08-1")
+    for name in ("nvidia-open", "nvidia-kernel-open-dkms", "nvidia-driver", "nvidia-driver-cuda",
+                 "cuda-drivers", "cuda-drivers-550", "nvidia-kernel-dkms")
+}  # fmt: skip
+
+
+def test_a_version_the_mirror_does_not_offer_is_refused_naming_what_it_offers() -> None:
+    spec = nvidia_550("550.163.01-2")
+    with fake_host(mirror(**STANDIN_550)), pytest.raises(NodeRefused) as refused:
+        require_driver_offered(spec, {}, CUDA_URL)
+    message = refused.value.reason
+    assert message.startswith(f"node-1: NVIDIA driver 550.163.01-2 is not offered by {CUDA_URL}")
+    assert "nvidia-kernel-open-dkms (550.144.03-1, 550.127.08-1)" in message
+    assert "set nvidia_driver.branch / nvidia_driver.version" in message
+
+
+def test_debians_build_of_a_name_does_not_count_for_the_nvidia_source() -> None:
+    # Debian offers nvidia-kernel-dkms 550.163.01-2; NVIDIA's mirror does not.
+    spec = nvidia_550("550.163.01-2", flavour="proprietary")
+    with fake_host(mirror(**STANDIN_550)), pytest.raises(NodeRefused, match="not offered by"):
+        require_driver_offered(spec, {}, CUDA_URL)
+
+
+def test_a_branch_the_mirror_does_not_carry_is_refused_with_its_pinning_package() -> None:
+    spec = driver_packages_for(driver(source="nvidia", branch="590"), None)
+    with fake_host(mirror(**STANDIN_550)), pytest.raises(NodeRefused) as refused:
+        require_driver_offered(spec, {}, CUDA_URL)
+    message = refused.value.reason
+    assert f"NVIDIA driver of branch 590 is not offered by {CUDA_URL}" in message
+    assert "nvidia-driver-cuda (550.144.03-1, 550.127.08-1)" in message
+    assert "nvidia-driver-pinning-590" in message
+
+
+def test_a_driver_the_mirror_offers_passes() -> None:
+    with fake_host(mirror(**STANDIN_550)):
+        assert require_driver_offered(nvidia_550("550.144.03-1"), {}, CUDA_URL)
+        assert require_driver_offered(nvidia_550(None), {}, CUDA_URL)
+
+
+def test_an_installed_driver_needs_no_word_from_apt() -> None:
+    # No AptPackagePolicy in the table: asking apt would fail the test.
+    with fake_host({}):
+        assert require_driver_offered(nvidia_550(), at("550.127.08-1"), CUDA_URL)
+
+
+def test_only_the_packages_to_fetch_must_be_offered() -> None:
+    # Installed at the wanted version: the mirror may have dropped them since.
+    installed = at("550.127.08-1", ("nvidia-open", "nvidia-kernel-open-dkms"))
+    spec = nvidia_550()
+    assert packages_to_fetch(spec, installed) == ["nvidia-driver", "nvidia-driver-cuda"]
+    versions = {"nvidia_driver": ("550.127.08-1",), "nvidia_driver_cuda": ("550.127.08-1",)}
+    with fake_host(mirror(**versions)):
+        assert require_driver_offered(spec, installed, CUDA_URL)
+
+
+def test_without_the_mirrors_lists_the_node_is_asked_once_they_are_fetched() -> None:
+    with fake_host(mirror(indexed=False)):
+        assert require_driver_offered(nvidia_550("550.163.01-2"), {}, CUDA_URL) is False
+
+
+def test_debian_source_version_apt_does_not_know_is_refused() -> None:
+    spec = driver_packages_for(driver(source="debian", version="535.216.01-1"), "535.216.01-1")
+    known = offered("nvidia-kernel-dkms", "550.163.01-2") | offered("nvidia-smi", "550.163.01-2")
+    with fake_host({AptPackageVersions: known}), pytest.raises(NodeRefused) as refused:
+        require_driver_offered(spec, {}, CUDA_URL)
+    assert "NVIDIA driver 535.216.01-1 is not offered by apt's package lists (Debian)" in (
+        refused.value.reason
+    )
+    assert "libcuda1 (nothing)" in refused.value.reason
+
+
+MADISON_DRIVER = f"""\
+nvidia-driver-cuda | 550.144.03-1 | {CUDA_URL}  Packages
+nvidia-driver-cuda | 550.127.08-1 | {CUDA_URL}  Packages
+nvidia-driver-cuda | 535.216.01-1 | {DEBIAN_URL} bookworm/non-free amd64 Packages
+"""
+
+
+def run_check(
+    tmp_path: Path, spec: DriverPackages, fetch: list[str]
+) -> subprocess.CompletedProcess:
+    """The node-side check, run against a fake apt-cache that knows nvidia-driver-cuda only."""
+    fake = tmp_path / "apt-cache"
+    fake.write_text(
+        f"#!/bin/sh\n[ \"$2\" = nvidia-driver-cuda ] || exit 0\ncat <<'EOF'\n{MADISON_DRIVER}EOF\n"
+    )
+    fake.chmod(0o755)
+    commands, _ = commands_of(
+        driver_offered, {}, spec=spec, repository_url=CUDA_URL + "/", fetch=fetch
+    )
+    return subprocess.run(
+        ["sh", "-c", commands[0]],
+        env={"PATH": f"{tmp_path}:/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+    )
+
+
+def test_the_node_side_check_stops_the_host_before_the_pin(tmp_path: Path) -> None:
+    compute = driver_packages_for(driver(source="nvidia", branch="550"), None)
+    assert run_check(tmp_path, compute, ["nvidia-driver-cuda"]).returncode == 0
+    exact = driver_packages_for(driver(source="nvidia", branch="550"), "550.127.08-1")
+    assert run_check(tmp_path, exact, ["nvidia-driver-cuda"]).returncode == 0
+
+    missing = driver_packages_for(driver(source="nvidia", branch="550"), "550.163.01-2")
+    refused = run_check(tmp_path, missing, ["nvidia-driver-cuda"])
+    assert refused.returncode == REFUSED_EXIT
+    assert f"NVIDIA driver 550.163.01-2 is not offered by {CUDA_URL}/: missing " in refused.stderr
+    # Another source's build of the name counts for nothing; nor does an absent package.
+    debian_only = driver_packages_for(driver(source="nvidia", branch="535"), None)
+    assert run_check(tmp_path, debian_only, ["nvidia-driver-cuda"]).returncode == REFUSED_EXIT
+    assert run_check(tmp_path, compute, ["nvidia-kernel-open-dkms"]).returncode == REFUSED_EXIT

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
+import tempfile
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from pyinfra.api import OperationError
 from pyinfra.facts.files import File
 
@@ -24,7 +28,9 @@ from facts.fabric import (
     parse_md_arrays,
 )
 from facts.hardware import NvmeDevices
+from facts.paths import SymlinkOnPath
 from gpunode.model import NvmeCache, build_desired_state
+from gpunode.refusal import NodeRefused
 from roles.nvme_cache import (
     CacheFacts,
     CacheRefused,
@@ -38,6 +44,7 @@ from roles.nvme_cache import (
     gather_cache_facts,
     mdadm_conf_command,
     plan_cache,
+    refuse_symlinked_mount_point,
     refused_at_prepare,
 )
 
@@ -675,3 +682,76 @@ def test_a_device_listed_twice_and_a_zero_timeout_are_validation_errors() -> Non
 def _facts_for_plan(facts: dict[type, Any], settings: NvmeCache) -> CacheFacts:
     with fake_host(facts):
         return gather_cache_facts(settings)
+
+
+# --- a mount point that passes through a symbolic link ------------------------------------
+
+# Components of a path below the fuzz's root: each a directory, a link (to elsewhere in the
+# tree, to a system directory, dangling, or to itself), a file, or missing.
+COMPONENT = st.sampled_from(["dir", "link-up", "link-out", "link-dangling", "link-loop", "file"])
+
+
+def symlink_walk(root: Path, relative: list[str]) -> dict[str, str] | None:
+    """What the node-side walk must report: the first existing link on the way."""
+    walked = root
+    for part in relative:
+        walked = walked / part
+        if walked.is_symlink():
+            return {"path": str(walked), "target": os.readlink(walked)}
+        if not walked.exists():
+            return None
+    return None
+
+
+@settings(max_examples=60, deadline=None, database=None, derandomize=True)
+@given(kinds=st.lists(COMPONENT, min_size=1, max_size=5), extra=st.integers(0, 2))
+def test_the_walk_names_the_first_symbolic_link_on_a_mount_point(
+    kinds: list[str], extra: int
+) -> None:
+    with tempfile.TemporaryDirectory() as temporary:
+        root = Path(temporary).resolve()
+        (root / "elsewhere").mkdir()
+        parts = [f"c{index}-{kind}" for index, kind in enumerate(kinds)] + ["new"] * extra
+        walked = root
+        for index, kind in enumerate(kinds):
+            walked = walked / parts[index]
+            if kind == "dir":
+                walked.mkdir()
+            elif kind == "file":
+                walked.write_text("")
+            elif kind == "link-up":
+                walked.symlink_to(root / "elsewhere")
+            elif kind == "link-out":
+                walked.symlink_to("/etc")
+            elif kind == "link-dangling":
+                walked.symlink_to(root / "nowhere")
+            else:
+                walked.symlink_to(walked)
+            if kind != "dir":
+                break
+        path = str(root.joinpath(*parts))
+        output = subprocess.run(
+            ["sh", "-c", SymlinkOnPath().command(path)], capture_output=True, text=True, check=True
+        ).stdout
+        found = SymlinkOnPath().process(output.splitlines())
+        assert found == symlink_walk(root, parts)
+
+
+def test_node_text_in_a_link_target_is_cleaned() -> None:
+    found = SymlinkOnPath().process(["link\t/raid\t/etc\x1b[2J\u2028x"])
+    assert found == {"path": "/raid", "target": "/etc\\x1b[2J\\u2028x"}
+    assert SymlinkOnPath().process(["garbage", "link\trelative\t/x"]) is None
+
+
+def test_a_mount_point_through_a_symbolic_link_is_refused_before_anything_changes() -> None:
+    cache = build_desired_state({"nvme_cache": {"enabled": True, "mount_point": "/raid/cache"}})[0]
+    link = {SymlinkOnPath: {"path": "/raid", "target": "/etc"}}
+    with fake_host(link), pytest.raises(NodeRefused) as refused:
+        refuse_symlinked_mount_point(cache.nvme_cache)
+    assert refused.value.reason == (
+        "node-1: nvme_cache: mount point /raid/cache passes through the symbolic link /raid "
+        "(-> /etc), which mount and mkdir follow; set nvme_cache.mount_point to the real "
+        "directory"
+    )
+    with fake_host({SymlinkOnPath: None}):
+        refuse_symlinked_mount_point(cache.nvme_cache)
