@@ -331,7 +331,8 @@ def build_parser() -> argparse.ArgumentParser:
     drift.add_argument(
         "--drain", choices=["critical"],
         help="drain scheduler nodes with critical findings (reason 'gpunode: drift <ids>') and "
-        "resume those gpunode drained for drift once clean; never a drain of anyone else's",
+        "resume those gpunode drained for drift once clean; never a drain of anyone else's nor a "
+        "DOWN, FAIL or FAILING node",
     )  # fmt: skip
     drift.add_argument(
         "--scheduler-ssh", metavar="SSH_ARGS",
@@ -346,7 +347,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="apply a deploy batch by batch: drain, converge, health gate, resume",
         description="Batch by batch (the canary batch first): drain the nodes in the scheduler, "
         "wait for their jobs, converge them, check them with the drift check (no critical "
-        "finding), resume those that pass. A node drained by anyone else is left alone. "
+        "finding), resume those that pass. A node drained by anyone else, or DOWN, FAIL or "
+        "FAILING, is left alone; one rollout of an inventory at a time. "
         "Interrupted, the same command goes on where it stopped.",
         epilog="exit status: "
         + "; ".join(f"{code} {meaning}" for code, meaning in EXIT_CODES.items()),
