@@ -721,8 +721,6 @@ def test_a_node_an_operator_set_down_stays_down_when_its_slurmd_registers_again(
     lab: Lab, ready: list[LabNode], members: list[LabNode]
 ) -> None:
     node = members[0]
-    _, conf = on_controller(lab, "cat /etc/slurm/slurm.conf")
-    assert "ReturnToService=1" in conf.splitlines()
     why = "PSU fault, ticket 8"
     code, output = on_controller(
         lab, f"scontrol update NodeName={node.name} State=DOWN Reason='{why}'"
@@ -739,6 +737,8 @@ def test_a_node_an_operator_set_down_stays_down_when_its_slurmd_registers_again(
         time.sleep(1)
     assert test_slurm.node_view(lab, node).get("SlurmdStartTime") != started
     assert slurm_view(lab, node)[:2] == ("down", why)
+    _, conf = on_controller(lab, "cat /etc/slurm/slurm.conf")
+    assert "ReturnToService=1" in conf.splitlines()
 
 
 def test_a_node_resumed_while_the_rollout_waits_is_left_out_and_a_second_rollout_refuses(
