@@ -117,9 +117,11 @@ class Scheduler(Protocol):
     - ``status``: one :class:`NodeStatus` per known node, leaving out the unknown ones (the
       rollout skips those); ``state`` is the scheduler's word, lowercase, and a node that takes
       no new work must read as ``drained`` or ``draining`` (:data:`DRAINED_STATES`: a cordoned
-      node); ``reason`` is the drain's reason exactly as stored, read back while it is drained
-      (gpunode tells its own drains from a person's by :data:`GPUNODE_REASON_PREFIX`, so the
-      reason must survive the round trip); ``responding``: false while the node is not back
+      node), or, where someone else declared it broken, ``down``, ``fail`` or ``failing``
+      (:data:`HELD_STATES`: never drained, resumed or re-worded by gpunode); ``reason`` is
+      the drain's reason exactly as stored, read back while it is drained (gpunode tells its
+      own drains from a person's by :data:`GPUNODE_REASON_PREFIX`, so the reason must survive
+      the round trip); ``responding``: false while the node is not back
       (the health gate waits for it after a reboot); lines it cannot read go to ``problems``;
     - ``drain``: idempotent, and a drain of a drained node replaces its reason (a node that
       fails the gate is drained again with the failed checks); running work goes on;
