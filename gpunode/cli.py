@@ -19,9 +19,11 @@ import argparse
 import os
 from collections.abc import Sequence
 from importlib.metadata import entry_points
+from pathlib import Path
 
-from gpunode.inventory import InvalidInventory, fleet_of
+from gpunode.inventory import Fleet, InvalidInventory, fleet_of
 from gpunode.model import DesiredState
+from gpunode.sanitize import clean_text
 from gpunode.schema import defaults_table
 
 COMMAND_PLUGINS = "gpunode.commands"
@@ -146,7 +148,7 @@ def drain_for_drift(args: argparse.Namespace, inventory: object, result: object)
         for line in drain.apply(scheduler, drain.plan(result, scheduled, status.nodes)):
             print(f"gpunode drift --drain: {line}", file=sys.stderr)
     except SchedulerError as error:
-        print(f"gpunode drift --drain: {error}", file=sys.stderr)
+        print(f"gpunode drift --drain: {clean_text(str(error), 1000)}", file=sys.stderr)
         return False
     return True
 
@@ -176,13 +178,8 @@ def scheduler_from(args: argparse.Namespace):  # type: ignore[no-untyped-def]
 
 
 def cmd_rollout(args: argparse.Namespace) -> int:
-    import signal
-    from pathlib import Path
-
     from gpunode import rollout
-    from gpunode.drift import dcgm_hosts, select_hosts
-    from gpunode.drift.output import write_atomically
-    from gpunode.scheduler import SchedulerError
+    from gpunode.drift import select_hosts
 
     inventory = load_inventory(args.inventory)
     try:
@@ -196,6 +193,34 @@ def cmd_rollout(args: argparse.Namespace) -> int:
         return rollout.EXIT_ERROR
     path = Path(args.state or rollout.default_state_path(args.inventory, args.deploy, args.limit))
     nodes = [(host.name, fleet.for_host(host.name).slurm.enabled) for host in hosts]
+    # Taken before the state is read: a second rollout of this inventory (or of this state
+    # file) refuses to start, naming the one running; --dry changes nothing and takes none.
+    lock = rollout.RolloutLock([path.with_name(path.name + ".lock"),
+                                rollout.inventory_lock_path(args.inventory)])  # fmt: skip
+    try:
+        if not args.dry:
+            lock.acquire()
+            for stale in lock.stale:
+                print(f"gpunode rollout: {stale}", file=sys.stderr)
+        return rollout_under_lock(args, fleet, path, nodes)
+    except (rollout.RolloutError, OSError) as error:
+        print(f"gpunode rollout: {clean_text(str(error), 1000)}", file=sys.stderr)
+        return rollout.EXIT_ERROR
+    finally:
+        lock.release()
+
+
+def rollout_under_lock(
+    args: argparse.Namespace, fleet: Fleet, path: Path, nodes: list[tuple[str, bool]]
+) -> int:
+    """The rollout itself, once ``cmd_rollout`` holds its lock (or for ``--dry``)."""
+    import signal
+
+    from gpunode import rollout
+    from gpunode.drift import dcgm_hosts
+    from gpunode.drift.output import write_atomically
+    from gpunode.scheduler import SchedulerError
+
     try:
         state = None
         if path.exists():
@@ -208,7 +233,8 @@ def cmd_rollout(args: argparse.Namespace) -> int:
                     f"{state.deploy}: finish it, or give another --state"
                 )
             else:
-                print(f"rollout {state.id}: going on from {path} ({state.outcome})")
+                outcome = clean_text(state.outcome, 40)
+                print(f"rollout {state.id}: going on from {path} ({outcome})")
         if state is None:
             state = rollout.new_state(args.inventory, args.deploy, nodes, args.batch, args.canary)
         scheduled = any(record.scheduled for record in state.nodes.values())
@@ -248,7 +274,7 @@ def cmd_rollout(args: argparse.Namespace) -> int:
         )
         code = run.run(has_canary=args.canary > 0)
     except (rollout.RolloutError, SchedulerError, OSError) as error:
-        print(f"gpunode rollout: {error}", file=sys.stderr)
+        print(f"gpunode rollout: {clean_text(str(error), 1000)}", file=sys.stderr)
         return rollout.EXIT_ERROR
     print(rollout.summary_table(state), end="")
     return code
@@ -305,7 +331,8 @@ def build_parser() -> argparse.ArgumentParser:
     drift.add_argument(
         "--drain", choices=["critical"],
         help="drain scheduler nodes with critical findings (reason 'gpunode: drift <ids>') and "
-        "resume those gpunode drained for drift once clean; never a drain of anyone else's",
+        "resume those gpunode drained for drift once clean; never a drain of anyone else's nor a "
+        "DOWN, FAIL or FAILING node",
     )  # fmt: skip
     drift.add_argument(
         "--scheduler-ssh", metavar="SSH_ARGS",
@@ -320,7 +347,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="apply a deploy batch by batch: drain, converge, health gate, resume",
         description="Batch by batch (the canary batch first): drain the nodes in the scheduler, "
         "wait for their jobs, converge them, check them with the drift check (no critical "
-        "finding), resume those that pass. A node drained by anyone else is left alone. "
+        "finding), resume those that pass. A node drained by anyone else, or DOWN, FAIL or "
+        "FAILING, is left alone; one rollout of an inventory at a time. "
         "Interrupted, the same command goes on where it stopped.",
         epilog="exit status: "
         + "; ".join(f"{code} {meaning}" for code, meaning in EXIT_CODES.items()),

@@ -1393,6 +1393,16 @@ class Slurm:
     max_node_count: int = setting(
         1024, "MaxNodeCount: how many dynamic nodes the controller accepts", min=1, max=65000
     )
+    # slurm.conf(5), ReturnToService (read 2026-12-07, SchedMD/slurm doc/man/man5/slurm.conf.5
+    # of 2026-08-20): 0 a DOWN node stays DOWN until an administrator changes it; 1 a DOWN
+    # node returns at its next registration with a valid configuration only if it was set
+    # DOWN for not responding; 2 a DOWN node returns at its next registration whatever set
+    # it DOWN (an operator's "PSU fault" too).
+    return_to_service: Literal[0, 1, 2] = setting(
+        1, "ReturnToService: which DOWN nodes come back by themselves when their slurmd "
+        "registers again: 0 none, 1 only those DOWN for not responding (a node an operator "
+        "set DOWN stays DOWN), 2 any, an operator's DOWN too",
+    )  # fmt: skip
     munge_key_file: str | None = setting(
         None, "file on the control machine holding the cluster's MUNGE key (sent to the node, "
         "0400 munge:munge; never shown)", check=check_absolute_path,

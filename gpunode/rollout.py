@@ -12,10 +12,20 @@ those nodes: no critical finding. A node that passes is resumed; one that fails 
 drained, the failed checks in its reason. The rollout stops when more nodes failed than
 ``--max-failures``.
 
-A node drained by anyone else (a reason without this rollout's id: a person, another tool,
-gpunode's own drift drain) is neither drained, converged nor resumed: it is skipped, and the
-summary says so. A node the inventory does not make a scheduler node (``slurm.enabled``
+A node someone else took out of service is neither drained, converged nor resumed, and its
+reason is never rewritten: DOWN, FAIL or FAILING (whatever the reason: "PSU fault"), or
+drained with a reason without this rollout's id (a person, another tool, gpunode's own drift
+drain). It is skipped, and the summary says so with their reason. Right before the converge
+(which reboots where the driver changes) each node's drain is read again: a node someone
+resumed while the rollout waited, or that a restarted rollout finds no longer drained by it,
+is left out of this rollout, unconverged, and the summary says why; so is one someone else
+took over meanwhile. A node the inventory does not make a scheduler node (``slurm.enabled``
 false) has no jobs to wait for: it is converged and checked without a drain.
+
+Two rollouts of one inventory never run at once: each holds a lock (``flock``) on its state
+file and on its inventory, with a record of its holder (pid, host, user, start) that a second
+rollout names when it refuses to start; a lock whose holder ended without letting go (killed)
+is free to ``flock`` and is taken over, its record named as stale.
 
 The state is a JSON file on the control host, written atomically (temporary file, fsync,
 rename) before every step, so a rollout interrupted (Ctrl-C, SIGTERM, a killed control host)
@@ -25,11 +35,15 @@ a step cut short is done again (each is idempotent: a drain, a converge, a check
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import getpass
 import hashlib
 import json
 import os
 import re
 import secrets
+import socket
 import subprocess
 import sys
 import time
@@ -40,7 +54,13 @@ from pathlib import Path
 from typing import Protocol
 
 from gpunode.sanitize import clean_text
-from gpunode.scheduler import GPUNODE_REASON_PREFIX, NodeStatus, Scheduler, bounded_reason
+from gpunode.scheduler import (
+    GPUNODE_REASON_PREFIX,
+    HELD_STATES,
+    NodeStatus,
+    Scheduler,
+    bounded_reason,
+)
 
 # Exit codes (gpunode rollout --help and the README list them).
 EXIT_COMPLETE = 0  # every node done
@@ -213,13 +233,125 @@ def is_ours(status: NodeStatus | None, state: RolloutState) -> bool:
     )
 
 
+def someone_elses(status: NodeStatus, state: RolloutState) -> bool:
+    """Out of service by someone else: DOWN, FAIL or FAILING whatever the reason, or drained
+    by anyone but this rollout (a person, another tool, gpunode's drift drain, another
+    rollout). Never drained, resumed or re-worded by this rollout."""
+    return status.state in HELD_STATES or (status.drained and not is_ours(status, state))
+
+
+def held_note(status: NodeStatus) -> str:
+    """'down by someone else (PSU fault)': the state and the reason, cleaned."""
+    word = status.state if status.state in HELD_STATES else "drained"
+    return f"{word} by someone else ({clean_text(status.reason or 'no reason', 300)})"
+
+
+def _state_base() -> Path:
+    base = os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state")
+    return Path(base) / "gpunode"
+
+
 def default_state_path(inventory: str, deploy: str, limit: str | None) -> Path:
     """One state file per inventory, deploy and limit, under $XDG_STATE_HOME/gpunode."""
-    base = os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state")
     key = hashlib.sha256(
         "\0".join((os.path.realpath(inventory), deploy, limit or "")).encode()
     ).hexdigest()[:12]
-    return Path(base) / "gpunode" / f"rollout-{key}.json"
+    return _state_base() / f"rollout-{key}.json"
+
+
+def inventory_lock_path(inventory: str) -> Path:
+    """The lock every rollout of ``inventory`` holds, whatever its deploy, limit or state file."""
+    key = hashlib.sha256(os.path.realpath(inventory).encode()).hexdigest()[:12]
+    return _state_base() / f"rollout-inventory-{key}.lock"
+
+
+# --- one rollout at a time --------------------------------------------------------------
+
+
+def holder_record(started: float | None = None) -> dict[str, object]:
+    """Who holds a lock: enough to find the process (and to tell a stale lock)."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = str(os.getuid())
+    when = time.time() if started is None else started
+    return {
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+        "user": user,
+        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(when)),
+    }
+
+
+def describe_holder(text: str) -> str:
+    """A holder record as one line: pid, host, user, start (the file is read as untrusted)."""
+    try:
+        record = json.loads(text)
+        if not isinstance(record, dict):
+            raise ValueError("not an object")
+        shown = (
+            f"pid {record.get('pid')} on {record.get('host')}, user {record.get('user')}, "
+            f"since {record.get('started')}"
+        )
+    except ValueError:
+        shown = f"an unreadable holder record {text[:80]!r}"
+    return clean_text(shown, 300)
+
+
+class RolloutLock:
+    """``flock`` on each of ``paths`` (a rollout's state file's ``.lock``, its inventory's
+    lock), each with a holder record. The kernel lets go of a ``flock`` when its process
+    ends, however it ends, so a lock that can be taken is free; a record left in it was
+    written by a holder that ended without letting go (killed): it is named as stale."""
+
+    def __init__(self, paths: Sequence[Path]) -> None:
+        self.paths = list(dict.fromkeys(paths))
+        self._held: list[tuple[Path, int]] = []
+        self.stale: list[str] = []  # 'path: pid ... (stale: its process ended)'
+
+    def __enter__(self) -> RolloutLock:
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    def acquire(self) -> None:
+        record = json.dumps(holder_record(), sort_keys=True) + "\n"
+        try:
+            for path in self.paths:
+                path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+                descriptor = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+                try:
+                    fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    holder = os.pread(descriptor, 4096, 0).decode(errors="replace")
+                    os.close(descriptor)
+                    raise RolloutError(
+                        f"another rollout holds {path}: {describe_holder(holder)}; wait for it "
+                        "to end, or stop that process"
+                    ) from None
+                self._held.append((path, descriptor))
+                left = os.pread(descriptor, 4096, 0).decode(errors="replace")
+                if left.strip():
+                    self.stale.append(
+                        f"{path}: {describe_holder(left)} (stale: that rollout ended without "
+                        "letting go; taken over)"
+                    )
+                os.ftruncate(descriptor, 0)
+                os.pwrite(descriptor, record.encode(), 0)
+                os.fsync(descriptor)
+        except BaseException:
+            self.release()
+            raise
+
+    def release(self) -> None:
+        """The record emptied (no stale lock left behind), then the lock let go."""
+        for _path, descriptor in reversed(self._held):
+            with contextlib.suppress(OSError):
+                os.ftruncate(descriptor, 0)
+            os.close(descriptor)
+        self._held = []
 
 
 # --- what the rollout does to nodes ---------------------------------------------------------
@@ -472,6 +604,8 @@ class Rollout:
             n for n in active if self.state.nodes[n].phase in (Phase.WAITING, Phase.CONVERGING)
         ]
         if converging:
+            converging = self.still_drained(converging)
+        if converging:
             started = self.clock()
             self.converge(converging)
             self.timed("converge", started)
@@ -500,10 +634,8 @@ class Rollout:
             if found is None:
                 self.set(name, Phase.SKIPPED, "the scheduler does not know it: untouched")
                 continue
-            if found.drained and not is_ours(found, self.state):
-                self.set(
-                    name, Phase.SKIPPED, f"drained by someone else ({found.reason}): untouched"
-                )
+            if someone_elses(found, self.state):
+                self.set(name, Phase.SKIPPED, f"{held_note(found)}: untouched")
                 continue
             if not is_ours(found, self.state):
                 self.set(name, Phase.DRAINING)
@@ -549,6 +681,32 @@ class Rollout:
             waiting = still
             if waiting:
                 self.sleep(self.poll_s)
+
+    def still_drained(self, names: list[str]) -> list[str]:
+        """The nodes still drained by this rollout, read again right before the converge (it
+        reboots where the driver changes): a person may have resumed a node while the rollout
+        waited for its jobs, or taken it over, and a restarted rollout may find a node it
+        drained back in service. Such a node is left out, unconverged, with why."""
+        status = self.status_of(names)
+        ready = []
+        for name in names:
+            record = self.state.nodes[name]
+            if not record.scheduled:
+                ready.append(name)
+                continue
+            found = status.get(name)
+            if found is not None and is_ours(found, self.state):
+                ready.append(name)
+                continue
+            record.drained = False
+            if found is None:
+                why = "the scheduler does not know it any more"
+            elif someone_elses(found, self.state):
+                why = held_note(found)
+            else:
+                why = f"not drained any more ({found.state}: resumed by someone else)"
+            self.set(name, Phase.LEFT_OUT, f"{why}: not converged, left as it is")
+        return ready
 
     def converge(self, names: list[str]) -> None:
         for name in names:
@@ -630,14 +788,10 @@ class Rollout:
             record = self.state.nodes[name]
             if record.scheduled and record.drained:
                 found = status.get(name)
-                if found is not None and found.drained and not is_ours(found, self.state):
-                    # Someone drained it again meanwhile: theirs now, not resumed.
+                if found is not None and someone_elses(found, self.state):
+                    # Someone took it over meanwhile (drained, DOWN, FAIL): theirs, not resumed.
                     record.drained = False
-                    self.set(
-                        name,
-                        Phase.LEFT_OUT,
-                        f"drained by someone else ({found.reason}): not resumed",
-                    )
+                    self.set(name, Phase.LEFT_OUT, f"{held_note(found)}: not resumed")
                     continue
                 assert self.scheduler is not None
                 if found is None or found.drained:
@@ -655,8 +809,8 @@ class Rollout:
 def summary_table(state: RolloutState) -> str:
     headers = ("batch", "node", "result", "rebooted", "note")
     rows = [
-        (str(record.batch + 1), name, str(record.phase), "yes" if record.rebooted else "",
-         record.note)
+        (str(record.batch + 1), clean_text(name, 80), str(record.phase),
+         "yes" if record.rebooted else "", clean_text(record.note, 300))
         for batch in state.batches
         for name in batch
         for record in [state.nodes[name]]
@@ -687,7 +841,8 @@ def dry_plan(
         for name in batch:
             record = state.nodes[name]
             if record.phase.finished:
-                lines.append(f"  {name}: {record.phase} already ({record.note}): left alone")
+                note = clean_text(record.note, 300)
+                lines.append(f"  {name}: {record.phase} already ({note}): left alone")
                 continue
             if not record.scheduled:
                 plan = "no scheduler node: converge, health gate"
@@ -697,11 +852,14 @@ def dry_plan(
                 )
             elif name not in status:
                 plan = "skip: the scheduler does not know it"
-            elif status[name].drained and not is_ours(status[name], state):
-                plan = f"skip: drained by someone else ({status[name].reason})"
+            elif someone_elses(status[name], state):
+                plan = f"skip: {held_note(status[name])}"
             else:
-                running = jobs.get(name, [])
+                running = [clean_text(job, 40) for job in jobs.get(name, [])]
                 wait = f"wait for jobs {','.join(running)}" if running else "no job running"
-                plan = f"drain ({status[name].state}), {wait}, converge, health gate, resume"
-            lines.append(f"  {name}: {plan}")
+                plan = (
+                    f"drain ({clean_text(status[name].state, 40)}), {wait}, converge, "
+                    "health gate, resume"
+                )
+            lines.append(f"  {clean_text(name, 80)}: {plan}")
     return "\n".join(lines) + "\n"

@@ -10,22 +10,39 @@ when it is a Slurm client (:func:`local_runner`), or on the controller over SSH
 
 A drain gpunode makes carries a reason starting with :data:`GPUNODE_REASON_PREFIX`; a node
 drained with any other reason was drained by a person or another tool, and gpunode never
-resumes it (:attr:`NodeStatus.drained_by_gpunode`).
+resumes it (:attr:`NodeStatus.drained_by_gpunode`). A node DOWN, FAIL or FAILING was taken
+out of service by a person or by Slurm itself, whatever its reason: gpunode never drains it
+(a drain would clear FAIL and replace the reason), never resumes it and never rewrites its
+reason (:attr:`NodeStatus.held_by_someone_else`).
 
 Slurm's output is node text: parsers keep the lines they can read and name the others.
+A reason is free text (anyone with operator rights writes it), so ``sinfo``'s records start
+with a random marker made for each call: a reason cannot forge a record (a newline in it
+continues the record it belongs to), output is split on ``\n`` only (``str.splitlines``
+also splits on U+2028, U+0085, FS/GS/RS...), and reasons are kept cleaned
+(:func:`gpunode.sanitize.clean_text`).
 Sources (read 2026-12-01): sinfo(1) (``-N``, ``-h``, ``-o %N %T %E``; states and their
 suffixes), squeue(1) (``-w``, ``-t``, ``-o %i``), scontrol(1) (``update NodeName=...
-State=DRAIN Reason=...``, ``State=RESUME``), of Slurm 22.05 and 24.11.
+State=DRAIN Reason=...``, ``State=RESUME``), of Slurm 22.05 and 24.11. sinfo(1) prints a
+format's characters other than ``%`` fields as they are (the marker). Node states (read
+2026-12-07 in Slurm's source, src/common/slurm_protocol_defs.c node_state_string, master of
+2026-08-20): a DRAIN flag
+reads ``drained``/``draining`` whatever the base state (DOWN too), FAIL reads ``fail`` or
+``failing``, a DOWN node without DRAIN reads ``down``; ``scontrol update State=DRAIN``
+clears FAIL (src/slurmctld/node_mgr.c, update_node).
 """
 
 from __future__ import annotations
 
 import re
+import secrets
 import shlex
 import subprocess
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
+
+from gpunode.sanitize import clean_text
 
 GPUNODE_REASON_PREFIX = "gpunode:"
 # Slurm node names as gpunode passes them (host names); reasons: printable, one line, and
@@ -39,7 +56,11 @@ MAX_OUTPUT_LINES = 100_000
 # configuring (booting its nodes), suspended (its memory still held).
 BUSY_JOB_STATES = ("RUNNING", "COMPLETING", "CONFIGURING", "SUSPENDED")
 DRAINED_STATES = frozenset({"drained", "draining"})
+# Out of service by a person's (or Slurm's) decision: never drained, resumed or reworded.
+HELD_STATES = frozenset({"down", "fail", "failing"})
+MAX_REASON_SHOWN = 400
 _FIELD_SEPARATOR = "|"
+_RECORD_MARK = re.compile(r"gpunode-[0-9a-f]{16}:")
 _STATE = re.compile(r"[a-z_]+")
 _JOB_ID = re.compile(r"[0-9]+(_[0-9]+|\+[0-9]+)?")
 
@@ -71,6 +92,15 @@ class NodeStatus:
     def drained_by_gpunode(self) -> bool:
         return self.drained and (self.reason or "").startswith(GPUNODE_REASON_PREFIX)
 
+    @property
+    def held_by_someone_else(self) -> bool:
+        """Out of service by someone else's decision: DOWN, FAIL or FAILING (any reason), or
+        drained with a reason that is not gpunode's. Such a node is never drained (a drain
+        clears FAIL and replaces the reason), resumed or re-worded by gpunode."""
+        if self.state in HELD_STATES:
+            return True
+        return self.drained and not self.drained_by_gpunode
+
 
 @dataclass(frozen=True)
 class StatusReport:
@@ -87,9 +117,11 @@ class Scheduler(Protocol):
     - ``status``: one :class:`NodeStatus` per known node, leaving out the unknown ones (the
       rollout skips those); ``state`` is the scheduler's word, lowercase, and a node that takes
       no new work must read as ``drained`` or ``draining`` (:data:`DRAINED_STATES`: a cordoned
-      node); ``reason`` is the drain's reason exactly as stored, read back while it is drained
-      (gpunode tells its own drains from a person's by :data:`GPUNODE_REASON_PREFIX`, so the
-      reason must survive the round trip); ``responding``: false while the node is not back
+      node), or, where someone else declared it broken, ``down``, ``fail`` or ``failing``
+      (:data:`HELD_STATES`: never drained, resumed or re-worded by gpunode); ``reason`` is
+      the drain's reason exactly as stored, read back while it is drained (gpunode tells its
+      own drains from a person's by :data:`GPUNODE_REASON_PREFIX`, so the reason must survive
+      the round trip); ``responding``: false while the node is not back
       (the health gate waits for it after a reboot); lines it cannot read go to ``problems``;
     - ``drain``: idempotent, and a drain of a drained node replaces its reason (a node that
       fails the gate is drained again with the failed checks); running work goes on;
@@ -185,35 +217,65 @@ def shell_runner(execute: Callable[[str], tuple[int, str, str]]) -> Runner:
     return run
 
 
-def parse_sinfo(lines: Iterable[str]) -> StatusReport:
-    """``sinfo -h -N -o '%N|%T|%E'`` -> each node once (sinfo lists a node per partition).
+def new_record_mark() -> str:
+    """The marker that starts each of one ``sinfo`` call's records: random, so that no reason
+    written before the call can hold it."""
+    return f"gpunode-{secrets.token_hex(8)}:"
+
+
+def sinfo_format(mark: str) -> str:
+    return f"{mark}%N{_FIELD_SEPARATOR}%T{_FIELD_SEPARATOR}%E"
+
+
+def output_lines(output: str) -> list[str]:
+    """Lines split on ``\n`` alone: ``str.splitlines`` splits on U+2028, U+0085, FS, GS, RS,
+    VT and FF too, which a reason or a job's name may hold."""
+    return output.split("\n")
+
+
+def parse_sinfo(output: str, mark: str) -> StatusReport:
+    """``sinfo -h -N -o '<mark>%N|%T|%E'`` -> each node once (sinfo lists a node per partition).
+
+    A record starts at a line starting with ``mark``; a line without it is part of the reason
+    before it (a reason holding a newline), so it can neither add a node nor change one. The
+    reason is cleaned (control characters, line separators: visible escapes).
 
     A state's suffix says more than the state: ``*`` the node does not respond, ``~`` and
     ``#`` power saving, ``!``, ``%`` and ``@`` power and reboot requests; the state is kept
     without it, ``responding`` from ``*``.
     """
-    nodes: dict[str, NodeStatus] = {}
+    if not _RECORD_MARK.fullmatch(mark):
+        raise SchedulerError(f"{mark[:40]!r} is not a record marker")
+    records: list[tuple[int, str]] = []
     problems: list[str] = []
+    lines = output_lines(output)
+    if len(lines) > MAX_OUTPUT_LINES:
+        problems.append(f"output past {MAX_OUTPUT_LINES} lines not read")
+        lines = lines[:MAX_OUTPUT_LINES]
     for number, line in enumerate(lines, start=1):
-        if number > MAX_OUTPUT_LINES:
-            problems.append(f"output past {MAX_OUTPUT_LINES} lines not read")
-            break
-        text = line.rstrip("\n")
-        if not text.strip():
-            continue
+        if line.startswith(mark):
+            records.append((number, line[len(mark) :]))
+        elif records:
+            start, text = records[-1]
+            records[-1] = (start, f"{text}\n{line}")
+        elif line.strip():
+            problems.append(f"line {number}: {clean_text(line, 120)}")
+    nodes: dict[str, NodeStatus] = {}
+    for number, text in records:
+        text = text.removesuffix("\n").removesuffix("\r")
         fields = text.split(_FIELD_SEPARATOR, 2)
-        if len(fields) != 3:
-            problems.append(f"line {number}: {text[:120]!r}")
+        name, raw_state = [*fields, "", ""][:2]
+        state = raw_state.strip().rstrip("*~#!%$@^-").lower()
+        if len(fields) != 3 or not NODE_NAME.fullmatch(name) or not _STATE.fullmatch(state):
+            problems.append(f"line {number}: {clean_text(text, 120)}")
             continue
-        name, raw_state, reason = (field.strip() for field in fields)
-        state = raw_state.rstrip("*~#!%$@^-").lower()
-        if not NODE_NAME.fullmatch(name) or not _STATE.fullmatch(state):
-            problems.append(f"line {number}: {text[:120]!r}")
-            continue
+        reason = fields[2].strip(" ")
         nodes[name] = NodeStatus(
             name=name,
             state=state,
-            reason=None if reason in ("", "none", "(null)") else reason[:400],
+            reason=(
+                None if reason in ("", "none", "(null)") else clean_text(reason, MAX_REASON_SHOWN)
+            ),
             responding="*" not in raw_state,
         )
     return StatusReport(nodes, problems)
@@ -228,7 +290,7 @@ class SlurmScheduler:
     def _call(self, argv: list[str]) -> str:
         code, stdout, stderr = self._run(argv)
         if code != 0:
-            message = " ".join((stderr or stdout).split())[:300] or "no message"
+            message = clean_text(" ".join((stderr or stdout).split()), 300) or "no message"
             raise SchedulerError(f"{argv[0]} {argv[1]}: exit status {code}: {message}")
         return stdout
 
@@ -236,10 +298,12 @@ class SlurmScheduler:
         names = [check_node(node) for node in nodes]
         if not names:
             return StatusReport({}, [])
+        mark = new_record_mark()
         output = self._call(
-            ["sinfo", "--noheader", "--Node", "--nodes", ",".join(names), "--format", "%N|%T|%E"]
-        )
-        report = parse_sinfo(output.splitlines())
+            ["sinfo", "--noheader", "--Node", "--nodes", ",".join(names),
+             "--format", sinfo_format(mark)]
+        )  # fmt: skip
+        report = parse_sinfo(output, mark)
         wanted = set(names)
         return StatusReport(
             {name: status for name, status in report.nodes.items() if name in wanted},
@@ -260,8 +324,8 @@ class SlurmScheduler:
             ["squeue", "--noheader", "--nodelist", check_node(node),
              "--states", ",".join(BUSY_JOB_STATES), "--format", "%i"]
         )  # fmt: skip
-        jobs = [line.strip() for line in output.splitlines() if line.strip()]
-        unreadable = [job for job in jobs if not _JOB_ID.fullmatch(job)]
+        jobs = [line.strip() for line in output_lines(output) if line.strip()]
+        unreadable = [clean_text(job, 40) for job in jobs if not _JOB_ID.fullmatch(job)]
         if unreadable:
-            raise SchedulerError(f"squeue: unreadable job ids {unreadable[:5]!r}")
+            raise SchedulerError(f"squeue: unreadable job ids {', '.join(unreadable[:5])}")
         return jobs

@@ -190,7 +190,8 @@ class Builder:
             inner = [arg for arg in get_args(tp) if arg is not type(None)]
             return self.convert(inner[0], value, path, meta)
         if origin is Literal:
-            if value not in get_args(tp):
+            # By type as well as value: True == 1 to Python, never to a reader of the choice.
+            if not any(type(value) is type(choice) and value == choice for choice in get_args(tp)):
                 self.problem(path, value, "not an accepted value", accepted)
                 return _INVALID
             return value

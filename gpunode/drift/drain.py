@@ -3,9 +3,10 @@ finding is drained, its reason ``gpunode: drift <finding ids>``; a node gpunode 
 drift is resumed once its check is clean.
 
 Only drains of gpunode's drift are ever resumed or re-worded: a node drained by a person,
-another tool or a gpunode rollout (any other reason) is left as it is, critical findings or
-not. A node that was not checked (unreachable) is left as it is: no finding is no proof of
-health.
+another tool or a gpunode rollout (any other reason), or DOWN, FAIL or FAILING whatever its
+reason (a drain would clear FAIL and replace the reason; a resume would put a node someone
+declared broken back in service), is left as it is, critical findings or not. A node that
+was not checked (unreachable) is left as it is: no finding is no proof of health.
 """
 
 from __future__ import annotations
@@ -14,7 +15,14 @@ from collections.abc import Collection
 from dataclasses import dataclass
 
 from gpunode.drift.findings import DriftResult, Severity
-from gpunode.scheduler import GPUNODE_REASON_PREFIX, NodeStatus, Scheduler, bounded_reason
+from gpunode.sanitize import clean_text
+from gpunode.scheduler import (
+    GPUNODE_REASON_PREFIX,
+    HELD_STATES,
+    NodeStatus,
+    Scheduler,
+    bounded_reason,
+)
 
 DRIFT_REASON_PREFIX = f"{GPUNODE_REASON_PREFIX} drift"
 
@@ -50,9 +58,10 @@ def plan(
         ids = critical.get(node, set())
         if found is None:
             actions.append(DrainAction(node, "keep", note="the scheduler does not know it"))
-        elif found.drained and not is_drift_drain(found):
-            note = f"drained by someone else ({found.reason}): left alone"
-            actions.append(DrainAction(node, "leave", note=note))
+        elif found.state in HELD_STATES or (found.drained and not is_drift_drain(found)):
+            word = found.state if found.state in HELD_STATES else "drained"
+            note = f"{word} by someone else ({found.reason or 'no reason'}): left alone"
+            actions.append(DrainAction(node, "leave", note=clean_text(note, 400)))
         elif ids:
             wanted = drift_reason(ids)
             if found.drained and found.reason == wanted:
@@ -65,7 +74,8 @@ def plan(
 
 
 def apply(scheduler: Scheduler, actions: list[DrainAction]) -> list[str]:
-    """Drain and resume as planned; one line per node that was or was not changed."""
+    """Drain and resume as planned; one line per node that was or was not changed, safe to
+    print on a terminal (node and scheduler text cleaned)."""
     lines = []
     for action in actions:
         if action.action == "drain":
@@ -76,4 +86,4 @@ def apply(scheduler: Scheduler, actions: list[DrainAction]) -> list[str]:
             lines.append(f"{action.node}: resumed ({action.note})")
         elif action.action == "leave":
             lines.append(f"{action.node}: {action.note}")
-    return lines
+    return [clean_text(line, 600) for line in lines]

@@ -142,8 +142,9 @@ def render_slurm_conf(slurm: Slurm) -> str:
         + "SelectTypeParameters=CR_Core\n"
         + "GresTypes=gpu\n"
         + f"MaxNodeCount={slurm.max_node_count}\n"
-        # A node that was down registers again as available once its slurmd is back.
-        + "ReturnToService=2\n"
+        # Which DOWN nodes come back by themselves at their next registration: by default
+        # (1) only those DOWN for not responding, never one an operator set DOWN.
+        + f"ReturnToService={slurm.return_to_service}\n"
         + f"PartitionName={slurm.partition} Nodes=ALL Default=YES MaxTime=INFINITE State=UP\n"
     )
 

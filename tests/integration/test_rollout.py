@@ -15,7 +15,11 @@ GPUs lose their instances, then the boot starts the units) has its MIG layout ba
 boot unit before slurmd and passes the gate; when the boot cannot lay it out, the gate fails
 with ``gpu.mig_layout`` and the node stays drained. With ``--dcgm-diag`` the gate runs DCGM's
 diagnostic (the lab's stand-in dcgmi) on the node that declares DCGM, not on the other, and a
-fault in the simulated GPUs fails the named test.
+fault in the simulated GPUs fails the named test. A node an operator set DOWN or FAIL ("PSU
+fault") is skipped by the rollout and left alone by the drift drain, its reason kept, and
+stays DOWN when its slurmd registers again (ReturnToService=1); a node the operator resumes
+while the rollout waits for its job is left out unconverged, and a second rollout of the
+inventory meanwhile refuses to start, naming the first.
 """
 
 from __future__ import annotations
@@ -662,3 +666,119 @@ def test_the_dcgm_diagnostic_gates_nodes_that_declare_dcgm_and_is_skipped_elsewh
     assert reason.startswith(
         f"gpunode: rollout {run.results['id']} failed health gate dcgm.diag:{ROW_REMAP}"
     ), reason
+
+
+# --- operator states are someone else's (issue 29) ------------------------------------------
+
+
+def drift_drain_of(scheduler_ssh: str, node: LabNode) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [GPUNODE, "drift", INVENTORY, "--json", "--drain", "critical", "--limit", node.name,
+         "--scheduler-ssh", scheduler_ssh],
+        cwd=ROOT, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("held", ["DOWN", "FAIL"])
+def test_a_node_an_operator_set_down_or_fail_is_skipped_with_its_reason_and_never_resumed(
+    lab: Lab,
+    ready: list[LabNode],
+    members: list[LabNode],
+    scheduler_ssh: str,
+    tmp_path: Path,
+    held: str,
+) -> None:
+    node = members[0]
+    why = "PSU fault, ticket 7"
+    code, output = on_controller(
+        lab, f"scontrol update NodeName={node.name} State={held} Reason='{why}'"
+    )
+    assert code == 0, output
+    word = held.lower()
+    assert wait_for_view(lab, node, word, why) == (word, why)
+    state = tmp_path / "state.json"
+    run = run_rollout(scheduler_ssh, state, "--limit", node.name)
+    assert run.returncode == 1, run.output[-4000:]  # complete, its one node skipped
+    assert run.results is not None
+    record: dict[str, Any] = run.results["nodes"][node.name]
+    assert record["phase"] == "skipped"
+    assert f"{word} by someone else ({why}): untouched" in record["note"]
+    assert slurm_view(lab, node)[:2] == (word, why)
+    assert drain_updates(lab, node, run.results["id"]) == 0
+    # The drift drain leaves it alone too, with a critical finding and once clean.
+    sudo(lab, node, f"logger -t kernel '{XID_MESSAGE}'")
+    found = drift_drain_of(scheduler_ssh, node)
+    assert f"{node.name}: {word} by someone else ({why}): left alone" in found.stderr, found.stderr[
+        -3000:
+    ]
+    assert slurm_view(lab, node)[:2] == (word, why)
+    sudo(lab, node, "journalctl --rotate --vacuum-files=1 >/dev/null 2>&1")
+    drift_drain_of(scheduler_ssh, node)
+    assert slurm_view(lab, node)[:2] == (word, why)
+
+
+def test_a_node_an_operator_set_down_stays_down_when_its_slurmd_registers_again(
+    lab: Lab, ready: list[LabNode], members: list[LabNode]
+) -> None:
+    node = members[0]
+    why = "PSU fault, ticket 8"
+    code, output = on_controller(
+        lab, f"scontrol update NodeName={node.name} State=DOWN Reason='{why}'"
+    )
+    assert code == 0, output
+    assert wait_for_view(lab, node, "down", why) == ("down", why)
+    started = test_slurm.node_view(lab, node).get("SlurmdStartTime")
+    sudo(lab, node, "systemctl restart slurmd")
+    # Until slurmctld has the new slurmd's registration (its start time changes with it).
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if test_slurm.node_view(lab, node).get("SlurmdStartTime") not in (None, started):
+            break
+        time.sleep(1)
+    assert test_slurm.node_view(lab, node).get("SlurmdStartTime") != started
+    assert slurm_view(lab, node)[:2] == ("down", why)
+    _, conf = on_controller(lab, "cat /etc/slurm/slurm.conf")
+    assert "ReturnToService=1" in conf.splitlines()
+
+
+def test_a_node_resumed_while_the_rollout_waits_is_left_out_and_a_second_rollout_refuses(
+    lab: Lab, ready: list[LabNode], members: list[LabNode], scheduler_ssh: str, tmp_path: Path
+) -> None:
+    node = members[0]
+    job = submit(lab, node, "sleep 600")
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and job_field(lab, job, "JobState") != "RUNNING":
+        time.sleep(0.5)
+    assert job_field(lab, job, "JobState") == "RUNNING"
+    state = tmp_path / "state.json"
+    process = subprocess.Popen(
+        rollout_argv(scheduler_ssh, state, "--limit", node.name),
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + ROLLOUT_TIMEOUT_S
+        while time.monotonic() < deadline and phase_of(state).get(node.name) != "waiting":
+            assert process.poll() is None, process.communicate()[0][-4000:]
+            time.sleep(0.5)
+        assert phase_of(state).get(node.name) == "waiting"
+        # A second rollout of the inventory (a state file of its own) refuses, naming the first.
+        second = run_rollout(scheduler_ssh, tmp_path / "second.json", "--limit", node.name)
+        assert second.returncode == 2, second.output[-4000:]
+        assert "another rollout holds " in second.output
+        assert f"pid {process.pid} on " in second.output
+        # The operator puts the node back in service while the rollout waits; its job ends.
+        code, output = on_controller(lab, f"scontrol update NodeName={node.name} State=RESUME")
+        assert code == 0, output
+        on_controller(lab, f"scancel {job}")
+        output, _ = process.communicate(timeout=ROLLOUT_TIMEOUT_S)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert process.returncode == 1, output[-4000:]
+    data = json.loads(state.read_text())
+    record = data["nodes"][node.name]
+    assert record["phase"] == "left-out", output[-4000:]
+    assert "resumed by someone else" in record["note"] and "not converged" in record["note"]
+    assert drain_updates(lab, node, data["id"]) == 1  # drained once, never again
+    assert takes_jobs(lab, node)

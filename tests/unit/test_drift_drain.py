@@ -98,3 +98,40 @@ def test_node_text_in_finding_ids_cannot_break_the_reason() -> None:
     assert REASON.fullmatch(reason) and len(reason) <= 200
     assert reason.startswith("gpunode: drift mount:/scratch/") and reason.endswith(" more")
     assert ";" not in reason
+
+
+def test_an_operators_down_or_fail_node_is_left_alone_critical_or_clean() -> None:
+    # A drain would clear FAIL and put gpunode's reason over "PSU fault"; once clean, the
+    # drift drain would then resume a node someone declared broken.
+    status = {
+        **IDLE,
+        "a": NodeStatus("a", "down", "PSU fault"),
+        "b": NodeStatus("b", "fail", "memtest"),
+        "c": NodeStatus("c", "failing", "ECC storm"),
+        "d": NodeStatus("d", "down", "gpunode: drift gpu.xid:79"),
+    }
+    critical = result(*(finding(name, "gpu.xid:79") for name in "abcd"))
+    for found in (critical, result()):
+        actions = drain.plan(found, ["a", "b", "c", "d"], status)
+        assert [(action.node, action.action) for action in actions] == [
+            ("a", "leave"), ("b", "leave"), ("c", "leave"), ("d", "leave")
+        ]  # fmt: skip
+        scheduler = Recorder()
+        lines = drain.apply(scheduler, actions)
+        assert scheduler.calls == []
+        assert lines[:3] == [
+            "a: down by someone else (PSU fault): left alone",
+            "b: fail by someone else (memtest): left alone",
+            "c: failing by someone else (ECC storm): left alone",
+        ]
+
+
+def test_drain_lines_are_safe_to_print() -> None:
+    hostile = "fan\x1b[2J\x1b]0;owned\x07\u2028b: resumed\x85\u202e"
+    status = {**IDLE, "a": NodeStatus("a", "drained", hostile)}
+    lines = drain.apply(Recorder(), drain.plan(result(), ["a"], status))
+    assert lines == [
+        "a: drained by someone else (fan\\x1b[2J\\x1b]0;owned\\x07\\u2028b: resumed\\x85\\u202e)"
+        ": left alone"
+    ]
+    assert all(line.isprintable() for line in lines)

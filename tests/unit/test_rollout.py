@@ -5,6 +5,9 @@ integration test, tests/integration/test_rollout.py, runs it against real Slurm)
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -494,3 +497,190 @@ def test_run_again_after_a_stop_it_goes_on_only_with_a_larger_budget() -> None:
     assert larger.run(has_canary=True) == EXIT_INCOMPLETE
     assert nodes_larger.converged == [["n2", "n3"], ["n4", "n5"]]
     assert slurm.nodes["n1"]["state"] == "drained"  # the failed node stays drained
+
+
+# --- operator states are someone else's (issue 29) ------------------------------------------
+
+
+def test_a_node_an_operator_set_down_or_fail_is_never_drained_resumed_or_reworded() -> None:
+    names = ["n1", "n2", "n3", "n4", "n5"]
+    run, slurm, nodes, _ = make(names, batch=5, canary=0)
+    held = {
+        "n1": {"state": "down", "reason": "PSU fault"},
+        "n2": {"state": "fail", "reason": "memtest, ticket 12"},
+        "n3": {"state": "failing", "reason": "ECC storm"},
+        # DOWN whatever its reason, even one that reads as this rollout's.
+        "n4": {"state": "down", "reason": f"{run.state.reason_prefix()} batch 1/1"},
+    }
+    for name, view in held.items():
+        slurm.nodes[name].update(view)
+    assert run.run() == EXIT_INCOMPLETE
+    assert phases(run) == {
+        "n1": "skipped", "n2": "skipped", "n3": "skipped", "n4": "skipped", "n5": "done"
+    }  # fmt: skip
+    assert "down by someone else (PSU fault): untouched" in run.state.nodes["n1"].note
+    assert "fail by someone else (memtest, ticket 12)" in run.state.nodes["n2"].note
+    assert "failing by someone else (ECC storm)" in run.state.nodes["n3"].note
+    assert nodes.converged == [["n5"]]
+    assert slurm.calls == [("drain", "n5"), ("resume", "n5")]
+    for name, view in held.items():
+        assert {k: slurm.nodes[name][k] for k in view} == view
+
+
+def test_a_node_resumed_while_the_rollout_waited_for_its_jobs_is_left_out_unconverged() -> None:
+    run, slurm, nodes, _ = make(["n1"], batch=1, canary=0)
+    slurm.nodes["n1"]["jobs"] = ["7"]
+    original = slurm.running_jobs
+
+    def a_person_resumes_then_the_job_ends(node: str) -> list[str]:
+        slurm.nodes[node].update(state="mixed", reason=None, jobs=[])
+        return original(node)
+
+    slurm.running_jobs = a_person_resumes_then_the_job_ends  # type: ignore[method-assign]
+    assert run.run() == EXIT_INCOMPLETE
+    assert phases(run) == {"n1": "left-out"}
+    assert "resumed by someone else" in run.state.nodes["n1"].note
+    assert "not converged" in run.state.nodes["n1"].note
+    assert nodes.converged == [] and nodes.checked == []
+    assert slurm.calls == [("drain", "n1")]  # never drained again, never resumed
+
+
+@pytest.mark.parametrize("phase", [Phase.WAITING, Phase.CONVERGING])
+def test_a_restarted_rollout_finds_its_node_no_longer_drained_and_leaves_it_out(
+    phase: Phase,
+) -> None:
+    run, slurm, nodes, _ = make(["n1"], batch=1, canary=0)
+    record = run.state.nodes["n1"]
+    record.phase, record.drained = phase, True  # the last run drained it; now it is idle
+    assert run.run() == EXIT_INCOMPLETE
+    assert phases(run) == {"n1": "left-out"}
+    assert "not drained any more (idle: resumed by someone else)" in record.note
+    assert nodes.converged == [] and slurm.calls == []
+
+
+def test_a_node_set_down_before_the_converge_is_neither_converged_nor_resumed() -> None:
+    run, slurm, nodes, _ = make(["n1", "n2"], batch=2, canary=0)
+    slurm.nodes["n1"]["jobs"] = ["7"]
+    original = slurm.running_jobs
+
+    def a_person_sets_it_down(node: str) -> list[str]:
+        if node == "n1":
+            slurm.nodes[node].update(state="down", reason="PSU fault", jobs=[])
+        return original(node)
+
+    slurm.running_jobs = a_person_sets_it_down  # type: ignore[method-assign]
+    assert run.run() == EXIT_INCOMPLETE
+    assert phases(run) == {"n1": "left-out", "n2": "done"}
+    assert "down by someone else (PSU fault)" in run.state.nodes["n1"].note
+    assert nodes.converged == [["n2"]]
+    assert ("resume", "n1") not in slurm.calls
+    assert slurm.nodes["n1"]["state"] == "down" and slurm.nodes["n1"]["reason"] == "PSU fault"
+
+
+def test_a_node_set_down_during_the_health_gate_is_not_resumed() -> None:
+    run, slurm, nodes, _ = make(["n1"], batch=1, canary=0)
+    original_check = nodes.check
+
+    def check_then_a_person_sets_it_down(names: Sequence[str]) -> dict[str, CheckResult]:
+        slurm.nodes["n1"].update(state="down", reason="PSU fault")
+        return original_check(names)
+
+    nodes.check = check_then_a_person_sets_it_down  # type: ignore[method-assign]
+    assert run.run() == EXIT_INCOMPLETE
+    assert phases(run) == {"n1": "left-out"}
+    assert "down by someone else (PSU fault): not resumed" in run.state.nodes["n1"].note
+    assert slurm.calls == [("drain", "n1")]
+    assert slurm.nodes["n1"]["state"] == "down"
+
+
+HOSTILE_REASON = "PSU\x1b[2J\x1b]0;owned\x07 fault\u2028n9: done\x85\u202e"
+
+
+def test_dry_skips_operator_states_and_is_safe_to_print() -> None:
+    run, slurm, _nodes, _ = make(["n1", "n2"], batch=2, canary=0)
+    slurm.nodes["n1"].update(state="down", reason=HOSTILE_REASON)
+    slurm.nodes["n2"].update(state="fail", reason="memtest")
+    text = rollout.dry_plan(run.state, slurm.status(["n1", "n2"]).nodes, {})
+    assert "n1: skip: down by someone else (PSU\\x1b[2J\\x1b]0;owned\\x07 fault\\u2028" in text
+    assert "n2: skip: fail by someone else (memtest)" in text
+    assert "drain (" not in text
+    assert all(line.isprintable() for line in text.split("\n"))
+    assert len(text.splitlines()) == len(text.split("\n")) - 1
+
+
+def test_the_summary_and_notes_are_safe_to_print() -> None:
+    run, slurm, _nodes, _ = make(["n1"], batch=1, canary=0)
+    slurm.nodes["n1"].update(state="drained", reason=HOSTILE_REASON)
+    said: list[str] = []
+    run.say = said.append
+    run.run()
+    text = rollout.summary_table(run.state) + "\n".join(said)
+    assert "\x1b" not in text and "\u2028" not in text and "\x85" not in text
+    assert all(line.isprintable() for line in text.split("\n"))
+
+
+# --- one rollout at a time ------------------------------------------------------------------
+
+HOLD = """
+import sys, time
+sys.path.insert(0, {root!r})
+from pathlib import Path
+from gpunode.rollout import RolloutLock
+lock = RolloutLock([Path({path!r})])
+lock.acquire()
+print("held", flush=True)
+time.sleep(600)
+"""
+
+
+def hold_lock_elsewhere(path: Path) -> subprocess.Popen[str]:
+    """A second process holding the lock (flock is per process here: the real case)."""
+    root = str(Path(__file__).resolve().parents[2])
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD.format(root=root, path=str(path))],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+    return holder
+
+
+def test_a_second_rollout_refuses_to_start_and_names_the_one_running(tmp_path: Path) -> None:
+    path = tmp_path / "state.json.lock"
+    holder = hold_lock_elsewhere(path)
+    try:
+        with pytest.raises(RolloutError) as refused:
+            rollout.RolloutLock([path]).acquire()
+        message = str(refused.value)
+        assert f"another rollout holds {path}: pid {holder.pid} on " in message
+        assert "user " in message and "since 20" in message
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_a_lock_left_by_a_killed_rollout_is_named_stale_and_taken_over(tmp_path: Path) -> None:
+    path = tmp_path / "state.json.lock"
+    holder = hold_lock_elsewhere(path)
+    holder.kill()  # SIGKILL: no clean-up ran, its holder record stays
+    holder.wait()
+    lock = rollout.RolloutLock([path])
+    lock.acquire()
+    try:
+        [stale] = lock.stale
+        assert f"pid {holder.pid} on " in stale and "stale" in stale
+        assert json.loads(path.read_text())["pid"] == os.getpid()
+    finally:
+        lock.release()
+    # Let go cleanly: nothing stale for the next one.
+    with rollout.RolloutLock([path]) as again:
+        assert again.stale == []
+
+
+def test_every_rollout_of_an_inventory_takes_the_same_lock(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
+    lock = rollout.inventory_lock_path("inventories/lab.py")
+    assert lock == rollout.inventory_lock_path(os.path.abspath("inventories/lab.py"))
+    assert lock != rollout.inventory_lock_path("inventories/other.py")
+    assert lock.parent == tmp_path / "gpunode"

@@ -168,6 +168,27 @@ def test_slurm_conf_is_the_clusters_and_names_no_node() -> None:
     )
 
 
+def test_an_operators_down_node_is_not_brought_back_by_its_next_registration() -> None:
+    # ReturnToService=2 returned every DOWN node at its slurmd's next registration, a node an
+    # operator set DOWN ("PSU fault") too; 1 returns only those DOWN for not responding.
+    lines = render_slurm_conf(slurm_state().slurm).splitlines()
+    assert "ReturnToService=1" in lines and "ReturnToService=2" not in lines
+    assert (
+        "ReturnToService=0"
+        in render_slurm_conf(slurm_state(return_to_service=0).slurm).splitlines()
+    )
+    assert (
+        "ReturnToService=2"
+        in render_slurm_conf(slurm_state(return_to_service=2).slurm).splitlines()
+    )
+
+
+@pytest.mark.parametrize("wrong", [3, -1, "2", True, None])
+def test_return_to_service_outside_slurms_values_is_refused(wrong: Any) -> None:
+    _, problems = build_desired_state({"slurm": {**ENABLED, "return_to_service": wrong}})
+    assert [problem.key for problem in problems] == ["slurm.return_to_service"]
+
+
 def test_without_cgroup_enforcement_jobs_are_tracked_by_process() -> None:
     wanted = slurm_state(cgroup_enforcement=False).slurm
     lines = render_slurm_conf(wanted).splitlines()
