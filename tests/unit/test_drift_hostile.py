@@ -174,7 +174,7 @@ def test_one_malformed_host_leaves_the_fleet_checked_and_every_report_written(
     good, bad = healthy_facts(), copy.deepcopy(healthy_facts())
     set_path("gpu.gpus.0.ecc_mode", "on")(bad)
 
-    def gathered(state: Any, fact: Any, hosts: Any, progress: Any = None) -> Any:
+    def gathered(state: Any, fact: Any, hosts: Any, progress: Any = None, **_: Any) -> Any:
         values = {"node-1": good, "node-2": bad, "node-3": "garbage"}
         return values, {"node-4": "ConnectError: banner \x1b]0;owned\x07\r\nforged row"}
 
