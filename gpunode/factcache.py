@@ -59,6 +59,7 @@ from pyinfra.facts.files import Directory, File, Link, Sha1File
 from pyinfra.facts.systemd import SYSTEMD_UNIT_NAME_REGEX, SystemdEnabled, SystemdStatus
 
 from gpunode import framing, pyinfra_patches, remote_script
+from gpunode.sanitize import nested_deeper_than
 
 CACHED_STAGES = (StateStage.Prepare, StateStage.Execute)
 # What a host's prefetch batch may answer (read so: gpunode.remote_script): a deploy's batch
@@ -115,7 +116,9 @@ def _cached_get_fact(
         return copy.deepcopy(values[key])  # operations may change what they are given
     stats["misses"] += 1
     value = original(state, host, cls, args, kwargs, ensure_hosts, apply_failed_hosts)
-    if host not in state.failed_hosts:  # a failed read is tried again, never remembered
+    # A failed read is tried again, never remembered; so is a value nested too deep to copy
+    # (copy.deepcopy recurses once per level: a node's nesting must not crash the deploy).
+    if host not in state.failed_hosts and not nested_deeper_than(value):
         _values.setdefault(host.name, {})[key] = copy.deepcopy(value)
     return value
 
@@ -794,7 +797,7 @@ def prefetch(state: Any, host: Any) -> None:
                 read, value = batched_value(fact, part)
             except Exception:
                 continue
-            if read:
+            if read and not nested_deeper_than(value):
                 values[key] = value
                 stats["prefetched"] += 1
 
