@@ -102,3 +102,21 @@ def test_the_drift_units_memory_ceiling_holds_every_host_read_to_its_cap() -> No
     parallel = inspect.signature(gather.make_state).parameters["parallel"].default
     answers_mib = parallel * gather.HOST_LIMITS.max_bytes / (1 << 20)
     assert CHECK_MIB + answers_mib + ONE_HOST_DECODED_MIB <= DRIFT_MEMORY_MAX_MIB
+
+
+@pytest.mark.parametrize("given", ["0", "-5", "abc", "nan", "90000"])
+def test_a_host_timeout_that_is_no_positive_number_of_seconds_is_refused_naming_it(
+    given: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from gpunode.cli import build_parser
+
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["drift", "inventories/lab.py", "--host-timeout", given])
+    assert f"--host-timeout: {given!r}: seconds" in capsys.readouterr().err
+
+
+def test_a_host_timeout_reaches_the_check() -> None:
+    from gpunode.cli import build_parser
+
+    args = build_parser().parse_args(["drift", "inventories/lab.py", "--host-timeout", "90"])
+    assert args.host_timeout == 90
