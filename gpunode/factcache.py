@@ -63,7 +63,7 @@ from gpunode.sanitize import nested_deeper_than
 
 CACHED_STAGES = (StateStage.Prepare, StateStage.Execute)
 # What a host's prefetch batch may answer (read so: gpunode.remote_script): a deploy's batch
-# prints a few hundred kB; past this, or this late, its facts are read one by one instead.
+# answers some tens of kB; past this, or this late, its facts are read one by one instead.
 PREFETCH_LIMITS = remote_script.Limits(max_bytes=8 << 20, max_lines=200_000, deadline_s=300)
 # Connector arguments that change what a fact command sees (who runs it, where, how).
 _KEY_ARGUMENTS = tuple(sorted(CONNECTOR_ARGUMENT_KEYS))

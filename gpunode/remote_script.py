@@ -10,9 +10,10 @@ fact's command).
 The script is read whole (``$(cat)``) before any of it runs, so a program in it that reads
 its standard input finds it at its end and never eats the rest of the script.
 
-What the node sends back is untrusted, and ``run`` reads it so: as bytes, decoded as UTF-8
-with each byte that is not replaced by U+FFFD (one bad byte is that text's problem, read by
-the facts' parsers, not a lost node), and with ``Limits`` enforced while it reads: past
+What the node sends back is untrusted, and ``run`` reads it so: as bytes, decoded as UTF-8,
+each byte that is not UTF-8 replaced by U+FFFD (one bad byte is a problem of the text it is
+in, for the facts' parsers to report, not a lost node), with ``Limits`` enforced while it
+reads: past
 ``max_bytes`` or ``max_lines`` or ``deadline_s`` the channel is closed and
 ``NodeOutputRefused`` names why, so no node makes the control side hold unbounded output or
 wait for ever. (pyinfra's own reader decodes each line strictly: a byte that is not UTF-8
@@ -32,6 +33,7 @@ from pyinfra.api import StringCommand
 from pyinfra.api.output import echo
 
 from gpunode import pyinfra_patches
+from gpunode.sanitize import MAX_REPORT_TEXT_CHARS, clean_text
 
 # The shell reads all of stdin, then runs it; the digest in the comment is what sudo logs.
 _RUNNER = 'eval "$(cat)"'
@@ -88,9 +90,9 @@ def run(
             output = read_channel(channel, stdin, limits)
         finally:
             channel.close()
-    if print_output:
+    if print_output:  # node text on the operator's terminal: cleaned, as in every report
         for line in output.stdout_lines:
-            echo(f"{host.print_prefix}{line}", err=True)
+            echo(f"{host.print_prefix}{clean_text(line, MAX_REPORT_TEXT_CHARS)}", err=True)
     return output
 
 

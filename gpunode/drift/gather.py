@@ -24,7 +24,7 @@ from gpunode.remote_script import Limits, NodeOutputRefused
 # What one host's answer may be. A node's whole fact set is some 50 kB in 700 lines, a few
 # hundred kB with 8 GPUs (the GPU probe's JSON, about 100 kB, is its longest line): 8 MiB
 # and 200 000 lines are read, no more, so 64 hosts read at once fit the drift unit's
-# MemoryMax (gpunode.expected.timers.DRIFT_MEMORY_MAX, measured by bench/drift_memory.py).
+# MemoryMax (gpunode.expected.timers.DRIFT_MEMORY_MAX_MIB, measured: bench/drift_memory.py).
 # A node on a slow disk or a loaded CPU answers in tens of seconds; one that has not after
 # five minutes is not going to.
 HOST_LIMITS = Limits(max_bytes=8 << 20, max_lines=200_000, deadline_s=300)

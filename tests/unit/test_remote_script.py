@@ -9,15 +9,18 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
+from gpunode import pyinfra_patches, remote_script
 from gpunode.remote_script import (
     CHUNK_BYTES,
     Limits,
     NodeOutputRefused,
     read_channel,
+    run,
 )
 
 LIMITS = Limits(max_bytes=1 << 20, max_lines=10_000, deadline_s=60)
@@ -87,6 +90,9 @@ class FakeChannel:
     def recv_exit_status(self) -> int:
         assert self.status_event.is_set(), "would wait for ever"
         return self.status
+
+    def close(self) -> None:
+        self.closed = True
 
 
 class Clock:
@@ -166,3 +172,28 @@ def test_output_at_the_caps_is_read_whole() -> None:
     limits = Limits(max_bytes=100 * 100, max_lines=100, deadline_s=60)
     channel = FakeChannel([("stdout", (b"x" * 99 + b"\n") * 10)] * 10)
     assert read(channel, limits).stdout_lines == ["x" * 99] * 100
+
+
+def test_run_reads_the_channel_it_started_closes_it_and_prints_node_text_cleaned(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    channel = FakeChannel([("stdout", b"\x1b]0;owned\x07 \xff\nfine\n")])
+    started: list[Any] = []
+
+    def exec_command(host: Any, command: Any, arguments: Any, timeout: Any = None) -> Any:
+        started.append((command.get_raw_value(), arguments))
+        return channel
+
+    monkeypatch.setattr(pyinfra_patches, "exec_command", exec_command)
+    echoed: list[str] = []  # pyinfra's echo: what its CLI prints (-vvv), a no-op elsewhere
+    monkeypatch.setattr(remote_script, "echo", lambda message, **kwargs: echoed.append(message))
+    host = SimpleNamespace(name="node-1", print_prefix="[node-1] ")
+    output = run(host, "echo hi", {"_sudo": True}, LIMITS, print_output=True)
+    assert output.stdout_lines == ["\x1b]0;owned\x07 \ufffd", "fine"]
+    ((command, arguments),) = started
+    assert command.startswith('eval "$(cat)"  # gpunode script sha256:')
+    assert arguments == {"_sudo": True}
+    assert channel.stdin == b"echo hi\n" and channel.closed
+    printed = "\n".join(echoed)
+    assert "\x1b" not in printed and "\x07" not in printed
+    assert "[node-1] \\x1b]0;owned\\x07 \ufffd" in printed
