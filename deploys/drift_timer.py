@@ -23,7 +23,8 @@ login shell, home /var/lib/gpunode-drift, which it cannot write), in a systemd s
 new privileges and no capabilities, the whole file system read-only but for the output
 directory and the textfile's directory, the home directories hidden (the checkout and its
 Python are mounted back read-only when they live there), a private /tmp, no devices, no
-kernel tunables, modules, logs or clock, a system-call allow-list, umask 0077.
+kernel tunables, modules, logs or clock, a system-call allow-list, umask 0077, and a memory
+ceiling (MemoryMax, gpunode.expected.timers.DRIFT_MEMORY_MAX_MIB).
 
 What it reads and how: the checkout (venv, inventory) like any other user, so it must be
 readable by others (a checkout made with the usual umask 022 is; the deploy refuses one
@@ -46,7 +47,11 @@ from pyinfra.api import DeployError
 from pyinfra.operations import files, server, systemd
 
 from facts.kernel import FileModes
-from gpunode.expected.timers import drift_output_dir_problem, drift_textfile_problem
+from gpunode.expected.timers import (
+    DRIFT_MEMORY_MAX_MIB,
+    drift_output_dir_problem,
+    drift_textfile_problem,
+)
 from gpunode.secret_files import SecretFileError, read_secret_file
 
 PROJECT = Path(__file__).resolve().parents[1]
@@ -264,6 +269,9 @@ SystemCallArchitectures=native
 SystemCallFilter=@system-service
 SystemCallFilter=~@privileged @resources
 SystemCallErrorNumber=EPERM
+# Each host's answer is read up to a cap (gpunode.drift.gather.HOST_LIMITS): 64 hosts at once
+# fit this; a check that grew past it is stopped here, not by the control host's OOM killer.
+MemoryMax={DRIFT_MEMORY_MAX_MIB}M
 """
 timer = f"""[Unit]
 Description=Run the gpunode drift check nightly

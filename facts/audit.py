@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import re
 from typing import Any
 
@@ -10,6 +9,7 @@ from pyinfra.api import FactBase
 
 from gpunode import framing
 from gpunode.expected.audit import CONFIG, DATABASE, SUMMARY, changed_dirs_command
+from gpunode.sanitize import parse_json
 
 PARTS = ("database", "summary")
 # The summary is gpunode's own file, but node text all the same: bounded, checked field by
@@ -33,7 +33,7 @@ def parse_summary(text: str) -> tuple[dict[str, Any], list[str]]:
     """summary.json -> the fields the drift rules read, and what could not be read."""
     problems: list[str] = []
     try:
-        raw = json.loads(text) if text.strip() else {}
+        raw = parse_json(text) if text.strip() else {}
     except ValueError as not_json:
         return {}, [f"summary.json is not JSON: {str(not_json)[:80]}"]
     if not isinstance(raw, dict):
@@ -125,7 +125,7 @@ def parse_changed_directories(output: list[str]) -> list[str] | None:
     """``changed-dirs``'s JSON -> the directories; None (unknown) for anything else: a list
     cut short, a path gpunode would not put in a command, too many characters."""
     try:
-        raw = json.loads("\n".join(output))
+        raw = parse_json("\n".join(output))
     except ValueError:
         return None
     if not isinstance(raw, dict) or raw.get("complete") is not True:

@@ -26,6 +26,7 @@ from pyinfra.api import FactBase
 from facts.apt import INDEXED_REPOSITORIES_COMMAND, parse_index_targets
 from gpunode import framing
 from gpunode.nvidia_releases import CDI_REFRESH_SPEC  # kept by the toolkit itself from 1.18 on
+from gpunode.sanitize import MAX_DEPTH, nested_deeper_than, parse_json
 
 DOCKER_CONFIG = "/etc/docker/daemon.json"
 CONTAINERD_CONFIG = "/etc/containerd/config.toml"
@@ -77,7 +78,7 @@ def parse_docker_config(text: str | None) -> dict[str, Any]:
     if not text.strip():  # dockerd and nvidia-ctk both read an empty file as {}
         return state
     try:
-        config = json.loads(text)
+        config = parse_json(text)
     except json.JSONDecodeError as error:
         state["error"] = f"not valid JSON ({error})"
         return state
@@ -102,6 +103,12 @@ def parse_containerd_config(text: str | None) -> dict[str, Any]:
         config = tomllib.loads(text)
     except tomllib.TOMLDecodeError as error:
         state["error"] = f"not valid TOML ({error})"
+        return state
+    except RecursionError:  # tomllib recurses once per level of nesting
+        state["error"] = "not valid TOML (nested too deep to read)"
+        return state
+    if nested_deeper_than(config):
+        state["error"] = f"not read: nested deeper than {MAX_DEPTH} levels"
         return state
     version = config.get("version", 1)
     plugin = CONTAINERD_CRI_PLUGINS.get(version) if isinstance(version, int) else None

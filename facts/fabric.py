@@ -11,7 +11,6 @@ reported as unreadable, which callers treat as data.
 
 from __future__ import annotations
 
-import json
 import re
 import shlex
 from typing import Any
@@ -19,6 +18,7 @@ from typing import Any
 from pyinfra.api import FactBase
 
 from gpunode import framing
+from gpunode.sanitize import parse_json
 
 MARKER = "gpunode:"
 
@@ -56,7 +56,7 @@ def parse_ip_addresses(text: str) -> dict[str, dict[str, Any]]:
             name: {"mtu": None, "operstate": None, "addresses": []} for name in stripped.split()
         }
     interfaces: dict[str, dict[str, Any]] = {}
-    for entry in json.loads(stripped):
+    for entry in parse_json(stripped):
         addresses = [
             f"{info['local']}/{info['prefixlen']}"
             for info in entry.get("addr_info", [])
@@ -273,12 +273,12 @@ def _probe(lines: list[str], path: str) -> dict[str, Any]:
             # mountinfo escapes blanks as octal (\040).
             device["mounts"].append(unescape_octal(value))
         elif key == "lsblk" and value:
-            entries = json.loads(value).get("blockdevices") or [{}]
+            entries = parse_json(value).get("blockdevices") or [{}]
             device["model"] = (entries[0].get("model") or "").strip() or None
             device["serial"] = (entries[0].get("serial") or "").strip() or None
             device["type"] = entries[0].get("type")
         elif key == "wipefs":
-            signatures = json.loads(value).get("signatures", []) if value else []
+            signatures = parse_json(value).get("signatures", []) if value else []
             device["signatures"] = [
                 {
                     "type": signature.get("type"),
@@ -486,7 +486,7 @@ class FstabEntries(FactBase[list[dict[str, str]]]):
 
 
 def parse_findmnt(text: str) -> dict[str, Any] | None:
-    filesystems = json.loads(text).get("filesystems") or []
+    filesystems = parse_json(text).get("filesystems") or []
     if not filesystems:
         return None
     top = filesystems[-1]  # the last of stacked mounts is the one visible

@@ -102,7 +102,12 @@ def cmd_drift(args: argparse.Namespace) -> int:
     try:
         total = len(select_hosts(inventory, args.limit))
         result = run_drift(
-            inventory, args.inventory, args.limit, stderr_progress(total), args.dcgm_diag
+            inventory,
+            args.inventory,
+            args.limit,
+            stderr_progress(total),
+            args.dcgm_diag,
+            host_timeout_s=args.host_timeout,
         )
     except InvalidInventory as error:
         print(str(error), file=sys.stderr)
@@ -293,6 +298,16 @@ def dcgm_diag_level(text: str) -> int:
         raise argparse.ArgumentTypeError(str(error)) from None
 
 
+def positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not 0 < value <= 86400:
+        raise argparse.ArgumentTypeError(f"{text!r}: seconds, more than 0, at most 86400")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gpunode", description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -327,6 +342,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--dcgm-diag", type=dcgm_diag_level, metavar="LEVEL",
         help="also run DCGM's diagnostic (dcgmi diag -r LEVEL -j; 1 or quick, 2 or medium) on "
         "the hosts that declare DCGM; a failed test is a critical finding dcgm.diag:<test>",
+    )  # fmt: skip
+    drift.add_argument(
+        "--host-timeout", type=positive_seconds, metavar="S",
+        help="the longest a host may take to answer (default 300; --dcgm-diag's own 1200): "
+        "one that has not answered by then is not checked, the others are",
     )  # fmt: skip
     drift.add_argument(
         "--drain", choices=["critical"],

@@ -59,8 +59,12 @@ from pyinfra.facts.files import Directory, File, Link, Sha1File
 from pyinfra.facts.systemd import SYSTEMD_UNIT_NAME_REGEX, SystemdEnabled, SystemdStatus
 
 from gpunode import framing, pyinfra_patches, remote_script
+from gpunode.sanitize import nested_deeper_than
 
 CACHED_STAGES = (StateStage.Prepare, StateStage.Execute)
+# What a host's prefetch batch may answer (read so: gpunode.remote_script): a deploy's batch
+# answers some tens of kB; past this, or this late, its facts are read one by one instead.
+PREFETCH_LIMITS = remote_script.Limits(max_bytes=8 << 20, max_lines=200_000, deadline_s=300)
 # Connector arguments that change what a fact command sees (who runs it, where, how).
 _KEY_ARGUMENTS = tuple(sorted(CONNECTOR_ARGUMENT_KEYS))
 
@@ -112,7 +116,9 @@ def _cached_get_fact(
         return copy.deepcopy(values[key])  # operations may change what they are given
     stats["misses"] += 1
     value = original(state, host, cls, args, kwargs, ensure_hosts, apply_failed_hosts)
-    if host not in state.failed_hosts:  # a failed read is tried again, never remembered
+    # A failed read is tried again, never remembered; so is a value nested too deep to copy
+    # (copy.deepcopy recurses once per level: a node's nesting must not crash the deploy).
+    if host not in state.failed_hosts and not nested_deeper_than(value):
         _values.setdefault(host.name, {})[key] = copy.deepcopy(value)
     return value
 
@@ -770,19 +776,19 @@ def prefetch(state: Any, host: Any) -> None:
         parts = batch_parts(batched)
         script = batch_script(batched, parts)
         stats["prefetch_commands"] += 1
-        command, stdin = remote_script.script_command(script)
         try:
-            ok, output = host.run_shell_command(
-                command,
-                _stdin=stdin,
+            output = remote_script.run(
+                host,
+                script,
+                connectors[group],
+                PREFETCH_LIMITS,
                 # As pyinfra prints a fact's command and output (-vv, -vvv), so the batch's.
-                print_output=state.print_fact_output,
                 print_input=state.print_fact_input,
-                **connectors[group],
+                print_output=state.print_fact_output,
             )
-        except Exception:  # the facts are read one by one instead
+        except Exception:  # too much, too late or failed: the facts are read one by one
             continue
-        if not ok:
+        if output.exit_status != 0:
             continue
         values = _values.setdefault(host.name, {})
         for index, part in parse_batch(output.stdout_lines, batched, parts).items():
@@ -791,7 +797,7 @@ def prefetch(state: Any, host: Any) -> None:
                 read, value = batched_value(fact, part)
             except Exception:
                 continue
-            if read:
+            if read and not nested_deeper_than(value):
                 values[key] = value
                 stats["prefetched"] += 1
 

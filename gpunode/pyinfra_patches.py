@@ -46,6 +46,7 @@ import pyinfra.api.operations as pyinfra_operations
 import pyinfra.api.util as pyinfra_util
 from pyinfra.api import command as pyinfra_command
 from pyinfra.api import facts as pyinfra_facts
+from pyinfra.connectors import util as pyinfra_connector_util
 from pyinfra.connectors.util import CommandOutput
 
 # The module (pyinfra.api's ``operation`` is the decorator of the same name).
@@ -83,6 +84,11 @@ WRITTEN_AGAINST: dict[str, str] = {
         "(self, success, commands, combined_output, retry_attempts=0, max_retries=0)"
     ),
     "pyinfra.connectors.util.CommandOutput": "(combined_lines)",
+    # what pyinfra's SSH connector runs for a command (sudo, su, env...), called by
+    # exec_command (with SSHConnector's client: paramiko's SSHClient)
+    "pyinfra.connectors.util.make_unix_command_for_host": (
+        "(state, host, command, **command_arguments)"
+    ),
     # remembered by remember_global_arguments (called by pop_global_arguments and, under
     # this name, by pyinfra.api.facts)
     "pyinfra.api.arguments.all_global_arguments": "()",
@@ -243,6 +249,30 @@ def record_failed_operation(state: Any, host: Any, op_hash: str) -> None:
     if not meta.is_complete():
         meta.set_complete(False, [], CommandOutput([]))
     state.trigger_callbacks("operation_host_error", host, op_hash)
+
+
+# Connector arguments pyinfra's SSH connector takes for itself, not for the command line.
+_RUN_ARGUMENTS = ("_get_pty", "_timeout", "_stdin", "_success_exit_codes")
+
+
+def exec_command(
+    host: Any, command: Any, connector_arguments: dict[str, Any], timeout: float | None = None
+) -> Any:
+    """``command`` started on ``host`` as pyinfra's SSH connector starts it (wrapped for sudo,
+    su, environment by ``connector_arguments``), on a paramiko channel of the connection pyinfra
+    holds, for gpunode.remote_script to read within its own limits; None where the host is
+    not reached over SSH (pyinfra's @local). ``timeout``: how long the node may take to open
+    the channel."""
+    _guard()
+    client = getattr(getattr(host, "connector", None), "client", None)
+    transport = client.get_transport() if client is not None else None
+    if transport is None:
+        return None
+    arguments = {k: v for k, v in connector_arguments.items() if k not in _RUN_ARGUMENTS}
+    unix = pyinfra_connector_util.make_unix_command_for_host(host.state, host, command, **arguments)
+    channel = transport.open_session(timeout=timeout)
+    channel.exec_command(unix.get_raw_value())
+    return channel
 
 
 def host_changed_in_this_run(host: Any) -> bool:

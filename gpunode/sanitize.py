@@ -12,10 +12,17 @@ that from reaching further than its own findings:
 - ``Shape`` (``Int``, ``Str``, ``Maybe``, ``ListOf``, ``MapOf``, ``Record``...): the types and
   nesting a reader relies on, checked before it reads; ``problem`` names the first value that
   does not fit by its path (``gpus[0].retired_pages.single_bit: 'x' is not an integer``).
+- ``parse_json``: a node's JSON, refused (a ValueError, as for text that is not JSON) when it
+  nests deeper than ``MAX_DEPTH``: Python's parser and every reader after it (copy.deepcopy,
+  repr) recurse once per level, and a few kilobytes of brackets made a RecursionError, a
+  crash where the section should be unreadable; ``nested_deeper_than`` says the same of a
+  value already parsed.
 """
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -84,6 +91,59 @@ def clean_tree(value: Any, limit: int = MAX_FACT_TEXT_CHARS, depth: int = 0) -> 
             return TOO_DEEP
         return [clean_tree(item, limit, depth + 1) for item in value]
     return value
+
+
+# --- JSON from a node ------------------------------------------------------------------------
+
+# A JSON string (RFC 8259: no raw quote or backslash inside, an escape is a backslash and what
+# follows), taken out before the brackets that nest are counted; then all but the brackets.
+_JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.S)
+_NOT_BRACKET = re.compile(r"[^\[\]{}]+")
+# An innermost array or object: each pass that takes them all away takes one level off.
+_INNERMOST = re.compile(r"\[\]|\{\}")
+
+
+class NestedTooDeep(json.JSONDecodeError):
+    """A JSON document nested deeper than its readers walk: refused before it is parsed."""
+
+    def __init__(self, max_depth: int, document: str) -> None:
+        ValueError.__init__(self, f"nested deeper than {max_depth} levels: not read")
+        self.max_depth = max_depth
+        self.msg, self.doc, self.pos, self.lineno, self.colno = str(self), document, 0, 1, 1
+
+    def __reduce__(self) -> Any:
+        return NestedTooDeep, (self.max_depth, self.doc)
+
+
+def parse_json(text: str, max_depth: int = MAX_DEPTH) -> Any:
+    """``json.loads(text)``; NestedTooDeep (a json.JSONDecodeError) where its arrays and
+    objects nest deeper than ``max_depth``, found without recursion before it is parsed."""
+    brackets = _NOT_BRACKET.sub("", _JSON_STRING.sub("", text))
+    for _ in range(max_depth):
+        brackets, taken = _INNERMOST.subn("", brackets)
+        if not taken:
+            break
+    if _INNERMOST.search(brackets):
+        raise NestedTooDeep(max_depth, text)
+    return json.loads(text)
+
+
+def nested_deeper_than(value: Any, max_depth: int = MAX_DEPTH) -> bool:
+    """Whether lists, tuples and dicts nest deeper than ``max_depth`` in ``value`` (walked
+    without recursion, never below that depth)."""
+    pending = [(value, 0)]
+    while pending:
+        item, depth = pending.pop()
+        if isinstance(item, Mapping):
+            children: Any = item.values()
+        elif isinstance(item, list | tuple):
+            children = item
+        else:
+            continue
+        if depth >= max_depth:
+            return True
+        pending.extend((child, depth + 1) for child in children)
+    return False
 
 
 # --- shapes -----------------------------------------------------------------------------------

@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from gpunode.drift.findings import DriftResult
 from gpunode.inventory import fleet_of
 from gpunode.sanitize import MAX_REPORT_TEXT_CHARS, clean_text
+
+# How long a node's DCGM diagnostic may take: level 2 is about two minutes on an idle node
+# (facts/dcgm.py), longer on one still finishing its work.
+DCGM_DIAG_DEADLINE_S = 1200
 
 
 def select_hosts(inventory: Any, limit: str | None) -> list[Any]:
@@ -26,19 +31,24 @@ def run_drift(
     limit: str | None = None,
     progress: Callable[[str], None] | None = None,
     dcgm_diag_level: int | None = None,
+    host_timeout_s: float | None = None,
 ) -> DriftResult:
     """Gather NodeState from the selected hosts in parallel and evaluate every rule; with
-    ``dcgm_diag_level``, DCGM's diagnostic too on the hosts that declare DCGM."""
+    ``dcgm_diag_level``, DCGM's diagnostic too on the hosts that declare DCGM.
+    ``host_timeout_s``: how long each host may take to answer (default HOST_LIMITS')."""
     from facts.node import NodeState
-    from gpunode.drift.gather import gather_fact, make_state
+    from gpunode.drift.gather import HOST_LIMITS, gather_fact, make_state
     from gpunode.drift.rules import evaluate
 
     fleet = fleet_of(inventory, source)
     hosts = select_hosts(inventory, limit)
     state = make_state(inventory)
-    values, unreachable = gather_fact(state, NodeState, hosts, progress=progress)
+    limits = (
+        HOST_LIMITS if host_timeout_s is None else replace(HOST_LIMITS, deadline_s=host_timeout_s)
+    )
+    values, unreachable = gather_fact(state, NodeState, hosts, progress=progress, limits=limits)
     if dcgm_diag_level is not None:
-        add_dcgm_diag(state, fleet, hosts, values, dcgm_diag_level)
+        add_dcgm_diag(state, fleet, hosts, values, dcgm_diag_level, host_timeout_s)
     # Why a host was not checked is often the node's own words (an SSH banner, an error):
     # cleaned here, as findings clean theirs, before any report shows them.
     result = DriftResult(
@@ -60,12 +70,18 @@ def dcgm_hosts(fleet: Any, names: list[str]) -> list[str]:
 
 
 def add_dcgm_diag(
-    state: Any, fleet: Any, hosts: list[Any], values: dict[str, Any], level: int
+    state: Any,
+    fleet: Any,
+    hosts: list[Any],
+    values: dict[str, Any],
+    level: int,
+    host_timeout_s: float | None = None,
 ) -> None:
     """Each answering host that declares DCGM gets a ``dcgm_diag`` section: the diagnostic's
-    result, or why it could not be had (a host that stops answering during it)."""
+    result, or why it could not be had (a host that stops answering during it, or takes
+    longer than ``host_timeout_s``, by default DCGM_DIAG_DEADLINE_S)."""
     from facts.dcgm import DcgmDiag
-    from gpunode.drift.gather import gather_fact
+    from gpunode.drift.gather import HOST_LIMITS, gather_fact
     from gpunode.drift.shape import unreadable_section
 
     answering = [name for name, facts in values.items() if isinstance(facts, dict)]
@@ -73,7 +89,8 @@ def add_dcgm_diag(
     chosen = [host for host in hosts if host.name in wanted]
     if not chosen:
         return
-    diag, failed = gather_fact(state, DcgmDiag, chosen, level=level)
+    limits = replace(HOST_LIMITS, deadline_s=host_timeout_s or DCGM_DIAG_DEADLINE_S)
+    diag, failed = gather_fact(state, DcgmDiag, chosen, limits=limits, level=level)
     for host in chosen:
         section = diag.get(host.name)
         if not isinstance(section, dict):

@@ -30,7 +30,6 @@ from __future__ import annotations
 import base64
 import functools
 import hashlib
-import json
 import lzma
 import re
 import shlex
@@ -52,7 +51,7 @@ from gpunode.probe.gpu_record import (
     parse_nvlink_status,
     unreadable,
 )
-from gpunode.sanitize import Bool, Int, ListOf, Maybe, Record, Str
+from gpunode.sanitize import Bool, Int, ListOf, Maybe, Record, Str, parse_json
 
 __all__ = [
     "SECTION_COMMANDS",
@@ -484,7 +483,7 @@ def parse_nvme_list(text: str) -> Result:
         # nvme-cli prints nothing when it finds no device: not proof of zero drives.
         return unreadable(NVME_COMMAND, "empty output")
     try:
-        document = json.loads(text)
+        document = parse_json(text)
     except ValueError as error:
         return unreadable(NVME_COMMAND, f"not JSON, truncated or corrupted ({error})")
     if not isinstance(document, dict) or not isinstance(document.get("Devices"), list):
@@ -675,7 +674,7 @@ def parse_gpu_report(text: str) -> Result:
     if not text.strip():
         return unreadable(PROBE_COMMAND, "empty output")
     try:
-        report = json.loads(text)
+        report = parse_json(text)
     except ValueError as error:
         return unreadable(PROBE_COMMAND, f"not JSON, truncated or corrupted ({error})")
     if not isinstance(report, dict) or report.get("schema") != SCHEMA:
@@ -1104,7 +1103,7 @@ def parse_dcgm_diag(text: str) -> Result:
         detail = " ".join(text.split())[:200]
         return unreadable(DCGM_DIAG_COMMAND, f"no JSON document: {detail or 'no output'}")
     try:
-        document = json.loads(text[start:])
+        document = parse_json(text[start:])
     except ValueError as error:
         return unreadable(DCGM_DIAG_COMMAND, f"not JSON, truncated or corrupted ({error})")
     root = document.get(DCGM_DIAG_ROOT) if isinstance(document, dict) else None

@@ -214,14 +214,19 @@ def lab_vms(lab: Lab) -> Iterator[list[lab_vm.LabVm]]:
     _vm_boot["removed"] = True
 
 
-# Python source that counts, per host, the shell commands (SSH round trips) pyinfra's SSH
-# connector runs in the process it is put into: ``commands`` is {host name: count}. The
-# tests that count put it after their imports and before they run pyinfra or the drift check.
+# Python source that counts, per host, the shell commands (SSH round trips) run in the
+# process it is put into: pyinfra's SSH connector's, and those gpunode.remote_script starts on
+# pyinfra's connection itself (the fact batches: gpunode.pyinfra_patches.exec_command):
+# ``commands`` is {host name: count}. The tests that count put it after their imports and
+# before they run pyinfra or the drift check.
 SSH_COMMAND_COUNTER = """
 from pyinfra.connectors.ssh import SSHConnector
 
+import gpunode.pyinfra_patches
+
 commands = {}
 original = SSHConnector.run_shell_command
+original_exec = gpunode.pyinfra_patches.exec_command
 
 
 def counting(self, *args, **kwargs):
@@ -229,7 +234,15 @@ def counting(self, *args, **kwargs):
     return original(self, *args, **kwargs)
 
 
+def counting_exec(host, *args, **kwargs):
+    channel = original_exec(host, *args, **kwargs)
+    if channel is not None:
+        commands[host.name] = commands.get(host.name, 0) + 1
+    return channel
+
+
 SSHConnector.run_shell_command = counting
+gpunode.pyinfra_patches.exec_command = counting_exec
 """
 
 

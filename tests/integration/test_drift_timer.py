@@ -22,6 +22,7 @@ from pathlib import Path, PurePosixPath
 
 import pytest
 
+from gpunode.expected.timers import DRIFT_MEMORY_MAX_MIB
 from lab import LOGIN_USER, Lab, LabNode
 
 from .conftest import ROOT, PyinfraRun, run_pyinfra, ssh, write_inventory
@@ -68,6 +69,7 @@ SANDBOX = {
     "AmbientCapabilities": "",
     "UMask": "0077",
     "ReadWritePaths": f"{OUTPUT_DIR} /var/lib/prometheus/node-exporter",
+    "MemoryMax": str(DRIFT_MEMORY_MAX_MIB << 20),
 }
 # systemd-analyze security's scale runs from 0 (locked down) to 10 (UNSAFE); a plain
 # root service scores 9.6.

@@ -23,6 +23,7 @@ import gpunode.drift as drift
 import gpunode.drift.gather as gather
 from gpunode.drift import rules
 from gpunode.drift.findings import DriftResult, Severity
+from gpunode.drift.gather import HOST_LIMITS
 from gpunode.drift.output import (
     render_json,
     render_junit,
@@ -174,7 +175,7 @@ def test_one_malformed_host_leaves_the_fleet_checked_and_every_report_written(
     good, bad = healthy_facts(), copy.deepcopy(healthy_facts())
     set_path("gpu.gpus.0.ecc_mode", "on")(bad)
 
-    def gathered(state: Any, fact: Any, hosts: Any, progress: Any = None) -> Any:
+    def gathered(state: Any, fact: Any, hosts: Any, progress: Any = None, **_: Any) -> Any:
         values = {"node-1": good, "node-2": bad, "node-3": "garbage"}
         return values, {"node-4": "ConnectError: banner \x1b]0;owned\x07\r\nforged row"}
 
@@ -298,13 +299,17 @@ def test_an_unread_hostile_ibstat_line_reaches_the_reports_quoted() -> None:
 
 
 def test_unread_lines_a_probe_reports_are_cleaned_and_capped() -> None:
-    """The probe runs on the node: its problem lines are raw node text, as many as it likes."""
+    """The probe runs on the node: its problem lines are raw node text, as many as it likes
+    up to a whole answer's worth (gpunode.drift.gather.HOST_LIMITS: what is read of a node),
+    each longer than a report shows."""
+    line = HOSTILE_LINE * 100
+    count = HOST_LIMITS.max_bytes // len(line)
     facts = copy.deepcopy(healthy_facts())
-    facts["gpu"]["problems"] = {"nvlink": [HOSTILE_LINE * 1000] * 10000}
+    facts["gpu"]["problems"] = {"nvlink": [line] * count}
     result = DriftResult(findings=evaluate("node-1", desired(), facts), checked_hosts=["node-1"])
     (unread,) = result.findings
     assert unread.id == "nvlink.unread_line"
-    assert unread.found.startswith("10000 not read: \\x1b[2J\\x1b[H\\x85node-9")
+    assert unread.found.startswith(f"{count} not read: \\x1b[2J\\x1b[H\\x85node-9")
     assert len(unread.found) <= MAX_REPORT_TEXT_CHARS
     assert unread.found.isprintable()
     assert len(render_table(result).splitlines()) == 3

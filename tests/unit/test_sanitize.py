@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import json
 import xml.etree.ElementTree as ElementTree
+from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import gpunode.sanitize as sanitize
 from gpunode.sanitize import (
     CUT_MARK,
     MAX_DEPTH,
@@ -77,3 +80,41 @@ def test_shapes_name_the_first_value_that_does_not_fit() -> None:
     )
     assert shape.problem({"names": {"a": 3}}) == "names.a: 3 is not a string"
     assert shape.problem([]) == "the value: [] is not an object"
+
+
+# --- JSON nested deeper than a reader walks ---------------------------------------------------
+
+
+def nested(depth: int) -> str:
+    return "[" * depth + "]" * depth
+
+
+def test_json_nested_up_to_the_limit_is_read_and_one_level_more_is_refused() -> None:
+    assert sanitize.parse_json(nested(MAX_DEPTH)) is not None
+    assert sanitize.parse_json('{"a": [1, {"b": []}]}') == {"a": [1, {"b": []}]}
+    with pytest.raises(sanitize.NestedTooDeep, match=f"nested deeper than {MAX_DEPTH} levels"):
+        sanitize.parse_json(nested(MAX_DEPTH + 1))
+
+
+def test_json_nested_a_hundred_thousand_deep_is_refused_as_text_that_is_not_json() -> None:
+    """Python's own parser raises RecursionError at about a thousand levels: a crash where a
+    reader expects ValueError (what it catches for text that is not JSON)."""
+    with pytest.raises(json.JSONDecodeError):
+        sanitize.parse_json(nested(100_000))
+    with pytest.raises(ValueError, match="nested deeper"):
+        sanitize.parse_json('{"a":' * 100_000 + "1" + "}" * 100_000)
+
+
+def test_brackets_inside_json_strings_do_not_count_as_nesting() -> None:
+    text = json.dumps({"line": '[[[[\\" {{{{' + "]" * 50, "deep": "[" * 100})
+    assert sanitize.parse_json(text) == json.loads(text)
+
+
+def test_a_value_nested_deeper_than_the_limit_is_told_without_recursion() -> None:
+    value: Any = []
+    for _ in range(100_000):
+        value = [value]
+    assert sanitize.nested_deeper_than(value)
+    assert sanitize.nested_deeper_than({"a": [{"b": 1}]}, 2)
+    assert not sanitize.nested_deeper_than({"a": [{"b": 1}]}, 3)
+    assert not sanitize.nested_deeper_than(json.loads(nested(MAX_DEPTH)))
