@@ -619,7 +619,11 @@ class Lab:
     def _ensure_network(self) -> str:
         import docker.types
 
-        if not self.client.networks.list(names=[self.name]):
+        # Docker's name filter matches any part of a name: gpunode-lab finds the network of
+        # gpunode-lab-shard1 beside it. Only the network of exactly this name is this lab's.
+        if not [
+            net for net in self.client.networks.list(names=[self.name]) if net.name == self.name
+        ]:
             pool = docker.types.IPAMPool(subnet=self.subnet, gateway=self.gateway)
             self.client.networks.create(
                 self.name,

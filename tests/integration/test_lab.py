@@ -95,12 +95,19 @@ def test_a_second_lab_comes_up_and_goes_down_completely(tmp_path, lab, lab_nodes
         name=f"{lab.name}-labtest",
         subnet_index=int(lab.network_prefix.rsplit(".", 1)[1]) + 102,
     )
-    (node,) = scratch.up(1, profiles=["pcie-a10g"])
-    assert ssh(scratch, node, "nvidia-smi -L").stdout.startswith("GPU 0: NVIDIA A10G")
-    scratch.down(keep_image=True)
+    # Another lab whose name starts with this one's (as a second test lab's does) has its
+    # network up first: Docker's name filter matches it, yet it is not this lab's network.
     client = scratch.client
+    longer = client.networks.create(f"{scratch.name}-shard1", driver="bridge")
+    try:
+        (node,) = scratch.up(1, profiles=["pcie-a10g"])
+        assert ssh(scratch, node, "nvidia-smi -L").stdout.startswith("GPU 0: NVIDIA A10G")
+        scratch.down(keep_image=True)
+        assert [net.name for net in client.networks.list()].count(longer.name) == 1
+    finally:
+        longer.remove()
     assert client.containers.list(all=True, filters={"label": f"lab={scratch.name}"}) == []
-    assert client.networks.list(names=[scratch.name]) == []
+    assert scratch.name not in [net.name for net in client.networks.list()]
     assert not (tmp_path / "lab").exists()
     # The shared fleet is untouched.
     assert client.containers.get(lab_nodes[0].container).status == "running"
