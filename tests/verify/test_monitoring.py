@@ -1,5 +1,7 @@
-"""Monitoring checks: node_exporter serves only TLS 1.3, and only to clients with a
-certificate from gpunode's CA; the node key stays root's, the exporter reads its copy."""
+"""Monitoring checks: node_exporter serves only TLS 1.3 with the node's certificate from
+gpunode's CA, and only to the monitoring host's scraper (a client certificate of gpunode's
+CA for client authentication): neither a client without one nor a node's own certificate
+gets the metrics; the node key stays root's, the exporter reads its copy."""
 
 from __future__ import annotations
 
@@ -48,13 +50,25 @@ def test_the_exporter_reads_a_copy_of_the_key_not_the_key(host: Any, wanted: Des
     assert copy.sha256sum == key.sha256sum
 
 
-def test_tls13_with_a_gpunode_client_certificate_is_served(host: Any, wanted: DesiredState) -> None:
-    # The node's own certificate is from gpunode's CA and allows client authentication.
+def test_tls13_is_served_with_a_certificate_from_gpunodes_ca(
+    host: Any, wanted: DesiredState
+) -> None:
+    # The node's certificate verifies against gpunode's CA (openssl prints each depth it
+    # verified); the metrics themselves go to the monitoring host's scraper certificate
+    # alone, which no node holds.
+    answer = s_client(host, wanted.node_exporter.port, "-tls1_3")
+    verified = answer.stderr
+    assert "depth=0 CN = " in verified and "verify error" not in verified, verified[-400:]
+    assert verified.count("verify return:1") >= 2, verified[-400:]
+
+
+def test_the_nodes_own_certificate_gets_no_metrics(host: Any, wanted: DesiredState) -> None:
+    # A node certificate serves, it is no client: another node holding one cannot scrape.
     answer = s_client(
         host, wanted.node_exporter.port, "-tls1_3", "-cert", CERT_PATH, "-key", KEY_PATH
     )
-    assert answer.stdout.startswith("HTTP/1.0 200 OK"), answer.stdout[:300] + answer.stderr
-    assert "node_textfile_scrape_error 0" in answer.stdout
+    assert "HTTP/1.0 200" not in answer.stdout, answer.stdout[:300]
+    assert "alert bad certificate" in answer.stderr, answer.stderr[-300:]
 
 
 def test_no_client_certificate_gets_no_metrics(host: Any, wanted: DesiredState) -> None:

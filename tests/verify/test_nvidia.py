@@ -312,23 +312,25 @@ def test_dcgm_exporter_runs_where_declared(host: Any, desired: DesiredState) -> 
     assert DCGM_EXPORTER_PACKAGE in held(host)
     service = host.service(DCGM_EXPORTER_SERVICE)
     assert service.is_enabled and service.is_running
-    # NVIDIA's exporter serves Prometheus metrics on port 9400 once it has started (the unit
-    # is active as soon as the process runs; the port follows its start-up), over mutual TLS
-    # 1.3 only (roles/dcgm.py): the node's own certificate is from gpunode's CA and allows
-    # client authentication.
+    # NVIDIA's exporter serves on port 9400 once it has started (the unit is active as soon
+    # as the process runs; the port follows its start-up), over mutual TLS 1.3 only
+    # (roles/dcgm.py) with the node's certificate, to the monitoring host's scraper alone: a
+    # node's own certificate is no client and gets no metrics.
     fetch = (
         "printf 'GET /metrics HTTP/1.0\\r\\n\\r\\n' | timeout 20 openssl s_client -quiet -tls1_3 "
         "-connect 127.0.0.1:9400 -CAfile /etc/gpunode/tls/ca.crt "
         "-cert /etc/gpunode/tls/node.crt -key /etc/gpunode/tls/node.key"
     )
-    metrics = ""
+    answer = host.run(fetch)
     for _ in range(30):
-        result = host.run(fetch)
-        metrics = result.stdout if result.stdout.startswith("HTTP/1.0 200") else ""
-        if metrics:
+        if "depth=0 CN = " in answer.stderr:
             break
         time.sleep(1)
-    assert "DCGM_FI_DEV_" in metrics, "no DCGM metrics on port 9400"
+        answer = host.run(fetch)
+    assert "depth=0 CN = " in answer.stderr and "verify error" not in answer.stderr, (
+        "no TLS on port 9400 with a certificate from gpunode's CA: " + answer.stderr[-300:]
+    )
+    assert "HTTP/1.0 200" not in answer.stdout, "a node's own certificate got DCGM's metrics"
 
 
 # --- GPU settings ------------------------------------------------------------------------------
