@@ -9,8 +9,9 @@ the node is left out of this rollout and resumed); the deploy converges the batc
 ``--limit`` to those nodes) with the driver's reboot deferred (``GPUNODE_DRIVER_REBOOT=defer``
 in its environment: the driver role only marks a node whose loaded kernel module differs from
 the installed one); a node so marked has its drain read again and, still drained by this
-rollout, is rebooted by a second run of the deploy without the deferral, whose only change is
-that reboot (the inventory's ``nvidia_driver.reboot`` and ``reboot`` settings, as in any run);
+rollout, is rebooted by a second run of the deploy without the deferral, whose changes are
+that reboot and what waits for it (Fabric Manager and IMEX started on the new driver), with the
+inventory's ``nvidia_driver.reboot`` and ``reboot`` settings, as in any run;
 the rollout waits for the nodes to answer again and runs the health gate, the drift check of
 those nodes: no critical finding. A node that passes is resumed; one that fails stays
 drained, the failed checks in its reason. The rollout stops when more nodes failed than
@@ -386,7 +387,7 @@ class Nodes(Protocol):
         ...
 
     def reboot(self, nodes: Sequence[str]) -> ConvergeResult:
-        """The deploy again, the reboot no longer deferred: its only change is that reboot."""
+        """The deploy again, the reboot no longer deferred: that reboot and what waits for it."""
         ...
 
     def check(self, nodes: Sequence[str]) -> dict[str, CheckResult]: ...
