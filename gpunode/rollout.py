@@ -6,7 +6,12 @@ checked by the drift check after, and given back to the scheduler only when it i
 Per batch (the canary batch first): every node is drained with a reason naming the rollout
 (``gpunode: rollout <id> ...``); the rollout waits for its jobs to end (past ``--job-timeout``
 the node is left out of this rollout and resumed); the deploy converges the batch (pyinfra,
-``--limit`` to those nodes; a driver change reboots through the deploy's own driver role);
+``--limit`` to those nodes) with the driver's reboot deferred (``GPUNODE_DRIVER_REBOOT=defer``
+in its environment: the driver role only marks a node whose loaded kernel module differs from
+the installed one); a node so marked has its drain read again and, still drained by this
+rollout, is rebooted by a second run of the deploy without the deferral, whose changes are
+that reboot and what waits for it (Fabric Manager and IMEX started on the new driver), with the
+inventory's ``nvidia_driver.reboot`` and ``reboot`` settings, as in any run;
 the rollout waits for the nodes to answer again and runs the health gate, the drift check of
 those nodes: no critical finding. A node that passes is resumed; one that fails stays
 drained, the failed checks in its reason. The rollout stops when more nodes failed than
@@ -15,11 +20,13 @@ drained, the failed checks in its reason. The rollout stops when more nodes fail
 A node someone else took out of service is neither drained, converged nor resumed, and its
 reason is never rewritten: DOWN, FAIL or FAILING (whatever the reason: "PSU fault"), or
 drained with a reason without this rollout's id (a person, another tool, gpunode's own drift
-drain). It is skipped, and the summary says so with their reason. Right before the converge
-(which reboots where the driver changes) each node's drain is read again: a node someone
-resumed while the rollout waited, or that a restarted rollout finds no longer drained by it,
-is left out of this rollout, unconverged, and the summary says why; so is one someone else
-took over meanwhile. A node the inventory does not make a scheduler node (``slurm.enabled``
+drain). It is skipped, and the summary says so with their reason. Right before the converge,
+and again right before a node's driver reboot (the packages may take minutes to install),
+each node's drain is read again: a node someone resumed while the rollout waited, or that a
+restarted rollout finds no longer drained by it, is left out of this rollout, unconverged or
+converged but not rebooted (its new driver loads at its next reboot), and the summary says
+why; so is one someone else took over meanwhile. A node no reboot waits for costs no second
+run. A node the inventory does not make a scheduler node (``slurm.enabled``
 false) has no jobs to wait for: it is converged and checked without a drain.
 
 Two rollouts of one inventory never run at once: each holds a lock (``flock``) on its state
@@ -85,6 +92,7 @@ class Phase(StrEnum):
     DRAINING = "draining"  # drain asked for
     WAITING = "waiting"  # drained; its jobs may still run
     CONVERGING = "converging"
+    REBOOT_PENDING = "reboot-pending"  # converged; its driver reboot waits for the drain read
     CHECKING = "checking"  # converged; waiting for it to answer, then the health gate
     RESUMING = "resuming"  # passed; resume asked for
     DONE = "done"
@@ -361,6 +369,7 @@ class RolloutLock:
 class ConvergeResult:
     failed: dict[str, str]  # node -> why
     rebooted: set[str]
+    reboot_pending: set[str] = field(default_factory=set)  # its driver reboot was deferred
 
 
 @dataclass
@@ -373,12 +382,22 @@ class CheckResult:
 class Nodes(Protocol):
     """The deploy and the health gate, for the nodes of a batch."""
 
-    def converge(self, nodes: Sequence[str]) -> ConvergeResult: ...
+    def converge(self, nodes: Sequence[str]) -> ConvergeResult:
+        """The deploy, the driver's reboot deferred: ``reboot_pending`` names who needs it."""
+        ...
+
+    def reboot(self, nodes: Sequence[str]) -> ConvergeResult:
+        """The deploy again, the reboot no longer deferred: that reboot and what waits for it."""
+        ...
 
     def check(self, nodes: Sequence[str]) -> dict[str, CheckResult]: ...
 
 
 REBOOT_OPERATION = "Loaded kernel module is the installed one"
+# roles/nvidia_driver.py's REBOOT_DEFERRAL_VARIABLE, REBOOT_DEFERRAL_VALUE, REBOOT_DEFERRED_NAME
+# (the rollout imports no role; tests/unit/test_rollout.py keeps them equal).
+REBOOT_DEFERRAL = ("GPUNODE_DRIVER_REBOOT", "defer")
+REBOOT_DEFERRED_OPERATION = "Driver reboot deferred to the rollout"
 GATE_PASSED = "health gate passed"
 
 
@@ -402,11 +421,22 @@ class PyinfraNodes:
         self.dcgm_nodes = dcgm_nodes
 
     def converge(self, nodes: Sequence[str]) -> ConvergeResult:
+        return self._deploy(nodes, defer_reboot=True)
+
+    def reboot(self, nodes: Sequence[str]) -> ConvergeResult:
+        return self._deploy(nodes, defer_reboot=False)
+
+    def _deploy(self, nodes: Sequence[str], defer_reboot: bool) -> ConvergeResult:
         limits = [word for node in nodes for word in ("--limit", node)]
         argv = [sys.executable, "-m", "pyinfra", "-y", "--json", self.inventory, self.deploy]
+        variable, value = REBOOT_DEFERRAL
+        # Set or removed either way: one left in the operator's shell decides nothing here.
+        env = {key: text for key, text in os.environ.items() if key != variable}
+        if defer_reboot:
+            env[variable] = value
         try:
             done = subprocess.run(
-                [*argv, *limits], capture_output=True, text=True, timeout=self.timeout_s
+                [*argv, *limits], capture_output=True, text=True, timeout=self.timeout_s, env=env
             )
         except subprocess.TimeoutExpired:
             return ConvergeResult(
@@ -450,16 +480,18 @@ def _tail(text: str) -> str:
 def converge_result(
     nodes: Sequence[str], returncode: int, stdout: str, stderr: str
 ) -> ConvergeResult:
-    """pyinfra --json's results: failed hosts, and hosts whose driver reboot ran."""
+    """pyinfra --json's results: failed hosts, hosts whose driver reboot ran, and hosts whose
+    driver reboot was deferred to the rollout."""
     try:
         results = json.loads(stdout)["results"]
         failed_hosts = {str(name) for name in results["failed_hosts"]}
-        rebooted = {
-            str(name)
-            for operation in results["operations"]
-            if REBOOT_OPERATION in str(operation.get("name", ""))
-            for name in operation.get("success", [])
-        }
+        changed: dict[str, set[str]] = {REBOOT_OPERATION: set(), REBOOT_DEFERRED_OPERATION: set()}
+        for operation in results["operations"]:
+            for marker, hosts in changed.items():
+                if marker in str(operation.get("name", "")):
+                    hosts.update(str(name) for name in operation.get("success", []))
+        rebooted = changed[REBOOT_OPERATION]
+        pending = changed[REBOOT_DEFERRED_OPERATION]
     except (ValueError, KeyError, TypeError):
         why = f"deploy failed (exit status {returncode}): {_tail(stderr or stdout)}"
         return ConvergeResult({node: why for node in nodes}, set())
@@ -468,7 +500,9 @@ def converge_result(
         failed_hosts = set(nodes)
     why = f"deploy failed (exit status {returncode}): {_tail(stderr)}"
     return ConvergeResult(
-        {node: why for node in nodes if node in failed_hosts}, rebooted & set(nodes)
+        {node: why for node in nodes if node in failed_hosts},
+        rebooted & set(nodes),
+        pending & set(nodes),
     )
 
 
@@ -609,6 +643,14 @@ class Rollout:
             started = self.clock()
             self.converge(converging)
             self.timed("converge", started)
+        # Also the nodes a restarted rollout finds between their converge and their reboot.
+        rebooting = [n for n in active if self.state.nodes[n].phase is Phase.REBOOT_PENDING]
+        if rebooting:
+            rebooting = self.still_drained(rebooting, before_reboot=True)
+        if rebooting:
+            started = self.clock()
+            self.reboot(rebooting)
+            self.timed("reboot", started)
         checking = [n for n in active if self.state.nodes[n].phase is Phase.CHECKING]
         if checking:
             self.gate(checking)
@@ -682,11 +724,12 @@ class Rollout:
             if waiting:
                 self.sleep(self.poll_s)
 
-    def still_drained(self, names: list[str]) -> list[str]:
-        """The nodes still drained by this rollout, read again right before the converge (it
-        reboots where the driver changes): a person may have resumed a node while the rollout
-        waited for its jobs, or taken it over, and a restarted rollout may find a node it
-        drained back in service. Such a node is left out, unconverged, with why."""
+    def still_drained(self, names: list[str], before_reboot: bool = False) -> list[str]:
+        """The nodes still drained by this rollout, read again right before the converge and
+        right before the driver reboot: a person may have resumed a node while the rollout
+        waited for its jobs or while the deploy installed, or taken it over, and a restarted
+        rollout may find a node it drained back in service. Such a node is left out, with
+        why: unconverged, or converged and not rebooted."""
         status = self.status_of(names)
         ready = []
         for name in names:
@@ -705,7 +748,13 @@ class Rollout:
                 why = held_note(found)
             else:
                 why = f"not drained any more ({found.state}: resumed by someone else)"
-            self.set(name, Phase.LEFT_OUT, f"{why}: not converged, left as it is")
+            left = (
+                " before its reboot: converged, not rebooted; the new driver loads at its next "
+                "reboot"
+                if before_reboot
+                else ": not converged, left as it is"
+            )
+            self.set(name, Phase.LEFT_OUT, why + left)
         return ready
 
     def converge(self, names: list[str]) -> None:
@@ -717,10 +766,26 @@ class Rollout:
             record.rebooted = record.rebooted or name in result.rebooted
             if name in result.failed:
                 self.fail(name, "converge", [], result.failed[name])
+            elif name in result.reboot_pending:
+                self.set(name, Phase.REBOOT_PENDING, "converged; its driver reboot waits for "
+                         "its drain to be read again")  # fmt: skip
             else:
                 self.set(
                     name, Phase.CHECKING, "converged" + (", rebooted" if record.rebooted else "")
                 )
+
+    def reboot(self, names: list[str]) -> None:
+        """The deploy once more, its reboot no longer deferred (everything else converged)."""
+        result = self.nodes.reboot(names)
+        for name in names:
+            record = self.state.nodes[name]
+            record.rebooted = record.rebooted or name in result.rebooted
+            if name in result.failed:
+                self.fail(name, "reboot", [], result.failed[name])
+            else:
+                # Not rebooted: the run found the new module loaded already (a restart).
+                done = "rebooted" if name in result.rebooted else "no reboot needed any more"
+                self.set(name, Phase.CHECKING, f"converged, {done}")
 
     def gate(self, names: list[str]) -> None:
         """Once the nodes answer again (the scheduler sees them respond, the drift check
@@ -835,7 +900,11 @@ def dry_plan(
     state: RolloutState, status: dict[str, NodeStatus] | None, jobs: dict[str, list[str]]
 ) -> str:
     """The batches and what would happen to each node; nothing is changed."""
-    lines = [f"rollout {state.id} (dry: nothing changes): {len(state.batches)} batches"]
+    lines = [
+        f"rollout {state.id} (dry: nothing changes): {len(state.batches)} batches",
+        "(a node whose driver change needs a reboot has its drain read again before that "
+        "reboot, a second run of the deploy)",
+    ]
     for index, batch in enumerate(state.batches):
         lines.append(f"batch {index + 1}/{len(state.batches)}: {', '.join(batch)}")
         for name in batch:
@@ -843,6 +912,12 @@ def dry_plan(
             if record.phase.finished:
                 note = clean_text(record.note, 300)
                 lines.append(f"  {name}: {record.phase} already ({note}): left alone")
+                continue
+            if record.phase is Phase.REBOOT_PENDING:
+                lines.append(
+                    f"  {clean_text(name, 80)}: converged already: drain read again, driver "
+                    "reboot, health gate" + (", resume" if record.scheduled else "")
+                )
                 continue
             if not record.scheduled:
                 plan = "no scheduler node: converge, health gate"

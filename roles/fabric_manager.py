@@ -35,7 +35,7 @@ from facts.nvidia_packages import NvidiaPackages
 from gpunode.expected.packages import NVLSM_PACKAGE, fabric_manager_packages
 from gpunode.model import DesiredState, upstream_version
 from roles.cuda import held_packages
-from roles.nvidia_driver import APT_INSTALL, installed_driver_version
+from roles.nvidia_driver import APT_INSTALL, driver_reboots_in_this_run, installed_driver_version
 
 SERVICE = "nvidia-fabricmanager.service"
 # Fabric Manager packages of every branch (NSCQ and the combined metapackages too).
@@ -68,7 +68,8 @@ def loaded_after_driver(
     facts: dict[str, Any], driver_reboots: bool, driver_version: str | None
 ) -> str | None:
     """The driver loaded once the driver role has run. With ``reboot: if-needed`` that role
-    reboots into the installed driver, so a --dry run can predict what follows the reboot."""
+    reboots into the installed driver, so a --dry run can predict what follows the reboot
+    (not where a rollout defers that reboot: ``driver_reboots`` is false then)."""
     loaded = facts["loaded_module"]
     if driver_reboots:
         if driver_version:
@@ -234,7 +235,7 @@ def fabric_manager(desired: DesiredState) -> None:
         return
     branch = str(driver.branch)
     version = desired.fabric_manager.version or driver.version
-    reboots = driver.reboot == "if-needed"
+    reboots = driver_reboots_in_this_run(driver.reboot)
     fabric_manager_package(
         name=f"{package_name(branch)} at the driver's version, held",
         branch=branch,

@@ -34,7 +34,7 @@ from gpunode.expected.packages import imex_packages
 from gpunode.model import DesiredState, upstream_version
 from gpunode.nvidia_releases import IMEX_CHANNEL_DIR, IMEX_NODES_CONFIG
 from roles.fabric_manager import INSTALLED_DRIVER_VERSION, loaded_after_driver
-from roles.nvidia_driver import APT_INSTALL, installed_driver_version
+from roles.nvidia_driver import APT_INSTALL, driver_reboots_in_this_run, installed_driver_version
 
 IMEX_SERVICE = "nvidia-imex.service"
 CHANNELS_SERVICE = "gpunode-imex-channels.service"
@@ -178,6 +178,6 @@ def imex(desired: DesiredState) -> None:
         name="IMEX channels and nvidia-imex enabled, running with their driver",
         branch=branch,
         daemon_reload=unit.will_change or script.will_change,
-        driver_reboots=driver.reboot == "if-needed",
+        driver_reboots=driver_reboots_in_this_run(driver.reboot),
         driver_version=driver.version,
     )

@@ -46,10 +46,15 @@ What results on a node whose ``nvidia_driver.source`` is not ``none``:
   reported. With ``reboot: if-needed`` the node is rebooted and the run waits for it to
   return; with ``never`` it is not. Where ``reboot.command`` is set, that command
   performs the reboot instead (a node whose GPUs are simulated reboots its simulator).
+  A rolling change (``gpunode rollout``) defers that reboot (``GPUNODE_DRIVER_REBOOT=defer``
+  in the deploy's environment, which no inventory can set): the run only says the node needs
+  it, and the rollout reboots the node in a second run once it has read the node's drain
+  again (see gpunode/rollout.py).
 """
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 from io import StringIO
@@ -591,6 +596,34 @@ def reboot_needed(
     return bool(loaded["flavour"] and flavour and loaded["flavour"] != flavour), installed
 
 
+# The rollout's way to keep the reboot for itself: an environment variable of the deploy's
+# process, which an inventory cannot set. Its one value is "defer"; anything else refuses.
+REBOOT_DEFERRAL_VARIABLE = "GPUNODE_DRIVER_REBOOT"
+REBOOT_DEFERRAL_VALUE = "defer"
+# The operation that says a reboot was deferred; gpunode/rollout.py reads its hosts from
+# pyinfra's --json results (its REBOOT_DEFERRED_OPERATION).
+REBOOT_DEFERRED_NAME = "Driver reboot deferred to the rollout"
+
+
+def reboot_deferred() -> bool:
+    """Whether this run leaves the driver's reboot to the rollout (GPUNODE_DRIVER_REBOOT)."""
+    value = os.environ.get(REBOOT_DEFERRAL_VARIABLE)
+    if value is None or value == "":
+        return False
+    if value != REBOOT_DEFERRAL_VALUE:
+        raise NodeRefused(
+            f"environment variable {REBOOT_DEFERRAL_VARIABLE} is {value[:40]!r}: its one value "
+            f"is {REBOOT_DEFERRAL_VALUE!r} (set by gpunode rollout); unset it"
+        )
+    return True
+
+
+def driver_reboots_in_this_run(policy: str) -> bool:
+    """Whether the driver role of this run reboots a node whose module changes (the Fabric
+    Manager and IMEX roles start their services after that reboot, or wait for it)."""
+    return policy == "if-needed" and not reboot_deferred()
+
+
 @operation()
 def driver_reboot(
     policy: Literal["never", "if-needed"] = "never",
@@ -599,6 +632,7 @@ def driver_reboot(
     branch: str | None = None,
     flavour: str | None = None,
     reboot_command: tuple[str, ...] = (),
+    deferred: bool = False,
 ):
     """
     Make the loaded NVIDIA kernel module the installed one: reboot when it is not.
@@ -610,6 +644,9 @@ def driver_reboot(
     + flavour: the kernel module flavour that install brings
     + reboot_command: argv that performs the reboot instead of the system's own; the run
       does not wait for the node then
+    + deferred: the rollout reboots the node itself, after reading its drain again: the
+      operation only marks the node as needing its reboot (a change, so that pyinfra's
+      results name it)
     """
     facts = host.get_fact(NvidiaPackages)
     loaded = facts["loaded_module"]
@@ -627,6 +664,12 @@ def driver_reboot(
     )
     if policy == "never":
         host.noop("not rebooting: nvidia_driver.reboot is 'never'")
+        return
+    if deferred:
+        # A command, not a no-op: pyinfra's --json results list a host under an operation's
+        # "success" only where it changed, and that list is how the rollout learns which
+        # nodes wait for their reboot. It changes nothing on the node.
+        yield "true"
         return
     if reboot_command:
         yield shlex.join(reboot_command)
@@ -701,12 +744,18 @@ def nvidia_driver(desired: DesiredState) -> None:
         name="nvidia-persistenced " + ("enabled" if wanted.persistence_daemon else "disabled"),
         enabled=wanted.persistence_daemon,
     )
+    deferred = reboot_deferred()
     driver_reboot(
-        name=f"Loaded kernel module is the installed one (reboot: {wanted.reboot})",
+        # Its own name when deferred: the rollout reads the deferral apart from a reboot in
+        # pyinfra's results (every host of a run shares the environment, so the name).
+        name=REBOOT_DEFERRED_NAME
+        if deferred
+        else f"Loaded kernel module is the installed one (reboot: {wanted.reboot})",
         policy=wanted.reboot,
         install_pending=install_pending,
         pending_version=spec.version,
         branch=spec.branch,
         flavour=spec.flavour,
         reboot_command=desired.reboot.command,
+        deferred=deferred,
     )

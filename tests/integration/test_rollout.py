@@ -19,7 +19,10 @@ fault in the simulated GPUs fails the named test. A node an operator set DOWN or
 fault") is skipped by the rollout and left alone by the drift drain, its reason kept, and
 stays DOWN when its slurmd registers again (ReturnToService=1); a node the operator resumes
 while the rollout waits for its job is left out unconverged, and a second rollout of the
-inventory meanwhile refuses to start, naming the first.
+inventory meanwhile refuses to start, naming the first. The driver reboot waits for the drain
+read again after the converge: a node the operator resumed during the converge is left out
+converged and not rebooted (its simulated GPUs still on the old driver); one still drained is
+rebooted by the rollout's second run.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import dataclasses
 import json
 import os
 import re
+import shlex
 import signal
 import subprocess
 import time
@@ -229,7 +233,7 @@ def test_a_running_job_is_waited_for_and_no_job_starts_between_drain_and_resume(
     for sample in held:
         running = {job for job, job_state in sample.jobs if job_state == "RUNNING"}
         assert running <= {first}, sample
-        if sample.phases[node.name] in ("converging", "checking", "resuming"):
+        if sample.phases[node.name] in ("converging", "reboot-pending", "checking", "resuming"):
             assert running == set(), sample
     # Slurm's own record: the queued job started after the first one ended, once resumed.
     deadline = time.monotonic() + 120
@@ -782,3 +786,87 @@ def test_a_node_resumed_while_the_rollout_waits_is_left_out_and_a_second_rollout
     assert "resumed by someone else" in record["note"] and "not converged" in record["note"]
     assert drain_updates(lab, node, data["id"]) == 1  # drained once, never again
     assert takes_jobs(lab, node)
+
+
+# The driver role's reboot step alone, as deploys/gpu_node.py calls it (deferred under a
+# rollout). With RESUME, the deferred run's preparation puts the node back in service on the
+# controller, as an operator would while the driver packages install.
+REBOOT_DEPLOY = """\
+import shlex
+import subprocess
+import sys
+
+sys.path.insert(0, {root!r})
+
+from pyinfra import host
+
+from gpunode.inventory import desired_state
+from roles.nvidia_driver import REBOOT_DEFERRED_NAME, driver_reboot, reboot_deferred
+
+desired = desired_state()
+deferred = reboot_deferred()
+if deferred and {resume!r}:
+    # As gpunode's own --scheduler-ssh runs Slurm's commands there.
+    subprocess.run(
+        ["ssh", "-o", "BatchMode=yes", *shlex.split({scheduler_ssh!r}),
+         "sudo -n scontrol update NodeName=" + shlex.quote(host.name) + " State=RESUME"],
+        check=True, capture_output=True, timeout=120,
+    )
+driver_reboot(
+    name=REBOOT_DEFERRED_NAME if deferred else
+    "Loaded kernel module is the installed one (reboot: if-needed)",
+    policy="if-needed",
+    reboot_command=desired.reboot.command,
+    deferred=deferred,
+)
+"""
+
+
+def test_the_driver_reboot_waits_for_the_drain_read_again_after_the_converge(
+    lab: Lab, ready: list[LabNode], members: list[LabNode], scheduler_ssh: str, tmp_path: Path
+) -> None:
+    node = members[0]
+    slurm = lab.slurm_settings()
+    assert slurm is not None
+    inventory = write_inventory(
+        tmp_path / "inventory.py", lab, [node], {node.name: {"slurm": dataclasses.asdict(slurm)}}
+    )
+    installed = sudo(lab, node, "gpunode-lab-hw show driver_version").strip()
+    sudo(lab, node, f"gpunode-lab-hw set driver_version '\"{OTHER_DRIVER}\"'")
+    try:
+        # Resumed by the operator during the converge: converged, not rebooted, left out.
+        deploy = tmp_path / "resumed.py"
+        deploy.write_text(
+            REBOOT_DEPLOY.format(root=str(ROOT), resume=True, scheduler_ssh=scheduler_ssh)
+        )
+        state = tmp_path / "resumed.json"
+        run = run_rollout(scheduler_ssh, state, inventory=inventory, deploy=str(deploy))
+        assert run.returncode == 1, run.output[-4000:]
+        assert run.results is not None
+        record = run.results["nodes"][node.name]
+        assert (record["phase"], record["rebooted"]) == ("left-out", False), record
+        assert (
+            "resumed by someone else) before its reboot: converged, not rebooted"
+            in (record["note"])
+        ), record
+        assert sudo(lab, node, "gpunode-lab-hw show driver_version").strip() == (
+            f'"{OTHER_DRIVER}"'
+        )
+        assert drain_updates(lab, node, run.results["id"]) == 1  # drained once, never again
+        assert takes_jobs(lab, node)
+
+        # Still drained after the converge: the rollout's second run reboots it.
+        deploy = tmp_path / "drained.py"
+        deploy.write_text(
+            REBOOT_DEPLOY.format(root=str(ROOT), resume=False, scheduler_ssh=scheduler_ssh)
+        )
+        state = tmp_path / "drained.json"
+        run = run_rollout(scheduler_ssh, state, inventory=inventory, deploy=str(deploy))
+        assert run.returncode == 0, run.output[-4000:]
+        assert run.results is not None
+        record = run.results["nodes"][node.name]
+        assert (record["phase"], record["rebooted"]) == ("done", True), record
+        assert sudo(lab, node, "gpunode-lab-hw show driver_version").strip() == installed
+        assert takes_jobs(lab, node)
+    finally:
+        sudo(lab, node, f"gpunode-lab-hw set driver_version {shlex.quote(installed)}")

@@ -27,14 +27,17 @@ from lab import REBOOT_COMMAND
 from lab.hwsim import hwstate
 from roles.nvidia_driver import (
     APT_INSTALL,
+    REBOOT_DEFERRAL_VARIABLE,
     driver_left_alone,
     driver_offered,
     driver_packages,
     driver_reboot,
+    driver_reboots_in_this_run,
     headers_need,
     kernel_headers,
     packages_to_fetch,
     persistence_daemon,
+    reboot_deferred,
     render_preferences,
     require_driver_offered,
     resolve_version,
@@ -729,6 +732,40 @@ def test_pending_branch_install_counts_the_installed_module_only_inside_the_bran
         install_pending=True, branch="570",
     )  # fmt: skip
     assert commands == []
+
+
+def test_a_reboot_deferred_to_the_rollout_only_marks_the_node() -> None:
+    facts = node(installed=at("550.127.08-1"), module="550.127.08", loaded="590.48.01")
+    commands, noops = commands_of(
+        driver_reboot, {NvidiaPackages: facts}, policy="if-needed",
+        reboot_command=REBOOT_COMMAND, deferred=True,
+    )  # fmt: skip
+    # A change that changes nothing, so that pyinfra's results name the node; no reboot.
+    assert commands == ["true"]
+    assert noops == ["reboot required: loaded NVIDIA kernel module 590.48.01, installed 550.127.08"]
+    # Nothing to mark where nothing would reboot: 'never', or the module loaded already.
+    loaded = node(installed=at("550.127.08-1"), module="550.127.08", loaded="550.127.08")
+    for state, policy in ((facts, "never"), (loaded, "if-needed")):
+        commands, _ = commands_of(
+            driver_reboot, {NvidiaPackages: state}, policy=policy, deferred=True
+        )
+        assert commands == [], policy
+
+
+def test_the_deferral_comes_from_the_rollouts_variable_and_refuses_any_other_value(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv(REBOOT_DEFERRAL_VARIABLE, raising=False)
+    assert not reboot_deferred() and driver_reboots_in_this_run("if-needed")
+    monkeypatch.setenv(REBOOT_DEFERRAL_VARIABLE, "defer")
+    assert reboot_deferred()
+    # Deferred, the Fabric Manager and IMEX roles do not count on a reboot in this run.
+    assert not driver_reboots_in_this_run("if-needed")
+    for bad in ("now", "defer\n; reboot", "DEFER"):
+        monkeypatch.setenv(REBOOT_DEFERRAL_VARIABLE, bad)
+        with pytest.raises(NodeRefused, match=f"environment variable {REBOOT_DEFERRAL_VARIABLE}"):
+            reboot_deferred()
+    assert not driver_reboots_in_this_run("never")
 
 
 def test_no_module_installed_needs_no_reboot() -> None:

@@ -8,7 +8,7 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
@@ -77,7 +77,10 @@ class FakeNodes:
         self.checked: list[list[str]] = []
         self.broken: dict[str, list[str]] = {}  # node -> critical finding ids after converge
         self.converge_fails: set[str] = set()
-        self.reboots: set[str] = set()
+        self.reboots: set[str] = set()  # nodes whose converge defers a driver reboot
+        self.reboot_runs: list[list[str]] = []
+        self.reboot_fails: set[str] = set()
+        self.after_converge: list[Callable[[], None]] = []  # what happens meanwhile
         self.unreachable_checks: dict[str, int] = {}  # node -> checks before it answers
         self.interrupt_converge_of: str | None = None
         self.slurm: FakeSlurm | None = None
@@ -92,10 +95,16 @@ class FakeNodes:
             for node in nodes:
                 if node in self.slurm.nodes:
                     self.jobs_seen_at_converge[node] = self.slurm.running_jobs(node)
-        return ConvergeResult(
-            {node: "boom" for node in nodes if node in self.converge_fails},
-            {node for node in nodes if node in self.reboots},
-        )
+        for happens in self.after_converge:
+            happens()
+        failed = {node: "boom" for node in nodes if node in self.converge_fails}
+        pending = {node for node in nodes if node in self.reboots and node not in failed}
+        return ConvergeResult(failed, set(), pending)
+
+    def reboot(self, nodes: Sequence[str]) -> ConvergeResult:
+        self.reboot_runs.append(list(nodes))
+        failed = {node: "no route" for node in nodes if node in self.reboot_fails}
+        return ConvergeResult(failed, {n for n in nodes if n in self.reboots and n not in failed})
 
     def check(self, nodes: Sequence[str]) -> dict[str, CheckResult]:
         self.checked.append(list(nodes))
@@ -684,3 +693,140 @@ def test_every_rollout_of_an_inventory_takes_the_same_lock(
     assert lock == rollout.inventory_lock_path(os.path.abspath("inventories/lab.py"))
     assert lock != rollout.inventory_lock_path("inventories/other.py")
     assert lock.parent == tmp_path / "gpunode"
+
+
+# --- the driver reboot: the drain read again right before it ---------------------------------
+
+
+def test_a_node_resumed_after_its_converge_is_not_rebooted_and_left_out_with_why() -> None:
+    run, slurm, nodes, saved = make(["n1"], batch=1, canary=0)
+    nodes.reboots.add("n1")
+    # The driver packages installed for minutes; meanwhile an operator resumed the node.
+    nodes.after_converge.append(lambda: slurm.nodes["n1"].update(state="mixed", reason=None))
+    assert run.run() == EXIT_INCOMPLETE
+    record = run.state.nodes["n1"]
+    assert record.phase is Phase.LEFT_OUT and not record.rebooted
+    assert record.note == (
+        "not drained any more (mixed: resumed by someone else) before its reboot: converged, "
+        "not rebooted; the new driver loads at its next reboot"
+    )
+    assert nodes.converged == [["n1"]] and nodes.reboot_runs == [] and nodes.checked == []
+    assert slurm.calls == [("drain", "n1")]  # never drained again, never resumed
+    assert json.loads(saved[-1])["nodes"]["n1"]["phase"] == "left-out"
+
+
+def test_a_node_taken_over_after_its_converge_is_not_rebooted() -> None:
+    run, slurm, nodes, _ = make(["n1"], batch=1, canary=0)
+    nodes.reboots.add("n1")
+    nodes.after_converge.append(
+        lambda: slurm.nodes["n1"].update(state="drained", reason="ticket 12")
+    )
+    run.run()
+    assert phases(run) == {"n1": "left-out"} and nodes.reboot_runs == []
+    assert run.state.nodes["n1"].note.startswith("drained by someone else (ticket 12) before")
+    assert slurm.nodes["n1"]["reason"] == "ticket 12"
+
+
+def test_a_node_still_drained_after_its_converge_is_rebooted_then_checked_and_resumed() -> None:
+    run, _slurm, nodes, saved = make(["n1", "n2"], batch=2, canary=0)
+    nodes.reboots.add("n1")
+    assert run.run() == EXIT_COMPLETE
+    # The second run only for the node that needs its reboot; n2 costs none.
+    assert nodes.converged == [["n1", "n2"]] and nodes.reboot_runs == [["n1"]]
+    assert run.state.nodes["n1"].rebooted and not run.state.nodes["n2"].rebooted
+    assert phases(run) == {"n1": "done", "n2": "done"}
+    assert nodes.checked == [["n1", "n2"]]
+    # Between converge and reboot the state file says the reboot is pending.
+    assert any(json.loads(s)["nodes"]["n1"]["phase"] == "reboot-pending" for s in saved)
+
+
+def test_no_node_needing_a_reboot_costs_no_second_run() -> None:
+    run, _slurm, nodes, saved = make(["n1", "n2"], batch=2, canary=0)
+    assert run.run() == EXIT_COMPLETE
+    assert nodes.reboot_runs == []
+    assert all(
+        json.loads(s)["nodes"][n]["phase"] != "reboot-pending" for s in saved for n in ("n1", "n2")
+    )
+
+
+def test_a_failed_reboot_run_fails_the_node_drained() -> None:
+    run, slurm, nodes, _ = make(["n1"], batch=1, canary=0)
+    nodes.reboots.add("n1")
+    nodes.reboot_fails.add("n1")
+    assert run.run() == EXIT_STOPPED
+    assert phases(run) == {"n1": "failed"}
+    assert run.state.nodes["n1"].note.startswith("reboot: no route")
+    assert slurm.nodes["n1"]["state"] == "drained"
+
+
+@pytest.mark.parametrize("resumed", [False, True])
+def test_a_restarted_rollout_reads_the_drain_again_before_a_pending_reboot(resumed: bool) -> None:
+    run, slurm, nodes, _ = make(["n1"], batch=1, canary=0)
+    nodes.reboots.add("n1")
+    record = run.state.nodes["n1"]
+    record.phase, record.drained = Phase.REBOOT_PENDING, True  # stopped before its reboot
+    if not resumed:
+        slurm.nodes["n1"].update(state="drained", reason=f"{run.state.reason_prefix()} batch 1/1")
+    run.run()
+    assert nodes.converged == []  # converged already: not again
+    if resumed:
+        assert phases(run) == {"n1": "left-out"} and nodes.reboot_runs == []
+        assert "before its reboot: converged, not rebooted" in record.note
+    else:
+        assert phases(run) == {"n1": "done"} and nodes.reboot_runs == [["n1"]]
+        assert record.rebooted and slurm.calls == [("resume", "n1")]
+
+
+def test_the_state_file_keeps_a_pending_reboot() -> None:
+    run, _, _, _ = make(["n1"], batch=1, canary=0)
+    run.state.nodes["n1"].phase = Phase.REBOOT_PENDING
+    again = RolloutState.from_json(run.state.to_json())
+    assert again.nodes["n1"].phase is Phase.REBOOT_PENDING
+    plan = rollout.dry_plan(again, None, {})
+    assert "n1: converged already: drain read again, driver reboot, health gate, resume" in plan
+
+
+def test_pyinfra_results_tell_the_hosts_whose_reboot_was_deferred() -> None:
+    results = {
+        "results": {
+            "failed_hosts": [],
+            "operations": [
+                {"name": f"NVIDIA driver | {rollout.REBOOT_DEFERRED_OPERATION}",
+                 "success": ["n1"], "no_change": ["n2"]},
+            ],
+        }
+    }  # fmt: skip
+    result = converge_result(["n1", "n2"], 0, json.dumps(results), "")
+    assert result.reboot_pending == {"n1"} and result.rebooted == set() and not result.failed
+
+
+def test_the_converge_defers_the_reboot_and_the_reboot_run_does_not(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The pyinfra subprocess stands in: what matters is the environment the rollout gives it.
+    seen: list[dict[str, str]] = []
+
+    def pyinfra(argv: list[str], **kwargs: object) -> subprocess.CompletedProcess[str]:
+        seen.append(dict(kwargs["env"]))  # type: ignore[call-overload]
+        empty = {"results": {"failed_hosts": [], "operations": []}}
+        return subprocess.CompletedProcess(argv, 0, json.dumps(empty), "")
+
+    monkeypatch.setattr(rollout.subprocess, "run", pyinfra)
+    # One left in the operator's shell decides nothing.
+    monkeypatch.setenv("GPUNODE_DRIVER_REBOOT", "defer")
+    nodes = rollout.PyinfraNodes("inv.py", "deploy.py")
+    nodes.converge(["n1"])
+    nodes.reboot(["n1"])
+    assert seen[0]["GPUNODE_DRIVER_REBOOT"] == "defer"
+    assert "GPUNODE_DRIVER_REBOOT" not in seen[1]
+
+
+def test_the_rollouts_names_for_the_deferral_are_the_driver_roles() -> None:
+    from roles import nvidia_driver
+
+    assert rollout.REBOOT_DEFERRAL == (
+        nvidia_driver.REBOOT_DEFERRAL_VARIABLE,
+        nvidia_driver.REBOOT_DEFERRAL_VALUE,
+    )
+    assert rollout.REBOOT_DEFERRED_OPERATION == nvidia_driver.REBOOT_DEFERRED_NAME
+    assert rollout.REBOOT_OPERATION not in nvidia_driver.REBOOT_DEFERRED_NAME
