@@ -667,8 +667,9 @@ def driver_reboot(
         return
     if deferred:
         # A command, not a no-op: pyinfra's --json results list a host under an operation's
-        # "success" only where it changed, and that list is how the rollout learns which
-        # nodes wait for their reboot. It changes nothing on the node.
+        # "success" only where it changed (pyinfra 3.10.0's pyinfra_cli/prints.py, read
+        # 2026-12-07), and that list is how the rollout learns which nodes wait for their
+        # reboot. It changes nothing on the node.
         yield "true"
         return
     if reboot_command:
