@@ -7,9 +7,12 @@ the lab test that scrapes the nodes. Certificates come from gpunode's own CA cod
 
 from __future__ import annotations
 
+import base64
 import datetime
 import socket
 import ssl
+import urllib.error
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -96,6 +99,24 @@ def client_context(
     if client is not None:
         context.load_cert_chain(str(client.certificate), str(client.key))
     return context
+
+
+def basic_auth_get(
+    url: str, context: ssl.SSLContext | None, credentials: tuple[str, bytes] | None
+) -> tuple[int | None, str]:
+    """(HTTP status or None, body or why) of a GET of ``url``, as a web user with
+    ``credentials`` (user, password) where given: a refusal is an answer, never an exception."""
+    request = urllib.request.Request(url)
+    if credentials is not None:
+        token = base64.b64encode(credentials[0].encode() + b":" + credentials[1]).decode()
+        request.add_header("Authorization", f"Basic {token}")
+    try:
+        with urllib.request.urlopen(request, timeout=10, context=context) as answer:
+            return answer.status, answer.read().decode(errors="replace")
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode(errors="replace")
+    except (urllib.error.URLError, OSError) as error:
+        return None, repr(error)
 
 
 @dataclass(frozen=True)

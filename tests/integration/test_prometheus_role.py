@@ -8,7 +8,6 @@ port to prometheus.client_networks only."""
 
 from __future__ import annotations
 
-import base64
 import json
 import secrets
 import shlex
@@ -25,7 +24,7 @@ from facts.tls import SCRAPER_CERT_PATH
 from gpunode.model import DCGM_EXPORTER_PORT, DesiredState
 from lab import Lab, LabNode
 from roles.prometheus import SCRAPER_KEY_PATH, WEB_CONFIG_PATH
-from tests.mtls import client_context
+from tests.mtls import basic_auth_get, client_context
 from tests.prometheus_server import wait_for
 
 from .conftest import lab_desired_state, run_pyinfra, ssh
@@ -113,18 +112,8 @@ def api(
 ) -> tuple[int | None, str]:
     """(HTTP status or None, body or why) of Prometheus' ``path`` on ``node``, from the
     control side (in the lab's admin network), verifying the host's node certificate."""
-    request = urllib.request.Request(f"{scheme}://{node.address}:9090{path}")
-    if credentials is not None:
-        token = base64.b64encode(credentials[0].encode() + b":" + credentials[1]).decode()
-        request.add_header("Authorization", f"Basic {token}")
     context = client_context(ca_file, None) if scheme == "https" else None
-    try:
-        with urllib.request.urlopen(request, timeout=10, context=context) as answer:
-            return answer.status, answer.read().decode(errors="replace")
-    except urllib.error.HTTPError as error:
-        return error.code, error.read().decode(errors="replace")
-    except (urllib.error.URLError, OSError) as error:
-        return None, repr(error)
+    return basic_auth_get(f"{scheme}://{node.address}:9090{path}", context, credentials)
 
 
 def targets(node: LabNode, ca_file: Path, password: bytes) -> list[dict]:

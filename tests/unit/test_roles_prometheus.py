@@ -5,14 +5,11 @@ its web user over TLS 1.3 alone, and the model refuses a monitoring host without
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import socket
 import ssl
 import subprocess
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,7 +56,7 @@ from roles.prometheus import (
     web_config,
 )
 from roles.tls import issue_node_certificate
-from tests.mtls import client_context
+from tests.mtls import basic_auth_get, client_context
 from tests.prometheus_server import free_port, prometheus_binary
 
 from . import prometheus_tools as promtool
@@ -447,18 +444,10 @@ def get(
     maximum: ssl.TLSVersion = ssl.TLSVersion.MAXIMUM_SUPPORTED,
 ) -> tuple[int | None, str]:
     """(HTTP status or None, body or why) of the API's build information."""
-    request = urllib.request.Request(f"{scheme}://127.0.0.1:{served.port}/api/v1/status/buildinfo")
-    if credentials is not None:
-        token = base64.b64encode(credentials[0].encode() + b":" + credentials[1]).decode()
-        request.add_header("Authorization", f"Basic {token}")
     context = client_context(served.ca, None, maximum=maximum) if scheme == "https" else None
-    try:
-        with urllib.request.urlopen(request, timeout=10, context=context) as answer:
-            return answer.status, answer.read().decode(errors="replace")
-    except urllib.error.HTTPError as error:
-        return error.code, error.read().decode(errors="replace")
-    except (urllib.error.URLError, OSError) as error:
-        return None, repr(error)
+    return basic_auth_get(
+        f"{scheme}://127.0.0.1:{served.port}/api/v1/status/buildinfo", context, credentials
+    )
 
 
 def test_prometheus_answers_its_web_user_over_tls(served_prometheus: ServedPrometheus) -> None:
