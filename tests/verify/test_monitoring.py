@@ -9,6 +9,7 @@ import shlex
 from typing import Any
 
 import pytest
+from tls_handshake import client_certificate_refused, server_certificate_verified
 
 from gpunode.model import DesiredState
 
@@ -57,9 +58,7 @@ def test_tls13_is_served_with_a_certificate_from_gpunodes_ca(
     # verified); the metrics themselves go to the monitoring host's scraper certificate
     # alone, which no node holds.
     answer = s_client(host, wanted.node_exporter.port, "-tls1_3")
-    verified = answer.stderr
-    assert "depth=0 CN = " in verified and "verify error" not in verified, verified[-400:]
-    assert verified.count("verify return:1") >= 2, verified[-400:]
+    assert server_certificate_verified(answer.stderr), answer.stderr[-400:]
 
 
 def test_the_nodes_own_certificate_gets_no_metrics(host: Any, wanted: DesiredState) -> None:
@@ -68,7 +67,7 @@ def test_the_nodes_own_certificate_gets_no_metrics(host: Any, wanted: DesiredSta
         host, wanted.node_exporter.port, "-tls1_3", "-cert", CERT_PATH, "-key", KEY_PATH
     )
     assert "HTTP/1.0 200" not in answer.stdout, answer.stdout[:300]
-    assert "alert bad certificate" in answer.stderr, answer.stderr[-300:]
+    assert client_certificate_refused(answer.stderr), answer.stderr[-300:]
 
 
 def test_no_client_certificate_gets_no_metrics(host: Any, wanted: DesiredState) -> None:

@@ -17,6 +17,7 @@ import tomllib
 from typing import Any
 
 import pytest
+from tls_handshake import client_certificate_refused, server_certificate_verified
 
 from gpunode.model import DesiredState, version_tuple
 
@@ -323,14 +324,15 @@ def test_dcgm_exporter_runs_where_declared(host: Any, desired: DesiredState) -> 
     )
     answer = host.run(fetch)
     for _ in range(30):
-        if "depth=0 CN = " in answer.stderr:
+        if server_certificate_verified(answer.stderr):
             break
         time.sleep(1)
         answer = host.run(fetch)
-    assert "depth=0 CN = " in answer.stderr and "verify error" not in answer.stderr, (
+    assert server_certificate_verified(answer.stderr), (
         "no TLS on port 9400 with a certificate from gpunode's CA: " + answer.stderr[-300:]
     )
     assert "HTTP/1.0 200" not in answer.stdout, "a node's own certificate got DCGM's metrics"
+    assert client_certificate_refused(answer.stderr), answer.stderr[-300:]
 
 
 # --- GPU settings ------------------------------------------------------------------------------
