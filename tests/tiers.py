@@ -305,11 +305,14 @@ def busy_share(before: tuple[int, int], after: tuple[int, int]) -> float:
     return (after[0] - before[0]) / total if total > 0 else 0.0
 
 
-def time_line(runs: list[TierRun], setup_s: float, lint_s: float, total_s: float) -> str:
+def time_line(
+    runs: list[TierRun], setup_s: float | None, lint_s: float | None, total_s: float
+) -> str:
+    """One line of where the time went; setup and lint where ./dev timed them (None: not run)."""
     parts = []
-    if setup_s:
+    if setup_s is not None:
         parts.append(f"setup {format_seconds(setup_s)}")
-    if lint_s:
+    if lint_s is not None:
         parts.append(f"lint {format_seconds(lint_s)}")
     tiers = []
     for tier_run in runs:
@@ -326,7 +329,7 @@ def cpu_line(share: float, cpus: int | None) -> str:
     return f"CPU busy {share:.0%} of {cpus or '?'} CPUs while the tiers ran"
 
 
-def run(tiers: list[str], extra: list[str], setup_s: float, lint_s: float) -> int:
+def run(tiers: list[str], extra: list[str], setup_s: float | None, lint_s: float | None) -> int:
     began = time.monotonic()
     cpu_before = cpu_times()
     env = dict(os.environ)
@@ -347,7 +350,8 @@ def run(tiers: list[str], extra: list[str], setup_s: float, lint_s: float) -> in
             + ", ".join(f"{job.name} (pytest exit {job.returncode})" for job in failed)
         )
         print(f"tier {tier_run.name}: {verdict}")
-    print(time_line(runs, setup_s, lint_s, time.monotonic() - began + setup_s + lint_s))
+    before = (setup_s or 0.0) + (lint_s or 0.0)
+    print(time_line(runs, setup_s, lint_s, time.monotonic() - began + before))
     print(cpu_line(busy_share(cpu_before, cpu_times()), os.cpu_count()))
     failed_tiers = [tier_run.name for tier_run in runs if tier_run.failed]
     if failed_tiers:
@@ -363,8 +367,8 @@ def main(argv: list[str] | None = None) -> int:
         args = args[: args.index("--")]
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("tiers", nargs="*", metavar="tier", help=", ".join(TIERS))
-    parser.add_argument("--setup-s", type=float, default=0.0, help="seconds set-up took")
-    parser.add_argument("--lint-s", type=float, default=0.0, help="seconds lint took")
+    parser.add_argument("--setup-s", type=float, default=None, help="seconds set-up took")
+    parser.add_argument("--lint-s", type=float, default=None, help="seconds lint took")
     options = parser.parse_args(args)
     unknown = [tier for tier in options.tiers if tier not in TIERS]
     if unknown:

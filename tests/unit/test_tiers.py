@@ -100,7 +100,11 @@ def test_the_time_line_names_each_part_and_the_total() -> None:
         "time: setup 1m01s, lint 40s, unit 4m10s, lab 25m00s (27 modules on 2 labs), "
         "vm 16m40s (tiers at once), total 26m41s"
     )
-    assert tiers.time_line(runs[:1], 0, 0, 250) == "time: unit 4m10s, total 4m10s"
+    assert tiers.time_line(runs[:1], None, None, 250) == "time: unit 4m10s, total 4m10s"
+    # ./dev timed them: shown, a warm set-up's 0 s too
+    assert tiers.time_line(runs[:1], 0, 1, 251) == (
+        "time: setup 0s, lint 1s, unit 4m10s, total 4m11s"
+    )
 
 
 def test_cpu_busy_share_is_read_from_proc_stat() -> None:
