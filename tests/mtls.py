@@ -42,6 +42,20 @@ def _write_key(path: Path, key: ec.EllipticCurvePrivateKey) -> None:
     path.chmod(0o600)
 
 
+def write_node_files(
+    directory: Path, authority: pki.CertificateAuthority, address: str = "127.0.0.1"
+) -> ec.EllipticCurvePrivateKey:
+    """A node's TLS files as gpunode installs them, in ``directory``: node.crt (issued by
+    ``authority`` for ``address``, for serving), node.key and ca.crt; returns the key."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    wanted = pki.wanted_certificate(address, Tls(enabled=True))
+    certificate = pki.issue_certificate(authority, key.public_key(), wanted)
+    (directory / "node.crt").write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
+    _write_key(directory / "node.key", key)
+    (directory / "ca.crt").write_text(authority.certificate_pem)
+    return key
+
+
 def issue_client(
     authority: pki.CertificateAuthority,
     name: str,

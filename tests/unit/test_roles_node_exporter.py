@@ -34,7 +34,14 @@ from roles.node_exporter import (
     render_drop_in,
     render_web_config,
 )
-from tests.mtls import ClientCertificate, client_context, foreign_client, issue_client, scrape
+from tests.mtls import (
+    ClientCertificate,
+    client_context,
+    foreign_client,
+    issue_client,
+    scrape,
+    write_node_files,
+)
 
 from .fakehost import commands_of
 
@@ -184,18 +191,7 @@ def served(
     kind = request.param
     authority = pki.open_ca(tmp_path / "ca", b"unit test passphrase")
     assert authority is not None
-    node_key = ec.generate_private_key(ec.SECP256R1())
-    wanted = pki.wanted_certificate("127.0.0.1", Tls(enabled=True))
-    certificate = pki.issue_certificate(authority, node_key.public_key(), wanted)
-    (tmp_path / "node.crt").write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
-    (tmp_path / "node.key").write_bytes(
-        node_key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
-    )
-    (tmp_path / "ca.crt").write_text(authority.certificate_pem)
+    node_key = write_node_files(tmp_path, authority)
     web = tmp_path / "web.yml"
     web.write_text(
         render_web_config(

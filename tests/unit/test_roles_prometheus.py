@@ -56,7 +56,7 @@ from roles.prometheus import (
     web_config,
 )
 from roles.tls import issue_node_certificate
-from tests.mtls import basic_auth_get, client_context
+from tests.mtls import basic_auth_get, client_context, write_node_files
 from tests.prometheus_server import free_port, prometheus_binary
 
 from . import prometheus_tools as promtool
@@ -387,19 +387,7 @@ def served_prometheus(
     """Debian's prometheus with the web configuration the role renders (the node certificate
     of 127.0.0.1 from a gpunode CA, the web user "grafana"), on the loopback."""
     directory = tmp_path_factory.mktemp("prometheus-web")
-    key = ec.generate_private_key(ec.SECP256R1())
-    certificate = pki.issue_certificate(
-        authority, key.public_key(), pki.wanted_certificate("127.0.0.1", Tls(enabled=True))
-    )
-    (directory / "node.crt").write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
-    (directory / "node.key").write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
-    )
-    (directory / "ca.crt").write_text(authority.certificate_pem)
+    write_node_files(directory, authority)
     web = directory / "web.yml"
     web.write_text(
         render_web_config(

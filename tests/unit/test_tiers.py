@@ -162,4 +162,3 @@ def test_a_failed_job_fails_its_tier_and_the_run_and_is_named(
     assert "===== good: passed in " in out
     for name in ("good", "lab/test_bad", "lab/test_also_ok"):
         assert (tmp_path / "reports" / f"{name}.xml").is_file(), name
-    assert modules.ended >= modules.started > 0
