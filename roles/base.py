@@ -28,8 +28,22 @@ LOCK_TIMEOUT_PATH = "/etc/apt/apt.conf.d/80gpunode-lock-timeout"
 # apt waits this long for another apt or dpkg (unattended-upgrades, a run that was cut off
 # and whose apt still finishes on the node) instead of failing at once.
 LOCK_TIMEOUT = 'DPkg::Lock::Timeout "300";\n'
-# Finishes what dpkg was doing; local configuration files are kept, never replaced.
-DPKG_RECOVER = "DEBIAN_FRONTEND=noninteractive dpkg --configure -a --force-confdef --force-confold"
+DPKG_LOCK_WAIT_S = 300
+# Finishes what dpkg was doing; local configuration files are kept, never replaced. dpkg has
+# no lock timeout of its own (DPkg::Lock::Timeout is apt's): while another apt or dpkg holds
+# the lock (the apt of a run cut off a moment ago still finishing on the node, whose
+# journal the fact saw), it waits as apt would, then finishes whatever is left. Any other
+# failure of dpkg, or a lock still held after the wait, fails the operation with dpkg's words.
+DPKG_RECOVER = (
+    "export LC_ALL=C DEBIAN_FRONTEND=noninteractive; waited=0; "
+    "until out=$(dpkg --configure -a --force-confdef --force-confold 2>&1); do "
+    'case "$out" in *"locked by another process"*) ;; *) printf "%s\\n" "$out" >&2; exit 1;; esac; '
+    f'if [ "$waited" -ge {DPKG_LOCK_WAIT_S} ]; then '
+    'printf "%s\\n" "$out" >&2; exit 1; fi; '
+    "sleep 1; waited=$((waited + 1)); done; "
+    'printf "%s\\n" "$out"; '
+    f"apt-get -y -o DPkg::Lock::Timeout={DPKG_LOCK_WAIT_S} -f install"
+)
 # Written by apt's periodic job and by pyinfra's apt.update.
 UPDATE_STAMP_PATH = "/var/lib/apt/periodic/update-success-stamp"
 LISTS_MAX_AGE_S = 86400
@@ -123,7 +137,7 @@ def finish_interrupted_package_change() -> None:
     if unfinished:
         server.shell(
             name=f"Finish the interrupted package change ({unfinished[0]})",
-            commands=[f"{DPKG_RECOVER} && DEBIAN_FRONTEND=noninteractive apt-get -y -f install"],
+            commands=[DPKG_RECOVER],
         )
 
 
