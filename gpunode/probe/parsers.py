@@ -578,6 +578,7 @@ _COUNT = Maybe(Int)
 _FLAG = Maybe(Bool)
 _TEXT = Maybe(Str)
 _ECC_COUNTS = Maybe(Record({"corrected": _COUNT, "uncorrected": _COUNT}))
+_MEMORY_COUNTS = Maybe(Record({"sram": _COUNT, "dram": _COUNT}))
 GPU_SHAPE = Record(
     {
         "index": _COUNT,
@@ -636,8 +637,22 @@ GPU_SHAPE = Record(
                 }
             )
         ),
+        "lost": _FLAG,
+        "lost_evidence": _TEXT,
+        "ecc_memory": Maybe(
+            Record(
+                {
+                    "volatile": _MEMORY_COUNTS,
+                    "aggregate": _MEMORY_COUNTS,
+                    "sram_threshold_exceeded": _FLAG,
+                }
+            )
+        ),
+        "recovery_action": _COUNT,
+        "recovery_action_text": _TEXT,
     }
 )
+LOST_GPU_SHAPE = Record({"pci_bus_id": _TEXT, "index": _COUNT, "message": _TEXT})
 XID_EVENT_SHAPE = Record({"xid": _COUNT, "pci": _TEXT, "time": _TEXT, "message": _TEXT})
 # Every field of the report that the control side reads (the drift rules, the metrics), with
 # its type: a report that does not fit is unreadable, naming the first field that does not.
@@ -648,6 +663,7 @@ GPU_REPORT_SHAPE = Record(
         "reason": _TEXT,
         "driver_version": _TEXT,
         "gpus": ListOf(GPU_SHAPE),
+        "lost_gpus": Maybe(ListOf(LOST_GPU_SHAPE)),
         "driver_versions": Maybe(
             Record(
                 {
