@@ -736,11 +736,28 @@ def dcgm_diag_rules(desired: DesiredState, facts: dict[str, Any]) -> Iterator[tu
         yield "dcgm.diag", CRIT, expected, f"not run or unreadable: {reason}", DCGM_DIAG_FIX
         return
     details = {test.get("name"): test.get("detail") or [] for test in section.get("tests") or []}
+    failing = {test.get("name"): _dcgm_failing_parts(test) for test in section.get("tests") or []}
     for name in section.get("failed") or []:
         words = "; ".join(str(word) for word in details.get(name, [])[:2])
-        found = f"{name} failed" + (f": {words}" if words else "")
+        parts = failing.get(name) or ""
+        found = (
+            f"{name} failed" + (f" on {parts}" if parts else "") + (f": {words}" if words else "")
+        )
         yield f"dcgm.diag:{name}", CRIT, expected, found, DCGM_DIAG_FIX
     yield from _unread_lines("dcgm", "dcgmi diag -j", section.get("problems"))
+
+
+def _dcgm_failing_parts(test: dict[str, Any]) -> str:
+    """The parts a DCGM test failed on, as DCGM names them (DCGM 4: "GPU 1 (serial ...)"), where
+    it failed on some and not all of them: a test failed on every part names none."""
+    results = [result for result in test.get("results") or [] if result.get("entity")]
+    failed = [result for result in results if result.get("status") == "fail"]
+    if not failed or len(failed) == len(results):
+        return ""
+    return ", ".join(
+        str(result["entity"]) + (f" (serial {result['serial']})" if result.get("serial") else "")
+        for result in failed
+    )
 
 
 MALWARE_FIX = (

@@ -91,6 +91,13 @@ def _clamscan(text: str) -> dict:
     return {"state": "ok", "command": "clamscan", "problems": parsed["unread"], **parsed}
 
 
+def _dcgm4_test(text: str) -> dict:
+    """One quoted DCGM 4 test object, in the document layout DCGM 4's dcgmi builds."""
+    document = {"DCGM Diagnostic": {"test_categories": [
+        {"category": "Hardware", "tests": [json.loads(text)]}]}}  # fmt: skip
+    return parse_dcgm_diag(json.dumps(document))
+
+
 def _unreachable(text: str) -> dict:
     """nvidia-smi's lines naming the GPUs it cannot open, read as a result."""
     lost = gpu_record.unreachable_gpus(text)
@@ -134,6 +141,9 @@ FIXTURE_CASES: dict[str, list[tuple[str, Extract, Parser]]] = {
     "clamav/clamscan-1.4.6-deb12-error.stdout": [("clamscan", whole, _clamscan)],
     "lynis/lab-bookworm-harden.report.dat": [("lynis-report.dat", whole, lynis_report)],
     "kernel-log/xid79-fallen-off-the-bus.syslog": [("journal", whole, parse_xid_events)],
+    "dcgm/dcgmi-diag-j.4.x.8gpu.diagnostic-test.json": [
+        ("diag -j (DCGM 4, one test)", whole, _dcgm4_test)
+    ],
     "nvidia-smi-lost/device-handle-unknown-error.610.57.04.txt": [
         ("nvidia-smi, a GPU it cannot open", whole, _unreachable)
     ],
