@@ -430,3 +430,33 @@ def test_reports_carry_the_health_fields() -> None:
 
 def test_judge_reads_a_report_without_any_gpu_section_keys() -> None:
     assert judge({}) == []
+
+
+def test_the_node_textfile_says_which_gpu_is_lost_and_its_recovery_action() -> None:
+    from gpunode.probe.textfile import render_prometheus as render_textfile
+
+    state = hardware()
+    report = collect(FakeNode(state), LostNvml(state, no_handle=True), "fake", None)
+    report["gpus"][0]["recovery_action"] = 2
+    text = render_textfile(report)
+    assert 'gpunode_gpu_lost{gpu="1",uuid="",pci_bus_id=""} 1' in text
+    assert re.search(r'gpunode_gpu_lost\{gpu="0",uuid="GPU-[^"]+",pci_bus_id="[^"]+"\} 0', text)
+    assert re.search(r'gpunode_gpu_recovery_action\{gpu="0",[^}]+\} 2', text)
+
+
+def test_the_lab_double_puts_a_gpu_into_the_lost_and_recovery_classes() -> None:
+    """What the lab's nvidia-smi prints for ``gpunode-lab-hw set gpus.N.lost true`` and
+    ``gpus.N.recovery_action Reboot`` is read as those classes, by nvidia-smi and by NVML."""
+    state = hardware()
+    state["gpus"][2]["lost"] = True
+    state["gpus"][5]["recovery_action"] = "Reboot"
+    report = collect(FakeNode(state), None, "not shipped", None)
+    assert [gpu["lost"] for gpu in report["gpus"]] == [False, False, True] + [False] * 5
+    assert [gpu["recovery_action"] for gpu in report["gpus"]] == [0, 0, None, 0, 0, 2, 0, 0]
+    found = findings_of(with_gpu_report(report))
+    assert found["gpu.lost:2"].severity is Severity.CRITICAL
+    assert (found["gpu.recovery_action:5"].severity, found["gpu.recovery_action:5"].remedy) == (
+        Severity.CRITICAL, "reboot"
+    )  # fmt: skip
+    through_nvml = collect(FakeNode(state), FakeNvml(state), "fake", None)
+    assert through_nvml["gpus"][5]["recovery_action"] == 2

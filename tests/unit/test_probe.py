@@ -31,6 +31,7 @@ import pytest
 from gpunode import framing
 from gpunode.probe import gpu_probe
 from gpunode.probe.gpu_probe import Completed, System, collect
+from gpunode.probe.gpu_record import recovery_action_value
 from gpunode.probe.parsers import (
     installed_probe_files,
     parse_section,
@@ -243,7 +244,7 @@ class FakeNvml(types.SimpleNamespace):
             # Driver 590 reports one (the XML's <gpu_recovery_action>), older ones do not.
             supported = self.state["smi_generation"] == "r590"
             values[0].nvmlReturn = 0 if supported else self.NVML_ERROR_NOT_SUPPORTED
-            values[0].value.uiVal = gpu.get("recovery_action", self.NVML_GPU_RECOVERY_ACTION_NONE)
+            values[0].value.uiVal = recovery_action_value(gpu["recovery_action"]) or 0
             return values
         memory = gpu["temperature"]["memory"]
         values[0].nvmlReturn = self.NVML_ERROR_NOT_SUPPORTED if memory is None else 0
