@@ -92,16 +92,23 @@ def _clamscan(text: str) -> dict:
 
 
 def _dcgm4_test(text: str) -> dict:
-    """One quoted DCGM 4 test object, in the document layout DCGM 4's dcgmi builds."""
+    """One quoted DCGM 4 test object, in the document layout DCGM 4's dcgmi builds (a cut or
+    mangled object is no document: unreadable, as parse_dcgm_diag says of one)."""
+    try:
+        test = json.loads(text)
+    except ValueError as error:
+        return gpu_record.unreadable("dcgmi diag -j", f"not JSON ({error})")
     document = {"DCGM Diagnostic": {"test_categories": [
-        {"category": "Hardware", "tests": [json.loads(text)]}]}}  # fmt: skip
+        {"category": "Hardware", "tests": [test]}]}}  # fmt: skip
     return parse_dcgm_diag(json.dumps(document))
 
 
 def _unreachable(text: str) -> dict:
     """nvidia-smi's lines naming the GPUs it cannot open, read as a result."""
     lost = gpu_record.unreachable_gpus(text)
-    return {"state": "ok" if lost else "unreadable", "command": "nvidia-smi", "lost": lost}
+    if not lost:
+        return gpu_record.unreadable("nvidia-smi", "no 'Unable to determine the device handle'")
+    return {"state": "ok", "command": "nvidia-smi", "lost": lost}
 
 
 FIXTURE_CASES: dict[str, list[tuple[str, Extract, Parser]]] = {
