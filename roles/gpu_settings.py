@@ -79,11 +79,17 @@ WantedBy=multi-user.target
 
 
 def _report_or_noop() -> dict[str, Any] | None:
+    """The GpuDevices report without its lost GPUs: a GPU that answers no query (every value
+    "GPU is lost"...) takes no setting, and an nvidia-smi call on it would fail the run on
+    every try; gpunode drift reports it (gpu.lost) with its remedy."""
     report: dict[str, Any] = host.get_fact(GpuDevices)
     if report["state"] != "ok":
         host.noop(f"GPU settings skipped: {report['reason']}")
         return None
-    return report
+    lost = [gpu for gpu in report["gpus"] if gpu.get("lost")]
+    if lost:
+        host.noop(f"GPU {_indexes(lost)} lost (answers no query): left out of GPU settings")
+    return {**report, "gpus": [gpu for gpu in report["gpus"] if not gpu.get("lost")]}
 
 
 def _gpus_or_noop() -> list[dict[str, Any]] | None:

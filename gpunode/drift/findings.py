@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import Any, ClassVar
 
 from gpunode.sanitize import MAX_REPORT_TEXT_CHARS, clean_text
 
@@ -38,18 +38,38 @@ class Finding:
     found: str
     fix: str
     status: str = field(default="new", compare=False)
+    # A health finding's failure class (``gpunode.health.catalogue``), the node's words it
+    # rests on, how sure it is (reported by the driver / inferred) and the remedy's name;
+    # empty for a drift finding that is no health failure.
+    failure_class: str = ""
+    evidence: str = ""
+    confidence: str = ""
+    remedy: str = ""
+
+    HEALTH_FIELDS: ClassVar[tuple[str, ...]] = ("failure_class", "evidence", "confidence", "remedy")
 
     def __post_init__(self) -> None:
         # The one place text enters a report: node text (already cleaned with the facts),
         # inventory names and rule wording alike leave here safe for every renderer.
-        for name in ("id", "host", "expected", "found", "fix", "status"):
+        for name in ("id", "host", "expected", "found", "fix", "status", *self.HEALTH_FIELDS):
             value = getattr(self, name)
             text = value if isinstance(value, str) else str(value)
             object.__setattr__(self, name, clean_text(text, MAX_REPORT_TEXT_CHARS))
 
+    @property
+    def health(self) -> dict[str, str]:
+        """The health fields, where this finding is a health failure (else {})."""
+        if not self.failure_class:
+            return {}
+        return {name: getattr(self, name) for name in self.HEALTH_FIELDS}
+
     def as_dict(self) -> dict[str, Any]:
         data = asdict(self)
+        for name in self.HEALTH_FIELDS:
+            data.pop(name)
         data["severity"] = self.severity.value
+        if self.health:
+            data["health"] = self.health
         return data
 
 

@@ -87,6 +87,10 @@ def render_junit(result: DriftResult) -> str:
                 message=f"expected {finding.expected}, found {finding.found}",
             )  # fmt: skip
             failure.text = f"fix: {finding.fix}"
+            if finding.health:
+                properties = ElementTree.SubElement(case, "properties")
+                for name, value in finding.health.items():
+                    ElementTree.SubElement(properties, "property", name=name, value=value)
     for host, reason in sorted(_unreachable(result).items()):
         suite = ElementTree.SubElement(
             suites, "testsuite", name=host, tests="1", failures="0", errors="1"
@@ -121,6 +125,18 @@ def render_prometheus(result: DriftResult) -> str:
             f'gpunode_drift_finding{{host="{_label(f.host)}",id="{_label(f.id)}",'
             f'severity="{f.severity.value}",status="{_label(f.status)}"}} 1'
         )
+    lines += [
+        "# HELP gpunode_health_finding One active GPU health finding (1): its failure class, "
+        "remedy and how sure it is.",
+        "# TYPE gpunode_health_finding gauge",
+    ]
+    for f in result.sorted_findings():
+        if f.health:
+            lines.append(
+                f'gpunode_health_finding{{host="{_label(f.host)}",id="{_label(f.id)}",'
+                f'failure_class="{_label(f.failure_class)}",severity="{f.severity.value}",'
+                f'remedy="{_label(f.remedy)}",confidence="{_label(f.confidence)}"}} 1'
+            )
     lines += [
         "# HELP gpunode_drift_host_checked 1 if the host was checked, 0 if unreachable.",
         "# TYPE gpunode_drift_host_checked gauge",

@@ -3,8 +3,10 @@
 Each rule reads one section of a host's NodeState fact and returns findings. Severity follows
 what an operator does about it: critical means jobs should not land on the node (hardware
 fault, driver broken, GPU missing); warning means a deploy or a reset fixes it; info is worth
-knowing but needs no action tonight. Thresholds and XID lists follow the public node health
-checks (Azure aznhc, LBNL NHC, DCGM) named in the project's reference notes.
+knowing but needs no action tonight. Thresholds follow the public node health checks (Azure
+aznhc, LBNL NHC, DCGM) named in the project's reference notes; GPU health (XIDs, a lost GPU,
+memory errors, the driver's recovery action) is judged by ``gpunode.health`` against NVIDIA's
+own catalogues (``gpu_health_rules``).
 """
 
 from __future__ import annotations
@@ -25,16 +27,15 @@ from gpunode.expected.gpu_settings import BOOT_UNIT
 from gpunode.expected.packages import held_packages, toolkit_keeps_cdi_spec
 from gpunode.expected.slurm import GRES_CONF, GresGpu, gres_gpus, gres_summary
 from gpunode.expected.sshd import expected_effective, render_sshd_config
+from gpunode.health import judge as judge_health
 from gpunode.model import DesiredState, MalwareScan
 from gpunode.nvidia_releases import CDI_REFRESH_SPEC
 from gpunode.sanitize import clean_tree
 
 Section = dict[str, Any]
-Rule = Callable[[DesiredState, dict[str, Any]], Iterator[tuple[str, Severity, str, str, str]]]
+# A rule yields (id, severity, expected, found, fix), a health rule adds its health fields.
+Rule = Callable[[DesiredState, dict[str, Any]], Iterator[tuple[Any, ...]]]
 
-# XIDs that mean the GPU or its memory is unusable until reset or repair (NVIDIA XID catalog;
-# the set the issue and aznhc treat as fatal).
-CRITICAL_XIDS = frozenset({48, 63, 64, 74, 79, 92, 94, 95, 119, 120})
 SLOWDOWN_REASONS = (
     "hw_slowdown",
     "hw_thermal_slowdown",
@@ -110,13 +111,9 @@ def gpu_rules(desired: DesiredState, facts: dict[str, Any]) -> Iterator[tuple]:
         fabric = (report.get("fabric_manager") or {}).get("state")
         if fabric != "active":
             yield "fabric_manager", CRIT, "nvidia-fabricmanager active", str(fabric), RUN_DEPLOY
-    for event in (report.get("xid_events") or {}).get("events", []):
-        xid = event.get("xid")
-        severity = CRIT if xid in CRITICAL_XIDS else WARN
-        subject = f"{xid}:{event.get('pci')}"
-        found = f"XID {xid} at {event.get('time')}: {str(event.get('message', ''))[:80]}"
-        yield f"gpu.xid:{subject}", severity, "no XID errors", found, HARDWARE_TICKET
-    for gpu in gpus:
+    # XIDs, a lost GPU and memory health: gpu_health_rules (gpunode.health). A lost GPU's
+    # values are all unknown: its one finding is gpu.lost, not a wrong model or setting.
+    for gpu in (gpu for gpu in gpus if not gpu.get("lost")):
         yield from _gpu_device_rules(desired, gpu)
         yield from _mig_rules(desired, gpu, report.get("mig_listing") or {})
 
@@ -158,33 +155,6 @@ def _gpu_device_rules(desired: DesiredState, gpu: dict[str, Any]) -> Iterator[tu
             f"ECC {_on_off(ecc['current'])}" + (" (change pending a reset)" if pending else ""),
             RESET_GPU if pending else RUN_DEPLOY,
         )  # fmt: skip
-    errors = (gpu.get("ecc_errors") or {}).get("volatile") or {}
-    if errors.get("uncorrected"):
-        found = f"{errors['uncorrected']} uncorrectable ECC errors since the last reset"
-        yield (
-            f"gpu.ecc_uncorrectable:{label}",
-            CRIT,
-            "no uncorrectable ECC errors",
-            found,
-            RESET_GPU,
-        )
-    rows = gpu.get("remapped_rows") or {}
-    if rows.get("failure"):
-        yield (
-            f"gpu.row_remap_failure:{label}",
-            CRIT,
-            "row remapping works",
-            "failed",
-            HARDWARE_TICKET,
-        )
-    elif rows.get("pending"):
-        yield f"gpu.row_remap_pending:{label}", WARN, "no pending row remap", "pending", RESET_GPU
-    pages = gpu.get("retired_pages") or {}
-    if pages.get("pending"):
-        yield f"gpu.page_retirement_pending:{label}", WARN, "none pending", "pending", RESET_GPU
-    retired = (pages.get("single_bit") or 0) + (pages.get("double_bit") or 0)
-    if retired:
-        yield f"gpu.retired_pages:{label}", INFO, "no retired pages", f"{retired} retired", "watch"
     yield from _nvlink_rules(desired, gpu, label)
     for reason in gpu.get("clock_event_reasons") or []:
         if reason in SLOWDOWN_REASONS:
@@ -251,6 +221,19 @@ def _nvlink_rules(desired: DesiredState, gpu: dict[str, Any], label: str) -> Ite
     elif active < wanted:
         found = "all inactive" if nvlink.get("state") == "all_inactive" else f"{active} active"
         yield f"gpu.nvlink:{label}", CRIT, f"{wanted} NVLinks active", found, HARDWARE_TICKET
+
+
+def gpu_health_rules(desired: DesiredState, facts: dict[str, Any]) -> Iterator[tuple]:
+    """GPU health (``gpunode.health``): a lost GPU, memory errors, the driver's recovery
+    action and XIDs, each with its failure class, evidence, confidence and remedy. A report
+    nvidia-smi could not read may still name a lost GPU (exit status 15, "Unable to determine
+    the device handle"): that is judged too."""
+    report: Section = facts.get("gpu") or {}
+    if report.get("state") != "ok" and not report.get("lost_gpus"):
+        return
+    for finding in judge_health(report):
+        yield (finding.id, Severity(finding.severity.value), finding.expected, finding.found,
+               finding.fix, finding.detail())  # fmt: skip
 
 
 def _on_off(value: bool) -> str:
@@ -753,11 +736,28 @@ def dcgm_diag_rules(desired: DesiredState, facts: dict[str, Any]) -> Iterator[tu
         yield "dcgm.diag", CRIT, expected, f"not run or unreadable: {reason}", DCGM_DIAG_FIX
         return
     details = {test.get("name"): test.get("detail") or [] for test in section.get("tests") or []}
+    failing = {test.get("name"): _dcgm_failing_parts(test) for test in section.get("tests") or []}
     for name in section.get("failed") or []:
         words = "; ".join(str(word) for word in details.get(name, [])[:2])
-        found = f"{name} failed" + (f": {words}" if words else "")
+        parts = failing.get(name) or ""
+        found = (
+            f"{name} failed" + (f" on {parts}" if parts else "") + (f": {words}" if words else "")
+        )
         yield f"dcgm.diag:{name}", CRIT, expected, found, DCGM_DIAG_FIX
     yield from _unread_lines("dcgm", "dcgmi diag -j", section.get("problems"))
+
+
+def _dcgm_failing_parts(test: dict[str, Any]) -> str:
+    """The parts a DCGM test failed on, as DCGM names them (DCGM 4: "GPU 1 (serial ...)"), where
+    it failed on some and not all of them: a test failed on every part names none."""
+    results = [result for result in test.get("results") or [] if result.get("entity")]
+    failed = [result for result in results if result.get("status") == "fail"]
+    if not failed or len(failed) == len(results):
+        return ""
+    return ", ".join(
+        str(result["entity"]) + (f" (serial {result['serial']})" if result.get("serial") else "")
+        for result in failed
+    )
 
 
 MALWARE_FIX = (
@@ -958,6 +958,7 @@ def lynis_rules(
 RULES: tuple[Rule, ...] = (
     os_rules,
     gpu_rules,
+    gpu_health_rules,
     infiniband_rules,
     nvme_rules,
     sshd_rules,
@@ -1007,8 +1008,11 @@ def evaluate(
     findings = []
     for rule in RULES:
         try:
-            for finding_id, severity, expected, found, fix in rule(desired, facts):
-                findings.append(Finding(finding_id, host, severity, expected, found, fix))
+            for item in rule(desired, facts):
+                finding_id, severity, expected, found, fix = item[:5]
+                # A health rule's sixth item: failure_class, evidence, confidence, remedy.
+                extra: dict[str, str] = item[5] if len(item) > 5 else {}
+                findings.append(Finding(finding_id, host, severity, expected, found, fix, **extra))
         except Exception as error:  # one rule's failure on one host is that host's finding
             name = getattr(rule, "__name__", "rule")
             found = f"{type(error).__name__}: {error}"

@@ -124,7 +124,28 @@ SECTION_SHAPES: dict[str, Shape] = {
             **_STATE,
             "failed": Maybe(ListOf(Str)),
             "tests": Maybe(
-                ListOf(Record({"name": _TEXT, "status": _TEXT, "detail": Maybe(ListOf(Str))}))
+                ListOf(
+                    Record(
+                        {
+                            "name": _TEXT,
+                            "status": _TEXT,
+                            "detail": Maybe(ListOf(Str)),
+                            # Per entity (DCGM 4: "GPU 0" and its serial; DCGM 3: gpu_ids).
+                            "results": Maybe(
+                                ListOf(
+                                    Record(
+                                        {
+                                            "entity": _TEXT,
+                                            "serial": _TEXT,
+                                            "status": _TEXT,
+                                            "error_ids": Maybe(ListOf(Int)),
+                                        }
+                                    )
+                                )
+                            ),
+                        }
+                    )
+                )
             ),
             "problems": Maybe(ListOf(Str)),
         }

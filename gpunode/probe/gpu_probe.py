@@ -97,11 +97,13 @@ from gpunode.probe.gpu_record import (  # noqa: E402 - importable only once load
     absent,
     bus_key,
     clean,
+    lost_record,
     never_raises,
     nvlink_summary,
     parse_gpu_instances,
     parse_nvidia_smi_xml,
     parse_nvlink_status,
+    unreachable_gpus,
     unreadable,
 )
 
@@ -137,6 +139,7 @@ SMI_EXIT_REASONS = {
     255: "other error or internal driver error",
 }
 EXIT_DRIVER_NOT_LOADED = 9
+EXIT_GPU_LOST = 15
 VERSION_MISMATCH_TEXT = "Driver/library version mismatch"
 
 
@@ -326,6 +329,8 @@ class NvmlReader:
 
     def __init__(self, nvml: Any) -> None:
         self.nvml = nvml
+        # Calls answered NVML_ERROR_GPU_IS_LOST since the last ``gpu``: the GPU is lost.
+        self.lost_answers = 0
 
     def get(self, function: str, *args: Any) -> Any:
         call = getattr(self.nvml, function, None)
@@ -333,15 +338,68 @@ class NvmlReader:
             return None
         try:
             return call(*args)
-        except self.nvml.NVMLError:
+        except self.nvml.NVMLError as error:
+            if is_lost_error(self.nvml, error):
+                self.lost_answers += 1
             return None
+
+    def gpu(self, handle: Any, index: int) -> Result:
+        """One GPU's record; a GPU whose calls answer GPU_IS_LOST is marked lost."""
+        self.lost_answers = 0
+        record = self._gpu(handle, index)
+        if self.lost_answers:
+            record["lost"] = True
+            record["lost_evidence"] = f"NVML answered GPU_IS_LOST to {self.lost_answers} calls"
+        return record
+
+    def _recovery_action(self, handle: Any) -> int | None:
+        """NVML_FI_DEV_GET_GPU_RECOVERY_ACTION (drivers 570 on); None where not reported."""
+        field = getattr(self.nvml, "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION", None)
+        values = None if field is None else self.get("nvmlDeviceGetFieldValues", handle, [field])
+        if not values or values[0].nvmlReturn != 0:
+            return None
+        return int(values[0].value.uiVal)
+
+    def _ecc_memory(self, handle: Any) -> Result | None:
+        """Uncorrectable ECC counts of SRAM and DRAM, where NVML counts them apart."""
+        nvml = self.nvml
+        sram = getattr(nvml, "NVML_MEMORY_LOCATION_SRAM", None)
+        dram = getattr(nvml, "NVML_MEMORY_LOCATION_DRAM", None)
+        if sram is None or dram is None:
+            return None
+        counts = {
+            scope: {
+                memory: self.get(
+                    "nvmlDeviceGetMemoryErrorCounter", handle,
+                    nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, counter, location,
+                )
+                for memory, location in (("sram", sram), ("dram", dram))
+            }
+            for scope, counter in (
+                ("volatile", nvml.NVML_VOLATILE_ECC), ("aggregate", nvml.NVML_AGGREGATE_ECC)
+            )
+        }  # fmt: skip
+        exceeded = self._sram_threshold_exceeded(handle)
+        if exceeded is None and all(v is None for scope in counts.values() for v in scope.values()):
+            return None
+        return {**counts, "sram_threshold_exceeded": exceeded}
+
+    def _sram_threshold_exceeded(self, handle: Any) -> bool | None:
+        """nvmlDeviceGetSramEccErrorStatus's bThresholdExceeded (drivers 570 on)."""
+        structure = getattr(self.nvml, "c_nvmlEccSramErrorStatus_v1_t", None)
+        if structure is None:
+            return None
+        status = structure()
+        if self.get("nvmlDeviceGetSramEccErrorStatus", handle, status) is None:
+            return None
+        return bool(status.bThresholdExceeded)
 
     def enabled(self, value: Any) -> bool | None:
         if value is None:
             return None
         return value == self.nvml.NVML_FEATURE_ENABLED
 
-    def gpu(self, handle: Any, index: int) -> Result:
+    def _gpu(self, handle: Any, index: int) -> Result:
         nvml = self.nvml
         pci = self.get("nvmlDeviceGetPciInfo", handle)
         ecc = self.get("nvmlDeviceGetEccMode", handle) or [None, None]
@@ -445,6 +503,11 @@ class NvmlReader:
             "fabric": self._fabric(handle),
             "nvlink": self._nvlink(handle),
             **self._application_clocks(handle),
+            "lost": False,
+            "lost_evidence": None,
+            "ecc_memory": self._ecc_memory(handle),
+            "recovery_action": self._recovery_action(handle),
+            "recovery_action_text": None,
         }
 
     def _application_clocks(self, handle: Any) -> Result:
@@ -529,6 +592,11 @@ class NvmlReader:
         return nvlink_summary(links, "nvml")
 
 
+def is_lost_error(nvml: Any, error: Exception) -> bool:
+    """NVML's own word that a GPU is gone (NVML_ERROR_GPU_IS_LOST, 15)."""
+    return getattr(error, "value", None) == getattr(nvml, "NVML_ERROR_GPU_IS_LOST", 15)
+
+
 def _watts(milliwatts: Any) -> float | None:
     return None if milliwatts is None else milliwatts / 1000.0
 
@@ -564,7 +632,17 @@ def collect_nvml(nvml: Any) -> Result:
         if cuda is None:
             cuda = reader.get("nvmlSystemGetCudaDriverVersion")
         count = nvml.nvmlDeviceGetCount()
-        gpus = [reader.gpu(nvml.nvmlDeviceGetHandleByIndex(index), index) for index in range(count)]
+        gpus = []
+        for index in range(count):
+            try:
+                handle = nvml.nvmlDeviceGetHandleByIndex(index)
+            except nvml.NVMLError as error:
+                # One lost GPU is that GPU's finding; the others are still read.
+                if not is_lost_error(nvml, error):
+                    raise
+                gpus.append(lost_record(index, f"NVML: no handle for GPU {index}: {error}"))
+                continue
+            gpus.append(reader.gpu(handle, index))
         return {
             "state": "ok",
             "command": "NVML",
@@ -682,10 +760,27 @@ def read_gpus(system: System, nvml: Any, nvml_origin: str) -> tuple[Result, Resu
     completed = system.run(["nvidia-smi", "-q", "-x"])
     if completed.missing:
         return absent(XML_COMMAND, "nvidia-smi is not installed"), nvml_state
-    if completed.exit_code != 0:
+    # A GPU nvidia-smi cannot open is named on its own line and left out of the report; the
+    # other GPUs' XML may still follow (whatever the exit status): both are kept.
+    lost = unreachable_gpus(completed.stdout + "\n" + completed.stderr)
+    parsed = parse_nvidia_smi_xml(completed.stdout) if completed.stdout.strip() else None
+    if completed.exit_code != 0 and not (lost and parsed and parsed["state"] == "ok"):
         output = completed.stdout + completed.stderr
-        return nvidia_smi_failure(XML_COMMAND, completed.exit_code, output), nvml_state
-    return parse_nvidia_smi_xml(completed.stdout), nvml_state
+        section = nvidia_smi_failure(XML_COMMAND, completed.exit_code, output)
+    else:
+        section = parsed or unreadable(XML_COMMAND, "empty output")
+    section["lost_gpus"] = lost
+    if completed.exit_code == EXIT_GPU_LOST and not lost:
+        # nvidia-smi(1): 15 "the GPU has fallen off the bus or has otherwise become
+        # inaccessible", without naming which: the node has a lost GPU all the same.
+        section["lost_gpus"] = [
+            {
+                "pci_bus_id": None,
+                "index": None,
+                "message": section.get("reason") or SMI_EXIT_REASONS[EXIT_GPU_LOST],
+            }
+        ]
+    return section, nvml_state
 
 
 def add_nvlink_status(system: System, gpus: list[Result]) -> list[str]:
@@ -898,6 +993,8 @@ def collect(system: System, nvml: Any, nvml_origin: str, xid_since: datetime | N
         "attached_gpus": gpu_section.get("attached_gpus"),
         "gpu_count": len(gpus) if gpu_section["state"] == "ok" else None,
         "gpus": gpus,
+        # GPUs the driver could not open at all (not in ``gpus``), or exit status 15's one.
+        "lost_gpus": gpu_section.get("lost_gpus") or [],
         "mig_listing": mig_listing,  # None: no GPU in MIG mode, nothing listed
         "kernel_module": module,
         "driver_versions": version_comparison(

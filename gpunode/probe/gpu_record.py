@@ -32,7 +32,15 @@ The record, one dict per GPU (None wherever the driver does not say):
 - ``temperature_c``: ``{"gpu", "memory"}``; ``pcie``: ``{"gen_current", "gen_max",
   "width_current", "width_max"}``; ``fabric``: ``{"state", "status"}``;
 - ``nvlink``: ``nvlink_summary`` (state ok / all_inactive / none / mig_mode / unreadable,
-  active, total, links), or None until ``nvidia-smi nvlink -s`` fills it in.
+  active, total, links), or None until ``nvidia-smi nvlink -s`` fills it in;
+- ``lost``: bool, the GPU answers no query ("GPU is lost", or "Unknown Error" for every value
+  where not even its UUID or serial can be read; NVML's GPU_IS_LOST), with ``lost_evidence``
+  (what the driver answered, None when not lost);
+- ``ecc_memory``: uncorrectable ECC counts by memory where the driver splits them:
+  ``{"volatile": {"sram", "dram"}, "aggregate": {"sram", "dram"}, "sram_threshold_exceeded"}``;
+- ``recovery_action``: NVML's ``nvmlDeviceGpuRecoveryAction_t`` value (0 none, 1 GPU reset,
+  2 node reboot, 3 drain P2P, 4 drain and reset...) or None where not reported, with
+  ``recovery_action_text``: the driver's words where they name no known action.
 
 Every parser returns data or ``{"state": "unreadable", "command": ..., "reason": ...}``; none
 raises. Where part of an output cannot be read, what can be read is kept and ``problems``
@@ -91,8 +99,23 @@ RECORD_KEYS = frozenset(
         "retired_pages", "remapped_rows", "mig_mode", "temperature_c", "power_w", "clocks_mhz",
         "clock_event_reasons", "pcie", "fabric", "nvlink", "application_clocks_mhz",
         "application_clocks_note", "supported_clocks_mhz", "utilization_percent", "memory_mib",
+        "lost", "lost_evidence", "ecc_memory", "recovery_action", "recovery_action_text",
     }
 )  # fmt: skip
+
+# What nvidia-smi prints for a value of a GPU that answers no query (NVML's GPU_IS_LOST), and
+# for one whose every query fails (NVML_ERROR_UNKNOWN): in the XML, in -q's text, in CSV.
+LOST_VALUE = re.compile(r"\[?gpu is lost\]?", re.IGNORECASE)
+UNKNOWN_ERROR_VALUE = re.compile(r"\[?unknown error\]?", re.IGNORECASE)
+# Fewer values than this answered "Unknown Error" is a driver's odd field, not a lost GPU.
+MIN_UNKNOWN_ERRORS_FOR_LOST = 3
+# nvidia-smi's line for a GPU it cannot open at all (it leaves the GPU out of its report):
+# "Unable to determine the device handle for GPU0000:CB:00.0: Unknown Error" (gpud's tests)
+# and driver 610's "... for GPU1: 0000:34:00.0: Unknown Error" (see tests/fixtures).
+UNREACHABLE_GPU = re.compile(
+    r"Unable to determine the device handle for GPU ?(?:(?P<index>[0-9]{1,3}): ?)?"
+    r"(?P<bus>[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7]): (?P<error>[^\n]{1,200})"
+)
 
 # Longer than any line nvidia-smi or the kernel log prints (printk's limit is 1024): a longer
 # one is garbage or hostile, and is not handed to a regex whole (see parsers.MAX_LINE_CHARS).
@@ -343,6 +366,107 @@ def _application_clocks(gpu: ElementTree.Element) -> Result:
     }
 
 
+def lost_evidence(values: Sequence[str], identity: Sequence[str | None]) -> str | None:
+    """Why a GPU whose values are ``values`` is lost, or None: any value "GPU is lost", or
+    "Unknown Error" for many values where ``identity`` (UUID, serial) cannot be read."""
+    lost = sum(1 for value in values if LOST_VALUE.fullmatch(value.strip()))
+    if lost:
+        return f"'GPU is lost' for {lost} of {len(values)} values"
+    unknown = sum(1 for value in values if UNKNOWN_ERROR_VALUE.fullmatch(value.strip()))
+    readable = [value for value in identity if value]
+    if unknown >= MIN_UNKNOWN_ERRORS_FOR_LOST and not readable:
+        return f"'Unknown Error' for {unknown} of {len(values)} values, no UUID or serial"
+    return None
+
+
+def _xml_lost_evidence(gpu: ElementTree.Element) -> str | None:
+    values = [
+        element.text for element in gpu.iter() if len(element) == 0 and (element.text or "").strip()
+    ]
+    identity = [clean(_text(gpu, "uuid")), clean(_text(gpu, "serial"))]
+    return lost_evidence([value for value in values if value is not None], identity)
+
+
+def _ecc_memory(ecc_errors: ElementTree.Element | None) -> Result | None:
+    """Uncorrectable ECC by memory (schemas v12 on: sram_*, dram_*); None where not split."""
+    if ecc_errors is None:
+        return None
+    scopes: Result = {}
+    for scope in ("volatile", "aggregate"):
+        element = ecc_errors.find(scope)
+        counts: Result = {"sram": None, "dram": None}
+        for counter in [] if element is None else list(element):
+            count = integer(counter.text)
+            memory = counter.tag.split("_", 1)[0]
+            if count is None or memory not in counts or "uncorrectable" not in counter.tag:
+                continue
+            counts[memory] = (counts[memory] or 0) + count
+        scopes[scope] = counts
+    if all(value is None for counts in scopes.values() for value in counts.values()):
+        exceeded = yes_no(_text(ecc_errors, "aggregate/sram_threshold_exceeded"))
+        if exceeded is None:
+            return None
+    return {
+        **scopes,
+        "sram_threshold_exceeded": yes_no(_text(ecc_errors, "aggregate/sram_threshold_exceeded")),
+    }
+
+
+def _recovery_action(gpu: ElementTree.Element) -> Result:
+    """``<gpu_recovery_action>`` (drivers 570 on: "None"...) -> NVML's value, or the words."""
+    text = clean(_text(gpu, "gpu_recovery_action"))
+    value = recovery_action_value(text)
+    return {"recovery_action": value, "recovery_action_text": text if value is None else None}
+
+
+# How nvidia-smi and the kernel log word a recovery action ("None", "GPU Reset", XID 154's
+# "OS Reboot"), lowercased without blanks -> NVML's nvmlDeviceGpuRecoveryAction_t value
+# (gpunode.health.catalogue.RECOVERY_ACTIONS names each, with its source).
+RECOVERY_ACTION_WORDS = {
+    "none": 0,
+    "reset": 1,
+    "gpureset": 1,
+    "reboot": 2,
+    "nodereboot": 2,
+    "osreboot": 2,
+    "drainp2p": 3,
+    "drainandreset": 4,
+    "drainp2pandresetgpu": 4,
+    "recoverimexdomain": 5,
+    "busreset": 6,
+    "systemreboot": 7,
+}
+
+
+def recovery_action_value(text: str | None) -> int | None:
+    """The driver's words for a recovery action -> NVML's value; None for other words."""
+    if text is None:
+        return None
+    return RECOVERY_ACTION_WORDS.get(re.sub(r"[^a-z0-9]", "", text.lower()))
+
+
+def unreachable_gpus(text: str) -> list[Result]:
+    """The GPUs nvidia-smi could not open ("Unable to determine the device handle for ..."):
+    each ``{"pci_bus_id", "index", "message"}``, in the order printed, once each."""
+    found: dict[str, Result] = {}
+    for line in text.split("\n"):
+        match = UNREACHABLE_GPU.search(line[:MAX_LINE_CHARS])
+        if match and match["bus"].lower() not in found:
+            found[match["bus"].lower()] = {
+                "pci_bus_id": match["bus"],
+                "index": int(match["index"]) if match["index"] else None,
+                "message": match.group(0),
+            }
+    return list(found.values())
+
+
+def lost_record(index: int, evidence: str, pci_bus_id: str | None = None) -> Result:
+    """The record of a GPU that answers nothing: every value None but its place and why."""
+    record: Result = dict.fromkeys(RECORD_KEYS)
+    record.update(index=index, pci_bus_id=pci_bus_id, lost=True, lost_evidence=evidence)
+    return record
+
+
 def gpu_from_xml(gpu: ElementTree.Element, position: int) -> Result:
     """The normalized fields of one ``<gpu>`` element, whatever the schema."""
     power = _first(gpu, "gpu_power_readings", "power_readings")
@@ -417,6 +541,10 @@ def gpu_from_xml(gpu: ElementTree.Element, position: int) -> Result:
         },
         **_application_clocks(gpu),
         "nvlink": None if xml_links is None else nvlink_summary(xml_links, "xml"),
+        "lost": (evidence := _xml_lost_evidence(gpu)) is not None,
+        "lost_evidence": evidence,
+        "ecc_memory": _ecc_memory(ecc_errors),
+        **_recovery_action(gpu),
     }
 
 

@@ -578,6 +578,7 @@ _COUNT = Maybe(Int)
 _FLAG = Maybe(Bool)
 _TEXT = Maybe(Str)
 _ECC_COUNTS = Maybe(Record({"corrected": _COUNT, "uncorrected": _COUNT}))
+_MEMORY_COUNTS = Maybe(Record({"sram": _COUNT, "dram": _COUNT}))
 GPU_SHAPE = Record(
     {
         "index": _COUNT,
@@ -636,8 +637,22 @@ GPU_SHAPE = Record(
                 }
             )
         ),
+        "lost": _FLAG,
+        "lost_evidence": _TEXT,
+        "ecc_memory": Maybe(
+            Record(
+                {
+                    "volatile": _MEMORY_COUNTS,
+                    "aggregate": _MEMORY_COUNTS,
+                    "sram_threshold_exceeded": _FLAG,
+                }
+            )
+        ),
+        "recovery_action": _COUNT,
+        "recovery_action_text": _TEXT,
     }
 )
+LOST_GPU_SHAPE = Record({"pci_bus_id": _TEXT, "index": _COUNT, "message": _TEXT})
 XID_EVENT_SHAPE = Record({"xid": _COUNT, "pci": _TEXT, "time": _TEXT, "message": _TEXT})
 # Every field of the report that the control side reads (the drift rules, the metrics), with
 # its type: a report that does not fit is unreadable, naming the first field that does not.
@@ -648,6 +663,7 @@ GPU_REPORT_SHAPE = Record(
         "reason": _TEXT,
         "driver_version": _TEXT,
         "gpus": ListOf(GPU_SHAPE),
+        "lost_gpus": Maybe(ListOf(LOST_GPU_SHAPE)),
         "driver_versions": Maybe(
             Record(
                 {
@@ -1065,7 +1081,15 @@ def parse_combined(lines: Iterable[str], names: Iterable[str] | None = None) -> 
 # document's own and carry nothing.
 
 DCGM_DIAG_COMMAND = "dcgmi diag -j"
-DCGM_DIAG_ROOT = "DCGM GPU Diagnostic"
+DCGM_DIAG_ROOT = "DCGM GPU Diagnostic"  # DCGM 3
+# DCGM 4 names its root "DCGM Diagnostic" and adds, beside it, "entity_groups" (each GPU's
+# id and serial) and "metadata" ("version", "Driver Version Detected"); each result names its
+# entity ("entity_group" "GPU", "entity_id" 0) and each test has a "test_summary" whose status
+# and warnings cover what no entity carries. Read in NVIDIA/DCGM 4.6.0 (commit 72fa3fe):
+# dcgmi/Diag.cpp HelperJsonBuildOutput, nvvs/include/NvvsJsonStrings.h and
+# testing/python3/dcgm_diag_schema.json; read 2026-12-07.
+DCGM4_DIAG_ROOT = "DCGM Diagnostic"
+DCGM4_DRIVER_VERSION = "Driver Version Detected"
 DCGM_STATUSES = {
     "pass": "pass",
     "fail": "fail",
@@ -1077,6 +1101,8 @@ DCGM_STATUSES = {
     "notrun": "not_run",
 }
 MAX_DCGM_DIAG_CHARS = 4 << 20  # far above 8 GPUs at level 4; longer is garbage or hostile
+# What DCGM 4 prints where a part has no serial number (a GB10's entity list).
+DCGM_NO_SERIAL = "<<<NOT_SUPPORTED>>>"
 
 
 def _dcgm_text(value: Any) -> str:
@@ -1090,12 +1116,47 @@ def _dcgm_text(value: Any) -> str:
     return ""
 
 
+def _dcgm_serials(document: dict[str, Any]) -> dict[tuple[str, int], str]:
+    """DCGM 4's entity list: (entity group, entity id) -> serial number, where it has one."""
+    serials: dict[tuple[str, int], str] = {}
+    groups = document.get("entity_groups")
+    for group in groups if isinstance(groups, list) else []:
+        if not isinstance(group, dict) or not isinstance(group.get("entities"), list):
+            continue
+        for entity in group["entities"]:
+            if not isinstance(entity, dict):
+                continue
+            serial, number = entity.get("serial_num"), entity.get("entity_id")
+            if (
+                isinstance(serial, str)
+                and serial
+                and serial != DCGM_NO_SERIAL
+                and isinstance(number, int)
+            ):
+                serials[(str(group.get("entity_group")), number)] = serial
+    return serials
+
+
+def _dcgm_versions(document: dict[str, Any], root: dict[str, Any]) -> tuple[Any, Any]:
+    """(DCGM version, driver version): DCGM 3 keeps the version in its root, DCGM 4 both in
+    "metadata"."""
+    found = document.get("metadata")
+    metadata: dict[str, Any] = found if isinstance(found, dict) else {}
+    version = root.get("version", metadata.get("version"))
+    driver = metadata.get(DCGM4_DRIVER_VERSION)
+    return (
+        version if isinstance(version, str) else None,
+        driver if isinstance(driver, str) else None,
+    )
+
+
 @never_raises(DCGM_DIAG_COMMAND)
 def parse_dcgm_diag(text: str) -> Result:
-    """``dcgmi diag -r LEVEL -j`` -> each test's name, category and status over its results
-    (the worst: fail, then warn; pass when every result passed or skipped), the failed tests'
-    names and the first words DCGM gave for each; what cannot be read is named in
-    ``problems``, what can is kept."""
+    """``dcgmi diag -r LEVEL -j`` of DCGM 3 or 4 -> each test's name, category and status over
+    its results (the worst: fail, then warn; pass when every result passed or skipped), each
+    result's entity (GPU and serial where DCGM names them), status, DCGM's error ids and
+    words, the failed tests' names and the first words DCGM gave for each; what cannot be
+    read is named in ``problems``, what can is kept."""
     if len(text) > MAX_DCGM_DIAG_CHARS:
         return unreadable(DCGM_DIAG_COMMAND, f"{len(text)} characters of output")
     start = text.find("{")
@@ -1106,14 +1167,19 @@ def parse_dcgm_diag(text: str) -> Result:
         document = parse_json(text[start:])
     except ValueError as error:
         return unreadable(DCGM_DIAG_COMMAND, f"not JSON, truncated or corrupted ({error})")
-    root = document.get(DCGM_DIAG_ROOT) if isinstance(document, dict) else None
-    if not isinstance(root, dict):
+    if not isinstance(document, dict):
         return unreadable(DCGM_DIAG_COMMAND, f"no {DCGM_DIAG_ROOT!r} object")
+    root = document.get(DCGM4_DIAG_ROOT, document.get(DCGM_DIAG_ROOT))
+    if not isinstance(root, dict):
+        return unreadable(
+            DCGM_DIAG_COMMAND, f"no {DCGM_DIAG_ROOT!r} (DCGM 3) or {DCGM4_DIAG_ROOT!r} object"
+        )
     if isinstance(root.get("runtime_error"), str) and root["runtime_error"]:
         return unreadable(DCGM_DIAG_COMMAND, f"DCGM: {root['runtime_error'][:200]}")
     categories = root.get("test_categories")
     if not isinstance(categories, list) or not categories:
         return unreadable(DCGM_DIAG_COMMAND, "no test_categories")
+    serials = _dcgm_serials(document)
     tests: list[Result] = []
     problems: list[str] = []
     for category in categories:
@@ -1122,48 +1188,81 @@ def parse_dcgm_diag(text: str) -> Result:
             continue
         for test in category["tests"]:
             if test is None:
-                continue  # DCGM's own separator entries
-            read = _dcgm_test(test, str(category.get("category") or ""), problems)
+                continue  # DCGM 3's own separator entries
+            read = _dcgm_test(test, str(category.get("category") or ""), problems, serials)
             if read is not None:
                 tests.append(read)
     if not tests:
         return unreadable(DCGM_DIAG_COMMAND, problems[0] if problems else "no test result")
-    version = root.get("version")
+    version, driver_version = _dcgm_versions(document, root)
     return {
         "state": "ok",
         "command": DCGM_DIAG_COMMAND,
-        "version": version if isinstance(version, str) else None,
+        "version": version,
+        "driver_version": driver_version,
         "tests": tests,
         "failed": sorted({test["name"] for test in tests if test["status"] == "fail"}),
         "problems": problems,
     }
 
 
-def _dcgm_test(test: Any, category: str, problems: list[str]) -> Result | None:
+def _dcgm_entity(result: dict[str, Any], serials: dict[tuple[str, int], str]) -> Result:
+    """Which part a result is about: DCGM 4's entity, DCGM 3's gpu_ids, or the test as a
+    whole (DCGM 4's test_summary)."""
+    group, number = result.get("entity_group"), result.get("entity_id")
+    if isinstance(group, str) and isinstance(number, int):
+        return {"entity": f"{group} {number}", "serial": serials.get((group, number))}
+    ids = result.get("gpu_ids")
+    if isinstance(ids, (int, str)) and str(ids).strip():
+        return {"entity": f"GPU {ids}", "serial": None}
+    return {"entity": None, "serial": None}
+
+
+def _dcgm_result(
+    result: Any, name: str, problems: list[str], serials: dict[tuple[str, int], str]
+) -> Result | None:
+    raw = result.get("status") if isinstance(result, dict) else None
+    status = DCGM_STATUSES.get(" ".join(str(raw).split()).lower()) if raw else None
+    if status is None:
+        problems.append(f"test {name!r}: a result of unknown status {raw!r:.40}")
+        return None
+    words: list[str] = []
+    error_ids: list[int] = []
+    if status in ("fail", "warn"):
+        for item in [*(result.get("warnings") or []), *(result.get("info") or [])]:
+            if word := _dcgm_text(item):
+                words.append(word)
+            if isinstance(item, dict) and isinstance(item.get("error_id"), int):
+                error_ids.append(item["error_id"])
+    return {**_dcgm_entity(result, serials), "status": status, "detail": words[:3],
+            "error_ids": error_ids}  # fmt: skip
+
+
+def _dcgm_test(
+    test: Any, category: str, problems: list[str], serials: dict[tuple[str, int], str]
+) -> Result | None:
     if not isinstance(test, dict) or not isinstance(test.get("name"), str):
         problems.append(f"a test without a name: {test!r:.80}")
         return None
     name = test["name"]
     results = test.get("results")
-    if not isinstance(results, list) or not results:
+    summary = test.get("test_summary")
+    if (not isinstance(results, list) or not results) and not isinstance(summary, dict):
         problems.append(f"test {name!r}: no results")
         return None
-    statuses: list[str] = []
-    words: list[str] = []
-    for result in results:
-        raw = result.get("status") if isinstance(result, dict) else None
-        status = DCGM_STATUSES.get(" ".join(str(raw).split()).lower()) if raw else None
-        if status is None:
-            problems.append(f"test {name!r}: a result of unknown status {raw!r:.40}")
-            continue
-        statuses.append(status)
-        if status in ("fail", "warn"):
-            for item in [*(result.get("warnings") or []), *(result.get("info") or [])]:
-                if word := _dcgm_text(item):
-                    words.append(word)
+    read = [_dcgm_result(result, name, problems, serials) for result in results or []]
+    per_entity = [result for result in read if result is not None]
+    overall = _dcgm_result(summary, name, problems, serials) if isinstance(summary, dict) else None
+    statuses = [result["status"] for result in per_entity]
+    if overall is not None:
+        statuses.append(overall["status"])
     if not statuses:
         return None
     worst: str | None = next((s for s in ("fail", "warn") if s in statuses), None)
     if worst is None:
         worst = "pass" if "pass" in statuses else statuses[0]
-    return {"name": name, "category": category, "status": worst, "detail": words[:3]}
+    words = [word for result in per_entity for word in result["detail"]]
+    if overall is not None:
+        words += [word for word in overall["detail"] if word not in words]
+    return {"name": name, "category": category, "status": worst, "detail": words[:3],
+            "results": per_entity}  # fmt: skip

@@ -202,6 +202,12 @@ def reboot(state: State) -> None:
     for gpu in state["gpus"]:
         reset_gpu(gpu)
         gpu["compute_processes"] = []  # a reboot ends every process
+        # A lost GPU comes back at a reboot and the driver asks for no recovery (the remedy
+        # NVIDIA gives both; one whose fault stays is set lost again by the test).
+        if "lost" in gpu:
+            gpu["lost"] = False
+        if "recovery_action" in gpu:
+            gpu["recovery_action"] = "None"
         gpu["persistence_mode"] = "Disabled"
         gpu["power"]["limit"] = gpu["power"]["default_limit"]
         if gpu["applications_clocks"] is not None:

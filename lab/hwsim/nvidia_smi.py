@@ -1249,6 +1249,14 @@ def render_gpu(template: ElementTree.Element, gpu: State, state: State) -> Eleme
         processes.remove(process)
     if processes.text is not None:
         processes.text = "\n" + " " * 8
+    if generation == "r590":
+        put("gpu_recovery_action", gpu.get("recovery_action", "None"))
+    if gpu.get("lost"):
+        # A GPU whose every NVML call answers GPU_IS_LOST: nvidia-smi prints that for each
+        # value; the bus id stays (an attribute, from the PCI enumeration).
+        for leaf in element.iter():
+            if len(leaf) == 0 and (leaf.text or "").strip():
+                leaf.text = "GPU is lost"
     return element
 
 

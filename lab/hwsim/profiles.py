@@ -398,7 +398,9 @@ def initial_state(profile: str, hostname: str) -> dict[str, Any]:
     ``driver_version``, ``cuda_version``, ``smi_xml_template`` and ``smi_generation`` (which
     capture and driver generation ``nvidia-smi -q -x`` imitates), ``nvswitch_count``, and:
 
-    - ``gpus``: one dict per GPU slot: ``present`` (false: fell off the bus), identity (``name``,
+    - ``gpus``: one dict per GPU slot: ``present`` (false: fell off the bus), ``lost`` (true:
+      listed but every value "GPU is lost"), ``recovery_action`` (driver 590's words for the
+      driver's recovery action, "None" when healthy), identity (``name``,
       ``uuid``, ``serial``, ``pci_bus_id``, ``minor_number``, ``module_id``, ``vbios_version``...),
       ``persistence_mode``, ``ecc_mode`` and ``mig_mode`` (``current``/``pending``:
       Enabled, Disabled or N/A), ``mig_profiles`` (the GPU instance profiles, see
@@ -456,6 +458,10 @@ def _gpu(
     app_clocks = model.default_applications_clocks_mhz
     return {
         "present": True,
+        # On the bus but answering no query: nvidia-smi prints "GPU is lost" for its values.
+        "lost": False,
+        # Driver 590's <gpu_recovery_action> words ("None", "Reset", "Reboot"...).
+        "recovery_action": "None",
         "name": model.name,
         "architecture": model.architecture,
         "uuid": f"GPU-{uuid}",

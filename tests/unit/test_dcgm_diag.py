@@ -21,6 +21,10 @@ from gpunode.rollout import CheckResult, PyinfraNodes, dcgm_note
 from lab.standin import dcgmi_diag
 
 CAPTURE = Path(__file__).resolve().parents[1] / "fixtures/dcgm/dcgmi-diag-r1-j.3.1.0.8gpu.pass.txt"
+# DCGM 4: one test object NVIDIA's DCGM issue #215 quotes from `dcgmi diag -r 3 -j` (8 GPUs).
+DCGM4_TEST = (
+    Path(__file__).resolve().parents[1] / "fixtures/dcgm/dcgmi-diag-j.4.x.8gpu.diagnostic-test.json"
+)
 REMAP = "Page Retirement/Row Remap"
 
 
@@ -81,7 +85,10 @@ def test_one_failed_gpu_of_a_per_gpu_test_fails_the_test_with_dcgms_words() -> N
     software["results"][3].update(status="FAIL", warnings=[{"warning": "GPU 3 is unhappy"}])
     report = parse_dcgm_diag(json.dumps(changed))
     assert report["failed"] == ["software"]
-    assert diag_findings(report)["dcgm.diag:software"].found == "software failed: GPU 3 is unhappy"
+    assert (
+        diag_findings(report)["dcgm.diag:software"].found
+        == "software failed on GPU 3: GPU 3 is unhappy"
+    )
 
 
 def test_what_the_parser_cannot_read_is_named_and_the_rest_kept() -> None:
@@ -108,7 +115,7 @@ def test_what_the_parser_cannot_read_is_named_and_the_rest_kept() -> None:
         ("Error: unable to establish a connection to the specified host: localhost\n",
          "no JSON document: Error: unable to establish a connection"),
         (capture()[:400], "not JSON, truncated or corrupted"),
-        ('{"something": {}}', "no 'DCGM GPU Diagnostic' object"),
+        ('{"something": {}}', "no 'DCGM GPU Diagnostic' (DCGM 3) or 'DCGM Diagnostic' object"),
         ('{"DCGM GPU Diagnostic": {"runtime_error": "No GPUs"}}', "DCGM: No GPUs"),
         ('{"DCGM GPU Diagnostic": {"version": "4.2.3"}}', "no test_categories"),
         ("[1, 2]", "no JSON document: [1, 2]"),
@@ -201,3 +208,81 @@ def test_the_summary_keeps_what_the_gate_said_of_the_diagnostic() -> None:
         "n1": "resumed (DCGM diagnostic level 1 passed)",
         "n2": "resumed (DCGM diagnostic skipped: dcgm not declared)",
     }
+
+
+# --- DCGM 4 -----------------------------------------------------------------------------------
+
+
+def dcgm4_document(test: dict[str, Any], serials: bool = True) -> dict[str, Any]:
+    """The quoted test in the document DCGM 4.6.0's dcgmi/Diag.cpp builds around its tests
+    (HelperJsonBuildOutput): "DCGM Diagnostic" > test_categories, then "entity_groups" and
+    "metadata" beside it."""
+    entities = [
+        {"device_id": "2330", "entity_id": number,
+         **({"serial_num": f"165222000{number}"} if serials else {})}
+        for number in range(8)
+    ]  # fmt: skip
+    return {
+        "DCGM Diagnostic": {"test_categories": [{"category": "Hardware", "tests": [test]}]},
+        "entity_groups": [{"entities": entities, "entity_group": "GPU", "entity_group_id": 1}],
+        "metadata": {"Driver Version Detected": "570.86.15", "version": "4.1.1"},
+    }
+
+
+def dcgm4_test() -> dict[str, Any]:
+    loaded: dict[str, Any] = json.loads(DCGM4_TEST.read_text(encoding="utf-8"))
+    return loaded
+
+
+def test_dcgm4_output_reads_per_test_with_each_gpus_result() -> None:
+    report = parse_dcgm_diag(json.dumps(dcgm4_document(dcgm4_test())))
+    assert (report["state"], report["version"], report["driver_version"]) == (
+        "ok", "4.1.1", "570.86.15"
+    )  # fmt: skip
+    assert report["problems"] == [] and report["failed"] == []
+    (test,) = report["tests"]
+    assert (test["name"], test["category"], test["status"]) == ("diagnostic", "Hardware", "pass")
+    assert [result["entity"] for result in test["results"]] == [f"GPU {n}" for n in range(8)]
+    assert test["results"][0]["serial"] == "1652220000"
+    assert {result["status"] for result in test["results"]} == {"pass"}
+    assert diag_findings(report) == {}
+
+
+def test_dcgm4_one_failing_gpu_is_named_with_its_serial_and_dcgms_error() -> None:
+    test = dcgm4_test()
+    test["results"][5].update(
+        status="Fail",
+        warnings=[{"error_category": 4, "error_id": 37, "error_severity": 2,
+                   "warning": "GPU 5 failed the GEMM test"}],
+    )  # fmt: skip
+    test["test_summary"]["status"] = "Fail"
+    report = parse_dcgm_diag(json.dumps(dcgm4_document(test)))
+    assert report["failed"] == ["diagnostic"]
+    failed = [r for r in report["tests"][0]["results"] if r["status"] == "fail"]
+    assert failed == [{"entity": "GPU 5", "serial": "1652220005", "status": "fail",
+                       "detail": ["GPU 5 failed the GEMM test"], "error_ids": [37]}]  # fmt: skip
+    finding = diag_findings(report)["dcgm.diag:diagnostic"]
+    assert finding.severity is Severity.CRITICAL
+    assert finding.found == (
+        "diagnostic failed on GPU 5 (serial 1652220005): GPU 5 failed the GEMM test"
+    )
+
+
+def test_dcgm4_a_test_summary_failure_without_a_gpu_fails_the_test() -> None:
+    """Errors no entity carries are in the summary only (Diag.cpp HelperJsonAddTestSummary)."""
+    test = dcgm4_test()
+    test["test_summary"] = {
+        "status": "Fail",
+        "warnings": [{"warning": "NVLink error", "error_id": 9}],
+    }
+    report = parse_dcgm_diag(json.dumps(dcgm4_document(test, serials=False)))
+    assert report["failed"] == ["diagnostic"]
+    assert report["tests"][0]["results"][0]["serial"] is None
+    assert diag_findings(report)["dcgm.diag:diagnostic"].found == "diagnostic failed: NVLink error"
+
+
+def test_dcgm4_runtime_error_is_unreadable_with_dcgms_words() -> None:
+    """What Diag.cpp prints when it cannot run: the root with version and runtime_error."""
+    text = json.dumps({"DCGM Diagnostic": {"version": "4.6.0", "runtime_error": "No GPUs"}})
+    report = parse_dcgm_diag(text)
+    assert (report["state"], report["reason"]) == ("unreadable", "DCGM: No GPUs")

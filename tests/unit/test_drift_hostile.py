@@ -53,6 +53,13 @@ MALFORMED = [
                  "gpu.gpus[1].ecc_mode: 'on' is not an object", id="ecc-mode-is-text"),
     pytest.param("gpu.problems.nvlink", [5],
                  "gpu.problems.nvlink[0]: 5 is not a string", id="unread-line-is-a-number"),
+    pytest.param("gpu.gpus.0.lost", "yes", "gpu.gpus[0].lost: 'yes' is not true or false",
+                 id="lost-is-text"),
+    pytest.param("gpu.gpus.0.recovery_action", "Reboot",
+                 "gpu.gpus[0].recovery_action: 'Reboot' is not an integer",
+                 id="recovery-action-is-text"),
+    pytest.param("gpu.lost_gpus", [{"pci_bus_id": 7}],
+                 "gpu.lost_gpus[0].pci_bus_id: 7 is not a string", id="lost-gpu-bus-is-a-number"),
 ]  # fmt: skip
 
 

@@ -376,6 +376,22 @@ def test_reboot_loads_the_installed_driver_and_reports_its_cuda_version(
     assert "CUDA Version: 13.0" in node.ok("nvidia-smi")
 
 
+def test_a_lost_gpu_and_a_recovery_action_are_set_by_hand_and_gone_at_reboot(
+    lab_node: Callable[..., LabNode],
+) -> None:
+    node = lab_node("hgx-h100")
+    node.ok("gpunode-lab-hw", "set", "gpus.2.lost", "true")
+    node.ok("gpunode-lab-hw", "set", "gpus.5.recovery_action", "Reboot")
+    gpus = ElementTree.fromstring(node.ok("nvidia-smi", "-q", "-x")).findall("gpu")
+    assert gpus[2].findtext("uuid") == "GPU is lost" and gpus[2].get("id")
+    assert gpus[5].findtext("gpu_recovery_action") == "Reboot"
+    assert gpus[4].findtext("gpu_recovery_action") == "None"
+    node.ok("gpunode-lab-hw", "reboot")
+    gpus = ElementTree.fromstring(node.ok("nvidia-smi", "-q", "-x")).findall("gpu")
+    assert gpus[2].findtext("uuid", "").startswith("GPU-")
+    assert gpus[5].findtext("gpu_recovery_action") == "None"
+
+
 # --- faults -----------------------------------------------------------------------------------
 
 

@@ -113,6 +113,23 @@ def test_what_the_model_means_on_a_node_imports_only_the_model_and_the_stdlib() 
     assert found == {}
 
 
+def test_the_health_classes_import_only_the_stdlib_and_the_gpu_record() -> None:
+    """gpunode/health judges a GPU report wherever it came from (the drift check today, saved
+    files tomorrow): no drift engine, no pyinfra, no facts."""
+    allowed_packages = ("gpunode.health", "gpunode.probe.gpu_record")
+    found = {}
+    for path in modules_under("gpunode/health"):
+        bad = sorted(
+            name
+            for name in imports_of(path)
+            if name.split(".")[0] not in sys.stdlib_module_names
+            and not any(within(name, package) for package in allowed_packages)
+        )
+        if bad:
+            found[str(path.relative_to(ROOT))] = bad
+    assert found == {}
+
+
 def test_the_distribution_table_imports_only_the_stdlib() -> None:
     path = ROOT / "gpunode" / "distributions.py"
     assert {

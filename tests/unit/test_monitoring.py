@@ -97,6 +97,15 @@ def faulty_h100() -> str:
     return probe_text(state, XID_LINE + "\n", not_after=3 * 86400, gpu_count=8, nvlinks_per_gpu=18)
 
 
+def lost_gpu_h100() -> str:
+    """An HGX H100 (driver 590) whose GPU 2 answers "GPU is lost" and whose GPU 5's driver
+    asks for a reboot (the lab double's ``lost`` and ``recovery_action``)."""
+    state = healthy("hgx-h100")
+    state["gpus"][2]["lost"] = True
+    state["gpus"][5]["recovery_action"] = "Reboot"
+    return probe_text(state, gpu_count=8, nvlinks_per_gpu=18)
+
+
 def broken_driver() -> str:
     state = healthy("a100")
     state["driver_loaded"] = False
@@ -144,6 +153,7 @@ def renderings() -> dict[str, tuple[str, str]]:
         "healthy-a10g": (a10g, a10g),
         "healthy-t4": (t4(), t4()),
         "faulty-h100": (h100, faulty_h100()),
+        "lost-gpu-h100": (h100, lost_gpu_h100()),
         "broken-driver": (a100, broken_driver()),
         "t4-pending": (t4(), t4(retirement_pending=True)),
         "control": (drift_text(drifted=False), drift_text()),
@@ -322,6 +332,8 @@ def test_faults_rendered_by_the_probe_raise_their_alerts_and_healthy_nodes_none(
         ("GpuPcieLinkDegraded", faulty): 1,
         ("GpunodeCertificateExpiring", faulty): 1,
         ("GpunodeExporterDown", "faulty-h100:9400"): 1,
+        ("GpuLost", "lost-gpu-h100:9100"): 1,
+        ("GpuRecoveryActionRequired", "lost-gpu-h100:9100"): 1,
         ("GpuRowRemapPending", "t4-pending:9100"): 1,
         ("GpuMissing", broken): 1,
         ("GpuProbeFailing", broken): 1,

@@ -22,7 +22,7 @@ import pytest
 from facts.lynis import parse_report as parse_lynis_report
 from gpunode import framing
 from gpunode.framing import PartOutput
-from gpunode.probe import file_integrity, malware_scan
+from gpunode.probe import file_integrity, gpu_record, malware_scan
 from gpunode.probe.parsers import (
     SECTION_COMMANDS,
     combined_command,
@@ -91,6 +91,26 @@ def _clamscan(text: str) -> dict:
     return {"state": "ok", "command": "clamscan", "problems": parsed["unread"], **parsed}
 
 
+def _dcgm4_test(text: str) -> dict:
+    """One quoted DCGM 4 test object, in the document layout DCGM 4's dcgmi builds (a cut or
+    mangled object is no document: unreadable, as parse_dcgm_diag says of one)."""
+    try:
+        test = json.loads(text)
+    except ValueError as error:
+        return gpu_record.unreadable("dcgmi diag -j", f"not JSON ({error})")
+    document = {"DCGM Diagnostic": {"test_categories": [
+        {"category": "Hardware", "tests": [test]}]}}  # fmt: skip
+    return parse_dcgm_diag(json.dumps(document))
+
+
+def _unreachable(text: str) -> dict:
+    """nvidia-smi's lines naming the GPUs it cannot open, read as a result."""
+    lost = gpu_record.unreachable_gpus(text)
+    if not lost:
+        return gpu_record.unreadable("nvidia-smi", "no 'Unable to determine the device handle'")
+    return {"state": "ok", "command": "nvidia-smi", "lost": lost}
+
+
 FIXTURE_CASES: dict[str, list[tuple[str, Extract, Parser]]] = {
     "nvidia-smi-xml/a100-sxm4-v12.xml": [("-q -x", whole, parse_nvidia_smi_xml)],
     "nvidia-smi-xml/tesla-t4.xml": [("-q -x", whole, parse_nvidia_smi_xml)],
@@ -127,6 +147,13 @@ FIXTURE_CASES: dict[str, list[tuple[str, Extract, Parser]]] = {
     "clamav/clamscan-1.4.6-deb12-clean.stdout": [("clamscan", whole, _clamscan)],
     "clamav/clamscan-1.4.6-deb12-error.stdout": [("clamscan", whole, _clamscan)],
     "lynis/lab-bookworm-harden.report.dat": [("lynis-report.dat", whole, lynis_report)],
+    "kernel-log/xid79-fallen-off-the-bus.syslog": [("journal", whole, parse_xid_events)],
+    "dcgm/dcgmi-diag-j.4.x.8gpu.diagnostic-test.json": [
+        ("diag -j (DCGM 4, one test)", whole, _dcgm4_test)
+    ],
+    "nvidia-smi-lost/device-handle-unknown-error.610.57.04.txt": [
+        ("nvidia-smi, a GPU it cannot open", whole, _unreachable)
+    ],
 }
 NOT_COMMAND_OUTPUT = {
     "PROVENANCE.md": "where the fixtures come from",
@@ -308,8 +335,21 @@ def test_one_gpu_state_reads_the_same_from_driver_515_535_and_590_layouts() -> N
         generation: parse_nvidia_smi_xml(render(state, generation))
         for generation in ("r515", "r535", "r590")
     }
-    assert reports["r515"]["gpus"] == reports["r535"]["gpus"] == reports["r590"]["gpus"]
+    # Driver 590 alone prints a recovery action and whether SRAM errors passed their threshold.
+    only_590 = ("recovery_action", "ecc_memory")
+    same = {
+        generation: [{k: v for k, v in gpu.items() if k not in only_590} for gpu in report["gpus"]]
+        for generation, report in reports.items()
+    }
+    assert same["r515"] == same["r535"] == same["r590"]
     third = reports["r590"]["gpus"][2]
+    assert third["recovery_action"] == 0  # "None"
+    assert third["ecc_memory"] == {
+        "volatile": {"sram": 3, "dram": 0},
+        "aggregate": {"sram": 0, "dram": 0},
+        "sram_threshold_exceeded": False,
+    }
+    assert reports["r535"]["gpus"][2]["recovery_action"] is None
     assert third["persistence_mode"] is True
     assert third["power_w"]["limit"] == 450.0
     assert third["ecc_errors"]["volatile"] == {"corrected": 5, "uncorrected": 3}

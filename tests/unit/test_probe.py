@@ -31,6 +31,7 @@ import pytest
 from gpunode import framing
 from gpunode.probe import gpu_probe
 from gpunode.probe.gpu_probe import Completed, System, collect
+from gpunode.probe.gpu_record import recovery_action_value
 from gpunode.probe.parsers import (
     installed_probe_files,
     parse_section,
@@ -204,6 +205,20 @@ class FakeNvml(types.SimpleNamespace):
         word = "correctable" if kind == self.NVML_MEMORY_ERROR_TYPE_CORRECTED else "uncorrectable"
         return int(scope[f"sram_{word}"] + scope[f"dram_{word}"])
 
+    def nvmlDeviceGetMemoryErrorCounter(
+        self, gpu: dict[str, Any], kind: int, counter: int, location: int
+    ) -> int:
+        scope = gpu["ecc_errors"]["volatile" if counter == self.NVML_VOLATILE_ECC else "aggregate"]
+        word = "correctable" if kind == self.NVML_MEMORY_ERROR_TYPE_CORRECTED else "uncorrectable"
+        memory = "sram" if location == self.NVML_MEMORY_LOCATION_SRAM else "dram"
+        return int(scope[f"{memory}_{word}"])
+
+    def nvmlDeviceGetSramEccErrorStatus(self, gpu: dict[str, Any], status: Any) -> int:
+        if self.state["smi_generation"] != "r590":  # older drivers have no such call
+            raise self.fail(self.NVML_ERROR_FUNCTION_NOT_FOUND)
+        status.bThresholdExceeded = 0  # the simulated XML's <sram_threshold_exceeded>No
+        return 0
+
     def nvmlDeviceGetRetiredPages(self, gpu: dict[str, Any], cause: int) -> list[int]:
         raise self.not_supported()  # Ampere and later remap rows instead
 
@@ -225,6 +240,12 @@ class FakeNvml(types.SimpleNamespace):
 
     def nvmlDeviceGetFieldValues(self, gpu: dict[str, Any], fields: list[int]) -> Any:
         values = (self.c_nvmlFieldValue_t * len(fields))()
+        if fields == [self.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION]:
+            # Driver 590 reports one (the XML's <gpu_recovery_action>), older ones do not.
+            supported = self.state["smi_generation"] == "r590"
+            values[0].nvmlReturn = 0 if supported else self.NVML_ERROR_NOT_SUPPORTED
+            values[0].value.uiVal = recovery_action_value(gpu["recovery_action"]) or 0
+            return values
         memory = gpu["temperature"]["memory"]
         values[0].nvmlReturn = self.NVML_ERROR_NOT_SUPPORTED if memory is None else 0
         values[0].value.uiVal = memory or 0

@@ -66,6 +66,16 @@ def test_persistence_set_only_on_gpus_that_lack_it() -> None:
     assert commands == ["nvidia-smi -i 0,2 -pm 1"]
 
 
+def test_a_lost_gpu_takes_no_setting_and_is_named() -> None:
+    """A lost GPU's values are all unknown (gpu_record's lost): no nvidia-smi call on it."""
+    lost = gpu(1, persistence_mode=None, power_w={}, lost=True)
+    commands, noops = commands_of(persistence_mode, facts(gpu(0), lost, gpu(2)), enabled=True)
+    assert commands == ["nvidia-smi -i 0,2 -pm 1"]
+    assert noops == ["GPU 1 lost (answers no query): left out of GPU settings"]
+    commands, _ = commands_of(power_limit, facts(gpu(0), lost), watts=500)
+    assert commands == ["nvidia-smi -i 0 -pl 500"]
+
+
 def test_persistence_noop_when_all_enabled() -> None:
     commands, noops = commands_of(
         persistence_mode, facts(gpu(0, persistence_mode=True)), enabled=True

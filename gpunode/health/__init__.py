@@ -1,0 +1,31 @@
+"""GPU health: failure classes as data, and one module per class that judges a GPU report.
+
+``catalogue`` holds what NVIDIA says each failure means and what fixes it (with source and
+date); ``lost``, ``memory``, ``xid`` and ``recovery`` each read one concern of the probe's GPU
+report (``gpunode.probe.gpu_probe``) and name what they find as ``HealthFinding``s: the failure
+class, the evidence (node text, cleaned again by the drift check's findings), how sure it is
+and the remedy. The drift check's ``gpu_health_rules`` runs them all (``judge``).
+
+Standard library and ``gpunode.health`` only: no drift, no pyinfra.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from gpunode.health import lost, memory, recovery, xid
+from gpunode.health.finding import HealthFinding
+
+# Each failure class's judge, in the order its findings are listed.
+JUDGES: tuple[Callable[[dict[str, Any]], Iterator[HealthFinding]], ...] = (
+    lost.judge,
+    memory.judge,
+    recovery.judge,
+    xid.judge,
+)
+
+
+def judge(report: dict[str, Any]) -> list[HealthFinding]:
+    """Every failure class's findings on one node's GPU report (the probe's ``gpu`` section)."""
+    return [finding for judge_one in JUDGES for finding in judge_one(report)]
