@@ -694,6 +694,11 @@ def nvidia_driver(desired: DesiredState) -> None:
     if wanted.source == "none":
         driver_left_alone(name="NVIDIA driver (source: none)")
         return
+    if wanted.source == "ubuntu":
+        raise NodeRefused(
+            f"{host.name}: nvidia_driver.source 'ubuntu' is not installed by this role yet; "
+            "use source: nvidia"
+        )
     facts = host.get_fact(NvidiaPackages)
     # The headers verdict for the debian source does not depend on the version resolved
     # below, so a node without headers gets that message rather than a version problem.
