@@ -185,7 +185,10 @@ DISTRIBUTIONS: tuple[Distribution, ...] = (
         # roles/base.py, as on Debian); gpunode keeps the release's format in its own file.
         apt_sources_path="/etc/apt/sources.list.d/ubuntu.list",
         apt_sources_format="one-line",
-        driver_sources=("ubuntu", "nvidia"),
+        # NVIDIA's Ubuntu tree names its compute-only set otherwise than its Debian one
+        # (libnvidia-compute-<branch> and nvidia-dkms-<branch>-open, research anchors §27):
+        # not installed by roles/nvidia_driver.py yet, so not offered.
+        driver_sources=("ubuntu",),
         kernel_naming="ubuntu",
         network_configuration="netplan",
         sshd_socket_activated=False,
@@ -224,7 +227,10 @@ DISTRIBUTIONS: tuple[Distribution, ...] = (
         # 24.04 keeps its archive in deb822 form in this very file.
         apt_sources_path="/etc/apt/sources.list.d/ubuntu.sources",
         apt_sources_format="deb822",
-        driver_sources=("ubuntu", "nvidia"),
+        # NVIDIA's Ubuntu tree names its compute-only set otherwise than its Debian one
+        # (libnvidia-compute-<branch> and nvidia-dkms-<branch>-open, research anchors §27):
+        # not installed by roles/nvidia_driver.py yet, so not offered.
+        driver_sources=("ubuntu",),
         kernel_naming="ubuntu",
         network_configuration="netplan",
         sshd_socket_activated=True,
