@@ -777,6 +777,20 @@ class NvidiaDriver:
                 "the debian source installs Debian's headless compute set only",
                 "stack: compute, or source: nvidia for NVIDIA's full stack",
             )  # fmt: skip
+        if self.source == "ubuntu" and self.stack == "full":
+            builder.problem(
+                f"{path}.stack", self.stack,
+                "the ubuntu source installs Ubuntu's compute set with Canonical's prebuilt "
+                "kernel module only (whether nvidia-driver-<branch> would pull DKMS beside it "
+                "is not verified)",
+                "stack: compute",
+            )  # fmt: skip
+        if self.source != "ubuntu" and self.ubuntu_series != "server":
+            builder.problem(
+                f"{path}.ubuntu_series", self.ubuntu_series,
+                f"only read by the ubuntu source, but source is {self.source!r}",
+                "remove the key, or source: ubuntu",
+            )  # fmt: skip
         if self.source in ("nvidia", "ubuntu") and self.branch is None:
             builder.problem(
                 f"{path}.branch", None, f"missing for source '{self.source}'",
