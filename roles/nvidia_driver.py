@@ -44,6 +44,11 @@ What results on a node whose ``nvidia_driver.source`` is not ``none``:
   repository yet (it is added in this run), the node is asked once its lists are fetched,
   before the nouveau blacklist and the pin. The pin is never written for a package apt
   cannot install.
+* Secure Boot (facts/secure_boot.py): where the kernel module is to change and the node
+  boots with Secure Boot on, a module built by DKMS (every source's but Canonical's
+  prebuilt ones) loads only if a machine owner key DKMS signs with is enrolled; otherwise
+  the node is refused at prepare time, before anything changes, naming the enrolment step
+  (``mokutil --import <key>``, confirmed at the console on the next boot).
 * Kernel headers: before a kernel module that builds with DKMS is installed,
   ``linux-headers-$(uname -r)`` must be installed or installable (it is then installed with the
   driver); otherwise the run stops with an error naming the package, at prepare time, before
@@ -80,7 +85,8 @@ from pyinfra.operations import files, server
 
 from facts.container_runtime import AptPackagePolicy, is_indexed, package_state, versions_from
 from facts.nvidia_packages import AptPackageVersions, NvidiaPackages
-from gpunode.expected import ubuntu_driver
+from facts.secure_boot import SecureBootState
+from gpunode.expected import secure_boot, ubuntu_driver
 from gpunode.expected.packages import (
     DriverPackages,
     driver_packages_for,
@@ -766,6 +772,22 @@ def nvidia_driver(desired: DesiredState) -> None:
     _converge_driver(desired, wanted, spec, facts, available)
 
 
+def module_kind(spec: DriverPackages) -> secure_boot.ModuleKind:
+    """Canonical's signed prebuilt module, or one built (and signed) on the node by DKMS;
+    a module from NVIDIA's or Debian's packages counts as the latter: no key the firmware
+    trusts out of the box signs it."""
+    return "prebuilt" if not spec.module_versioned else "dkms"
+
+
+def require_loadable_under_secure_boot(spec: DriverPackages) -> None:
+    """Prepare-time, before anything changes: a kernel module change that would not load
+    under the node's Secure Boot (a DKMS module without an enrolled machine owner key) is
+    refused, naming the enrolment step; the node would otherwise reboot without its GPUs."""
+    reason = secure_boot.unloadable_reason(host.get_fact(SecureBootState), module_kind(spec))
+    if reason:
+        raise NodeRefused(f"{host.name}: {spec.describe()} not installed: {reason}")
+
+
 def ubuntu_spec(wanted: NvidiaDriver, facts: dict[str, Any]) -> DriverPackages:
     """The ubuntu source's packages for this node: Canonical's signed prebuilt module for the
     running kernel where apt offers it, else DKMS (apt is asked only while the module
@@ -795,6 +817,7 @@ def _converge_driver(
 ) -> None:
     available = available or {}
     if module_pending(spec, facts["packages"]):
+        require_loadable_under_secure_boot(spec)
         available = available or apt_offers(spec.module, facts)
         if headers_need(spec, facts, available) == "missing":
             raise NodeRefused(headers_error(facts))
