@@ -689,6 +689,21 @@ class Repositories:
         pattern=r"[^\s]+\.gpg",
         accepts="a path to a .gpg keyring file",
     )
+    ubuntu_driver_ppa_url: str | None = setting(
+        None,
+        "the graphics-drivers PPA (or its mirror), an extra source of Ubuntu's driver package "
+        "names, read only with nvidia_driver.source ubuntu, e.g. "
+        "https://ppa.launchpadcontent.net/graphics-drivers/ppa/ubuntu",
+        check=check_url,
+        accepts=URL_ACCEPTS,
+    )
+    ubuntu_driver_ppa_keyring: str | None = setting(
+        None,
+        "binary keyring (on the control machine) that signs the graphics-drivers PPA; "
+        "installed as its signed-by keyring (never apt-key)",
+        pattern=r"[^\s]+\.gpg",
+        accepts="a path to a .gpg keyring file",
+    )
     proxy: str | None = setting(None, "apt HTTP proxy", check=check_url, accepts=URL_ACCEPTS)
     direct_hosts: tuple[str, ...] = setting(
         (),

@@ -354,7 +354,7 @@ def _ubuntu_sources(state: DesiredState, value: str) -> None:
 
 
 def nvidia_repositories_for_all(state: DesiredState) -> list[Any]:
-    """Both NVIDIA repositories, whether or not this state needs them."""
+    """Every repository (NVIDIA's two, the PPA), whether or not this state needs it."""
     needing = dataclasses.replace(
         state,
         cuda=dataclasses.replace(state.cuda, versions=("12.4",)),
@@ -491,6 +491,7 @@ RENDERED: dict[str, Callable[[DesiredState, str], None]] = {
     "Repositories.debian_security_mirror": _sources,
     "Repositories.ubuntu_mirror": _ubuntu_sources,
     "Repositories.ubuntu_security_mirror": _ubuntu_sources,
+    "Repositories.ubuntu_driver_ppa_url": _sources,
     "Repositories.cuda_repo_url": _sources,
     "Repositories.container_toolkit_repo_url": _sources,
     "NvmeCache.mount_point": _mount_point,
