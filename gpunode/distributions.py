@@ -97,6 +97,14 @@ class Distribution:
     # ListenAddress belong to the socket unit; roles/sshd.py runs sshd from ssh.service on
     # every release (the socket masked), as dev-sec's role does.
     sshd_socket_activated: bool = False
+    # The security origins unattended-upgrades may install from (roles/unattended_upgrades.py)
+    # and the apt.conf list they are written in. Debian: its security archive by codename
+    # (the second form matches the archive's older Release layout).
+    unattended_origins_list: Literal["Origins-Pattern", "Allowed-Origins"] = "Origins-Pattern"
+    unattended_origins: tuple[str, ...] = (
+        "origin=Debian,codename=${distro_codename}-security,label=Debian-Security",
+        "origin=Debian,codename=${distro_codename},label=Debian-Security",
+    )
     sources: tuple[str, ...] = field(default=(), compare=False)
 
     @property
@@ -112,6 +120,17 @@ class Distribution:
     def release_suite(self) -> str:
         return self.suites[0]
 
+
+# Ubuntu's own 50unattended-upgrades, security part: its release pocket (Ubuntu's security
+# updates may pull new dependencies from it), its security pocket and Ubuntu Pro's ESM
+# pockets (present only where the node has them). Copies of the default file in
+# github.com/tryauuum/my-salt modules/apt/init.sls and public notes, read 2026-12-07.
+UBUNTU_SECURITY_ORIGINS = (
+    "${distro_id}:${distro_codename}",
+    "${distro_id}:${distro_codename}-security",
+    "${distro_id}ESMApps:${distro_codename}-apps-security",
+    "${distro_id}ESM:${distro_codename}-infra-security",
+)
 
 DISTRIBUTIONS: tuple[Distribution, ...] = (
     Distribution(
@@ -192,6 +211,8 @@ DISTRIBUTIONS: tuple[Distribution, ...] = (
         kernel_naming="ubuntu",
         network_configuration="netplan",
         sshd_socket_activated=False,
+        unattended_origins_list="Allowed-Origins",
+        unattended_origins=UBUNTU_SECURITY_ORIGINS,
         sources=(
             'os-release of ubuntu:22.04 (ID=ubuntu, VERSION_ID="22.04", '
             "VERSION_CODENAME=jammy): github.com/beeware/briefcase "
@@ -234,6 +255,8 @@ DISTRIBUTIONS: tuple[Distribution, ...] = (
         kernel_naming="ubuntu",
         network_configuration="netplan",
         sshd_socket_activated=True,
+        unattended_origins_list="Allowed-Origins",
+        unattended_origins=UBUNTU_SECURITY_ORIGINS,
         sources=(
             'os-release of Ubuntu 24.04.3 LTS (ID=ubuntu, VERSION_ID="24.04", '
             "VERSION_CODENAME=noble): github.com/syunkitada/home "
