@@ -266,18 +266,58 @@ DISTRIBUTIONS: tuple[Distribution, ...] = (
             "stanza): github.com/christsui1228/setup set_apt_mirror.sh, read 2026-12-07",
             "NVIDIA CUDA repository .../compute/cuda/repos/ubuntu2404/x86_64/ "
             "(research anchors §26), read 2026-12-07",
-            "OpenSSH 9.6p1 on 24.04: 'OpenSSH_9.6p1 Ubuntu-3ubuntu13.5, OpenSSL 3.0.13' in "
-            "public test data, read 2026-12-07; PerSourcePenalties came with 9.8",
+            "openssh-server 1:9.6p1-3ubuntu13.18 in noble "
+            "(packages.ubuntu.com/noble/net/openssh-server), read 2026-12-07: no "
+            "PerSourcePenalties (9.8 and later)",
             "ssh-audit built-in policy 'Hardened Ubuntu Server 24.04 LTS (version 2)': "
             "github.com/jtesta/ssh-audit src/ssh_audit/builtin_policies.py @1eb1105 "
             "(2026-06-20), read 2026-12-07",
         ),
     ),
-    # Ubuntu 26.04 LTS (resolute) is not a row yet. NVIDIA's repository has an ubuntu2604
-    # tree (.../cuda/repos/ubuntu2604/x86_64 and /sbsa, CUDA 13.3 with driver 610.43.02, as
-    # public install scripts fetch it; read 2026-12-07) and ssh-audit has 'Hardened Ubuntu
-    # Server 26.04 LTS (version 1)', but its OpenSSH version and a real os-release capture
-    # with its origin were not found: no row without them.
+    Distribution(
+        os_id="ubuntu",
+        version_id="26.04",
+        codename="resolute",
+        pretty_name="Ubuntu 26.04 LTS (resolute)",
+        suites=("resolute", "resolute-updates"),
+        security_suites=("resolute-security",),
+        cuda_repo_distro="ubuntu2604",
+        distribution_driver_branch=None,
+        openssh_major=10,
+        per_source_penalties=True,
+        ssh_audit_policy="Hardened Ubuntu Server 26.04 LTS (version 1)",
+        architectures=("amd64",),
+        archive_keyring="/usr/share/keyrings/ubuntu-archive-keyring.gpg",
+        # As 24.04 (deb822 by default since then); not seen on a 26.04 node. apt reads it
+        # either way, and a one-line sources.list is moved aside as on every release.
+        apt_sources_path="/etc/apt/sources.list.d/ubuntu.sources",
+        apt_sources_format="deb822",
+        driver_sources=("ubuntu",),
+        kernel_naming="ubuntu",
+        network_configuration="netplan",
+        sshd_socket_activated=True,
+        unattended_origins_list="Allowed-Origins",
+        unattended_origins=UBUNTU_SECURITY_ORIGINS,
+        sources=(
+            "packages.ubuntu.com names the release 'resolute (26.04LTS)' "
+            "(packages.ubuntu.com/resolute/openssh-server), read 2026-12-07; os-release "
+            'ID=ubuntu, VERSION_ID="26.04", VERSION_CODENAME=resolute in public test data '
+            "and captures, read 2026-12-07",
+            "NVIDIA CUDA repository .../compute/cuda/repos/ubuntu2604/x86_64 and /sbsa "
+            "(CUDA 13.3, driver 610.43.02; cuda-repo-ubuntu2604-13-3-local_13.3.1-610.43.02-1 "
+            "and cuda-keyring_1.1-1_all.deb) as public install scripts and Dockerfiles "
+            "fetch it, read 2026-12-07 (not from NVIDIA's own documentation)",
+            "openssh-server 1:10.2p1-2ubuntu3.6 in resolute "
+            "(packages.ubuntu.com/resolute/openssh-server), read 2026-12-07: OpenSSH 10, "
+            "PerSourcePenalties (9.8 and later)",
+            "ssh-audit built-in policy 'Hardened Ubuntu Server 26.04 LTS (version 1)': "
+            "github.com/jtesta/ssh-audit src/ssh_audit/builtin_policies.py @1eb1105 "
+            "(2026-06-20), read 2026-12-07",
+            "Canonical's prebuilt modules for resolute kernels "
+            "(linux-modules-nvidia-580-server-open-7.0.0-1016-nvidia, resolute-updates; "
+            "tests/fixtures/ubuntu-packages), read 2026-12-07",
+        ),
+    ),
 )
 
 BY_CODENAME: dict[str, Distribution] = {row.codename: row for row in DISTRIBUTIONS}

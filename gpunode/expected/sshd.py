@@ -4,7 +4,7 @@ The floor is dev-sec's ssh-baseline; the crypto lists are those of the ssh-audit
 node's release names in the distribution table (gpunode/distributions.py): "Hardened Debian
 12 (version 3)" on bookworm, "Hardened Debian 13 (version 1)" on trixie, "Hardened Ubuntu
 Server 22.04 LTS (version 6)" on jammy, "Hardened Ubuntu Server 24.04 LTS (version 2)" on
-noble, in its order. The
+noble, "Hardened Ubuntu Server 26.04 LTS (version 1)" on resolute, in its order. The
 role (roles/sshd.py) writes this file; the drift check compares the node's effective
 settings and the file's checksum with it.
 """
@@ -93,6 +93,20 @@ POLICIES: dict[str, SshCrypto] = {
         macs=(
             "hmac-sha2-256-etm@openssh.com",
             "hmac-sha2-512-etm@openssh.com",
+            "umac-128-etm@openssh.com",
+        ),
+    ),
+    # Post-quantum key exchanges only, as Debian 13's (OpenSSH 10).
+    "Hardened Ubuntu Server 26.04 LTS (version 1)": SshCrypto(
+        kex=(
+            "mlkem768x25519-sha256",
+            "sntrup761x25519-sha512",
+            "sntrup761x25519-sha512@openssh.com",
+        ),
+        ciphers=HARDENED_CIPHERS,
+        macs=(
+            "hmac-sha2-512-etm@openssh.com",
+            "hmac-sha2-256-etm@openssh.com",
             "umac-128-etm@openssh.com",
         ),
     ),

@@ -52,6 +52,7 @@ def test_each_release_is_one_row_with_its_suites_repository_and_policy() -> None
         ("debian", "13", "trixie"),
         ("ubuntu", "22.04", "jammy"),
         ("ubuntu", "24.04", "noble"),
+        ("ubuntu", "26.04", "resolute"),
     ]
     assert TRIXIE.suites == ("trixie", "trixie-updates")
     assert TRIXIE.security_suites == ("trixie-security",)
@@ -89,6 +90,12 @@ def test_ubuntu_rows_differ_in_kind_where_ubuntu_does() -> None:
     assert NOBLE.distribution_driver_branch is None
     # Ubuntu's arm64 archive is another host (ports.ubuntu.com): not offered yet.
     assert JAMMY.architectures == NOBLE.architectures == ("amd64",)
+    # 26.04: NVIDIA's ubuntu2604 tree, OpenSSH 10 with per-source penalties, and ssh-audit's
+    # post-quantum-only policy (the same lists as Debian 13's).
+    resolute = BY_CODENAME["resolute"]
+    assert (resolute.cuda_repo_distro, resolute.openssh_major) == ("ubuntu2604", 10)
+    assert resolute.per_source_penalties and resolute.sshd_socket_activated
+    assert crypto_for(resolute) == crypto_for(TRIXIE)
 
 
 def test_architectures_name_nvidia_s_repository_and_the_library_directory() -> None:
@@ -132,6 +139,7 @@ def test_trixie_s_sshd_offers_post_quantum_key_exchange_only() -> None:
         (os_release("debian", "13"), "trixie"),
         (os_release("ubuntu", "24.04", "noble"), "noble"),
         (os_release("ubuntu", "22.04"), "jammy"),
+        (os_release("ubuntu", "26.04", "resolute"), "resolute"),
     ],
 )
 def test_a_supported_release_is_found_by_id_and_version(fields: dict[str, str], row: str) -> None:
@@ -142,8 +150,7 @@ def test_a_supported_release_is_found_by_id_and_version(fields: dict[str, str], 
     ("fields", "named"),
     [
         (os_release("ubuntu", "20.04", "focal") | {"PRETTY_NAME": "Ubuntu 20.04.6 LTS"}, "Ubuntu"),
-        # Ubuntu 26.04 is not a row yet (gpunode/distributions.py says why).
-        (os_release("ubuntu", "26.04", "resolute"), "ubuntu 26.04"),
+        (os_release("ubuntu", "25.10", "questing"), "ubuntu 25.10"),
         (os_release("ubuntu", "24.04", "jammy"), "ubuntu 24.04"),
         (os_release("debian", "11", "bullseye"), "debian 11"),
         # testing/sid have no VERSION_ID; a codename that disagrees is not that release.
@@ -160,7 +167,7 @@ def test_an_unsupported_release_is_refused_naming_what_is_supported(
     assert named in str(refused.value)
     everything = (
         "Debian 12 (bookworm), Debian 13 (trixie), Ubuntu 22.04 LTS (jammy), "
-        "Ubuntu 24.04 LTS (noble)"
+        "Ubuntu 24.04 LTS (noble), Ubuntu 26.04 LTS (resolute)"
     )
     assert str(refused.value).endswith(f"gpunode supports {everything}")
     assert supported() == everything
