@@ -36,6 +36,8 @@ What results on a node whose ``nvidia_driver.source`` is not ``none``:
   branch's, series' or flavour's packages go with a change. The prebuilt module is
   whichever build the archive has for the kernel: it depends on the driver's shared files
   at least at its own version, so an exact ``version`` older than that is refused by apt.
+  The desktop series with a branch pin alone is refused while NVIDIA's repository is
+  configured (its builds carry the same names).
 * A driver the mirror does not offer is refused before anything changes on the node: when
   packages are to be installed, each must be offered at the exact version (or, with a branch
   alone, at a version of the branch), the pinning package at all. The nvidia source's come
@@ -97,6 +99,7 @@ from gpunode.model import DesiredState, NvidiaDriver, upstream_version, version_
 from gpunode.pyinfra_patches import inner
 from gpunode.refusal import REFUSED_EXIT, NodeRefused
 from roles.cuda import select_version_shell
+from roles.nvidia_repos import nvidia_repositories_for
 
 PREFERENCES_PATH = "/etc/apt/preferences.d/gpunode-nvidia-driver"
 NOUVEAU_PATH = "/etc/modprobe.d/gpunode-nouveau.conf"
@@ -755,6 +758,9 @@ def nvidia_driver(desired: DesiredState) -> None:
         return
     facts = host.get_fact(NvidiaPackages)
     if wanted.source == "ubuntu":
+        mixed = ubuntu_pin_problem(wanted, nvidia_repositories_for(desired)[0].needed)
+        if mixed:
+            raise NodeRefused(f"{host.name}: {mixed}")
         spec = ubuntu_spec(wanted, facts)
         _converge_driver(desired, wanted, spec, facts)
         return
@@ -786,6 +792,24 @@ def require_loadable_under_secure_boot(spec: DriverPackages) -> None:
     reason = secure_boot.unloadable_reason(host.get_fact(SecureBootState), module_kind(spec))
     if reason:
         raise NodeRefused(f"{host.name}: {spec.describe()} not installed: {reason}")
+
+
+def ubuntu_pin_problem(wanted: NvidiaDriver, cuda_repository_needed: bool) -> str | None:
+    """Why a branch-only pin of Ubuntu's desktop series is unsafe here, or None.
+
+    NVIDIA's Ubuntu tree builds the desktop series' names too (libnvidia-compute-<branch>,
+    nvidia-dkms-<branch>-open: research anchors §27), at other versions than Ubuntu's; with
+    its repository configured (CUDA toolkits, DCGM, NCCL) a pin to ``<branch>.*`` lets apt
+    take NVIDIA's builds beside Canonical's module. The -server series is Ubuntu's alone,
+    and an exact version is one archive's."""
+    if wanted.ubuntu_series != "desktop" or wanted.version or not cuda_repository_needed:
+        return None
+    return (
+        f"nvidia_driver.source 'ubuntu' pins branch {wanted.branch} of the desktop series "
+        "only, while NVIDIA's repository is configured too: its builds of the same package "
+        "names would win; set nvidia_driver.version to Ubuntu's exact version, or "
+        "ubuntu_series: server"
+    )
 
 
 def ubuntu_spec(wanted: NvidiaDriver, facts: dict[str, Any]) -> DriverPackages:

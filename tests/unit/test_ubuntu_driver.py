@@ -34,6 +34,7 @@ from roles.nvidia_driver import (
     kernel_headers,
     persistence_daemon,
     persistenced_package,
+    ubuntu_pin_problem,
     ubuntu_spec,
 )
 
@@ -349,3 +350,15 @@ def test_the_debian_rules_refuse_the_ubuntu_source() -> None:
     with pytest.raises(ValueError, match="ubuntu_driver_packages"):
         driver_packages_for(driver(branch="550"), None)
     assert ubuntu_driver.suffix("550", "server", "open") == "550-server-open"
+
+
+def test_a_desktop_branch_pin_beside_nvidia_s_repository_is_refused() -> None:
+    desktop = driver(branch="580", ubuntu_series="desktop")
+    problem = ubuntu_pin_problem(desktop, cuda_repository_needed=True)
+    assert problem is not None
+    assert "set nvidia_driver.version to Ubuntu's exact version" in problem
+    # Without NVIDIA's repository, with an exact version, or the -server series: no mix.
+    assert ubuntu_pin_problem(desktop, cuda_repository_needed=False) is None
+    exact = driver(branch="580", ubuntu_series="desktop", version="580.95.05-0ubuntu0.24.04.2")
+    assert ubuntu_pin_problem(exact, cuda_repository_needed=True) is None
+    assert ubuntu_pin_problem(driver(branch="580"), cuda_repository_needed=True) is None
