@@ -102,6 +102,12 @@ def unloadable_reason(secure_boot: Mapping[str, Any], kind: ModuleKind | None) -
         )
     if any(status == "enrolled" for status in keys.values()):
         return None
+    if keys and all(status == "unknown" for status in keys.values()):
+        return (
+            "Secure Boot is on and whether a machine owner key DKMS signs with is enrolled "
+            "could not be read (mokutil --test-key answered nothing known): install mokutil "
+            f"and run again; if none is enrolled, {enrolment_step(keys)}"
+        )
     pending = [key for key, status in keys.items() if status == "pending"]
     if pending:
         return (
@@ -117,7 +123,8 @@ def unloadable_reason(secure_boot: Mapping[str, Any], kind: ModuleKind | None) -
 def next_step(secure_boot: Mapping[str, Any]) -> str:
     """The one thing to do about a module that would not load in this state."""
     keys: Mapping[str, str] = secure_boot.get("keys") or {}
-    if secure_boot.get("state") != "enabled":
+    unread = bool(keys) and all(status == "unknown" for status in keys.values())
+    if secure_boot.get("state") != "enabled" or unread:
         return "install mokutil (or read the node's Secure Boot state by hand), then check again"
     if any(status == "pending" for status in keys.values()):
         return "confirm the pending key enrolment at the console on the next boot (MokManager)"

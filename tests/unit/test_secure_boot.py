@@ -174,6 +174,12 @@ def state(sb: str, *, shim: bool | None = None, **keys: str) -> dict[str, Any]:
         (state("enabled"), "dkms", "create the machine owner key DKMS signs with"),
         (state("enabled", dkms="pending"), "dkms", "awaits its enrolment: confirm it"),
         (state("unknown"), "dkms", "Secure Boot state could not be read"),
+        # Secure Boot read from the firmware, but no mokutil to ask about the keys.
+        (
+            state("enabled", dkms="unknown", ubuntu="unknown"),
+            "dkms",
+            "could not be read (mokutil --test-key answered nothing known): install mokutil",
+        ),
         (state("unknown"), "prebuilt", "Secure Boot state could not be read"),
     ],
 )
@@ -193,6 +199,9 @@ def test_the_next_step_is_the_one_that_helps() -> None:
         "enrol the key DKMS signs with: mokutil --import /var/lib/dkms/mok.pub"
     )
     assert next_step(state("unknown")).startswith("install mokutil")
+    assert next_step(state("enabled", dkms="unknown", ubuntu="unknown")).startswith(
+        "install mokutil"
+    )
 
 
 def test_the_installed_module_s_kind_comes_from_its_package() -> None:
