@@ -18,6 +18,7 @@ from facts.hardware import GpuReport, InfinibandPorts, NvmeDevices
 from facts.lynis import LynisReport
 from facts.malware_scan import MalwareScanState
 from facts.nvidia_packages import NvidiaPackages
+from facts.secure_boot import SecureBootState
 from facts.slurm import SlurmGres
 from facts.sshd import SshdState
 from facts.tls import NodeCertificate
@@ -106,7 +107,8 @@ def parse_node_os(output: list[str]) -> dict[str, Any]:
 
 
 class NodeState(FactBatch):
-    """The node's release, GPU, InfiniBand, NVMe, sshd, firewall, TLS, NVIDIA packages,
+    """The node's release, GPU, InfiniBand, NVMe, sshd, firewall, TLS, NVIDIA packages, Secure
+    Boot,
     container runtimes, NCCL settings, mounts, Slurm GRES, the file integrity check, the
     malware scan, auditd and the last lynis report."""
 
@@ -119,6 +121,7 @@ class NodeState(FactBatch):
         "firewall": FirewallState,
         "tls": NodeCertificate,
         "packages": NvidiaPackages,
+        "secure_boot": SecureBootState,
         "container_runtime": ContainerRuntimeConfig,
         "nccl": NcclSettings,
         "mounts": Mounts,

@@ -45,9 +45,14 @@ def for_platform(
 ) -> DesiredState:
     """``desired`` for a node of this release and architecture: the NVIDIA repository URLs'
     ``{distro}`` / ``{arch}`` / ``{dpkg_arch}`` filled in (a URL naming another release is
-    refused: UnsupportedNode, as is a pin of Debian's driver that this release does not
-    ship)."""
+    refused: UnsupportedNode, as is a driver source the release does not offer, e.g. the
+    ubuntu source on Debian, and a pin of Debian's driver that this release does not ship)."""
     driver = desired.nvidia_driver
+    if driver.source != "none" and driver.source not in distribution.driver_sources:
+        raise UnsupportedNode(
+            f"nvidia_driver.source is {driver.source!r}, which {distribution.pretty_name} "
+            f"does not offer; use one of {', '.join(distribution.driver_sources)} for this node"
+        )
     pinned = driver.branch or (driver.driver_version or "").split(".")[0] or None
     if driver.source == "debian" and pinned not in (None, distribution.distribution_driver_branch):
         raise UnsupportedNode(

@@ -4,9 +4,9 @@ A node's release is read from the node itself (``/etc/os-release``: facts/os_rel
 looked up here; nothing else in gpunode names a release. Everything that differs between
 releases is a field of its row: the Debian suites apt reads, the path component of NVIDIA's
 CUDA repository, the OpenSSH major version and the ssh-audit policy the hardened sshd meets.
-Adding a release (Ubuntu 24.04 LTS, say) is a new row plus, where it differs in kind rather
-than in value (no separate security suite host, another driver package family), a new field
-with its Debian value as the default.
+Adding a release is a new row plus, where it differs in kind rather than in value (another
+archive and keyring, another apt sources format, another driver package family, another kernel
+naming), a new field with its Debian value as the default: the Ubuntu rows are such rows.
 
 Standard library only: gpunode/expected reads it as it reads the model.
 """
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import urlsplit
 
 # The placeholders an apt.*_url may hold, filled in from the node's own release (see
@@ -66,8 +66,8 @@ class Distribution:
     # The release's component of NVIDIA's CUDA repository path: .../cuda/repos/<this>/<arch>.
     cuda_repo_distro: str
     # The branch of Debian's own nvidia-graphics-drivers in this release (non-free), what
-    # nvidia_driver.source "debian" installs.
-    distribution_driver_branch: str
+    # nvidia_driver.source "debian" installs; None where the release is not Debian's.
+    distribution_driver_branch: str | None
     openssh_major: int
     # sshd has PerSourcePenalties (OpenSSH 9.8 and later), and so PerSourcePenaltyExemptList.
     per_source_penalties: bool
@@ -75,7 +75,41 @@ class Distribution:
     # each policy's algorithm lists).
     ssh_audit_policy: str
     architectures: tuple[str, ...] = ("amd64", "arm64")
+    # The release's own archive as gpunode writes it (roles/base.py): from apt.debian_* on
+    # Debian, apt.ubuntu_* on Ubuntu; signed by this keyring (the archive-keyring package's).
+    archive_keyring: str = "/usr/share/keyrings/debian-archive-keyring.gpg"
+    # The file that holds the archive's sources, in the release's own format: deb822
+    # (``Types:``/``URIs:`` stanzas in a .sources file) or one-line (``deb URI suite
+    # components`` in a .list file).
+    apt_sources_path: str = "/etc/apt/sources.list.d/debian.sources"
+    apt_sources_format: Literal["deb822", "one-line"] = "deb822"
+    # The nvidia_driver.source values this release can install: its own archive's driver
+    # ("debian": Debian non-free; "ubuntu": Ubuntu's restricted) and NVIDIA's repository.
+    driver_sources: tuple[str, ...] = ("debian", "nvidia")
+    # How ``uname -r`` names a kernel: Debian "6.1.0-28-amd64" (ABI, then the architecture or
+    # cloud-amd64/rt-amd64); Ubuntu "6.8.0-49-generic" (ABI, then the flavour: generic,
+    # nvidia, aws, ...), which Ubuntu's prebuilt NVIDIA module packages are named after.
+    kernel_naming: Literal["debian", "ubuntu"] = "debian"
+    # What configures the network (IPoIB interfaces): ifupdown's /etc/network/interfaces.d,
+    # or netplan's /etc/netplan.
+    network_configuration: Literal["ifupdown", "netplan"] = "ifupdown"
+    # sshd starts from ssh.socket by default (Ubuntu 22.10 and later), where Port and
+    # ListenAddress belong to the socket unit; roles/sshd.py runs sshd from ssh.service on
+    # every release (the socket masked), as dev-sec's role does.
+    sshd_socket_activated: bool = False
+    # The security origins unattended-upgrades may install from (roles/unattended_upgrades.py)
+    # and the apt.conf list they are written in. Debian: its security archive by codename
+    # (the second form matches the archive's older Release layout).
+    unattended_origins_list: Literal["Origins-Pattern", "Allowed-Origins"] = "Origins-Pattern"
+    unattended_origins: tuple[str, ...] = (
+        "origin=Debian,codename=${distro_codename}-security,label=Debian-Security",
+        "origin=Debian,codename=${distro_codename},label=Debian-Security",
+    )
     sources: tuple[str, ...] = field(default=(), compare=False)
+
+    @property
+    def is_ubuntu(self) -> bool:
+        return self.os_id == "ubuntu"
 
     @property
     def key(self) -> str:
@@ -86,6 +120,17 @@ class Distribution:
     def release_suite(self) -> str:
         return self.suites[0]
 
+
+# Ubuntu's own 50unattended-upgrades, security part: its release pocket (Ubuntu's security
+# updates may pull new dependencies from it), its security pocket and Ubuntu Pro's ESM
+# pockets (present only where the node has them). Copies of the default file in
+# github.com/tryauuum/my-salt modules/apt/init.sls and public notes, read 2026-12-07.
+UBUNTU_SECURITY_ORIGINS = (
+    "${distro_id}:${distro_codename}",
+    "${distro_id}:${distro_codename}-security",
+    "${distro_id}ESMApps:${distro_codename}-apps-security",
+    "${distro_id}ESM:${distro_codename}-infra-security",
+)
 
 DISTRIBUTIONS: tuple[Distribution, ...] = (
     Distribution(
@@ -137,6 +182,140 @@ DISTRIBUTIONS: tuple[Distribution, ...] = (
             "persourcepenalties crash:90 authfail:5 noauth:1 ... (2026-12-01)",
             "ssh-audit 3.9.0 built-in policy 'Hardened Debian 13 (version 1)' "
             "(ssh-audit -L), read 2026-12-01",
+        ),
+    ),
+    Distribution(
+        os_id="ubuntu",
+        version_id="22.04",
+        codename="jammy",
+        pretty_name="Ubuntu 22.04 LTS (jammy)",
+        suites=("jammy", "jammy-updates"),
+        security_suites=("jammy-security",),
+        cuda_repo_distro="ubuntu2204",
+        distribution_driver_branch=None,
+        openssh_major=8,
+        per_source_penalties=False,
+        ssh_audit_policy="Hardened Ubuntu Server 22.04 LTS (version 6)",
+        # arm64 Ubuntu is served from another archive (ports.ubuntu.com/ubuntu-ports), which
+        # gpunode does not write yet.
+        architectures=("amd64",),
+        archive_keyring="/usr/share/keyrings/ubuntu-archive-keyring.gpg",
+        # 22.04's installer writes one-line entries to /etc/apt/sources.list (moved aside by
+        # roles/base.py, as on Debian); gpunode keeps the release's format in its own file.
+        apt_sources_path="/etc/apt/sources.list.d/ubuntu.list",
+        apt_sources_format="one-line",
+        # NVIDIA's Ubuntu tree names its compute-only set otherwise than its Debian one
+        # (libnvidia-compute-<branch> and nvidia-dkms-<branch>-open, research anchors §27):
+        # not installed by roles/nvidia_driver.py yet, so not offered.
+        driver_sources=("ubuntu",),
+        kernel_naming="ubuntu",
+        network_configuration="netplan",
+        sshd_socket_activated=False,
+        unattended_origins_list="Allowed-Origins",
+        unattended_origins=UBUNTU_SECURITY_ORIGINS,
+        sources=(
+            'os-release of ubuntu:22.04 (ID=ubuntu, VERSION_ID="22.04", '
+            "VERSION_CODENAME=jammy): github.com/beeware/briefcase "
+            "tests/platforms/linux/os_release.py @3304e76, read 2026-12-07",
+            "jammy's one-line sources (archive.ubuntu.com/ubuntu, jammy jammy-updates "
+            "jammy-security, main restricted universe multiverse): github.com/shell382/sketch "
+            "sources.list.d, read 2026-12-07",
+            "NVIDIA CUDA repository .../compute/cuda/repos/ubuntu2204/x86_64/ "
+            "(cuda-keyring_1.1-1_all.deb; research anchors §26), read 2026-12-07",
+            "OpenSSH 8.9p1 on 22.04: server banners 'SSH-2.0-OpenSSH_8.9p1 Ubuntu-3ubuntu0.10' "
+            "in public test data, read 2026-12-07",
+            "ssh-audit built-in policy 'Hardened Ubuntu Server 22.04 LTS (version 6)': "
+            "github.com/jtesta/ssh-audit src/ssh_audit/builtin_policies.py @1eb1105 "
+            "(2026-06-20), read 2026-12-07",
+            "ssh.socket activation from Ubuntu 22.10 on (22.04 runs ssh.service): dev-sec "
+            "ssh-hardening notes (research anchors §9), read 2026-12-07",
+        ),
+    ),
+    Distribution(
+        os_id="ubuntu",
+        version_id="24.04",
+        codename="noble",
+        pretty_name="Ubuntu 24.04 LTS (noble)",
+        suites=("noble", "noble-updates"),
+        security_suites=("noble-security",),
+        cuda_repo_distro="ubuntu2404",
+        distribution_driver_branch=None,
+        openssh_major=9,
+        per_source_penalties=False,
+        ssh_audit_policy="Hardened Ubuntu Server 24.04 LTS (version 2)",
+        architectures=("amd64",),
+        archive_keyring="/usr/share/keyrings/ubuntu-archive-keyring.gpg",
+        # 24.04 keeps its archive in deb822 form in this very file.
+        apt_sources_path="/etc/apt/sources.list.d/ubuntu.sources",
+        apt_sources_format="deb822",
+        # NVIDIA's Ubuntu tree names its compute-only set otherwise than its Debian one
+        # (libnvidia-compute-<branch> and nvidia-dkms-<branch>-open, research anchors §27):
+        # not installed by roles/nvidia_driver.py yet, so not offered.
+        driver_sources=("ubuntu",),
+        kernel_naming="ubuntu",
+        network_configuration="netplan",
+        sshd_socket_activated=True,
+        unattended_origins_list="Allowed-Origins",
+        unattended_origins=UBUNTU_SECURITY_ORIGINS,
+        sources=(
+            'os-release of Ubuntu 24.04.3 LTS (ID=ubuntu, VERSION_ID="24.04", '
+            "VERSION_CODENAME=noble): github.com/syunkitada/home "
+            "docs/env/os/ubuntu/upgrade_to_24.04.md, read 2026-12-07",
+            "noble's /etc/apt/sources.list.d/ubuntu.sources (deb822, Signed-By "
+            "/usr/share/keyrings/ubuntu-archive-keyring.gpg, noble-security on its own "
+            "stanza): github.com/christsui1228/setup set_apt_mirror.sh, read 2026-12-07",
+            "NVIDIA CUDA repository .../compute/cuda/repos/ubuntu2404/x86_64/ "
+            "(research anchors §26), read 2026-12-07",
+            "openssh-server 1:9.6p1-3ubuntu13.18 in noble "
+            "(packages.ubuntu.com/noble/net/openssh-server), read 2026-12-07: no "
+            "PerSourcePenalties (9.8 and later)",
+            "ssh-audit built-in policy 'Hardened Ubuntu Server 24.04 LTS (version 2)': "
+            "github.com/jtesta/ssh-audit src/ssh_audit/builtin_policies.py @1eb1105 "
+            "(2026-06-20), read 2026-12-07",
+        ),
+    ),
+    Distribution(
+        os_id="ubuntu",
+        version_id="26.04",
+        codename="resolute",
+        pretty_name="Ubuntu 26.04 LTS (resolute)",
+        suites=("resolute", "resolute-updates"),
+        security_suites=("resolute-security",),
+        cuda_repo_distro="ubuntu2604",
+        distribution_driver_branch=None,
+        openssh_major=10,
+        per_source_penalties=True,
+        ssh_audit_policy="Hardened Ubuntu Server 26.04 LTS (version 1)",
+        architectures=("amd64",),
+        archive_keyring="/usr/share/keyrings/ubuntu-archive-keyring.gpg",
+        # As 24.04 (deb822 by default since then); not seen on a 26.04 node. apt reads it
+        # either way, and a one-line sources.list is moved aside as on every release.
+        apt_sources_path="/etc/apt/sources.list.d/ubuntu.sources",
+        apt_sources_format="deb822",
+        driver_sources=("ubuntu",),
+        kernel_naming="ubuntu",
+        network_configuration="netplan",
+        sshd_socket_activated=True,
+        unattended_origins_list="Allowed-Origins",
+        unattended_origins=UBUNTU_SECURITY_ORIGINS,
+        sources=(
+            "packages.ubuntu.com names the release 'resolute (26.04LTS)' "
+            "(packages.ubuntu.com/resolute/openssh-server), read 2026-12-07; os-release "
+            'ID=ubuntu, VERSION_ID="26.04", VERSION_CODENAME=resolute in public test data '
+            "and captures, read 2026-12-07",
+            "NVIDIA CUDA repository .../compute/cuda/repos/ubuntu2604/x86_64 and /sbsa "
+            "(CUDA 13.3, driver 610.43.02; cuda-repo-ubuntu2604-13-3-local_13.3.1-610.43.02-1 "
+            "and cuda-keyring_1.1-1_all.deb) as public install scripts and Dockerfiles "
+            "fetch it, read 2026-12-07 (not from NVIDIA's own documentation)",
+            "openssh-server 1:10.2p1-2ubuntu3.6 in resolute "
+            "(packages.ubuntu.com/resolute/openssh-server), read 2026-12-07: OpenSSH 10, "
+            "PerSourcePenalties (9.8 and later)",
+            "ssh-audit built-in policy 'Hardened Ubuntu Server 26.04 LTS (version 1)': "
+            "github.com/jtesta/ssh-audit src/ssh_audit/builtin_policies.py @1eb1105 "
+            "(2026-06-20), read 2026-12-07",
+            "Canonical's prebuilt modules for resolute kernels "
+            "(linux-modules-nvidia-580-server-open-7.0.0-1016-nvidia, resolute-updates; "
+            "tests/fixtures/ubuntu-packages), read 2026-12-07",
         ),
     ),
 )

@@ -647,6 +647,23 @@ class Repositories:
             "components (non-free is needed for Debian's NVIDIA driver)",
         )
     )
+    # Ubuntu nodes' archive (gpunode/distributions.py: the Ubuntu rows). Defaults: Ubuntu's
+    # own archive and security hosts, as a 24.04 node's ubuntu.sources names them.
+    ubuntu_mirror: str = setting(
+        "http://archive.ubuntu.com/ubuntu", "Ubuntu archive (amd64)", check=check_url,
+        accepts=URL_ACCEPTS,
+    )  # fmt: skip
+    ubuntu_security_mirror: str = setting(
+        "http://security.ubuntu.com/ubuntu", "Ubuntu security archive (amd64)",
+        check=check_url, accepts=URL_ACCEPTS,
+    )  # fmt: skip
+    ubuntu_components: tuple[Literal["main", "restricted", "universe", "multiverse"], ...] = (
+        setting(
+            ("main", "restricted", "universe", "multiverse"),
+            "Ubuntu components (restricted holds Ubuntu's NVIDIA driver and its prebuilt "
+            "kernel modules)",
+        )
+    )
     cuda_repo_url: str = setting(
         "https://developer.download.nvidia.com/compute/cuda/repos/{distro}/{arch}",
         "NVIDIA CUDA repository; {distro}/{arch} become the node's (debian13/x86_64)",
@@ -672,6 +689,21 @@ class Repositories:
         pattern=r"[^\s]+\.gpg",
         accepts="a path to a .gpg keyring file",
     )
+    ubuntu_driver_ppa_url: str | None = setting(
+        None,
+        "the graphics-drivers PPA (or its mirror), an extra source of Ubuntu's driver package "
+        "names, read only with nvidia_driver.source ubuntu, e.g. "
+        "https://ppa.launchpadcontent.net/graphics-drivers/ppa/ubuntu",
+        check=check_url,
+        accepts=URL_ACCEPTS,
+    )
+    ubuntu_driver_ppa_keyring: str | None = setting(
+        None,
+        "binary keyring (on the control machine) that signs the graphics-drivers PPA; "
+        "installed as its signed-by keyring (never apt-key)",
+        pattern=r"[^\s]+\.gpg",
+        accepts="a path to a .gpg keyring file",
+    )
     proxy: str | None = setting(None, "apt HTTP proxy", check=check_url, accepts=URL_ACCEPTS)
     direct_hosts: tuple[str, ...] = setting(
         (),
@@ -694,14 +726,29 @@ class Repositories:
                 "main is missing",
                 "a list that includes main",
             )
+        if "main" not in self.ubuntu_components:
+            builder.problem(
+                f"{path}.ubuntu_components",
+                list(self.ubuntu_components),
+                "main is missing",
+                "a list that includes main",
+            )
 
 
 @dataclass(frozen=True)
 class NvidiaDriver:
     """Which driver, pinned how, and what may happen to make it take effect."""
 
-    source: Literal["none", "debian", "nvidia"] = setting(
-        "none", "none: leave the driver alone; debian: Debian non-free; nvidia: NVIDIA's repo"
+    source: Literal["none", "debian", "nvidia", "ubuntu"] = setting(
+        "none",
+        "none: leave the driver alone; debian: Debian non-free (Debian nodes); ubuntu: "
+        "Ubuntu's restricted archive with Canonical's signed prebuilt kernel modules (Ubuntu "
+        "nodes); nvidia: NVIDIA's repo",
+    )
+    ubuntu_series: Literal["server", "desktop"] = setting(
+        "server",
+        "ubuntu source: Ubuntu's -server driver packages (nvidia-*-<branch>-server, the "
+        "data-centre branches) or its desktop ones (nvidia-*-<branch>)",
     )
     branch: str | None = setting(
         None, "driver branch, e.g. '550' (NVIDIA source)", pattern=DRIVER_BRANCH,
@@ -736,7 +783,7 @@ class NvidiaDriver:
                         f"{path}.{name}",
                         getattr(self, name),
                         "set while source is 'none', so it would be ignored",
-                        "set source to 'debian' or 'nvidia', or remove the key",
+                        "set source to 'debian', 'ubuntu' or 'nvidia', or remove the key",
                     )
             return
         if self.source == "debian" and self.stack == "full":
@@ -745,10 +792,25 @@ class NvidiaDriver:
                 "the debian source installs Debian's headless compute set only",
                 "stack: compute, or source: nvidia for NVIDIA's full stack",
             )  # fmt: skip
-        if self.source == "nvidia" and self.branch is None:
+        if self.source == "ubuntu" and self.stack == "full":
             builder.problem(
-                f"{path}.branch", None, "missing for source 'nvidia'", "a branch such as '550'"
-            )
+                f"{path}.stack", self.stack,
+                "the ubuntu source installs Ubuntu's compute set with Canonical's prebuilt "
+                "kernel module only (whether nvidia-driver-<branch> would pull DKMS beside it "
+                "is not verified)",
+                "stack: compute",
+            )  # fmt: skip
+        if self.source != "ubuntu" and self.ubuntu_series != "server":
+            builder.problem(
+                f"{path}.ubuntu_series", self.ubuntu_series,
+                f"only read by the ubuntu source, but source is {self.source!r}",
+                "remove the key, or source: ubuntu",
+            )  # fmt: skip
+        if self.source in ("nvidia", "ubuntu") and self.branch is None:
+            builder.problem(
+                f"{path}.branch", None, f"missing for source '{self.source}'",
+                "a branch such as '550'",
+            )  # fmt: skip
         if (
             self.branch
             and self.version
@@ -1789,12 +1851,12 @@ class DesiredState:
         if not self.needs_fabric_manager:
             return
         driver = self.nvidia_driver
-        if driver.source == "debian":
+        if driver.source in ("debian", "ubuntu"):
             builder.problem(
                 "fabric_manager.mode",
                 self.fabric_manager.mode,
                 "Fabric Manager is only in NVIDIA's repository and must match its driver, but "
-                "nvidia_driver.source is 'debian'",
+                f"nvidia_driver.source is {driver.source!r}",
                 "nvidia_driver.source: nvidia on NVSwitch nodes, or fabric_manager.mode: never",
             )
         fm_version = self.fabric_manager.version

@@ -48,6 +48,11 @@ IMAGE_REPOSITORY = "gpunode-lab/debian12"  # bookworm's, the default release's
 DEFAULT_RELEASE = "bookworm"
 # What --release accepts besides a codename or a comma-separated list of them.
 RELEASE_ALIASES = {"mixed": ("bookworm", "trixie")}
+# The releases a lab node can be: images are built from Debian's archive, so Debian's rows of
+# the distribution table only (Ubuntu lab nodes are not built yet).
+LAB_RELEASES = {
+    codename: row for codename, row in distributions.BY_CODENAME.items() if row.os_id == "debian"
+}
 LOGIN_USER = "debian"
 # How a lab node "reboots" for a driver change (nvidia_driver.reboot_command): the GPU
 # simulator loads the installed stand-in driver; the container itself stays up.
@@ -105,9 +110,9 @@ Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
 def releases_of(spec: str) -> tuple[str, ...]:
     """``--release`` -> the releases nodes get in turn: 'trixie', 'bookworm,trixie', 'mixed'."""
     names = RELEASE_ALIASES.get(spec) or tuple(part.strip() for part in spec.split(","))
-    unknown = [name for name in names if name not in distributions.BY_CODENAME]
+    unknown = [name for name in names if name not in LAB_RELEASES]
     if unknown or not names:
-        known = ", ".join([*distributions.BY_CODENAME, *RELEASE_ALIASES])
+        known = ", ".join([*LAB_RELEASES, *RELEASE_ALIASES])
         raise LabError(f"--release {spec!r}: unknown release {unknown}; known: {known}")
     return names
 
@@ -836,7 +841,7 @@ class Lab:
         if release is None:
             nodes = self.nodes()
             release = nodes[0].release if nodes else DEFAULT_RELEASE
-        if release not in distributions.BY_CODENAME:
+        if release not in LAB_RELEASES:
             raise LabError(f"Slurm controller: unknown release {release!r}")
         node = LabNode(
             name=SLURM_CONTROLLER,
@@ -1089,7 +1094,7 @@ class Lab:
         for network in self.client.networks.list(filters=mine):
             network.remove()
         if not keep_image:
-            for release in distributions.BY_CODENAME:
+            for release in LAB_RELEASES:
                 for image in self.client.images.list(name=image_repository(release)):
                     self.client.images.remove(image.id, force=True)
             shutil.rmtree(self.package_cache_dir, ignore_errors=True)

@@ -1,5 +1,6 @@
-"""Base system: Debian package sources from data (the suites of the node's own release, from
-its /etc/os-release) and the packages every node gets."""
+"""Base system: the node's archive as apt sources from data (Debian's or Ubuntu's, the suites of
+the node's own release, from its /etc/os-release, in the release's own format) and the
+packages every node gets."""
 
 from __future__ import annotations
 
@@ -21,7 +22,6 @@ from gpunode.model import DesiredState, Repositories
 from gpunode.refusal import refusal
 from gpunode.schema import one_line
 
-SOURCES_PATH = "/etc/apt/sources.list.d/debian.sources"
 LEGACY_SOURCES_PATH = "/etc/apt/sources.list"
 PROXY_PATH = "/etc/apt/apt.conf.d/80gpunode-proxy"
 LOCK_TIMEOUT_PATH = "/etc/apt/apt.conf.d/80gpunode-lock-timeout"
@@ -47,6 +47,46 @@ DPKG_RECOVER = (
 # Written by apt's periodic job and by pyinfra's apt.update.
 UPDATE_STAMP_PATH = "/var/lib/apt/periodic/update-success-stamp"
 LISTS_MAX_AGE_S = 86400
+
+
+def archive_of(repos: Repositories, distribution: Distribution) -> tuple[str, str, str, str]:
+    """(mirror, security mirror, components, the inventory key they come from) of the node's
+    archive: apt.debian_* on Debian, apt.ubuntu_* on Ubuntu."""
+    if distribution.is_ubuntu:
+        return (
+            repos.ubuntu_mirror, repos.ubuntu_security_mirror,
+            " ".join(repos.ubuntu_components), "apt.ubuntu_mirror",
+        )  # fmt: skip
+    return (
+        repos.debian_mirror, repos.debian_security_mirror,
+        " ".join(repos.debian_components), "apt.debian_mirror",
+    )  # fmt: skip
+
+
+def render_archive_sources(repos: Repositories, distribution: Distribution) -> str:
+    """The node's archive (release, updates, security) as apt sources, in the format its
+    release uses (``distribution.apt_sources_format``), for ``apt_sources_path``."""
+    if not distribution.is_ubuntu:
+        return render_debian_sources(repos, distribution)
+    mirror, security_mirror, components, key = archive_of(repos, distribution)
+    keyring = distribution.archive_keyring
+    header = f"# Managed by gpunode ({key}); local edits are replaced.\n"
+    if distribution.apt_sources_format == "one-line":
+        lines = [
+            f"deb [signed-by={keyring}] {one_line(uri)} {suite} {components}"
+            for uri, suites in (
+                (mirror, distribution.suites), (security_mirror, distribution.security_suites),
+            )
+            for suite in suites
+        ]  # fmt: skip
+        return header + "\n".join(lines) + "\n"
+    return header + "\n".join(
+        f"Types: deb\nURIs: {one_line(uri)}\nSuites: {' '.join(suites)}\n"
+        f"Components: {components}\nSigned-By: {keyring}\n"
+        for uri, suites in (
+            (mirror, distribution.suites), (security_mirror, distribution.security_suites),
+        )
+    )  # fmt: skip
 
 
 def render_debian_sources(repos: Repositories, distribution: Distribution) -> str:
@@ -123,10 +163,12 @@ def package_mirrors_reachable(
 
 
 def debian_release_files(repos: Repositories, distribution: Distribution) -> list[str]:
+    """The first file the coming update reads from each of the node's archives (Debian's or
+    Ubuntu's, by the node's release)."""
+    mirror, security_mirror, _, _ = archive_of(repos, distribution)
     return [
-        f"{repos.debian_mirror.rstrip('/')}/dists/{distribution.release_suite}/InRelease",
-        f"{repos.debian_security_mirror.rstrip('/')}/dists/"
-        f"{distribution.security_suites[0]}/InRelease",
+        f"{mirror.rstrip('/')}/dists/{distribution.release_suite}/InRelease",
+        f"{security_mirror.rstrip('/')}/dists/{distribution.security_suites[0]}/InRelease",
     ]
 
 
@@ -152,7 +194,8 @@ def package_database() -> None:
 def base_system(desired: DesiredState) -> None:
     repos = desired.apt
     distribution, _ = this_node()
-    sources_text = render_debian_sources(repos, distribution)
+    sources_path = distribution.apt_sources_path
+    sources_text = render_archive_sources(repos, distribution)
     proxy_text = render_proxy(repos.proxy, repos.direct_hosts) if repos.proxy else None
     proxy_changes = (
         host.get_fact(Sha1File, path=PROXY_PATH) != sha1(proxy_text)
@@ -160,7 +203,7 @@ def base_system(desired: DesiredState) -> None:
         else bool(host.get_fact(File, path=PROXY_PATH))
     )
     if (
-        host.get_fact(Sha1File, path=SOURCES_PATH) != sha1(sources_text)
+        host.get_fact(Sha1File, path=sources_path) != sha1(sources_text)
         or proxy_changes
         or lists_due()
     ):
@@ -178,9 +221,9 @@ def base_system(desired: DesiredState) -> None:
         mode="644",
     )
     sources = files.put(
-        name="Debian package sources from data",
+        name=f"{distribution.pretty_name.split()[0]} package sources from data",
         src=StringIO(sources_text),
-        dest=SOURCES_PATH,
+        dest=sources_path,
         mode="644",
     )
     # A one-line sources.list from the installer would duplicate every entry; it is moved
@@ -202,7 +245,8 @@ def base_system(desired: DesiredState) -> None:
         proxy = files.file(name="No apt proxy", path=PROXY_PATH, present=False)
     # Also when apt has no lists for the declared mirror: a run cut off between writing the
     # sources and the update leaves them "unchanged" for the next run.
-    unindexed = normalise_url(repos.debian_mirror) not in host.get_fact(AptIndexedRepositories)
+    mirror, _, _, _ = archive_of(repos, distribution)
+    unindexed = normalise_url(mirror) not in host.get_fact(AptIndexedRepositories)
     apt.update(
         name="Refresh package lists after a source change",
         _if=lambda: sources.did_change() or proxy.did_change() or bool(legacy_entries) or unindexed,

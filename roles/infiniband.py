@@ -12,7 +12,8 @@
   servers: one file per interface in /etc/network/interfaces.d, which Debian's
   /etc/network/interfaces sources; an interface that exists is brought up with ``ifup``.
   Datagram mode up to MTU 4092; a larger MTU selects connected mode (where the HCA offers
-  it; ConnectX-4 and later with enhanced IPoIB only do datagram).
+  it; ConnectX-4 and later with enhanced IPoIB only do datagram). On a release configured
+  by netplan (Ubuntu) declared IPoIB interfaces refuse the node, naming what to do instead.
 * opensm runs where ``subnet_manager`` is set; elsewhere an installed opensm is stopped and
   disabled, so no node becomes a subnet manager by accident.
 
@@ -42,6 +43,8 @@ from facts.fabric import (
     module_name,
 )
 from facts.hardware import InfinibandPorts
+from gpunode.converge import this_node
+from gpunode.distributions import Distribution
 from gpunode.model import DesiredState, IpoibInterface
 from gpunode.refusal import NodeRefused
 from gpunode.schema import one_line
@@ -174,6 +177,19 @@ def memlock_reported():
 
 
 # --- IPoIB -------------------------------------------------------------------------------
+
+
+def require_ifupdown_release(node: str, distribution: Distribution, names: list[str]) -> None:
+    """IPoIB interfaces are written for ifupdown; a release configured by netplan (Ubuntu)
+    is refused before anything changes, rather than given a second network configuration
+    next to its own."""
+    if distribution.network_configuration != "ifupdown":
+        raise NodeRefused(
+            f"{node}: infiniband.ipoib ({', '.join(names)}) is configured with ifupdown, but "
+            f"{distribution.pretty_name} configures its network with "
+            f"{distribution.network_configuration}, which gpunode does not write yet; "
+            "configure these interfaces in netplan yourself and remove infiniband.ipoib"
+        )
 
 
 def ipoib_path(interface: IpoibInterface) -> str:
@@ -339,6 +355,7 @@ def infiniband(desired: DesiredState) -> None:
         files.file(name="No gpunode memlock limits", path=LIMITS_PATH, present=False)
 
     if ib.ipoib:
+        require_ifupdown_release(host.name, this_node()[0], [i.name for i in ib.ipoib])
         install_packages("ifupdown for IPoIB interfaces", ["ifupdown"])
         interfaces_sources_directory(name="/etc/network/interfaces reads interfaces.d")
     for interface in ib.ipoib:

@@ -1,4 +1,5 @@
-"""The NVIDIA driver, pinned and held, from Debian non-free or NVIDIA's repository.
+"""The NVIDIA driver, pinned and held, from Debian non-free, Ubuntu's archive or NVIDIA's
+repository.
 
 What results on a node whose ``nvidia_driver.source`` is not ``none``:
 
@@ -24,6 +25,19 @@ What results on a node whose ``nvidia_driver.source`` is not ``none``:
   the ``debian`` source a missing version resolves at prepare time to the installed one, else
   to the newest Debian offers for the flavour's kernel module (Debian's open module can lag the
   driver, so the whole set is pinned to the module's version).
+* ``ubuntu`` (Ubuntu nodes only) installs Ubuntu's compute set of the branch and series
+  (gpunode/expected/ubuntu_driver.py: ``libnvidia-compute-<branch>[-server]``,
+  ``nvidia-utils-``, ``nvidia-compute-utils-``, ``nvidia-kernel-common-``) at the pinned
+  version, with Canonical's signed prebuilt module for the running kernel
+  (``linux-modules-nvidia-<branch>[-server][-open]-$(uname -r)``) where apt offers it: it is at
+  the kernel's version, held apart, needs no headers and no machine owner key; a DKMS module
+  of the same driver goes (it would be loaded instead). Where no prebuilt module exists for
+  the kernel, ``nvidia-dkms-<branch>[-server][-open]`` builds it (headers as below). Another
+  branch's, series' or flavour's packages go with a change. The prebuilt module is
+  whichever build the archive has for the kernel: it depends on the driver's shared files
+  at least at its own version, so an exact ``version`` older than that is refused by apt.
+  The desktop series with a branch pin alone is refused while NVIDIA's repository is
+  configured (its builds carry the same names).
 * A driver the mirror does not offer is refused before anything changes on the node: when
   packages are to be installed, each must be offered at the exact version (or, with a branch
   alone, at a version of the branch), the pinning package at all. The nvidia source's come
@@ -32,6 +46,11 @@ What results on a node whose ``nvidia_driver.source`` is not ``none``:
   repository yet (it is added in this run), the node is asked once its lists are fetched,
   before the nouveau blacklist and the pin. The pin is never written for a package apt
   cannot install.
+* Secure Boot (facts/secure_boot.py): where the kernel module is to change and the node
+  boots with Secure Boot on, a module built by DKMS (every source's but Canonical's
+  prebuilt ones) loads only if a machine owner key DKMS signs with is enrolled; otherwise
+  the node is refused at prepare time, before anything changes, naming the enrolment step
+  (``mokutil --import <key>``, confirmed at the console on the next boot).
 * Kernel headers: before a kernel module that builds with DKMS is installed,
   ``linux-headers-$(uname -r)`` must be installed or installable (it is then installed with the
   driver); otherwise the run stops with an error naming the package, at prepare time, before
@@ -68,11 +87,19 @@ from pyinfra.operations import files, server
 
 from facts.container_runtime import AptPackagePolicy, is_indexed, package_state, versions_from
 from facts.nvidia_packages import AptPackageVersions, NvidiaPackages
-from gpunode.expected.packages import DriverPackages, driver_packages_for, module_package
+from facts.secure_boot import SecureBootState
+from gpunode.expected import secure_boot, ubuntu_driver
+from gpunode.expected.packages import (
+    DriverPackages,
+    driver_packages_for,
+    module_package,
+    ubuntu_driver_packages,
+)
 from gpunode.model import DesiredState, NvidiaDriver, upstream_version, version_tuple
 from gpunode.pyinfra_patches import inner
 from gpunode.refusal import REFUSED_EXIT, NodeRefused
 from roles.cuda import select_version_shell
+from roles.nvidia_repos import nvidia_repositories_for
 
 PREFERENCES_PATH = "/etc/apt/preferences.d/gpunode-nvidia-driver"
 NOUVEAU_PATH = "/etc/modprobe.d/gpunode-nouveau.conf"
@@ -136,7 +163,7 @@ def resolve_version(
     """The exact version to pin: data's; for the debian source without one, the installed
     module's, else the newest Debian offers (in ``branch``). None: the nvidia source's branch
     pin decides. Raises NodeRefused when the debian source has nothing to offer."""
-    if wanted.version or wanted.source == "nvidia":
+    if wanted.version or wanted.source in ("nvidia", "ubuntu"):
         return wanted.version
     module = module_package(wanted)
     installed = packages.get(module)
@@ -175,6 +202,8 @@ def headers_need(
     "unknown": apt does not know the module package yet (NVIDIA's repository is being added by
     this run); the operation asks again once it runs.
     """
+    if not spec.module_versioned:
+        return "not-needed"  # Canonical's prebuilt module: nothing is built on the node
     offered = [entry for entry in available.get(spec.module, []) if spec_matches(spec, entry)]
     if offered:
         builds_with_dkms = any(entry["dkms"] for entry in offered)
@@ -307,7 +336,7 @@ def require_driver_offered(spec: DriverPackages, packages: dict[str, str], url: 
     else:
         known = host.get_fact(AptPackageVersions, packages=fetch)
         offered = {name: [entry["version"] for entry in known.get(name, [])] for name in fetch}
-        where = "apt's package lists (Debian)"
+        where = f"apt's package lists ({spec.source.capitalize()})"
     missing = unoffered(spec, fetch, offered)
     if missing:
         raise NodeRefused(not_offered_message(spec, missing, offered, where))
@@ -351,8 +380,18 @@ def driver_offered(spec: DriverPackages, repository_url: str, fetch: list[str]):
 # --- installed, pinned, held ---------------------------------------------------------------
 
 
-def installed_driver_version(packages: dict[str, str]) -> str | None:
-    """The apt version of whichever kernel module package is installed."""
+def installed_driver_version(
+    packages: dict[str, str], spec: DriverPackages | None = None
+) -> str | None:
+    """The apt version of whichever kernel module package is installed; on Ubuntu, of the
+    installed compute library (its module package is named per branch, or per kernel)."""
+    if spec is not None and spec.source == "ubuntu":
+        found = [
+            version
+            for name, version in sorted(packages.items())
+            if re.fullmatch(r"libnvidia-compute-[0-9]{3}(-server)?", name)
+        ]
+        return found[0] if found else None
     for name in KERNEL_MODULE_PACKAGES:
         if name in packages:
             return packages[name]
@@ -374,17 +413,18 @@ def driver_family(packages: dict[str, str], version: str | None) -> set[str]:
 
 def module_pending(spec: DriverPackages, packages: dict[str, str]) -> bool:
     """Whether the kernel module package is to be (re)installed: only then is a module built,
-    so only then do headers matter."""
-    version = packages.get(spec.module)
-    if version is None:
+    so only then do headers matter. Canonical's prebuilt module is at its kernel's version:
+    pending while it is not installed, or while the driver it goes with is to change."""
+    version = packages.get(spec.anchor)
+    if version is None or spec.module not in packages:
         return True
     return version != spec.version if spec.version else not in_branch(version, spec.branch)
 
 
 def driver_in_place(spec: DriverPackages, packages: dict[str, str], held: set[str]) -> str | None:
     """The installed version when the driver is exactly as ``spec`` wants it, else None."""
-    version = packages.get(spec.module)
-    if version is None:
+    version = packages.get(spec.anchor)
+    if version is None or spec.module not in packages:
         return None
     wanted = version == spec.version if spec.version else in_branch(version, spec.branch)
     if not wanted:
@@ -415,7 +455,20 @@ def stale_packages(spec: DriverPackages, packages: dict[str, str]) -> list[str]:
             and name != f"cuda-drivers-{spec.branch}"
         )
         stale += stale_pinning(spec, packages)
+    if spec.source == "ubuntu":
+        stale += [
+            name
+            for name in ubuntu_driver.other_driver_packages(
+                sorted(packages), str(spec.branch), series_of(spec), spec.flavour
+            )
+            if name not in stale
+        ]
     return stale
+
+
+def series_of(spec: DriverPackages) -> ubuntu_driver.Series:
+    """The Ubuntu series of ``spec``'s packages (their names end in -server, or do not)."""
+    return "server" if spec.anchor.endswith(("-server", "-server-open")) else "desktop"
 
 
 def stale_pinning(spec: DriverPackages, packages: dict[str, str]) -> list[str]:
@@ -428,7 +481,7 @@ def hold_command(spec: DriverPackages) -> str:
     """Hold every installed driver package at the module's version, computed on the node
     (NVIDIA's metapackages pull in packages that are not named here)."""
     hold = (
-        f"version=$(dpkg-query -W -f='${{Version}}' {spec.module}) && "
+        f"version=$(dpkg-query -W -f='${{Version}}' {spec.anchor}) && "
         "dpkg-query -W -f='${db:Status-Abbrev} ${Package} ${Version}\\n' | "
         "awk -v version=\"$version\" '$1 ~ /^.i/ && $3 == version {print $2}' | "
         f"grep -E {shlex.quote(DRIVER_FAMILY)} | grep -vE {shlex.quote(FABRIC_MANAGER_FAMILY)} | "
@@ -453,7 +506,7 @@ def plan_driver(
     if in_place:
         return [], f"{spec.describe(in_place)} installed, pinned and held"
     commands = []
-    current = installed_driver_version(packages)
+    current = installed_driver_version(packages, spec)
     to_unhold = sorted(
         held
         & (
@@ -461,7 +514,7 @@ def plan_driver(
             | set(spec.versioned)
             | set(spec.unversioned)
             | set(spec.conflicting)
-            | set(stale_pinning(spec, packages))
+            | set(stale_packages(spec, packages))
             | ({spec.pinning} if spec.pinning else set())
         )
     )
@@ -523,16 +576,25 @@ def driver_packages(spec: DriverPackages, persistence_daemon: bool = True):
 # --- after the install ---------------------------------------------------------------------
 
 
+def persistenced_package(spec: DriverPackages) -> str:
+    """The package that ships nvidia-persistenced: its own on Debian and in NVIDIA's
+    repository, nvidia-compute-utils-<branch>[-server] on Ubuntu."""
+    if spec.source == "ubuntu":
+        return next(name for name in spec.versioned if name.startswith("nvidia-compute-utils-"))
+    return "nvidia-persistenced"
+
+
 @operation()
-def persistence_daemon(enabled: bool = True):
+def persistence_daemon(enabled: bool = True, package: str = "nvidia-persistenced"):
     """nvidia-persistenced is enabled and running (once its module is loaded), or neither.
 
     + enabled: whether it is enabled and running, or disabled and stopped
       (``nvidia_driver.persistence_daemon``)
+    + package: the package that ships it (``persistenced_package``)
     """
     facts = host.get_fact(NvidiaPackages)
-    if "nvidia-persistenced" not in facts["packages"]:
-        host.noop("nvidia-persistenced is not installed yet: the driver install sets it up")
+    if package not in facts["packages"]:
+        host.noop(f"{package} is not installed yet: the driver install sets it up")
         return
     is_enabled = host.get_fact(SystemdEnabled, services=[PERSISTENCED_UNIT]).get(
         PERSISTENCED_UNIT, False
@@ -695,6 +757,13 @@ def nvidia_driver(desired: DesiredState) -> None:
         driver_left_alone(name="NVIDIA driver (source: none)")
         return
     facts = host.get_fact(NvidiaPackages)
+    if wanted.source == "ubuntu":
+        mixed = ubuntu_pin_problem(wanted, nvidia_repositories_for(desired)[0].needed)
+        if mixed:
+            raise NodeRefused(f"{host.name}: {mixed}")
+        spec = ubuntu_spec(wanted, facts)
+        _converge_driver(desired, wanted, spec, facts)
+        return
     # The headers verdict for the debian source does not depend on the version resolved
     # below, so a node without headers gets that message rather than a version problem.
     early = driver_packages_for(wanted, wanted.version)
@@ -706,7 +775,73 @@ def nvidia_driver(desired: DesiredState) -> None:
         if headers_need(early, facts, available) == "missing":
             raise NodeRefused(headers_error(facts))
     spec = driver_packages_for(wanted, resolve_version(wanted, facts["packages"], available))
+    _converge_driver(desired, wanted, spec, facts, available)
+
+
+def module_kind(spec: DriverPackages) -> secure_boot.ModuleKind:
+    """Canonical's signed prebuilt module, or one built (and signed) on the node by DKMS;
+    a module from NVIDIA's or Debian's packages counts as the latter: no key the firmware
+    trusts out of the box signs it."""
+    return "prebuilt" if not spec.module_versioned else "dkms"
+
+
+def require_loadable_under_secure_boot(spec: DriverPackages) -> None:
+    """Prepare-time, before anything changes: a kernel module change that would not load
+    under the node's Secure Boot (a DKMS module without an enrolled machine owner key) is
+    refused, naming the enrolment step; the node would otherwise reboot without its GPUs."""
+    reason = secure_boot.unloadable_reason(host.get_fact(SecureBootState), module_kind(spec))
+    if reason:
+        raise NodeRefused(f"{host.name}: {spec.describe()} not installed: {reason}")
+
+
+def ubuntu_pin_problem(wanted: NvidiaDriver, cuda_repository_needed: bool) -> str | None:
+    """Why a branch-only pin of Ubuntu's desktop series is unsafe here, or None.
+
+    NVIDIA's Ubuntu tree builds the desktop series' names too (libnvidia-compute-<branch>,
+    nvidia-dkms-<branch>-open: research anchors §27), at other versions than Ubuntu's; with
+    its repository configured (CUDA toolkits, DCGM, NCCL) a pin to ``<branch>.*`` lets apt
+    take NVIDIA's builds beside Canonical's module. The -server series is Ubuntu's alone,
+    and an exact version is one archive's."""
+    if wanted.ubuntu_series != "desktop" or wanted.version or not cuda_repository_needed:
+        return None
+    return (
+        f"nvidia_driver.source 'ubuntu' pins branch {wanted.branch} of the desktop series "
+        "only, while NVIDIA's repository is configured too: its builds of the same package "
+        "names would win; set nvidia_driver.version to Ubuntu's exact version, or "
+        "ubuntu_series: server"
+    )
+
+
+def ubuntu_spec(wanted: NvidiaDriver, facts: dict[str, Any]) -> DriverPackages:
+    """The ubuntu source's packages for this node: Canonical's signed prebuilt module for the
+    running kernel where apt offers it, else DKMS (apt is asked only while the module
+    package is not installed: a converged node's run never loads apt's cache)."""
+    kernel = ubuntu_driver.parse_kernel_release(facts["kernel"] or "")
+    if kernel is None:
+        raise NodeRefused(
+            f"{host.name}: the running kernel {str(facts['kernel'])[:80]!r} is not named as "
+            "Ubuntu names its kernels (6.8.0-49-generic): no prebuilt NVIDIA module can be "
+            "matched to it"
+        )
+    branch, series = str(wanted.branch), wanted.ubuntu_series
+    prebuilt = ubuntu_driver.prebuilt_module_package(branch, series, wanted.flavour, kernel)
+    if prebuilt in facts["packages"]:
+        offered = {prebuilt}
+    else:
+        offered = set(host.get_fact(AptPackageVersions, packages=[prebuilt]))
+    return ubuntu_driver_packages(wanted, wanted.version, kernel, offered)
+
+
+def _converge_driver(
+    desired: DesiredState,
+    wanted: NvidiaDriver,
+    spec: DriverPackages,
+    facts: dict[str, Any],
+    available: dict[str, list[dict[str, Any]]] | None = None,
+) -> None:
+    available = available or {}
     if module_pending(spec, facts["packages"]):
+        require_loadable_under_secure_boot(spec)
         available = available or apt_offers(spec.module, facts)
         if headers_need(spec, facts, available) == "missing":
             raise NodeRefused(headers_error(facts))
@@ -744,6 +879,7 @@ def nvidia_driver(desired: DesiredState) -> None:
     persistence_daemon(
         name="nvidia-persistenced " + ("enabled" if wanted.persistence_daemon else "disabled"),
         enabled=wanted.persistence_daemon,
+        package=persistenced_package(spec),
     )
     deferred = reboot_deferred()
     driver_reboot(

@@ -1,7 +1,11 @@
-"""NVIDIA's apt repositories (CUDA, libnvidia-container), each with its own signed-by keyring.
+"""NVIDIA's apt repositories (CUDA, libnvidia-container), and on Ubuntu the graphics-drivers
+PPA where data names it, each with its own signed-by keyring (never apt-key).
 
 Every URL comes from data, so an air-gapped site points them at its mirror; a repository is
 configured only when something declared needs it, and removed (with its keyring) otherwise.
+The PPA (``apt.ubuntu_driver_ppa_url``, e.g. https://ppa.launchpadcontent.net/graphics-drivers/
+ppa/ubuntu) carries the same package names as Ubuntu's archive, for the ubuntu driver
+source: a suite per Ubuntu release, component main.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from pyinfra.operations import apt, files
 
 from facts.apt import AptIndexedRepositories
 from facts.container_runtime import normalise_url
+from gpunode.converge import this_node
 from gpunode.model import DesiredState
 from gpunode.refusal import NodeRefused
 from gpunode.schema import one_line
@@ -34,6 +39,9 @@ class NvidiaRepository:
     keyring_key: str  # the data key that names the keyring, for error messages
     url_key: str  # the data key that names the URL (under apt.)
     needed: bool
+    # NVIDIA publishes flat repositories ("/", no components); a PPA has a suite per release.
+    suite: str = "/"
+    components: str = ""
 
     @property
     def sources_path(self) -> str:
@@ -43,16 +51,24 @@ class NvidiaRepository:
     def keyring_path(self) -> str:
         return f"{KEYRING_DIR}/gpunode-{self.name}.gpg"
 
+    @property
+    def release_file(self) -> str:
+        """The first file an update reads from the repository."""
+        base = self.url.rstrip("/")
+        return f"{base}/InRelease" if self.suite == "/" else f"{base}/dists/{self.suite}/InRelease"
+
     def render_sources(self) -> str:
-        # NVIDIA publishes flat repositories: the suite is "/" and there are no components.
+        components = f"Components: {self.components}\n" if self.components else ""
         return (
             "# Managed by gpunode; the URL comes from inventory data (apt.*_url).\n"
-            f"Types: deb\nURIs: {one_line(self.url.rstrip('/'))}/\nSuites: /\n"
-            f"Signed-By: {self.keyring_path}\n"
+            f"Types: deb\nURIs: {one_line(self.url.rstrip('/'))}/\nSuites: {self.suite}\n"
+            f"{components}Signed-By: {self.keyring_path}\n"
         )
 
 
-def nvidia_repositories_for(desired: DesiredState) -> list[NvidiaRepository]:
+def nvidia_repositories_for(desired: DesiredState, release: str = "") -> list[NvidiaRepository]:
+    """The repositories data may configure, each saying whether this node needs it;
+    ``release``: the node's codename, the PPA's suite."""
     repos = desired.apt
     runtime = desired.container_runtime
     needs_cuda_repo = (
@@ -74,6 +90,13 @@ def nvidia_repositories_for(desired: DesiredState) -> list[NvidiaRepository]:
             "container_toolkit_repo_url",
             bool(runtime.engines) or runtime.toolkit_version is not None,
         ),
+        NvidiaRepository(
+            "ubuntu-graphics-drivers-ppa", repos.ubuntu_driver_ppa_url or "",
+            repos.ubuntu_driver_ppa_keyring, "apt.ubuntu_driver_ppa_keyring",
+            "ubuntu_driver_ppa_url",
+            desired.nvidia_driver.source == "ubuntu" and bool(repos.ubuntu_driver_ppa_url),
+            suite=release, components="main",
+        ),
     ]  # fmt: skip
 
 
@@ -93,20 +116,21 @@ def _local_keyring(repo: NvidiaRepository) -> Path:
 @deploy("NVIDIA repositories")
 def nvidia_repositories(desired: DesiredState) -> None:
     changed = []
+    release = this_node()[0].codename
     new_sources = [
         repo
-        for repo in nvidia_repositories_for(desired)
+        for repo in nvidia_repositories_for(desired, release)
         if repo.needed
         and host.get_fact(Sha1File, path=repo.sources_path) != sha1(repo.render_sources())
     ]
     if new_sources:
         package_mirrors_reachable(
             name="NVIDIA repositories answer",
-            urls=[f"{repo.url.rstrip('/')}/InRelease" for repo in new_sources],
+            urls=[repo.release_file for repo in new_sources],
             proxy=desired.apt.proxy,
             direct_hosts=list(desired.apt.direct_hosts),
         )
-    for repo in nvidia_repositories_for(desired):
+    for repo in nvidia_repositories_for(desired, release):
         if repo.needed:
             keyring = _local_keyring(repo)
             changed.append(
@@ -143,7 +167,7 @@ def nvidia_repositories(desired: DesiredState) -> None:
     indexed = host.get_fact(AptIndexedRepositories)
     unindexed = [
         repo.url
-        for repo in nvidia_repositories_for(desired)
+        for repo in nvidia_repositories_for(desired, release)
         if repo.needed and normalise_url(repo.url) not in indexed
     ]
     apt.update(

@@ -1,4 +1,5 @@
-"""Unattended upgrades: Debian security updates only, never NVIDIA, CUDA or kernel packages.
+"""Unattended upgrades: the release's security updates only (Debian's security archive;
+Ubuntu's security pocket as its own default has it), never NVIDIA, CUDA or kernel packages.
 
 A driver, CUDA library or kernel upgraded behind the operator's back breaks the GPU stack
 (NVML "driver/library version mismatch" until a reboot), so the package blacklist from data
@@ -15,17 +16,12 @@ from pyinfra.api import deploy
 from pyinfra.facts.server import Which
 from pyinfra.operations import files
 
+from gpunode.converge import this_node
+from gpunode.distributions import DEFAULT, Distribution
 from gpunode.model import DesiredState, UnattendedUpgrades
 from roles.packages import install_packages
 
 CONFIG_PATH = "/etc/apt/apt.conf.d/51gpunode-unattended-upgrades"
-
-# Debian's security archive, by codename (u-u substitutes ${distro_codename} itself). The
-# second form matches the archive's older Release layout.
-SECURITY_ORIGINS = (
-    "origin=Debian,codename=${distro_codename}-security,label=Debian-Security",
-    "origin=Debian,codename=${distro_codename},label=Debian-Security",
-)
 
 
 def blacklist_pattern(prefix: str) -> str:
@@ -40,8 +36,11 @@ def _apt_list(name: str, items: list[str]) -> list[str]:
     return [f"{name} {{", *(f'    "{item}";' for item in items), "};"]
 
 
-def render_unattended_upgrades_conf(settings: UnattendedUpgrades) -> str:
-    """apt.conf snippet, read after Debian's 50unattended-upgrades.
+def render_unattended_upgrades_conf(
+    settings: UnattendedUpgrades, distribution: Distribution = DEFAULT
+) -> str:
+    """apt.conf snippet, read after the release's own 50unattended-upgrades (u-u substitutes
+    ``${distro_id}`` and ``${distro_codename}`` itself).
 
     Enabled: security origins only (``#clear`` drops the lists earlier files set), daily runs.
     Either way: the blacklist, and no automatic reboot.
@@ -58,7 +57,10 @@ def render_unattended_upgrades_conf(settings: UnattendedUpgrades) -> str:
         lines += [
             "#clear Unattended-Upgrade::Origins-Pattern;",
             "#clear Unattended-Upgrade::Allowed-Origins;",
-            *_apt_list("Unattended-Upgrade::Origins-Pattern", list(SECURITY_ORIGINS)),
+            *_apt_list(
+                f"Unattended-Upgrade::{distribution.unattended_origins_list}",
+                list(distribution.unattended_origins),
+            ),
             'APT::Periodic::Update-Package-Lists "1";',
             'APT::Periodic::Unattended-Upgrade "1";',
         ]
@@ -77,7 +79,7 @@ def unattended_upgrades(desired: DesiredState) -> None:
         )
     files.put(
         name="unattended-upgrades: security only, blacklist, no reboot",
-        src=StringIO(render_unattended_upgrades_conf(settings)),
+        src=StringIO(render_unattended_upgrades_conf(settings, this_node()[0])),
         dest=CONFIG_PATH,
         mode="644",
         user="root",

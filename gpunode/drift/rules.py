@@ -20,6 +20,7 @@ from typing import Any
 from gpunode.distributions import Distribution, UnsupportedNode, platform_of, supported
 from gpunode.drift.findings import HARDWARE_TICKET, RUN_DEPLOY, Finding, Severity
 from gpunode.drift.shape import checked_facts
+from gpunode.expected import secure_boot
 from gpunode.expected.audit import is_system_binary
 from gpunode.expected.auditd import WATCHES
 from gpunode.expected.firewall import TABLE, render_ruleset, service_rules
@@ -416,6 +417,29 @@ def package_rules(desired: DesiredState, facts: dict[str, Any]) -> Iterator[tupl
             )
         elif name not in held:
             yield f"packages.hold:{name}", WARN, "held", "not held", RUN_DEPLOY
+
+
+def secure_boot_rules(desired: DesiredState, facts: dict[str, Any]) -> Iterator[tuple]:
+    """The installed NVIDIA kernel module loads under the node's Secure Boot: Canonical's
+    signed prebuilt one, or a DKMS-built one with an enrolled machine owner key. One that
+    would not is critical: at its next boot the node comes back without its GPUs."""
+    if desired.nvidia_driver.source == "none" or "secure_boot" not in facts:
+        return
+    section: Section = facts["secure_boot"] or {}
+    packages: Section = facts.get("packages") or {}
+    if "state" not in section or section.get("state") == "unreadable":
+        yield from _unreadable("secure_boot", section)
+        return
+    if "packages" not in packages:
+        return  # the packages rules say the packages are unreadable
+    kind = secure_boot.installed_module_kind(packages["packages"], packages.get("kernel"))
+    reason = secure_boot.unloadable_reason(section, kind)
+    if reason:
+        yield (
+            "secure_boot.module", CRIT, "the NVIDIA kernel module loads under Secure Boot",
+            f"module would not load under Secure Boot: {reason}",
+            secure_boot.next_step(section),
+        )  # fmt: skip
 
 
 def container_runtime_rules(desired: DesiredState, facts: dict[str, Any]) -> Iterator[tuple]:
@@ -965,6 +989,7 @@ RULES: tuple[Rule, ...] = (
     firewall_rules,
     tls_rules,
     package_rules,
+    secure_boot_rules,
     container_runtime_rules,
     nccl_rules,
     nvme_cache_rules,

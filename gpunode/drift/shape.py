@@ -80,7 +80,15 @@ SECTION_SHAPES: dict[str, Shape] = {
         }
     ),
     "tls": Record({**_STATE, "key": _TEXT, "days_to_expiry": Maybe(Int), "not_after": _TEXT}),
-    "packages": Record({**_STATE, "packages": MapOf(Str), "held": ListOf(Str)}),
+    "packages": Record({**_STATE, "packages": MapOf(Str), "held": ListOf(Str), "kernel": _TEXT}),
+    "secure_boot": Record(
+        {
+            **_STATE,
+            "shim_validation": _FLAG,
+            "keys": Maybe(MapOf(Str)),
+            "problems": Maybe(ListOf(Str)),
+        }
+    ),
     "container_runtime": Record(
         {
             **_STATE,

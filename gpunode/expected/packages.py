@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 import gpunode.nvidia_releases as nvidia_releases
+from gpunode.expected import ubuntu_driver
 from gpunode.model import DesiredState, NvidiaDriver
 
 # The container toolkit's packages, all at container_runtime.toolkit_version.
@@ -37,7 +38,7 @@ def toolkit_keeps_cdi_spec(pinned: str | None, installed_ctk: str | None) -> boo
 class DriverPackages:
     """The driver as apt packages: what to install, at which version, what must go."""
 
-    source: Literal["debian", "nvidia"]
+    source: Literal["debian", "nvidia", "ubuntu"]
     flavour: Literal["open", "proprietary"]
     branch: str | None
     version: str | None  # exact apt version; None: the newest of ``branch`` (apt pin)
@@ -48,6 +49,14 @@ class DriverPackages:
     stack: Literal["compute", "full"] = "compute"
     # NVIDIA's branch lock (from 590), installed before the driver and held with it.
     pinning: str | None = None
+    # False for Canonical's prebuilt module package: it is at its kernel's version, not the
+    # driver's, so the driver's version is read from ``versioned[0]`` instead.
+    module_versioned: bool = True
+
+    @property
+    def anchor(self) -> str:
+        """The package whose installed version is the driver's."""
+        return self.module if self.module_versioned else self.versioned[0]
 
     @property
     def pin(self) -> str:
@@ -81,8 +90,42 @@ def full_stack_metapackages(flavour: str, branch: str | None) -> tuple[str, ...]
     return ("cuda-drivers",)
 
 
+def ubuntu_driver_packages(
+    wanted: NvidiaDriver,
+    version: str | None,
+    kernel: ubuntu_driver.UbuntuKernel | None,
+    offered: set[str],
+) -> DriverPackages:
+    """The ubuntu source's compute set for ``wanted``: Canonical's signed prebuilt module for
+    ``kernel`` where ``offered`` (what apt offers) has it, else the DKMS one. The prebuilt
+    module has the kernel's version and is held apart; a DKMS module of the same driver
+    would be loaded in its place, so it goes."""
+    branch, series = str(wanted.branch), wanted.ubuntu_series
+    flavour = wanted.flavour
+    other: ubuntu_driver.Flavour = "proprietary" if flavour == "open" else "open"
+    kind, module = ubuntu_driver.module_choice(branch, series, flavour, kernel, offered)
+    compute = ubuntu_driver.compute_packages(branch, series)
+    conflicting = [ubuntu_driver.dkms_package(branch, series, other)]
+    if kernel is not None:
+        conflicting.append(ubuntu_driver.prebuilt_module_package(branch, series, other, kernel))
+    if kind == "prebuilt":
+        conflicting.append(ubuntu_driver.dkms_package(branch, series, flavour))
+    return DriverPackages(
+        "ubuntu", flavour, wanted.branch, version, module,
+        versioned=compute if kind == "prebuilt" else (*compute, module),
+        unversioned=(module,) if kind == "prebuilt" else (),
+        conflicting=tuple(conflicting),
+        module_versioned=kind == "dkms",
+    )  # fmt: skip
+
+
 def driver_packages_for(wanted: NvidiaDriver, version: str | None) -> DriverPackages:
-    """The packages for ``wanted`` at ``version`` (the resolved one for the debian source)."""
+    """The packages for ``wanted`` at ``version`` (the resolved one for the debian source);
+    the ubuntu source's depend on the node's kernel: ``ubuntu_driver_packages``."""
+    if wanted.source == "ubuntu":
+        raise ValueError(
+            "the ubuntu source's packages depend on the kernel: ubuntu_driver_packages"
+        )
     module = module_package(wanted)
     source: Literal["debian", "nvidia"] = "nvidia" if wanted.source == "nvidia" else "debian"
     if source == "nvidia":
@@ -161,7 +204,12 @@ def held_packages(desired: DesiredState) -> dict[str, str | None]:
     """
     held: dict[str, str | None] = {}
     driver = desired.nvidia_driver
-    if driver.source != "none" and driver.branch:
+    if driver.source == "ubuntu" and driver.branch and driver.version:
+        # The kernel module package depends on the node's kernel (prebuilt or DKMS): the
+        # compute set is what every Ubuntu node holds at the driver's version.
+        compute = ubuntu_driver.compute_packages(driver.branch, driver.ubuntu_series)
+        held.update(dict.fromkeys(compute, driver.version))
+    elif driver.source != "none" and driver.branch:
         if driver.version:
             spec = driver_packages_for(driver, driver.version)
             held.update(dict.fromkeys(spec.versioned, driver.version))

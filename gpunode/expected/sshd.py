@@ -2,7 +2,9 @@
 
 The floor is dev-sec's ssh-baseline; the crypto lists are those of the ssh-audit policy the
 node's release names in the distribution table (gpunode/distributions.py): "Hardened Debian
-12 (version 3)" on bookworm, "Hardened Debian 13 (version 1)" on trixie, in its order. The
+12 (version 3)" on bookworm, "Hardened Debian 13 (version 1)" on trixie, "Hardened Ubuntu
+Server 22.04 LTS (version 6)" on jammy, "Hardened Ubuntu Server 24.04 LTS (version 2)" on
+noble, "Hardened Ubuntu Server 26.04 LTS (version 1)" on resolute, in its order. The
 role (roles/sshd.py) writes this file; the drift check compares the node's effective
 settings and the file's checksum with it.
 """
@@ -29,7 +31,7 @@ class SshCrypto:
     macs: tuple[str, ...]
 
 
-# Both policies' ciphers, in the policies' order.
+# Every policy's ciphers, in the policies' order.
 HARDENED_CIPHERS = (
     "chacha20-poly1305@openssh.com",
     "aes256-gcm@openssh.com",
@@ -67,6 +69,55 @@ POLICIES: dict[str, SshCrypto] = {
             "mlkem768x25519-sha256",
             "sntrup761x25519-sha512",
             "sntrup761x25519-sha512@openssh.com",
+        ),
+        ciphers=HARDENED_CIPHERS,
+        macs=(
+            "hmac-sha2-512-etm@openssh.com",
+            "hmac-sha2-256-etm@openssh.com",
+            "umac-128-etm@openssh.com",
+        ),
+    ),
+    # Ubuntu's policies: ssh-audit's own, github.com/jtesta/ssh-audit
+    # src/ssh_audit/builtin_policies.py @1eb1105 (2026-06-20), read 2026-12-07. OpenSSH 8.9
+    # knows sntrup761 only by its @openssh.com name.
+    "Hardened Ubuntu Server 22.04 LTS (version 6)": SshCrypto(
+        kex=(
+            "sntrup761x25519-sha512@openssh.com",
+            "curve25519-sha256",
+            "curve25519-sha256@libssh.org",
+            "diffie-hellman-group16-sha512",
+            "diffie-hellman-group18-sha512",
+            "diffie-hellman-group-exchange-sha256",
+        ),
+        ciphers=HARDENED_CIPHERS,
+        macs=(
+            "hmac-sha2-256-etm@openssh.com",
+            "hmac-sha2-512-etm@openssh.com",
+            "umac-128-etm@openssh.com",
+        ),
+    ),
+    # Post-quantum key exchanges only, as Debian 13's (OpenSSH 10).
+    "Hardened Ubuntu Server 26.04 LTS (version 1)": SshCrypto(
+        kex=(
+            "mlkem768x25519-sha256",
+            "sntrup761x25519-sha512",
+            "sntrup761x25519-sha512@openssh.com",
+        ),
+        ciphers=HARDENED_CIPHERS,
+        macs=(
+            "hmac-sha2-512-etm@openssh.com",
+            "hmac-sha2-256-etm@openssh.com",
+            "umac-128-etm@openssh.com",
+        ),
+    ),
+    "Hardened Ubuntu Server 24.04 LTS (version 2)": SshCrypto(
+        kex=(
+            "sntrup761x25519-sha512@openssh.com",
+            "curve25519-sha256",
+            "curve25519-sha256@libssh.org",
+            "diffie-hellman-group18-sha512",
+            "diffie-hellman-group-exchange-sha256",
+            "diffie-hellman-group16-sha512",
         ),
         ciphers=HARDENED_CIPHERS,
         macs=(

@@ -18,6 +18,8 @@ from gpunode.cli import build_parser, main
         (["--profiles", "hgx-h100,dgx-x"], "unknown hardware profile(s) ['dgx-x']"),
         (["--release", "bullseye"], "--release 'bullseye': unknown release ['bullseye']"),
         (["--release", "bookworm,sid"], "unknown release ['sid']; known: bookworm, trixie, mixed"),
+        # Ubuntu rows exist, but lab images are built from Debian's archive only.
+        (["--release", "noble"], "unknown release ['noble']; known: bookworm, trixie, mixed"),
     ],
 )
 def test_bad_lab_sizes_are_refused_before_anything_is_made(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import subprocess
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -27,9 +28,11 @@ from gpunode.drift.findings import Severity
 from gpunode.expected.sshd import POLICIES, crypto_for, expected_effective, render_sshd_config
 from gpunode.model import DesiredState, Sshd, build_desired_state
 from gpunode.refusal import NodeRefused
-from roles.base import debian_release_files, render_debian_sources
+from roles.base import debian_release_files, render_archive_sources, render_debian_sources
 
 BOOKWORM, TRIXIE = BY_CODENAME["bookworm"], BY_CODENAME["trixie"]
+JAMMY, NOBLE = BY_CODENAME["jammy"], BY_CODENAME["noble"]
+FIXTURES = Path(__file__).parents[1] / "fixtures"
 AMD64, ARM64 = ARCHITECTURES["amd64"], ARCHITECTURES["arm64"]
 # ssh-audit announces these itself; they are never configured.
 PSEUDO_KEX = {"ext-info-s", "kex-strict-s-v00@openssh.com"}
@@ -47,6 +50,9 @@ def test_each_release_is_one_row_with_its_suites_repository_and_policy() -> None
     assert [(row.os_id, row.version_id, row.codename) for row in DISTRIBUTIONS] == [
         ("debian", "12", "bookworm"),
         ("debian", "13", "trixie"),
+        ("ubuntu", "22.04", "jammy"),
+        ("ubuntu", "24.04", "noble"),
+        ("ubuntu", "26.04", "resolute"),
     ]
     assert TRIXIE.suites == ("trixie", "trixie-updates")
     assert TRIXIE.security_suites == ("trixie-security",)
@@ -57,6 +63,39 @@ def test_each_release_is_one_row_with_its_suites_repository_and_policy() -> None
     )
     assert (BOOKWORM.openssh_major, TRIXIE.openssh_major) == (9, 10)
     assert all(row.sources for row in DISTRIBUTIONS)
+
+
+def test_ubuntu_rows_differ_in_kind_where_ubuntu_does() -> None:
+    assert (JAMMY.cuda_repo_distro, NOBLE.cuda_repo_distro) == ("ubuntu2204", "ubuntu2404")
+    assert NOBLE.suites == ("noble", "noble-updates")
+    assert NOBLE.security_suites == ("noble-security",)
+    assert (JAMMY.openssh_major, NOBLE.openssh_major) == (8, 9)
+    # 24.04 keeps its archive in deb822 form; 22.04's is one-line.
+    assert (NOBLE.apt_sources_format, NOBLE.apt_sources_path) == (
+        "deb822",
+        "/etc/apt/sources.list.d/ubuntu.sources",
+    )
+    assert JAMMY.apt_sources_format == "one-line"
+    assert {JAMMY.archive_keyring, NOBLE.archive_keyring} == {
+        "/usr/share/keyrings/ubuntu-archive-keyring.gpg"
+    }
+    # What differs in kind has Debian's value as the default.
+    assert BOOKWORM.archive_keyring == "/usr/share/keyrings/debian-archive-keyring.gpg"
+    assert (BOOKWORM.kernel_naming, NOBLE.kernel_naming) == ("debian", "ubuntu")
+    assert (TRIXIE.network_configuration, JAMMY.network_configuration) == ("ifupdown", "netplan")
+    # ssh.socket activation from 22.10 on: noble has it, jammy does not.
+    assert (BOOKWORM.sshd_socket_activated, JAMMY.sshd_socket_activated) == (False, False)
+    assert NOBLE.sshd_socket_activated
+    assert (TRIXIE.driver_sources, NOBLE.driver_sources) == (("debian", "nvidia"), ("ubuntu",))
+    assert NOBLE.distribution_driver_branch is None
+    # Ubuntu's arm64 archive is another host (ports.ubuntu.com): not offered yet.
+    assert JAMMY.architectures == NOBLE.architectures == ("amd64",)
+    # 26.04: NVIDIA's ubuntu2604 tree, OpenSSH 10 with per-source penalties, and ssh-audit's
+    # post-quantum-only policy (the same lists as Debian 13's).
+    resolute = BY_CODENAME["resolute"]
+    assert (resolute.cuda_repo_distro, resolute.openssh_major) == ("ubuntu2604", 10)
+    assert resolute.per_source_penalties and resolute.sshd_socket_activated
+    assert crypto_for(resolute) == crypto_for(TRIXIE)
 
 
 def test_architectures_name_nvidia_s_repository_and_the_library_directory() -> None:
@@ -98,6 +137,9 @@ def test_trixie_s_sshd_offers_post_quantum_key_exchange_only() -> None:
         (os_release("debian", "12", "bookworm"), "bookworm"),
         (os_release("debian", "13", "trixie"), "trixie"),
         (os_release("debian", "13"), "trixie"),
+        (os_release("ubuntu", "24.04", "noble"), "noble"),
+        (os_release("ubuntu", "22.04"), "jammy"),
+        (os_release("ubuntu", "26.04", "resolute"), "resolute"),
     ],
 )
 def test_a_supported_release_is_found_by_id_and_version(fields: dict[str, str], row: str) -> None:
@@ -107,7 +149,9 @@ def test_a_supported_release_is_found_by_id_and_version(fields: dict[str, str], 
 @pytest.mark.parametrize(
     ("fields", "named"),
     [
-        (os_release("ubuntu", "24.04", "noble") | {"PRETTY_NAME": "Ubuntu 24.04.1 LTS"}, "Ubuntu"),
+        (os_release("ubuntu", "20.04", "focal") | {"PRETTY_NAME": "Ubuntu 20.04.6 LTS"}, "Ubuntu"),
+        (os_release("ubuntu", "25.10", "questing"), "ubuntu 25.10"),
+        (os_release("ubuntu", "24.04", "jammy"), "ubuntu 24.04"),
         (os_release("debian", "11", "bullseye"), "debian 11"),
         # testing/sid have no VERSION_ID; a codename that disagrees is not that release.
         ({"ID": "debian", "VERSION_CODENAME": "forky"}, "debian"),
@@ -121,8 +165,32 @@ def test_an_unsupported_release_is_refused_naming_what_is_supported(
     with pytest.raises(UnsupportedNode) as refused:
         distribution_of(fields)
     assert named in str(refused.value)
-    assert str(refused.value).endswith("gpunode supports Debian 12 (bookworm), Debian 13 (trixie)")
-    assert supported() == "Debian 12 (bookworm), Debian 13 (trixie)"
+    everything = (
+        "Debian 12 (bookworm), Debian 13 (trixie), Ubuntu 22.04 LTS (jammy), "
+        "Ubuntu 24.04 LTS (noble), Ubuntu 26.04 LTS (resolute)"
+    )
+    assert str(refused.value).endswith(f"gpunode supports {everything}")
+    assert supported() == everything
+
+
+@pytest.mark.parametrize(
+    ("capture", "row"), [("ubuntu-22.04-jammy", "jammy"), ("ubuntu-24.04-noble", "noble")]
+)
+def test_a_real_ubuntu_os_release_is_its_row(capture: str, row: str) -> None:
+    # Real /etc/os-release text (tests/fixtures/PROVENANCE.md), through the fact's parser.
+    text = (FIXTURES / "os-release" / capture).read_text()
+    output = framing.output_of(
+        {
+            "os-release": framing.PartOutput("os-release", text.splitlines(), [], 0),
+            "architecture": framing.PartOutput("architecture", ["amd64"], [], 0),
+        }
+    )
+    found = parse_node_os(output)
+    assert found["problems"] == []
+    assert found["os_release"]["ID_LIKE"] == "debian"
+    assert platform_of(found) == (BY_CODENAME[row], AMD64)
+    with pytest.raises(UnsupportedNode, match="'arm64'; gpunode supports amd64 on Ubuntu"):
+        platform_of(found | {"architecture": "arm64"})
 
 
 def test_the_architecture_comes_with_the_release() -> None:
@@ -251,6 +319,28 @@ def test_debian_s_driver_is_pinned_to_the_branch_the_node_s_release_ships() -> N
     )
 
 
+def test_a_driver_source_the_release_does_not_offer_refuses_the_node() -> None:
+    def on(distribution: Any, **driver: str) -> Any:
+        state, problems = build_desired_state({"nvidia_driver": driver})
+        assert problems == []
+        return for_platform(state, distribution, AMD64)
+
+    with pytest.raises(UnsupportedNode) as refused:
+        on(NOBLE, source="debian")
+    assert str(refused.value) == (
+        "nvidia_driver.source is 'debian', which Ubuntu 24.04 LTS (noble) does not offer; "
+        "use one of ubuntu for this node"
+    )
+    with pytest.raises(UnsupportedNode, match="'ubuntu', which Debian 13 \\(trixie\\)"):
+        on(TRIXIE, source="ubuntu", branch="580")
+    assert on(NOBLE, source="ubuntu", branch="580").nvidia_driver.branch == "580"
+    # NVIDIA's Ubuntu tree is not installed from yet (its package names differ from Debian's).
+    with pytest.raises(UnsupportedNode, match=r"'nvidia', which Ubuntu 22\.04 LTS"):
+        on(JAMMY, source="nvidia", branch="580")
+    assert on(JAMMY).apt.cuda_repo_url.endswith("/ubuntu2204/x86_64")
+    assert on(TRIXIE).nvidia_driver.source == "none"
+
+
 @pytest.mark.parametrize(
     ("url", "problem"),
     [
@@ -296,6 +386,50 @@ def test_debian_sources_are_the_node_s_release() -> None:
         "http://deb.debian.org/debian-security/dists/trixie-security/InRelease",
     ]
     assert "Suites: bookworm bookworm-updates\n" in render_debian_sources(repos, BOOKWORM)
+    assert render_archive_sources(repos, TRIXIE) == text
+
+
+def test_ubuntu_24_04_sources_are_deb822_of_ubuntu_s_archive() -> None:
+    repos = DesiredState().apt
+    assert render_archive_sources(repos, NOBLE) == (
+        "# Managed by gpunode (apt.ubuntu_mirror); local edits are replaced.\n"
+        "Types: deb\nURIs: http://archive.ubuntu.com/ubuntu\nSuites: noble noble-updates\n"
+        "Components: main restricted universe multiverse\n"
+        "Signed-By: /usr/share/keyrings/ubuntu-archive-keyring.gpg\n"
+        "\n"
+        "Types: deb\nURIs: http://security.ubuntu.com/ubuntu\nSuites: noble-security\n"
+        "Components: main restricted universe multiverse\n"
+        "Signed-By: /usr/share/keyrings/ubuntu-archive-keyring.gpg\n"
+    )
+    assert debian_release_files(repos, NOBLE) == [
+        "http://archive.ubuntu.com/ubuntu/dists/noble/InRelease",
+        "http://security.ubuntu.com/ubuntu/dists/noble-security/InRelease",
+    ]
+
+
+def test_ubuntu_22_04_sources_are_one_line_entries_of_its_mirror() -> None:
+    state, problems = build_desired_state(
+        {"apt": {"ubuntu_mirror": "http://mirror.dc1/ubuntu/", "ubuntu_components": ["main"]}}
+    )
+    assert problems == []
+    text = render_archive_sources(state.apt, JAMMY)
+    keyring = "[signed-by=/usr/share/keyrings/ubuntu-archive-keyring.gpg]"
+    assert text.splitlines()[1:] == [
+        f"deb {keyring} http://mirror.dc1/ubuntu/ jammy main",
+        f"deb {keyring} http://mirror.dc1/ubuntu/ jammy-updates main",
+        f"deb {keyring} http://security.ubuntu.com/ubuntu jammy-security main",
+    ]
+    # Never Debian's archive on an Ubuntu node, nor Ubuntu's on a Debian one.
+    assert "debian" not in text
+    assert "ubuntu" not in render_archive_sources(state.apt, BOOKWORM)
+
+
+def test_ubuntu_components_must_include_main() -> None:
+    _, problems = build_desired_state({"apt": {"ubuntu_components": ["universe"]}})
+    assert [(p.key, p.reason) for p in problems] == [("apt.ubuntu_components", "main is missing")]
+    _, problems = build_desired_state({"apt": {"ubuntu_components": ["non-free"]}})
+    # Debian's non-free is not an Ubuntu component (and main is missing then too).
+    assert [p.key for p in problems] == ["apt.ubuntu_components[0]", "apt.ubuntu_components"]
 
 
 def test_a_refused_node_s_roles_stop_at_the_first_thing_they_read() -> None:
@@ -337,7 +471,7 @@ def test_drift_judges_sshd_by_the_node_s_release() -> None:
 def test_drift_names_an_unsupported_or_unreadable_release() -> None:
     from .test_drift_rules import findings, healthy_facts
 
-    ubuntu = {"os_release": os_release("ubuntu", "24.04", "noble"), "architecture": "amd64"}
+    ubuntu = {"os_release": os_release("ubuntu", "20.04", "focal"), "architecture": "amd64"}
     assert findings(healthy_facts() | {"os": ubuntu}) == {"os.release": Severity.CRITICAL}
     without = {key: value for key, value in healthy_facts().items() if key != "os"}
     assert findings(without) == {"os.unreadable": Severity.WARNING}

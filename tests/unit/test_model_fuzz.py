@@ -30,12 +30,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pyinfra.api import DeployError
 
+from gpunode.distributions import BY_CODENAME
 from gpunode.distributions import DEFAULT as DEFAULT_DISTRIBUTION
 from gpunode.expected.sshd import render_sshd_config
 from gpunode.model import SSH_KEY_TYPES, DesiredState, IpoibInterface, build_desired_state
 from gpunode.pki import wanted_certificate
 from gpunode.schema import unprintable_character
-from roles.base import render_debian_sources, render_proxy
+from roles.base import render_archive_sources, render_debian_sources, render_proxy
 from roles.infiniband import render_ipoib
 from roles.kernel import (
     parse_sysctl_conf,
@@ -340,8 +341,20 @@ def _sources(state: DesiredState, value: str) -> None:
         assert all(":" in line or not line or line.startswith("#") for line in text.splitlines())
 
 
+def _ubuntu_sources(state: DesiredState, value: str) -> None:
+    # Both formats an Ubuntu release's archive is written in (deb822 on 24.04, one-line on
+    # 22.04): the value is one URI of one entry, never a line of its own.
+    deb822 = render_archive_sources(state.apt, BY_CODENAME["noble"]).splitlines()
+    assert f"URIs: {value}" in deb822
+    assert all(":" in line or not line or line.startswith("#") for line in deb822)
+    one_line = render_archive_sources(state.apt, BY_CODENAME["jammy"]).splitlines()
+    entries = [line.split() for line in one_line if not line.startswith("#")]
+    assert all(len(entry) >= 5 and entry[0] == "deb" for entry in entries)
+    assert any(entry[2] == value for entry in entries)
+
+
 def nvidia_repositories_for_all(state: DesiredState) -> list[Any]:
-    """Both NVIDIA repositories, whether or not this state needs them."""
+    """Every repository (NVIDIA's two, the PPA), whether or not this state needs it."""
     needing = dataclasses.replace(
         state,
         cuda=dataclasses.replace(state.cuda, versions=("12.4",)),
@@ -476,6 +489,9 @@ RENDERED: dict[str, Callable[[DesiredState, str], None]] = {
     "Repositories.direct_hosts": _proxy,
     "Repositories.debian_mirror": _sources,
     "Repositories.debian_security_mirror": _sources,
+    "Repositories.ubuntu_mirror": _ubuntu_sources,
+    "Repositories.ubuntu_security_mirror": _ubuntu_sources,
+    "Repositories.ubuntu_driver_ppa_url": _sources,
     "Repositories.cuda_repo_url": _sources,
     "Repositories.container_toolkit_repo_url": _sources,
     "NvmeCache.mount_point": _mount_point,

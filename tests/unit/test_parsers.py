@@ -162,6 +162,37 @@ NOT_COMMAND_OUTPUT = {
         "systemctl show captures that pyinfra's own systemd facts read: test_factcache.py"
         " checks the fact cache's grouped read against them"
     ),
+    # Read by the facts' own parsers and the package-name rules, in their tests.
+    **dict.fromkeys(
+        ("os-release/ubuntu-22.04-jammy", "os-release/ubuntu-24.04-noble"),
+        "/etc/os-release captures: test_distributions.py reads them with facts.node's parser",
+    ),
+    **{
+        f"mokutil/{name}": "mokutil's words: test_secure_boot.py reads them with "
+        "facts.secure_boot's parsers"
+        for name in (
+            "sb-state-disabled-setup-mode.txt",
+            "sb-state-enabled.txt",
+            "sb-state-enabled-shim-validation-off.txt",
+            "sb-state-no-efivars.stderr",
+            "test-key-dkms-enrolled.txt",
+            "test-key-dkms-not-enrolled.txt",
+            "test-key-shim-signed-enrolled.txt",
+        )
+    },
+    **{
+        f"ubuntu-packages/{name}": "excerpts of Ubuntu's package index, no command printed "
+        "them: test_ubuntu_driver.py checks the package-name rules against them"
+        for name in (
+            "jammy_nvidia-headless.txt",
+            "noble-updates_linux-modules-nvidia-575-6.8.0-64-generic.txt",
+            "noble_linux-modules-nvidia-550-open-generic.txt",
+            "noble_nvidia-graphics-drivers-550-server.txt",
+            "noble_nvidia-utils.txt",
+            "resolute-updates_linux-modules-nvidia-580-server-open-nvidia.txt",
+            "tenacious_nvidia-utils-580-server.txt",
+        )
+    },
 }
 FIXTURE_PARAMETERS = [
     pytest.param(relative, extract, parse, id=f"{relative}:{label}")

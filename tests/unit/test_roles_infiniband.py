@@ -31,6 +31,7 @@ from roles.infiniband import (
     rdma_modules,
     render_ipoib,
     render_modules_load,
+    require_ifupdown_release,
     stale_ipoib_files_removed,
 )
 
@@ -363,3 +364,17 @@ def test_an_ipoib_interface_declared_twice_is_a_validation_error() -> None:
         "inv.py: host n: infiniband.ipoib[1].name = 'ib0': duplicate interface; accepted: one "
         "entry per interface"
     ]
+
+
+def test_ipoib_on_a_netplan_release_is_refused_naming_what_to_do() -> None:
+    from gpunode.distributions import BY_CODENAME
+    from gpunode.refusal import NodeRefused
+
+    require_ifupdown_release("node-1", BY_CODENAME["trixie"], ["ib0"])  # ifupdown: fine
+    with pytest.raises(NodeRefused) as refused:
+        require_ifupdown_release("node-1", BY_CODENAME["noble"], ["ib0", "ib1"])
+    assert refused.value.reason == (
+        "node-1: infiniband.ipoib (ib0, ib1) is configured with ifupdown, but Ubuntu 24.04 LTS "
+        "(noble) configures its network with netplan, which gpunode does not write yet; "
+        "configure these interfaces in netplan yourself and remove infiniband.ipoib"
+    )

@@ -13,7 +13,11 @@ def needed(data: dict) -> dict[str, bool]:
 
 
 def test_nothing_declared_needs_no_nvidia_repository() -> None:
-    assert needed({}) == {"nvidia-cuda": False, "nvidia-container-toolkit": False}
+    assert needed({}) == {
+        "nvidia-cuda": False,
+        "nvidia-container-toolkit": False,
+        "ubuntu-graphics-drivers-ppa": False,
+    }
 
 
 def test_debian_driver_alone_needs_no_nvidia_repository() -> None:
@@ -40,4 +44,40 @@ def test_sources_point_at_the_mirror_with_their_own_keyring() -> None:
         "URIs: http://mirror.example/cuda/debian12/x86_64/",
         "Suites: /",
         "Signed-By: /usr/share/keyrings/gpunode-nvidia-cuda.gpg",
+    ]
+
+
+PPA = "https://ppa.launchpadcontent.net/graphics-drivers/ppa/ubuntu"
+
+
+def test_the_graphics_drivers_ppa_is_a_signed_by_source_of_the_node_s_release() -> None:
+    data = {
+        "nvidia_driver": {"source": "ubuntu", "branch": "580"},
+        "apt": {"ubuntu_driver_ppa_url": PPA, "ubuntu_driver_ppa_keyring": "~/ppa.gpg"},
+    }
+    state, problems = build_desired_state(data)
+    assert problems == []
+    ppa = nvidia_repositories_for(state, "noble")[2]
+    assert ppa.needed and ppa.keyring == "~/ppa.gpg"
+    assert ppa.render_sources().splitlines()[1:] == [
+        "Types: deb",
+        f"URIs: {PPA}/",
+        "Suites: noble",
+        "Components: main",
+        "Signed-By: /usr/share/keyrings/gpunode-ubuntu-graphics-drivers-ppa.gpg",
+    ]
+    assert ppa.release_file == f"{PPA}/dists/noble/InRelease"
+    # NVIDIA's flat repositories keep their one file.
+    assert nvidia_repositories_for(state, "noble")[0].release_file == (
+        "https://developer.download.nvidia.com/compute/cuda/repos/{distro}/{arch}/InRelease"
+    )
+
+
+def test_the_ppa_is_only_for_the_ubuntu_source() -> None:
+    apt = {"ubuntu_driver_ppa_url": PPA}
+    assert not needed({"apt": apt})["ubuntu-graphics-drivers-ppa"]
+    with_nvidia = {"apt": apt, "nvidia_driver": {"source": "nvidia", "branch": "580"}}
+    assert not needed(with_nvidia)["ubuntu-graphics-drivers-ppa"]
+    assert not needed({"nvidia_driver": {"source": "ubuntu", "branch": "580"}})[
+        "ubuntu-graphics-drivers-ppa"
     ]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 
+from gpunode.distributions import BY_CODENAME
 from gpunode.model import UnattendedUpgrades
 from roles.unattended_upgrades import blacklist_pattern, render_unattended_upgrades_conf
 
@@ -51,3 +52,19 @@ def test_blacklist_entries_match_prefixes_only() -> None:
     # '.' is literal: "linux-image-6.1" must not match "linux-image-6x1".
     assert not re.match(blacklist_pattern("linux-image-6.1"), "linux-image-6x1")
     assert re.match(blacklist_pattern("linux-image-6.1"), "linux-image-6.1.0-28-amd64")
+
+
+def test_ubuntu_s_security_pockets_replace_its_default_lists() -> None:
+    text = render_unattended_upgrades_conf(UnattendedUpgrades(enabled=True), BY_CODENAME["noble"])
+    # Both of Ubuntu's default lists are cleared, then its security pockets allowed.
+    assert text.index("#clear Unattended-Upgrade::Allowed-Origins;") < text.index(
+        "Unattended-Upgrade::Allowed-Origins {"
+    )
+    assert re.findall(r'^\s+"(\$\{distro_id\}[^"]+)";$', text, re.M) == [
+        "${distro_id}:${distro_codename}",
+        "${distro_id}:${distro_codename}-security",
+        "${distro_id}ESMApps:${distro_codename}-apps-security",
+        "${distro_id}ESM:${distro_codename}-infra-security",
+    ]
+    assert "origin=Debian" not in text and "Origins-Pattern {" not in text
+    assert "^linux-modules-" in blacklist_of(text)  # the prebuilt NVIDIA modules stay put
