@@ -510,6 +510,9 @@ def check_result(nodes: Sequence[str], stdout: str, stderr: str) -> dict[str, Ch
     """``gpunode drift --json`` -> each node's critical finding ids, or why it was not checked."""
     try:
         report = json.loads(stdout)
+        if isinstance(report, dict) and "error" in report and "checked_hosts" not in report:
+            why = f"drift check could not run: {clean_text(str(report['error']), 300)}"
+            return {node: CheckResult(None, why) for node in nodes}
         checked = {str(name) for name in report["checked_hosts"]}
         unreachable = {str(k): str(v) for k, v in dict(report["unreachable"]).items()}
         critical: dict[str, list[str]] = {}
