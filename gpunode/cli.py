@@ -334,6 +334,7 @@ def rollout_under_lock(
                 args.deploy,
                 dcgm_diag_level=args.dcgm_diag_level,
                 dcgm_nodes=frozenset(dcgm_hosts(fleet, list(state.nodes))),
+                config=str(find_checkout(args.deploy) / "config.py"),
             ),
             save,
             max_failures=args.max_failures,
