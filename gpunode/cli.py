@@ -197,6 +197,31 @@ def cmd_drift(args: argparse.Namespace) -> int:
     return max(result.exit_code, EXIT_USAGE) if unwritten else result.exit_code
 
 
+def cmd_doctor(args: argparse.Namespace) -> int:
+    """What the control host lacks: exit 0 when a deploy can start (warnings allowed), 1 on a
+    problem, 2 when the inventory given cannot be loaded or is invalid."""
+    from gpunode.control import doctor
+
+    checks = doctor.control_host_checks(Path.cwd())
+    if args.inventory:
+        try:
+            inventory = load_inventory(args.inventory)
+            valid_fleet(inventory, args.inventory)
+        except ConfigurationError:
+            if not args.json:  # what was found so far, then the error (main prints it)
+                print("\n".join(check.line() for check in checks))
+            raise
+        checks += doctor.inventory_checks(inventory, args.inventory, args.timeout, args.limit)
+    code = 1 if any(check.status == doctor.PROBLEM for check in checks) else 0
+    if args.json:
+        document = {"checks": [check.as_dict() for check in checks], "exit_code": code}
+        print(json.dumps(document, indent=2))
+    else:
+        print("\n".join(check.line() for check in checks))
+        print(doctor.verdict(checks))
+    return code
+
+
 def drain_for_drift(args: argparse.Namespace, inventory: object, result: object) -> bool:
     """``--drain critical``: drain the scheduler nodes with critical findings, resume those
     gpunode drained for drift that are clean now; False if the scheduler could not be asked.
@@ -451,6 +476,23 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --drain: Slurm's commands over SSH with these arguments (sudo -n there)",
     )  # fmt: skip
     drift.set_defaults(func=cmd_drift)
+
+    doctor = commands.add_parser(
+        "doctor",
+        help="what this control host lacks before a deploy: Python, pyinfra, the post-quantum "
+        "key exchange, PATH, and with an inventory its SSH keys and which hosts answer",
+        epilog=epilog({0: "ready (warnings allowed)", 1: "a problem a deploy would fail on"}),
+    )
+    doctor.add_argument(
+        "inventory", nargs="?", help=INVENTORY_HELP + "; without one, the control host alone"
+    )
+    doctor.add_argument("--limit", help="hosts or groups, comma-separated")
+    doctor.add_argument(
+        "--timeout", type=positive_seconds, default=3.0, metavar="S",
+        help="how long each host has to answer on its SSH port (default 3)",
+    )  # fmt: skip
+    doctor.add_argument("--json", action="store_true", help=JSON_HELP)
+    doctor.set_defaults(func=cmd_doctor)
 
     from gpunode.rollout import EXIT_CODES
 

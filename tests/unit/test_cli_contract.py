@@ -236,7 +236,7 @@ def test_top_level_help_lists_every_command_and_the_exit_statuses(
         main(["--help"])
     assert done.value.code == 0
     text = " ".join(capsys.readouterr().out.split())
-    for name in ("validate", "defaults", "drift", "rollout", "lab"):
+    for name in ("validate", "defaults", "drift", "rollout", "doctor", "lab"):
         assert f" {name} " in text, name
     assert "exit status: 0 clean" in text and "2 usage or configuration error" in text
     assert "130 interrupted" in text
