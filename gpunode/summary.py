@@ -67,8 +67,58 @@ def failure_reasons(state: Any) -> dict[str, str]:
     return reasons
 
 
+def dry_line(host_name: str, operations: list[Any]) -> str:
+    """One line per host of a ``--dry`` run: what will change, what might and why, so that
+    "nothing to do" shows at a glance (``operations``: pyinfra_patches.PredictedOperation)."""
+    will = [op for op in operations if op.change]
+    might = [op for op in operations if op.change is None]
+    waiting = [op for op in operations if op.conditional and op.change is False]
+    if not will and not might:
+        line = f"gpunode --dry: {host_name}: nothing will change"
+        if waiting:
+            line += (
+                f" ({plural(len(waiting), 'conditional operation')} whose condition, an "
+                "earlier change, will not come)"
+            )
+        return line
+    parts = []
+    if will:
+        names = "; ".join(
+            op.name + (" (its condition: an earlier change)" if op.conditional else "")
+            for op in will
+        )
+        parts.append(f"{plural(len(will), 'operation')} will change: {names}")
+    if might:
+        names = "; ".join(op.name for op in might)
+        parts.append(f"{len(might)} might, depending on what the run finds: {names}")
+    return f"gpunode --dry: {host_name}: " + "; and ".join(parts)
+
+
+def _is_dry_run() -> bool:
+    """Whether the running pyinfra command was given --dry (read as inventory.py reads the
+    inventory argument: pyinfra's own parser on the command line, no side effects)."""
+    from pyinfra_cli.cli import cli
+
+    try:
+        context = cli.make_context("pyinfra", sys.argv[1:], resilient_parsing=True)
+    except Exception:  # an embedding program's argv need not be pyinfra's
+        return False
+    return bool(context.params.get("dry"))
+
+
+def _print_dry_summary(state: Any) -> None:
+    from gpunode import pyinfra_patches
+
+    failed = {host.name for host in state.failed_hosts}
+    for host in state.inventory.iter_activated_hosts():
+        if host.name not in failed:
+            print(dry_line(host.name, pyinfra_patches.predicted_operations(state, host)))
+
+
 def _print_summary() -> None:
     for state in _states:
+        if not state.is_executing and _is_dry_run():
+            _print_dry_summary(state)
         failed = [host.name for host in state.failed_hosts]
         inventory = list(state.inventory)
         in_run = [host for host in inventory if state.is_host_in_limit(host)]
