@@ -282,3 +282,14 @@ def test_edit_distance_counts_a_swap_as_one() -> None:
     assert edit_distance("drvier", "driver") == 1
     assert edit_distance("kitten", "sitting") == 3
     assert edit_distance("", "abc") == 3
+
+
+def test_a_bad_dcgm_diag_level_is_2_before_any_host_is_asked(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    inventory = tmp_path / "fleet.py"
+    inventory.write_text('h100_nodes = [("gpu-1", {})]\n')  # gpu-1 resolves nowhere
+    assert main(["drift", str(inventory), "--dcgm-diag", "7"]) == 2
+    assert capsys.readouterr().err == (
+        "gpunode drift: --dcgm-diag: DCGM diagnostic level 7: one of 1 (quick), 2 (medium)\n"
+    )
