@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -146,18 +147,20 @@ def test_the_drift_table_counts_in_words() -> None:
     )
 
 
-def test_a_closed_pipe_ends_quietly(tmp_path: Path) -> None:
-    """`gpunode defaults | head -1`: the reader goes away; no BrokenPipeError traceback."""
-    process = subprocess.Popen(
-        [sys.executable, "-m", "gpunode.cli", "defaults"],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-    )  # fmt: skip
-    assert process.stdout is not None and process.stderr is not None
-    assert process.stdout.readline()
-    process.stdout.close()
-    stderr = process.stderr.read().decode()
-    assert process.wait(timeout=120) == 141, stderr
-    assert stderr == ""
+def test_a_closed_pipe_ends_quietly() -> None:
+    """`gpunode defaults | head -1`: the reader has gone away (here before the first write, so
+    that the output cannot fit in the pipe first); no BrokenPipeError traceback."""
+    reader, writer = os.pipe()
+    os.close(reader)
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "gpunode.cli", "defaults"],
+            cwd=ROOT, stdout=writer, stderr=subprocess.PIPE, text=True, timeout=120,
+        )  # fmt: skip
+    finally:
+        os.close(writer)
+    assert done.returncode == 141, done.stderr
+    assert done.stderr == ""
 
 
 def test_ctrl_c_is_130_and_interrupted_without_a_traceback(tmp_path: Path) -> None:
@@ -178,7 +181,7 @@ def test_ctrl_c_is_130_and_interrupted_without_a_traceback(tmp_path: Path) -> No
     try:
         while not started.exists():
             assert process.poll() is None, process.communicate()
-            os.sched_yield()
+            time.sleep(0.05)  # waiting for it to start, not timing it
         process.send_signal(signal.SIGINT)
         out, err = process.communicate(timeout=120)
     finally:
@@ -293,3 +296,16 @@ def test_a_bad_dcgm_diag_level_is_2_before_any_host_is_asked(
     assert capsys.readouterr().err == (
         "gpunode drift: --dcgm-diag: DCGM diagnostic level 7: one of 1 (quick), 2 (medium)\n"
     )
+
+
+@pytest.mark.parametrize("command", ["drift", "doctor"])
+def test_a_limit_that_matches_no_host_is_a_usage_error(
+    command: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    inventory = tmp_path / "fleet.py"
+    inventory.write_text('h100_nodes = [("gpu-1", {})]\n')
+    assert main([command, str(inventory), "--limit", "gpu-9", "--json"]) == 2
+    assert json.loads(capsys.readouterr().out) == {
+        "error": "--limit gpu-9 matches no host or group",
+        "exit_code": 2,
+    }
