@@ -112,7 +112,9 @@ def _print_dry_summary(state: Any) -> None:
     failed = {host.name for host in state.failed_hosts}
     for host in state.inventory.iter_activated_hosts():
         if host.name not in failed:
-            print(dry_line(host.name, pyinfra_patches.predicted_operations(state, host)))
+            # stderr, as pyinfra's own log: stdout may be pyinfra's --json plan
+            line = dry_line(host.name, pyinfra_patches.predicted_operations(state, host))
+            print(line, file=sys.stderr)
 
 
 def _print_summary() -> None:

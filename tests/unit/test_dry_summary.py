@@ -4,6 +4,7 @@ condition asks, not listed as a "Conditional Change" whatever they do."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -115,5 +116,13 @@ def test_pyinfra_dry_prints_the_line_for_each_host(tmp_path: Path) -> None:
     assert (
         "gpunode --dry: @local: nothing will change (1 conditional operation whose condition, "
         "an earlier change, will not come)\n"
-    ) in done.stdout
+    ) in done.stderr
     assert not (tmp_path / "never").exists()
+    # with --json, stdout stays pyinfra's plan alone
+    planned = subprocess.run(
+        [PYINFRA, "--dry", "--json", "inventory.py", "deploy.py"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert planned.returncode == 0, planned.stderr
+    assert json.loads(planned.stdout)
+    assert "gpunode --dry: @local: nothing will change" in planned.stderr
