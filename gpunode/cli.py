@@ -1,4 +1,5 @@
-"""gpunode command line: inventory validation, defaults and the drift check.
+"""gpunode command line: validate an inventory, print its defaults, check drift, roll a deploy
+out batch by batch, and check the control host (doctor).
 
 More sub-commands come from ``gpunode.commands`` entry points (``COMMAND_PLUGINS``): each is a
 function given argparse's sub-parsers, adding its own. Test equipment plugs in that way.
@@ -8,7 +9,7 @@ from __future__ import annotations
 
 import sys
 
-if sys.argv[1:2] == ["drift"]:
+if sys.argv[1:2] in (["drift"], ["doctor"]):
     # pyinfra reaches hosts in parallel through gevent, which must patch sockets and ssl
     # before anything imports them (as the pyinfra CLI itself does first thing).
     from gevent import monkey
@@ -16,11 +17,24 @@ if sys.argv[1:2] == ["drift"]:
     monkey.patch_all()
 
 import argparse
+import json
 import os
 from collections.abc import Sequence
 from importlib.metadata import entry_points
 from pathlib import Path
+from typing import NoReturn
 
+from gpunode.control.checkout import find_checkout, use_checkout
+from gpunode.control.exits import (
+    EXIT_CLOSED_PIPE,
+    EXIT_INTERRUPTED,
+    EXIT_USAGE,
+    ConfigurationError,
+    epilog,
+    plural,
+    report_error,
+    silence_stdout,
+)
 from gpunode.inventory import Fleet, InvalidInventory, fleet_of
 from gpunode.model import DesiredState
 from gpunode.sanitize import clean_text
@@ -38,7 +52,7 @@ def override_data(pairs: list[str] | None) -> dict[str, object]:
     for pair in pairs or []:
         key, separator, value = pair.partition("=")
         if not separator or not key:
-            raise SystemExit(f"gpunode: --data {pair!r}: not KEY=VALUE")
+            raise ConfigurationError(f"--data {pair!r}: not KEY=VALUE")
         data[key] = parse_cli_arg(value)
     return data
 
@@ -51,18 +65,57 @@ DATA_HELP = (
 
 def load_inventory(path: str, data: list[str] | None = None):  # type: ignore[no-untyped-def]
     """Load an inventory the way the pyinfra CLI does (group_data beside it included), with
-    ``--data`` overrides applied to every host as pyinfra applies them."""
+    ``--data`` overrides applied to every host as pyinfra applies them. ``facts`` and
+    ``roles`` are imported from the inventory's checkout, wherever gpunode runs from.
+    ConfigurationError (exit status 2) for an inventory that is missing, unreadable or
+    cannot be loaded."""
     from pyinfra.api import State
     from pyinfra.context import ctx_state
     from pyinfra_cli.inventory import make_inventory
 
     if not os.path.exists(path):
-        raise SystemExit(f"gpunode: no inventory file {path}")
-    if os.getcwd() not in sys.path:
-        sys.path.append(os.getcwd())
+        raise ConfigurationError(f"no inventory file {path}")
+    if not os.path.isfile(path) or not os.access(path, os.R_OK):
+        raise ConfigurationError(f"inventory {path} is not a readable file")
+    use_checkout(find_checkout(path))
     overrides = override_data(data)
-    with ctx_state.use(State()):
-        return make_inventory(path, cwd=os.getcwd(), override_data=overrides or None)
+    try:
+        with ctx_state.use(State()):
+            return make_inventory(path, cwd=os.getcwd(), override_data=overrides or None)
+    except SystemExit as stop:  # an inventory that refuses itself (no nodes to list yet)
+        if stop.code in (None, 0):
+            raise
+        raise ConfigurationError(f"inventory {path}: {stop.code}") from None
+    except Exception as error:  # the inventory is Python: any error in it is the operator's
+        raise ConfigurationError(
+            f"inventory {path} cannot be loaded: {load_error(error)}"
+        ) from None
+
+
+def load_error(error: BaseException) -> str:
+    """What went wrong loading an inventory, in one line: the error the inventory's own code
+    raised (pyinfra wraps it), with the line of the inventory where it was raised."""
+    import traceback
+
+    from pyinfra.api.exceptions import PyinfraError
+
+    if isinstance(error, PyinfraError):
+        return str(error)
+    inner = getattr(error, "exception", None)  # pyinfra_cli's UnexpectedExternalError
+    if isinstance(inner, BaseException):
+        frames = traceback.extract_tb(getattr(inner, "_traceback", None) or inner.__traceback__)
+        line = f" (line {frames[-1].lineno})" if frames else ""
+        return f"{type(inner).__name__}: {inner}{line}"
+    message = getattr(error, "message", None)  # click's exceptions: CliError
+    return str(message) if isinstance(message, str) else f"{type(error).__name__}: {error}"
+
+
+def valid_fleet(inventory: object, path: str) -> Fleet:
+    """The inventory's validated fleet; its problems are a ConfigurationError (exit 2)."""
+    try:
+        return fleet_of(inventory, path)
+    except InvalidInventory as error:
+        raise ConfigurationError(str(error)) from None
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
@@ -70,12 +123,19 @@ def cmd_validate(args: argparse.Namespace) -> int:
     try:
         fleet = fleet_of(inventory, args.inventory)
     except InvalidInventory as error:
+        if args.json:
+            document = {"inventory": args.inventory, "valid": False, "problems": error.lines}
+            print(json.dumps({**document, "exit_code": EXIT_USAGE}, indent=2))
         print(str(error), file=sys.stderr)
-        return 1
-    print(f"{args.inventory}: {len(fleet.hosts)} hosts, desired state valid")
-    for name in fleet.hosts:
-        for note in fleet.notes.get(name, []):
-            print(note)
+        return EXIT_USAGE
+    notes = [note for name in fleet.hosts for note in fleet.notes.get(name, [])]
+    if args.json:
+        document = {"inventory": args.inventory, "valid": True, "hosts": list(fleet.hosts)}
+        print(json.dumps({**document, "notes": notes, "exit_code": 0}, indent=2))
+        return 0
+    print(f"{args.inventory}: {plural(len(fleet.hosts), 'host')}, desired state valid")
+    for note in notes:
+        print(note)
     return 0
 
 
@@ -99,6 +159,7 @@ def cmd_drift(args: argparse.Namespace) -> int:
     )
 
     inventory = load_inventory(args.inventory, args.data)
+    level = dcgm_diag_level(args.dcgm_diag)
     try:
         total = len(select_hosts(inventory, args.limit))
         result = run_drift(
@@ -106,12 +167,11 @@ def cmd_drift(args: argparse.Namespace) -> int:
             args.inventory,
             args.limit,
             stderr_progress(total),
-            args.dcgm_diag,
+            level,
             host_timeout_s=args.host_timeout,
         )
     except InvalidInventory as error:
-        print(str(error), file=sys.stderr)
-        return 2
+        raise ConfigurationError(str(error)) from None
     if args.baseline:
         apply_baseline(result, args.baseline)
     reports = [
@@ -128,10 +188,38 @@ def cmd_drift(args: argparse.Namespace) -> int:
         except OSError as error:  # one report that cannot be written must not cost the others
             print(f"gpunode drift: cannot write {path}: {error}", file=sys.stderr)
             unwritten += 1
-    print(render_json(result) if args.json else render_table(result), end="")
+    if args.json:
+        print(render_json(result))  # one document, ended by a newline as a text file is
+    else:
+        print(render_table(result), end="")
     if args.drain and not drain_for_drift(args, inventory, result):
         unwritten += 1
-    return max(result.exit_code, 2) if unwritten else result.exit_code
+    return max(result.exit_code, EXIT_USAGE) if unwritten else result.exit_code
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    """What the control host lacks: exit 0 when a deploy can start (warnings allowed), 1 on a
+    problem, 2 when the inventory given cannot be loaded or is invalid."""
+    from gpunode.control import doctor
+
+    checks = doctor.control_host_checks(Path.cwd())
+    if args.inventory:
+        try:
+            inventory = load_inventory(args.inventory)
+            valid_fleet(inventory, args.inventory)
+        except ConfigurationError:
+            if not args.json:  # what was found so far, then the error (main prints it)
+                print("\n".join(check.line() for check in checks))
+            raise
+        checks += doctor.inventory_checks(inventory, args.inventory, args.timeout, args.limit)
+    code = 1 if any(check.status == doctor.PROBLEM for check in checks) else 0
+    if args.json:
+        document = {"checks": [check.as_dict() for check in checks], "exit_code": code}
+        print(json.dumps(document, indent=2))
+    else:
+        print("\n".join(check.line() for check in checks))
+        print(doctor.verdict(checks))
+    return code
 
 
 def drain_for_drift(args: argparse.Namespace, inventory: object, result: object) -> bool:
@@ -143,7 +231,7 @@ def drain_for_drift(args: argparse.Namespace, inventory: object, result: object)
     from gpunode.scheduler import SchedulerError
 
     assert isinstance(result, DriftResult)
-    fleet = fleet_of(inventory, args.inventory)
+    fleet = valid_fleet(inventory, args.inventory)
     scheduled = [name for name in result.checked_hosts if fleet.for_host(name).slurm.enabled]
     if not scheduled:
         return True
@@ -187,6 +275,7 @@ def cmd_rollout(args: argparse.Namespace) -> int:
     from gpunode.drift import select_hosts
 
     inventory = load_inventory(args.inventory)
+    args.dcgm_diag_level = dcgm_diag_level(args.dcgm_diag)
     try:
         fleet = fleet_of(inventory, args.inventory)
         hosts = select_hosts(inventory, args.limit)
@@ -268,8 +357,9 @@ def rollout_under_lock(
             rollout.PyinfraNodes(
                 args.inventory,
                 args.deploy,
-                dcgm_diag_level=args.dcgm_diag,
+                dcgm_diag_level=args.dcgm_diag_level,
                 dcgm_nodes=frozenset(dcgm_hosts(fleet, list(state.nodes))),
+                config=str(find_checkout(args.deploy) / "config.py"),
             ),
             save,
             max_failures=args.max_failures,
@@ -285,17 +375,17 @@ def rollout_under_lock(
     return code
 
 
-def dcgm_diag_level(text: str) -> int:
-    """``--dcgm-diag``: 1, 2, quick or medium (facts.dcgm.diag_level)."""
-    # Parsed before any inventory is loaded: the checkout's facts/ as load_inventory finds it.
-    if os.getcwd() not in sys.path:
-        sys.path.append(os.getcwd())
+def dcgm_diag_level(text: str | None) -> int | None:
+    """``--dcgm-diag``: 1, 2, quick or medium (facts.dcgm.diag_level), read once the
+    inventory's checkout (its facts/) is on the path."""
+    if text is None:
+        return None
     from facts.dcgm import diag_level
 
     try:
         return diag_level(int(text) if text.strip().isdigit() else text.strip())
     except ValueError as error:
-        raise argparse.ArgumentTypeError(str(error)) from None
+        raise ConfigurationError(f"--dcgm-diag: {error}") from None
 
 
 def positive_seconds(text: str) -> float:
@@ -308,26 +398,53 @@ def positive_seconds(text: str) -> float:
     return value
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="gpunode", description=__doc__.split("\n\n")[0])
-    commands = parser.add_subparsers(dest="command", required=True)
+INVENTORY_HELP = (
+    "the pyinfra inventory file (e.g. inventories/prod.py), from any directory: facts and roles "
+    "come from the checkout that holds it"
+)
+JSON_HELP = "one JSON document on stdout instead of text, errors included"
 
-    validate = commands.add_parser("validate", help="check an inventory's desired state")
-    validate.add_argument("inventory")
+
+class Parser(argparse.ArgumentParser):
+    """argparse, its usage errors kept to the contract: exit status 2, and with ``--json``
+    a JSON document on stdout too."""
+
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        raise ConfigurationError(message)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = Parser(
+        prog="gpunode",
+        description=__doc__.split("\n\n")[0],
+        epilog=epilog() + ". Every command's --help says what its own statuses mean.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    validate = commands.add_parser(
+        "validate", help="check an inventory's desired state, touch nothing", epilog=epilog()
+    )
+    validate.add_argument("inventory", help=INVENTORY_HELP)
     validate.add_argument("--data", action="append", metavar="KEY=VALUE", help=DATA_HELP)
+    validate.add_argument("--json", action="store_true", help=JSON_HELP)
     validate.set_defaults(func=cmd_validate)
 
-    defaults = commands.add_parser("defaults", help="print every setting with its default")
+    defaults = commands.add_parser(
+        "defaults", help="print every setting with its default", epilog=epilog()
+    )
     defaults.set_defaults(func=cmd_defaults)
 
     drift = commands.add_parser(
         "drift",
-        help="compare every host with the inventory (exit 0 clean, 1 drift, 2 not checked)",
+        help="compare every host with the inventory (exit 0 clean, 1 drift or hosts not "
+        "checked, 2 usage or configuration error)",
+        epilog=epilog({0: "no drift", 1: "drift found, or hosts that could not be checked"}),
     )
-    drift.add_argument("inventory")
+    drift.add_argument("inventory", help=INVENTORY_HELP)
     drift.add_argument("--limit", help="hosts or groups, comma-separated")
     drift.add_argument("--data", action="append", metavar="KEY=VALUE", help=DATA_HELP)
-    drift.add_argument("--json", action="store_true", help="JSON on stdout instead of a table")
+    drift.add_argument("--json", action="store_true", help=JSON_HELP)
     drift.add_argument("--junit", metavar="FILE", help="also write a JUnit XML report")
     drift.add_argument(
         "--prometheus", metavar="FILE", help="also write node_exporter textfile metrics"
@@ -339,7 +456,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--write-baseline", metavar="FILE", help="also write this run's JSON report here"
     )
     drift.add_argument(
-        "--dcgm-diag", type=dcgm_diag_level, metavar="LEVEL",
+        "--dcgm-diag", metavar="LEVEL",
         help="also run DCGM's diagnostic (dcgmi diag -r LEVEL -j; 1 or quick, 2 or medium) on "
         "the hosts that declare DCGM; a failed test is a critical finding dcgm.diag:<test>",
     )  # fmt: skip
@@ -360,6 +477,23 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     drift.set_defaults(func=cmd_drift)
 
+    doctor = commands.add_parser(
+        "doctor",
+        help="what this control host lacks before a deploy: Python, pyinfra, the post-quantum "
+        "key exchange, PATH, and with an inventory its SSH keys and which hosts answer",
+        epilog=epilog({0: "ready (warnings allowed)", 1: "a problem a deploy would fail on"}),
+    )
+    doctor.add_argument(
+        "inventory", nargs="?", help=INVENTORY_HELP + "; without one, the control host alone"
+    )
+    doctor.add_argument("--limit", help="hosts or groups, comma-separated")
+    doctor.add_argument(
+        "--timeout", type=positive_seconds, default=3.0, metavar="S",
+        help="how long each host has to answer on its SSH port (default 3)",
+    )  # fmt: skip
+    doctor.add_argument("--json", action="store_true", help=JSON_HELP)
+    doctor.set_defaults(func=cmd_doctor)
+
     from gpunode.rollout import EXIT_CODES
 
     roll = commands.add_parser(
@@ -370,11 +504,10 @@ def build_parser() -> argparse.ArgumentParser:
         "finding), resume those that pass. A node drained by anyone else, or DOWN, FAIL or "
         "FAILING, is left alone; one rollout of an inventory at a time. "
         "Interrupted, the same command goes on where it stopped.",
-        epilog="exit status: "
-        + "; ".join(f"{code} {meaning}" for code, meaning in EXIT_CODES.items()),
+        epilog=epilog(EXIT_CODES),
     )
-    roll.add_argument("inventory")
-    roll.add_argument("deploy")
+    roll.add_argument("inventory", help=INVENTORY_HELP)
+    roll.add_argument("deploy", help="the deploy file to apply (e.g. deploys/gpu_node.py)")
     roll.add_argument("--batch", type=int, default=1, help="nodes per batch (default 1)")
     roll.add_argument("--canary", type=int, default=0, help="nodes in a first batch of their own")
     roll.add_argument(
@@ -391,7 +524,7 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     roll.add_argument("--poll", type=float, default=5, metavar="S", help=argparse.SUPPRESS)
     roll.add_argument(
-        "--dcgm-diag", type=dcgm_diag_level, metavar="LEVEL",
+        "--dcgm-diag", metavar="LEVEL",
         help="the health gate also runs DCGM's diagnostic (1 or quick, 2 or medium) where the "
         "inventory declares DCGM; the others skip it (said in the summary)",
     )  # fmt: skip
@@ -410,9 +543,49 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def quiet_hub_interrupts() -> None:
+    """Ctrl-C while pyinfra's gevent hub waits is raised in the main greenlet, where ``main``
+    reports it in one line; the hub would first print it with a timestamp of its own."""
+    from gevent import get_hub
+
+    hub = get_hub()
+    if KeyboardInterrupt not in hub.NOT_ERROR:
+        hub.NOT_ERROR = (*hub.NOT_ERROR, KeyboardInterrupt)
+
+
+def commands_of(parser: argparse.ArgumentParser) -> list[list[str]]:
+    """Each sub-command's name, as a one-item argument list."""
+    return [
+        [name]
+        for action in parser._actions
+        if isinstance(action, argparse._SubParsersAction)
+        for name in action.choices
+    ]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    return int(args.func(args))
+    """Run one command; its exit status follows the contract (``gpunode.control.exits``)
+    whatever happens: a closed pipe and Ctrl-C end it without a traceback, every ``finally``
+    (locks) run first."""
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    as_json = "--json" in arguments
+    quiet_hub_interrupts()
+    parser = build_parser()
+    command = (
+        " ".join(["gpunode", *arguments[:1]]) if arguments[:1] in commands_of(parser) else "gpunode"
+    )
+    try:
+        args = parser.parse_args(arguments)
+        code = int(args.func(args))
+        sys.stdout.flush()  # here, where a closed pipe is caught, not at the interpreter's exit
+        return code
+    except ConfigurationError as error:
+        return report_error(command, str(error), EXIT_USAGE, as_json)
+    except KeyboardInterrupt:
+        return report_error(command, "interrupted", EXIT_INTERRUPTED, as_json)
+    except BrokenPipeError:
+        silence_stdout()
+        return EXIT_CLOSED_PIPE
 
 
 if __name__ == "__main__":

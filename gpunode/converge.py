@@ -5,11 +5,13 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any, cast
 
 from pyinfra import host
+from pyinfra.api import DeployError
 
-from gpunode import factcache, pyinfra_patches
+from gpunode import factcache, pyinfra_patches, ssh_kex
 from gpunode.distributions import (
     Architecture,
     Distribution,
@@ -79,6 +81,25 @@ def this_node() -> tuple[Distribution, Architecture]:
     return platform_of(host.get_fact(NodeOs))
 
 
+def checkout_config_unread() -> str | None:
+    """Why this run lacks what the checkout's ``config.py`` sets, or None when pyinfra read
+    it. pyinfra 3 reads ``config.py`` from its working directory (``--chdir``, or the
+    directory it was started in), never from beside the deploy file: run from elsewhere, it
+    connects without the key exchange Debian 13's hardened sshd requires and uploads through
+    a temporary directory libpam-tmpdir makes unwritable."""
+    from pyinfra import config
+
+    if ssh_kex.installed() and config.TEMP_DIR is not None:
+        return None
+    checkout = Path(__file__).resolve().parents[1]
+    return (
+        f"pyinfra did not read {checkout / 'config.py'}: it reads config.py from its working "
+        f"directory ({Path.cwd()}); run pyinfra in {checkout}, or give it "
+        f"--chdir {checkout} (paths then relative to it) or --config {checkout / 'config.py'}. "
+        "Nothing was changed"
+    )
+
+
 @contextmanager
 def converging() -> Iterator[DesiredState]:
     """This node's validated desired state, for the roles of a deploy.
@@ -88,8 +109,12 @@ def converging() -> Iterator[DesiredState]:
     refused, before anything is read beyond its release or changed on it), the node's run
     lock is taken before any role reads or changes it, and a node a role refuses fails alone,
     before anything changes on it. The desired state handed to the roles is this node's: the
-    repository URLs name its release and architecture.
+    repository URLs name its release and architecture. A run without the checkout's
+    ``config.py`` stops here, before any node is read or changed.
     """
+    unread = checkout_config_unread()
+    if unread is not None:
+        raise DeployError(unread)
     factcache.install()
     pyinfra_patches.replace_operation_order()
     pyinfra_patches.remember_global_arguments()

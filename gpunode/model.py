@@ -26,7 +26,7 @@ from typing import Any, Literal
 
 from gpunode import distributions, nvidia_releases
 from gpunode.sanitize import clean_text
-from gpunode.schema import Builder, Problem, setting, spec
+from gpunode.schema import Builder, Problem, setting, spec, unknown_key
 
 # --- value checks -------------------------------------------------------------------------
 
@@ -1983,7 +1983,7 @@ def build_desired_state(data: Mapping[str, Any]) -> tuple[DesiredState, list[Pro
             builder.problem(
                 key,
                 value,
-                "unknown key",
+                unknown_key(key, TOP_LEVEL_KEYS),
                 "gpunode keys ("
                 + ", ".join(TOP_LEVEL_KEYS)
                 + "), pyinfra connector keys (ssh_*, _sudo, ...) or your own keys prefixed x_",

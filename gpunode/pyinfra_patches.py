@@ -79,6 +79,9 @@ WRITTEN_AGAINST: dict[str, str] = {
     # read by host_changed_in_this_run (with StateOperationHostData's operation_meta and
     # global_arguments, and OperationMeta.will_change, a property)
     "pyinfra.api.operation.OperationMeta.did_change": "(self)",
+    # what predicted_operations reads: the run's order (and marks complete with
+    # OperationMeta.set_complete while it evaluates conditions)
+    "pyinfra.api.state.State.get_op_order": "(self)",
     "pyinfra.api.operation.OperationMeta.is_complete": "(self)",
     "pyinfra.api.operation.OperationMeta.set_complete": (
         "(self, success, commands, combined_output, retry_attempts=0, max_retries=0)"
@@ -296,6 +299,56 @@ def host_changed_in_this_run(host: Any) -> bool:
         data.operation_meta.is_complete() and data.operation_meta.did_change()
         for data in state.ops[host].values()
     )
+
+
+@dataclass(frozen=True)
+class PredictedOperation:
+    name: str
+    change: bool | None  # True will change, False will not, None might (not known before)
+    conditional: bool  # it has an ``_if``: it runs only if its condition holds then
+
+
+def predicted_operations(state: Any, host: Any) -> list[PredictedOperation]:
+    """What a prepared, unexecuted run (``--dry``) will do on ``host``, operation by
+    operation in run order. pyinfra's own plan lists every operation with an ``_if`` as a
+    "Conditional Change", even when its condition cannot hold. Here the condition is
+    evaluated as the run will evaluate it: each earlier operation whose change is predicted
+    is marked complete, for the evaluation alone, with that prediction (one command or none:
+    what its ``did_change()`` reads), so conditions written as ``op.did_change`` and as
+    lambdas alike read the predictions. A condition that cannot be evaluated before the run
+    (it asks an operation not known yet) leaves its operation a "might" (None)."""
+    _guard()
+    from pyinfra.context import ctx_host
+
+    marked: list[tuple[Any, dict[str, Any]]] = []
+    operations = []
+    ops = state.ops.get(host, {})
+    try:
+        with ctx_host.use(host):
+            for op_hash in state.get_op_order():
+                data = ops.get(op_hash)
+                if data is None:
+                    continue
+                meta = data.operation_meta
+                conditions = data.global_arguments.get("_if") or []
+                conditions = conditions if isinstance(conditions, list) else [conditions]
+                change: bool | None = bool(meta.will_change)
+                if change and conditions:
+                    try:
+                        change = all(condition() for condition in conditions)
+                    except Exception:  # an operation not predicted, or a condition of the run
+                        change = None
+                if change is not None and not meta.is_complete():
+                    marked.append((meta, dict(vars(meta))))
+                    predicted = [pyinfra_command.StringCommand("predicted")] if change else []
+                    meta.set_complete(True, predicted, CommandOutput([]))
+                name = sorted(state.op_meta[op_hash].names)[0]
+                operations.append(PredictedOperation(name, change, bool(conditions)))
+    finally:
+        for meta, attributes in marked:  # as they were: not complete
+            vars(meta).clear()
+            vars(meta).update(attributes)
+    return operations
 
 
 def inner(operation: Any) -> Callable[..., Any]:

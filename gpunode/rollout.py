@@ -412,9 +412,13 @@ class PyinfraNodes:
         timeout_s: float = 3600,
         dcgm_diag_level: int | None = None,
         dcgm_nodes: frozenset[str] = frozenset(),
+        config: str | None = None,
     ) -> None:
         self.inventory = inventory
         self.deploy = deploy
+        # The deploy's checkout's config.py, given to pyinfra by its path: pyinfra reads
+        # config.py from its working directory only, and a rollout may run from anywhere.
+        self.config = config
         self.timeout_s = timeout_s
         # The gate's DCGM diagnostic (gpunode drift --dcgm-diag): run where DCGM is declared.
         self.dcgm_diag_level = dcgm_diag_level
@@ -428,7 +432,9 @@ class PyinfraNodes:
 
     def _deploy(self, nodes: Sequence[str], defer_reboot: bool) -> ConvergeResult:
         limits = [word for node in nodes for word in ("--limit", node)]
-        argv = [sys.executable, "-m", "pyinfra", "-y", "--json", self.inventory, self.deploy]
+        config = ["--config", self.config] if self.config else []
+        argv = [sys.executable, "-m", "pyinfra", "-y", "--json", *config]
+        argv += [self.inventory, self.deploy]
         variable, value = REBOOT_DEFERRAL
         # Set or removed either way: one left in the operator's shell decides nothing here.
         env = {key: text for key, text in os.environ.items() if key != variable}
@@ -510,6 +516,9 @@ def check_result(nodes: Sequence[str], stdout: str, stderr: str) -> dict[str, Ch
     """``gpunode drift --json`` -> each node's critical finding ids, or why it was not checked."""
     try:
         report = json.loads(stdout)
+        if isinstance(report, dict) and "error" in report and "checked_hosts" not in report:
+            why = f"drift check could not run: {clean_text(str(report['error']), 300)}"
+            return {node: CheckResult(None, why) for node in nodes}
         checked = {str(name) for name in report["checked_hosts"]}
         unreachable = {str(k): str(v) for k, v in dict(report["unreachable"]).items()}
         critical: dict[str, list[str]] = {}

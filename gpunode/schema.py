@@ -43,6 +43,41 @@ class Problem:
         )
 
 
+def edit_distance(a: str, b: str) -> int:
+    """Optimal string alignment distance: insertions, deletions, substitutions and swaps of
+    two neighbouring characters each count one (``drvier`` is one edit from ``driver``)."""
+    previous2: list[int] = []
+    previous = list(range(len(b) + 1))
+    for i in range(1, len(a) + 1):
+        current = [i] + [0] * len(b)
+        for j in range(1, len(b) + 1):
+            cost = 0 if a[i - 1] == b[j - 1] else 1
+            current[j] = min(previous[j] + 1, current[j - 1] + 1, previous[j - 1] + cost)
+            if i > 1 and j > 1 and a[i - 1] == b[j - 2] and a[i - 2] == b[j - 1]:
+                current[j] = min(current[j], previous2[j - 2] + 1)
+        previous2, previous = previous, current
+    return previous[len(b)]
+
+
+# A typo is one or two edits away; a key shorter than that many letters is not a typo of
+# anything (``ab`` is two edits from every two-letter key).
+MAX_TYPO_EDITS = 2
+
+
+def unknown_key(key: str, known: Sequence[str]) -> str:
+    """The reason an unknown key is refused, with the known keys one or two edits away:
+    ``unknown key (did you mean 'port'?)``."""
+    if not isinstance(key, str):
+        return "unknown key"
+    distances = {name: edit_distance(key, name) for name in known}
+    limit = min(MAX_TYPO_EDITS, len(key) - 1)
+    best = min((d for d in distances.values() if d <= limit), default=None)
+    if best is None:
+        return "unknown key"
+    close = [f"{name!r}" for name in sorted(known) if distances[name] == best]
+    return f"unknown key (did you mean {' or '.join(close)}?)"
+
+
 def unprintable_character(text: str) -> str | None:
     """Why ``text`` may not reach a node or a terminal, or None if it may.
 
@@ -161,7 +196,7 @@ class Builder:
                 self.problem(
                     _join(path, key),
                     raw[key],
-                    "unknown key",
+                    unknown_key(key, list(known)),
                     f"keys of {path or 'the host data'}: " + ", ".join(sorted(known)),
                 )
         values: dict[str, Any] = {}

@@ -209,6 +209,11 @@ class UnsupportedParamiko(RuntimeError):
     """The installed paramiko is not one this module was written for."""
 
 
+def installed() -> bool:
+    """Whether paramiko offers the method (``install`` ran in this process)."""
+    return NAME in paramiko.Transport._preferred_kex  # type: ignore[attr-defined]
+
+
 def install() -> None:
     """paramiko offers mlkem768x25519-sha256 first, before its own methods (idempotent)."""
     version = importlib.metadata.version("paramiko")

@@ -82,13 +82,18 @@ def cmd_lab_down(args: argparse.Namespace) -> int:
 
 def cmd_lab_status(_: argparse.Namespace) -> int:
     lab = Lab()
-    for node in lab.nodes():
+    print(f"lab {lab.name} in {lab.state_dir}")
+    nodes, controller, guests = lab.nodes(), lab.slurm_controller(), lab.vms()
+    if not (nodes or controller or guests):
+        print("no lab nodes; bring some up with `gpunode lab up --nodes 2`")
+        return 0
+    print(f"{'name':<9} {'address':<14} {'profile':<10} release")
+    for node in nodes:
         print(f"{node.name:<9} {node.address:<14} {node.profile:<10} {node.release}")
-    controller = lab.slurm_controller()
     if controller is not None:
         role = "slurmctld"
         print(f"{controller.name:<9} {controller.address:<14} {role:<10} {controller.release}")
-    for guest in lab.vms():
+    for guest in guests:
         state = "running" if vm.qemu_running(guest) else "stopped"
         print(
             f"{guest.name:<9} {guest.address:<14} {guest.profile:<10} {guest.release:<9} "
@@ -134,14 +139,18 @@ def register(commands: Any) -> None:
         default=None,
         help=f"hardware profiles of the VMs' doubles, in turn (default {vm.DEFAULT_VM_PROFILE})",
     )
-    up.add_argument("--vm-memory-mib", type=int, default=vm.DEFAULT_MEMORY_MIB)
+    up.add_argument(
+        "--vm-memory-mib", type=int, default=vm.DEFAULT_MEMORY_MIB, help="memory of each VM"
+    )
     up.add_argument(
         "--vm-nvme-drives",
         type=int,
         default=vm.DEFAULT_NVME_DRIVES,
         help="emulated NVMe drives per VM",
     )
-    up.add_argument("--vm-nvme-mib", type=int, default=vm.DEFAULT_NVME_MIB)
+    up.add_argument(
+        "--vm-nvme-mib", type=int, default=vm.DEFAULT_NVME_MIB, help="size of each NVMe drive"
+    )
     up.add_argument(
         "--profiles",
         default=",".join(DEFAULT_PROFILES),
@@ -170,7 +179,11 @@ def register(commands: Any) -> None:
     )
     up.set_defaults(func=reporting_lab_errors(cmd_lab_up))
     down = lab_commands.add_parser("down", help="remove everything the lab made")
-    down.add_argument("--keep-image", action="store_true")
+    down.add_argument(
+        "--keep-image",
+        action="store_true",
+        help="keep the node and VM images, so the next `lab up` need not build them again",
+    )
     down.set_defaults(func=reporting_lab_errors(cmd_lab_down))
     status = lab_commands.add_parser("status", help="list lab nodes")
     status.set_defaults(func=reporting_lab_errors(cmd_lab_status))

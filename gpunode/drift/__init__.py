@@ -7,6 +7,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+from gpunode.control.exits import ConfigurationError
 from gpunode.drift.findings import DriftResult
 from gpunode.inventory import fleet_of
 from gpunode.sanitize import MAX_REPORT_TEXT_CHARS, clean_text
@@ -20,8 +21,8 @@ def select_hosts(inventory: Any, limit: str | None) -> list[Any]:
     """Hosts named in ``limit`` (host or group names, comma-separated), else all."""
     wanted = set(filter(None, (limit or "").split(",")))
     hosts = [h for h in inventory if not wanted or h.name in wanted or wanted & set(h.groups)]
-    if wanted and not hosts:
-        raise SystemExit(f"gpunode drift: --limit {limit} matches no host or group")
+    if wanted and not hosts:  # a usage error (exit status 2), never "no drift found"
+        raise ConfigurationError(f"--limit {limit} matches no host or group")
     return hosts
 
 

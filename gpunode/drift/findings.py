@@ -83,10 +83,12 @@ class DriftResult:
 
     @property
     def exit_code(self) -> int:
-        """0 no drift, 1 drift found, 2 some hosts could not be checked. Info findings (what
-        an operator should know, e.g. a driver branch past its end of life) are no drift."""
+        """0 no drift, 1 drift found or some hosts could not be checked (the fleet has a
+        problem; gpunode's contract keeps 2 for a configuration the check could not start
+        with). Info findings (what an operator should know, e.g. a driver branch past its end
+        of life) are no drift."""
         if self.unreachable:
-            return 2
+            return 1
         return 1 if any(f.severity != Severity.INFO for f in self.findings) else 0
 
     def sorted_findings(self) -> list[Finding]:

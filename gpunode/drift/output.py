@@ -8,6 +8,7 @@ import tempfile
 import xml.etree.ElementTree as ElementTree
 from pathlib import Path
 
+from gpunode.control.exits import plural
 from gpunode.drift.findings import DriftResult, Severity
 from gpunode.sanitize import MAX_REPORT_TEXT_CHARS, clean_text
 
@@ -46,8 +47,8 @@ def render_table(result: DriftResult) -> str:
         lines.append(f"{host}: NOT CHECKED: {reason}")
     clean = sorted(set(_checked(result)) - {f.host for f in findings})
     lines.append(
-        f"{len(result.checked_hosts)} hosts checked, {len(clean)} without drift, "
-        f"{len(findings)} findings "
+        f"{plural(len(result.checked_hosts), 'host')} checked, {len(clean)} without drift, "
+        f"{plural(len(findings), 'finding')} "
         f"({sum(f.severity is Severity.CRITICAL for f in findings)} critical), "
         f"{len(result.unreachable)} not checked"
     )

@@ -194,7 +194,7 @@ def test_baseline_marks_yesterdays_findings_known(
     assert status["gpu.persistence:2"] == "known"
 
 
-def test_unreachable_host_gives_exit_code_2_and_the_others_are_still_checked(
+def test_unreachable_host_gives_exit_code_1_and_the_others_are_still_checked(
     lab: Lab, converged: list[LabNode], drifted: dict[tuple[str, str], str]
 ) -> None:
     stopped = converged[1]
@@ -204,7 +204,7 @@ def test_unreachable_host_gives_exit_code_2_and_the_others_are_still_checked(
     finally:
         lab.client.containers.get(stopped.container).unpause()
     report: dict[str, Any] = json.loads(out)
-    assert code == 2
+    assert code == 1
     assert list(report["unreachable"]) == [stopped.name]
     assert report["checked_hosts"] == [converged[0].name]
     assert any(f["host"] == converged[0].name for f in report["findings"])

@@ -414,7 +414,8 @@ def refused(
     assert {node.name: fingerprint(lab, node) for node in nodes} == before
     assert "Nothing was changed." in run.output
     assert (
-        f"gpunode: {len(refused_names)} of {len(nodes)} host(s) failed: "
+        f"gpunode: {len(refused_names)} of {len(nodes)} host{'s' if len(nodes) != 1 else ''} "
+        "failed: "
         + "; ".join(f"{name} (refused before any change)" for name in refused_names)
         + f". Re-run them with --limit {','.join(refused_names)}"
     ) in run.output

@@ -148,7 +148,7 @@ def test_a_node_held_by_another_run_is_refused_untouched_and_the_others_converge
     assert run.returncode == 1, run.output
     assert f"lab-1: another gpunode run holds this node: {other_run} (waited 10 s)" in run.output
     assert "Nothing was changed on it by this run" in run.output
-    assert "gpunode: 1 of 2 host(s) failed: lab-1 (at Run lock held)" in run.output
+    assert "gpunode: 1 of 2 hosts failed: lab-1 (failed at operation Run lock held)" in run.output
     # The run asked for the lock and waited on it, and gave up while the other still held it.
     assert seen["waiter"] != "none", seen
     assert seen["waiter-gave-up-while-held-by"] == other_run, seen
@@ -246,7 +246,7 @@ def test_a_node_that_stops_answering_mid_run_fails_alone_and_is_named(
     named = error_lines(run, "lab-2")
     assert "Error" in named or "error" in named, run.output
     assert not error_lines(run, "lab-1").count("Error"), run.output
-    assert "gpunode: 1 of 2 host(s) failed: lab-2 (" in run.output, run.output
+    assert "gpunode: 1 of 2 hosts failed: lab-2 (" in run.output, run.output
     assert "Re-run them with --limit lab-2" in run.output
     # The next run gets in (the stale lock of the cut connection is broken) and is clean.
     rerun = run_pyinfra(DEPLOY)
@@ -324,8 +324,8 @@ def test_a_node_whose_operation_refuses_mid_run_fails_alone_and_the_others_conve
         assert "/etc/docker/daemon.json: " in error_lines(run, "lab-1"), run.output
         assert "fix it by hand" in error_lines(run, "lab-1")
         assert (
-            "gpunode: 1 of 2 host(s) failed: lab-1 (at NVIDIA Container Toolkit | docker: nvidia "
-            "runtime in /etc/docker/daemon.json). Re-run them with --limit lab-1"
+            "gpunode: 1 of 2 hosts failed: lab-1 (failed at operation NVIDIA Container Toolkit | "
+            "docker: nvidia runtime in /etc/docker/daemon.json). Re-run them with --limit lab-1"
         ) in run.output
         # lab-2 went on to the end; lab-1 stopped at the refusing operation.
         assert run.changed_operations() == {"NCCL | NCCL settings in /etc/nccl.conf": ["lab-2"]}

@@ -26,6 +26,7 @@ def test_dead_peer_detection_is_on_before_the_node_is_first_read(
         events.append("first read")
         return BY_CODENAME["bookworm"], architecture
 
+    monkeypatch.setattr(converge, "checkout_config_unread", lambda: None)
     monkeypatch.setattr(converge.factcache, "install", lambda: None)
     monkeypatch.setattr(converge.pyinfra_patches, "replace_operation_order", lambda: None)
     monkeypatch.setattr(converge.pyinfra_patches, "remember_global_arguments", lambda: None)

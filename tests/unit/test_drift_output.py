@@ -37,7 +37,8 @@ def sample() -> DriftResult:
 def test_exit_codes() -> None:
     assert DriftResult(checked_hosts=["a"]).exit_code == 0
     assert DriftResult(findings=sample().findings, checked_hosts=["node-2"]).exit_code == 1
-    assert sample().exit_code == 2
+    assert sample().exit_code == 1  # a host not checked: the fleet's problem, not a usage error
+    assert DriftResult(checked_hosts=["a"], unreachable={"b": "timed out"}).exit_code == 1
 
 
 def test_table_sorts_by_severity_and_names_unchecked_hosts() -> None:
@@ -50,7 +51,7 @@ def test_table_sorts_by_severity_and_names_unchecked_hosts() -> None:
 
 def test_json_round_trips_every_field() -> None:
     data = json.loads(render_json(sample()))
-    assert data["exit_code"] == 2
+    assert data["exit_code"] == 1
     assert data["findings"][0] == {
         "id": "gpu.count",
         "host": "node-2",
@@ -157,7 +158,7 @@ def test_atomic_write_reaches_the_disk_before_and_after_the_rename(
     target = tmp_path / "baseline.json"
     write_atomically(target, render_json(sample()))
     assert events == ["fsync file", "replace", "fsync directory"]
-    assert json.loads(target.read_text())["exit_code"] == 2
+    assert json.loads(target.read_text())["exit_code"] == 1
 
 
 def test_a_failed_write_leaves_the_previous_file_whole(

@@ -265,6 +265,7 @@ def test_the_lab_inventory_with_only_unlisted_vms_has_no_nodes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from gpunode.cli import load_inventory
+    from gpunode.control.exits import ConfigurationError
 
     monkeypatch.setenv("GPUNODE_LAB_DIR", str(tmp_path))
     lab = Lab()
@@ -272,7 +273,7 @@ def test_the_lab_inventory_with_only_unlisted_vms_has_no_nodes(
     vm.listed = False
     lab_vm.vms_path(lab).write_text(json.dumps([asdict(vm)]))
     monkeypatch.chdir(Path(__file__).resolve().parents[2])
-    with pytest.raises(SystemExit, match="no lab nodes"):
+    with pytest.raises(ConfigurationError, match="no lab nodes"):
         load_inventory("inventories/lab.py")
 
 

@@ -63,12 +63,14 @@ BAD_INPUTS = [
     ),
     pytest.param(
         {"nvidia_drvier": {"source": "nvidia"}},
-        "host node-1: nvidia_drvier = {'source': 'nvidia'}: unknown key; accepted: gpunode keys",
+        "host node-1: nvidia_drvier = {'source': 'nvidia'}: unknown key (did you mean "
+        "'nvidia_driver'?); accepted: gpunode keys",
         id="unknown-top-level-key",
     ),
     pytest.param(
         {"sshd": {"prot": 22}},
-        "sshd.prot = 22: unknown key; accepted: keys of sshd: allow_agent_forwarding",
+        "sshd.prot = 22: unknown key (did you mean 'port'?); accepted: keys of sshd: "
+        "allow_agent_forwarding",
         id="unknown-nested-key",
     ),
     pytest.param(
@@ -477,7 +479,7 @@ def test_validate_command_names_inventory_host_and_key(tmp_path: Path) -> None:
         capture_output=True,
         text=True,
     )
-    assert result.returncode == 1
+    assert result.returncode == 2  # invalid data: a configuration error, never "findings"
     assert (
         f"{inventory}: host gpu-1: firewall.enabled = 'yes': wrong type; accepted: true or false"
         in result.stderr
@@ -498,10 +500,10 @@ def test_data_overrides_are_validated_as_a_deploy_s_would_be(tmp_path: Path) -> 
     good = validate('audit={"file_integrity": {"enabled": true}}')
     assert good.returncode == 0, good.stderr
     bad = validate('audit={"file_integrity": {"enabled": true, "schedule": "daily; reboot"}}')
-    assert bad.returncode == 1
+    assert bad.returncode == 2
     assert "host gpu-1: audit.file_integrity.schedule = 'daily; reboot': malformed" in bad.stderr
     malformed = validate("audit")
-    assert malformed.returncode != 0 and "--data 'audit': not KEY=VALUE" in malformed.stderr
+    assert malformed.returncode == 2 and "--data 'audit': not KEY=VALUE" in malformed.stderr
 
 
 def test_defaults_command_documents_every_setting() -> None:
@@ -840,7 +842,7 @@ def test_validate_command_prints_no_escape_sequence_from_the_inventory(tmp_path:
         capture_output=True,
         text=True,
     )
-    assert result.returncode == 1
+    assert result.returncode == 2
     assert "\x1b" not in result.stderr
     assert "kernel.sysctls.vm.\\x1b[2J\\x1b[H = " in result.stderr
     assert not any(line.startswith("forged") for line in result.stderr.splitlines())

@@ -805,20 +805,26 @@ def test_the_converge_defers_the_reboot_and_the_reboot_run_does_not(
 ) -> None:
     # The pyinfra subprocess stands in: what matters is the environment the rollout gives it.
     seen: list[dict[str, str]] = []
+    commands: list[list[str]] = []
 
     def pyinfra(argv: list[str], **kwargs: object) -> subprocess.CompletedProcess[str]:
         seen.append(dict(kwargs["env"]))  # type: ignore[call-overload]
+        commands.append(argv)
         empty = {"results": {"failed_hosts": [], "operations": []}}
         return subprocess.CompletedProcess(argv, 0, json.dumps(empty), "")
 
     monkeypatch.setattr(rollout.subprocess, "run", pyinfra)
     # One left in the operator's shell decides nothing.
     monkeypatch.setenv("GPUNODE_DRIVER_REBOOT", "defer")
-    nodes = rollout.PyinfraNodes("inv.py", "deploy.py")
+    nodes = rollout.PyinfraNodes("inv.py", "deploy.py", config="/srv/gpunode/config.py")
     nodes.converge(["n1"])
     nodes.reboot(["n1"])
     assert seen[0]["GPUNODE_DRIVER_REBOOT"] == "defer"
     assert "GPUNODE_DRIVER_REBOOT" not in seen[1]
+    # pyinfra reads the deploy's checkout's config.py wherever the rollout was started
+    for argv in commands:
+        assert argv[argv.index("--config") + 1] == "/srv/gpunode/config.py"
+        assert argv.index("--config") < argv.index("inv.py")
 
 
 def test_the_rollouts_names_for_the_deferral_are_the_driver_roles() -> None:
