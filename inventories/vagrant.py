@@ -1,4 +1,5 @@
-"""The two VMs of the Vagrantfile (private network addresses fixed there).
+"""The VMs of the Vagrantfile (private network addresses fixed there): two Debian 12 PCIe
+nodes and one Ubuntu 24.04 node (group ubuntu_nodes).
 
 `vagrant up` first; Vagrant's insecure key is replaced per box and kept under .vagrant/.
 """
@@ -23,3 +24,6 @@ def _vm(name: str, address: str) -> tuple[str, dict]:
 
 
 pcie_nodes = [_vm("gpunode-1", "192.168.56.11"), _vm("gpunode-2", "192.168.56.12")]
+# A real Ubuntu 24.04 (its archive, ssh.socket, ufw, needrestart), for the hardening and
+# base roles as on the Debian boxes (no GPU, so no driver: group_data/vagrant.py).
+ubuntu_nodes = [_vm("gpunode-3", "192.168.56.13")]
