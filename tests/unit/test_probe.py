@@ -353,6 +353,8 @@ def without_link_details(gpus: list[dict[str, Any]]) -> list[dict[str, Any]]:
     trimmed = copy.deepcopy(gpus)
     for gpu in trimmed:
         gpu.pop("application_clocks_note")
+        # The double models no temperature thresholds: its XML's come from the template's board.
+        gpu.pop("temperature_slowdown_c")
         gpu["nvlink"].pop("source")
         for link in gpu["nvlink"]["links"]:
             link.pop("speed_gbps")
