@@ -728,7 +728,12 @@ def dcgm_diag_rules(desired: DesiredState, facts: dict[str, Any]) -> Iterator[tu
     """DCGM's diagnostic, where it was run (``gpunode drift --dcgm-diag LEVEL`` on a node that
     declares DCGM): every test passes. A diagnostic that could not run or be read fails too:
     a gate must not pass a node it could not check."""
-    section: Section | None = facts.get("dcgm_diag")
+    yield from dcgm_diag_findings(facts.get("dcgm_diag"))
+
+
+def dcgm_diag_findings(section: Section | None) -> Iterator[tuple]:
+    """The findings of one DCGM diagnostic result (``parse_dcgm_diag``'s), as the drift check
+    and ``gpunode triage`` report them."""
     if section is None:
         return
     expected = "every DCGM diagnostic test passes"

@@ -33,7 +33,8 @@ def judge(report: dict[str, Any]) -> Iterator[HealthFinding]:
         fatal = any(event.get("fatal") for event in events)
         shown = str(last.get("message") or "")[:MESSAGE_SHOWN]
         kind = "Fatal" if fatal else "Non-fatal"
-        found = f"SXid {number} ({kind}) at {last.get('time')}"
+        when = f" at {last['time']}" if last.get("time") else ""
+        found = f"SXid {number} ({kind}){when}"
         found += (f" ({count} times)" if count > 1 else "") + f": {shown}"
         failure = FATAL if fatal else NON_FATAL
         if not fatal:
