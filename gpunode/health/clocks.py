@@ -6,7 +6,8 @@ idle, the application's clocks, the power cap, sync boost and display clocks are
 HW slowdown, HW thermal slowdown, HW power brake slowdown and SW thermal slowdown are the
 hardware protecting itself (heat, an external power brake, power draw too high). The
 temperature is judged against the GPU's own slowdown threshold (nvidia-smi's "GPU Slowdown
-Temp"), never a fixed number: each board has its own.
+Temp"; driver 590's T.Limit headroom against its "GPU Slowdown T.Limit Temp"), never a fixed
+number: each board has its own.
 """
 
 from __future__ import annotations
@@ -19,6 +20,23 @@ from gpunode.health.finding import HealthFinding, gpu_subject
 
 SLOWDOWN = FAILURE_CLASSES["clocks.slowdown"]
 HOT = FAILURE_CLASSES["temperature.slowdown"]
+
+
+def _tlimit(gpu: dict[str, Any], label: str, subject: str) -> Iterator[HealthFinding]:
+    """Driver 590 gives temperatures as T.Limit headroom (degrees left before the GPU's
+    limit; "GPU Slowdown T.Limit Temp", e.g. -2 C, the headroom at which slowdown begins)."""
+    tlimit = gpu.get("temperature_tlimit_c") or {}
+    headroom, slowdown = tlimit.get("current"), tlimit.get("slowdown")
+    if headroom is None or slowdown is None or headroom > slowdown:
+        return
+    yield HealthFinding(
+        id=f"gpu.temperature:{label}", severity=HOT.severity,
+        expected=f"T.Limit headroom above the slowdown's {slowdown} C",
+        found=f"T.Limit headroom {headroom} C", failure_class=HOT.name,
+        evidence=f"{subject}: GPU T.Limit Temp {headroom} C, its Slowdown T.Limit Temp "
+        f"{slowdown} C", confidence=Confidence.REPORTED, remedy=HOT.remedy,
+        if_it_persists=HOT.if_it_persists,
+    )  # fmt: skip
 
 
 def judge(report: dict[str, Any]) -> Iterator[HealthFinding]:
@@ -37,6 +55,7 @@ def judge(report: dict[str, Any]) -> Iterator[HealthFinding]:
                     + (f" at {temperature} C" if temperature is not None else ""),
                     confidence=Confidence.REPORTED, remedy=SLOWDOWN.remedy,
                 )  # fmt: skip
+        yield from _tlimit(gpu, label, subject)
         threshold = gpu.get("temperature_slowdown_c")
         if temperature is not None and threshold and temperature >= threshold:
             yield HealthFinding(

@@ -502,6 +502,7 @@ class NvmlReader:
                 "memory": self._memory_temperature(handle),
             },
             "temperature_slowdown_c": self._slowdown_temperature(handle),
+            "temperature_tlimit_c": {"current": None, "slowdown": None},
             "power_w": {
                 "draw": _watts(self.get("nvmlDeviceGetPowerUsage", handle)),
                 "limit": _watts(self.get("nvmlDeviceGetEnforcedPowerLimit", handle)),

@@ -653,6 +653,7 @@ GPU_SHAPE = Record(
         # Read by the link, clock and fabric health judges (gpunode.health).
         "temperature_c": Maybe(Record({"gpu": _COUNT})),
         "temperature_slowdown_c": _COUNT,
+        "temperature_tlimit_c": Maybe(Record({"current": _COUNT, "slowdown": _COUNT})),
         "utilization_percent": Maybe(Record({"gpu": _COUNT})),
         "fabric": Maybe(Record({"state": _TEXT, "status": _TEXT})),
     }

@@ -147,6 +147,10 @@ def _gpu(position: int, bus_id: str, gpu: dict[str, Any], problems: list[str]) -
             "memory": integer(_text(gpu, "Temperature", "Memory Current Temp")),
         },
         temperature_slowdown_c=integer(_text(gpu, "Temperature", "GPU Slowdown Temp")),
+        temperature_tlimit_c={
+            "current": integer(_text(gpu, "Temperature", "GPU T.Limit Temp")),
+            "slowdown": integer(_text(gpu, "Temperature", "GPU Slowdown T.Limit Temp")),
+        },
         utilization_percent={
             "gpu": integer(_text(gpu, "Utilization", "GPU")),
             "memory": integer(_text(gpu, "Utilization", "Memory")),

@@ -260,3 +260,29 @@ def test_drift_leaves_links_down_to_gpu_nvlink_where_the_inventory_declares_them
     }
     undeclared = {finding.id for finding in evaluate("node-1", desired(data), facts)}
     assert "gpu.nvlink_inactive:0" in undeclared and "gpu.nvlink:0" not in undeclared
+
+
+def h100_query_gpu(**temperatures: str) -> dict[str, Any]:
+    """The real H100 (driver 590) of the capture's nvidia-smi -q, its temperature lines set."""
+    from gpunode.probe.query_text import parse_query_gpus
+    from lab.hwsim import nvidia_smi
+
+    capture = read("nvidia-smi-capture/linux-x86_64__nvidia-h100-80gb-hbm3__590.48.01.txt")
+    text = nvidia_smi.capture_sections(capture)["load :: query (-q)"]
+    for label, value in temperatures.items():
+        line = next(line for line in text.split("\n") if line.strip().startswith(label + " "))
+        text = text.replace(line, line.split(" : ")[0] + " : " + value)
+    return parse_query_gpus(text)["gpus"][0]
+
+
+def test_driver_590s_t_limit_headroom_at_the_slowdowns_is_a_warning() -> None:
+    gpu = h100_query_gpu()
+    assert gpu["temperature_tlimit_c"] == {"current": 26, "slowdown": -2}
+    assert judge({"gpus": [gpu]}) == []
+    hot = h100_query_gpu(**{"GPU T.Limit Temp": "-2 C"})
+    finding = by_id(judge({"gpus": [hot]}))["gpu.temperature:0"]
+    assert (
+        finding.found == "T.Limit headroom -2 C"
+        and "Slowdown T.Limit Temp -2 C" in finding.evidence
+    )
+    assert judge({"gpus": [h100_query_gpu(**{"GPU T.Limit Temp": "-1 C"})]}) == []

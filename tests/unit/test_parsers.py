@@ -369,7 +369,7 @@ def test_one_gpu_state_reads_the_same_from_driver_515_535_and_590_layouts() -> N
     }
     # Driver 590 alone prints a recovery action and whether SRAM errors passed their threshold.
     # The slowdown temperature is the template board's own (and 590 gives it as T.Limit).
-    only_590 = ("recovery_action", "ecc_memory", "temperature_slowdown_c")
+    only_590 = ("recovery_action", "ecc_memory", "temperature_slowdown_c", "temperature_tlimit_c")
     same = {
         generation: [{k: v for k, v in gpu.items() if k not in only_590} for gpu in report["gpus"]]
         for generation, report in reports.items()
@@ -377,6 +377,9 @@ def test_one_gpu_state_reads_the_same_from_driver_515_535_and_590_layouts() -> N
     assert same["r515"] == same["r535"] == same["r590"]
     third = reports["r590"]["gpus"][2]
     assert third["recovery_action"] == 0  # "None"
+    # 590 gives temperatures as T.Limit headroom, the older layouts as degrees.
+    assert third["temperature_tlimit_c"] == {"current": 46, "slowdown": -2}
+    assert reports["r535"]["gpus"][2]["temperature_tlimit_c"] == {"current": None, "slowdown": None}
     assert third["ecc_memory"] == {
         "volatile": {"sram": 3, "dram": 0},
         "aggregate": {"sram": 0, "dram": 0},
