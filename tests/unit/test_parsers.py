@@ -40,6 +40,7 @@ from gpunode.probe.parsers import (
     parse_section,
     parse_xid_events,
 )
+from gpunode.probe.query_text import parse_query_gpus
 from lab.hwsim import nvidia_smi, nvme, profiles
 from lab.hwsim.hwstate import SHARE_ENV
 
@@ -81,6 +82,8 @@ CAPTURE_CASES: list[tuple[str, Extract, Parser]] = [
     ("nvlink -s", capture_section("capabilities :: nvlink -s"), parse_nvlink_status),
     ("idle -q", capture_section("idle :: query (-q)"), parse_page_retirement),
     ("load -q", capture_section("load :: query (-q)"), parse_page_retirement),
+    ("idle -q, GPU records", capture_section("idle :: query (-q)"), parse_query_gpus),
+    ("load -q, GPU records", capture_section("load :: query (-q)"), parse_query_gpus),
 ]
 
 

@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from gpunode.cli import main
 from gpunode.triage import Unreadable, triage
@@ -253,3 +255,33 @@ def test_every_kind_is_read_without_a_parser_error(tmp_path: Path) -> None:
         path.write_text(text, encoding="utf-8")
         result: Any = triage([path]).result
         assert all(f.id.startswith(("triage.", "dcgm.")) for f in result.findings), text
+
+
+# Text made of the pieces each kind is told by, so that fuzzing reaches the section readers.
+PIECES = st.lists(
+    st.sampled_from([SECTION_RULE, "\n", "\n\n", "dmesg:", "/usr/bin/nvidia-smi --query",
+                     "Attached GPUs : 1", "GPU 00000000:01:00.0", "    Temperature",
+                     "        GPU Current Temp : 99 C", "NVRM: Xid (PCI:0000:01:00): 79, x",
+                     "nvidia-nvswitch0: SXid (PCI:0000:c2:00.0): 1, Fatal, x", "CA 'mlx5_0'",
+                     "Start of NVIDIA bug report log file", "<nvidia_smi_log>", "{", "x : y"]),
+    max_size=60,
+).map("\n".join)  # fmt: skip
+
+
+@settings(max_examples=150, deadline=None, database=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])  # fmt: skip
+@given(text=PIECES, compress=st.booleans())
+def test_any_file_is_judged_or_refused_by_name_never_crashes(
+    tmp_path: Path, text: str, compress: bool
+) -> None:
+    path = tmp_path / "attachment"
+    data = text.encode()
+    path.write_bytes(gzip.compress(data) if compress else data)
+    try:
+        done = triage([path])
+    except Unreadable as error:
+        assert str(error).startswith(str(path))
+        return
+    json.dumps(done.inputs())
+    for finding in done.result.findings:
+        assert finding.id and finding.severity
