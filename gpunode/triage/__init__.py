@@ -22,7 +22,12 @@ from gpunode.health import judge
 from gpunode.health.finding import HealthFinding
 from gpunode.health.infiniband import judge as judge_infiniband
 from gpunode.probe.gpu_probe import parse_xid_events
-from gpunode.probe.gpu_record import parse_nvidia_smi_xml, parse_nvlink_status, unreachable_gpus
+from gpunode.probe.gpu_record import (
+    bus_key,
+    parse_nvidia_smi_xml,
+    parse_nvlink_status,
+    unreachable_gpus,
+)
 from gpunode.probe.parsers import parse_dcgm_diag, parse_gpu_report, parse_ibstat
 from gpunode.probe.query_text import parse_query_gpus
 from gpunode.sanitize import clean_tree
@@ -85,7 +90,11 @@ class _Node:
 
     def gpu_listing(self, piece: Piece, result: dict[str, Any]) -> None:
         if result.get("state") != "ok":
-            self.findings += _unreadable(piece.kind, piece.origin, str(result.get("reason")))
+            # What the tool printed instead ("NVIDIA-SMI has failed because it couldn't
+            # communicate with the NVIDIA driver") is the support engineer's first clue.
+            printed = next((line.strip() for line in piece.text.split("\n") if line.strip()), "")
+            reason = f"{result.get('reason')}; it begins: {printed[:200]}"
+            self.findings += _unreadable(piece.kind, piece.origin, reason)
             return
         if self.listing is not None:
             kept, where = self.listing
@@ -146,9 +155,10 @@ class _Node:
                 gpus.append({"index": status.get("index"), "name": status.get("name"),
                              "uuid": status.get("uuid"), "lost": False,
                              "nvlink": status})  # fmt: skip
-        listed = {str(gpu.get("pci_bus_id") or "").lower() for gpu in gpus}
-        lost = [entry for entry in {str(e.get("pci_bus_id")).lower(): e for e in self.lost}.values()
-                if str(entry.get("pci_bus_id")).lower() not in listed]  # fmt: skip
+        # One lost GPU named in several files ('00000000:34:00.0', '0000:34:00.0') is one.
+        listed = {bus_key(gpu.get("pci_bus_id")) for gpu in gpus if gpu.get("pci_bus_id")}
+        named = {bus_key(entry.get("pci_bus_id")): entry for entry in self.lost}
+        lost = [entry for key, entry in named.items() if key not in listed]
         xid_events = parse_xid_events("\n".join(self.kernel))
         xid_events["events"] = self.probe_events["events"] + xid_events["events"]
         xid_events["sxid_events"] = self.probe_events["sxid_events"] + xid_events["sxid_events"]

@@ -285,3 +285,38 @@ def test_any_file_is_judged_or_refused_by_name_never_crashes(
     json.dumps(done.inputs())
     for finding in done.result.findings:
         assert finding.id and finding.severity
+
+
+def test_a_lost_gpu_named_by_two_files_is_one_finding(tmp_path: Path) -> None:
+    lost = fixture("nvidia-smi-lost/device-handle-unknown-error.610.57.04.txt")
+    log = tmp_path / "kern.log"
+    log.write_text(
+        "Aug 25 10:00:00 node kernel: NVRM: Xid (PCI:0000:34:00): 79, pid=0, GPU has fallen "
+        "off the bus.\n" + lost.read_text(encoding="utf-8"),
+        encoding="utf-8",
+    )
+    again = tmp_path / "nvidia-smi.txt"
+    again.write_text(lost.read_text(encoding="utf-8"), encoding="utf-8")
+    found = [f for f in triage([lost, again, log]).result.findings if f.id.startswith("gpu.lost:")]
+    assert [f.id for f in found] == ["gpu.lost:0000:34:00.0"]
+    assert found[0].confidence == "reported"  # the kernel's XID 79 for the same bus
+
+
+def test_a_gpu_the_xml_lists_is_not_lost_whatever_the_bus_ids_spelling(tmp_path: Path) -> None:
+    words = fixture("nvidia-smi-lost/device-handle-unknown-error.610.57.04.txt").read_text()
+    line = tmp_path / "nvidia-smi.txt"
+    line.write_text(words.replace("0000:34:00.0", "0000:01:00.0"), encoding="utf-8")
+    assert "0000:01:00.0" in line.read_text()
+    assert triage([line, A100_XML]).result.findings == []  # its GPU is 00000000:01:00.0
+    assert [f.id for f in triage([line]).result.findings] == ["gpu.lost:0000:01:00.0"]
+
+
+def test_what_nvidia_smi_printed_instead_of_its_query_is_named(tmp_path: Path) -> None:
+    failed = (
+        "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. "
+        "Make sure that the latest NVIDIA driver is installed and running."
+    )
+    path = bug_report(tmp_path, failed, "")
+    (finding,) = triage([path]).result.findings
+    assert finding.id == "triage.unreadable:nvidia-smi -q"
+    assert "couldn't communicate with the NVIDIA driver" in finding.found
