@@ -59,15 +59,23 @@ def test_the_real_a100_capture_is_healthy_on_every_link_and_clock() -> None:
 # --- PCIe ----------------------------------------------------------------------------------
 
 
-def test_a_narrower_pcie_link_is_a_warning_with_its_evidence() -> None:
-    found = by_id(
-        judge({"gpus": [a100(**{"pci/pci_gpu_link_info/link_widths/current_link_width": "8x"})]})
-    )
-    finding = found["gpu.pcie_width:0"]
+def test_a_link_narrower_than_its_siblings_is_a_warning_with_its_evidence() -> None:
+    narrow = a100(**{"pci/pci_gpu_link_info/link_widths/current_link_width": "8x"})
+    found = by_id(judge({"gpus": [a100(), {**narrow, "index": 1}]}))
+    finding = found["gpu.pcie_width:1"]
     assert (finding.severity, finding.failure_class) == (
         catalogue.Severity.WARNING, "pcie.width_degraded")  # fmt: skip
-    assert finding.found == "x8 (max x16)" and "x8" in finding.evidence
-    assert finding.remedy is catalogue.Remedy.RESEAT_OR_RMA
+    assert finding.found == "x8 (max x16)" and "other GPUs of its model at x16" in finding.evidence
+    assert finding.remedy is catalogue.Remedy.RESEAT_OR_RMA and list(found) == ["gpu.pcie_width:1"]
+
+
+@pytest.mark.parametrize("capture", ["a10g.xml", "tesla-t4.xml", "dual_2070-v13.xml"])
+def test_real_gpus_all_at_x8_of_x16_are_the_platforms_slots_info_only(capture: str) -> None:
+    gpus = parse_nvidia_smi_xml(read(f"nvidia-smi-xml/{capture}"))["gpus"]
+    findings = judge({"gpus": gpus})
+    assert findings and {f.id for f in findings} == {f"gpu.pcie_width:{g['index']}" for g in gpus}
+    assert {(f.severity, f.confidence.value) for f in findings} == {
+        (catalogue.Severity.INFO, "inferred")}  # fmt: skip
 
 
 def test_a_lower_pcie_generation_is_no_fault_while_idle_and_a_warning_while_busy() -> None:
