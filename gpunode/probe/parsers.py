@@ -608,6 +608,8 @@ GPU_SHAPE = Record(
                     "active": _COUNT,
                     "total": _COUNT,
                     "problems": Maybe(ListOf(Str)),
+                    "source": _TEXT,
+                    "links": Maybe(ListOf(Record({"link": _COUNT, "active": _FLAG}))),
                 }
             )
         ),
