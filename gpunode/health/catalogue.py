@@ -454,8 +454,14 @@ FAILURE_CLASSES: dict[str, FailureClass] = {
 
 # --- links, clocks and the fabric -------------------------------------------------------------
 # Read 2026-12-07. What each field means and what NVIDIA says to do about it:
-# nvidia-smi -q's fields (PCI link width and generation, GPU Slowdown Temp):
-NVIDIA_SMI_QUERY_URL = "https://docs.nvidia.com/deploy/nvidia-smi/index.html"
+# nvidia-smi -q's fields (PCI link width and generation, GPU Slowdown Temp): nvidia-smi(1) of
+# driver 610.43, as Arch Linux renders NVIDIA's man page:
+NVIDIA_SMI_QUERY_URL = "https://man.archlinux.org/man/nvidia-smi.1.raw"
+# NVML's link width and generation: current, and the maximum "possible with this device and
+# system" (a x16 board in a x8 slot reports x8):
+PCIE_LINK_URL = (
+    "https://nvidia.github.io/cuda-python/cuda-core/latest/generated/cuda.core.system.PciInfo.html"
+)
 # HW slowdown, HW thermal slowdown, HW power brake slowdown, SW thermal slowdown:
 CLOCK_REASONS_URL = "https://docs.nvidia.com/deploy/nvml-api/group__nvmlClocksEventReasons.html"
 # "Runtime NVSwitch and GPU errors": each SXid line says Fatal or Non-fatal; a GPU's fabric
@@ -471,16 +477,16 @@ IBSTAT_MAN = (  # the port's State, Physical state and Rate (Gb/s) ibstat prints
 INTERCONNECT_CLASSES = (
     FailureClass(
         "pcie.width_degraded",
-        "the GPU's PCIe link trained at fewer lanes than it has (a seating, riser or slot fault)",
+        "the GPU's PCIe link at fewer lanes than its siblings' (a seating, riser or slot fault)",
         Severity.WARNING, Remedy.RESEAT_OR_RMA, None,
-        Source(f"{NVIDIA_SMI_QUERY_URL} (PCI: Link Width, Max and Current)"),
+        Source(f"{PCIE_LINK_URL}; {NVIDIA_SMI_QUERY_URL} (PCI: Link Width, Max and Current)"),
     ),
     FailureClass(
         "pcie.generation_degraded",
         "the GPU's PCIe link runs below its maximum generation while the GPU is busy (an idle "
         "GPU lowers its generation to save power, by design)",
         Severity.WARNING, Remedy.RESEAT_OR_RMA, None,
-        Source(f"{NVIDIA_SMI_QUERY_URL} (PCI: PCIe Generation, Max and Current)"),
+        Source(f"{PCIE_LINK_URL}; {NVIDIA_SMI_QUERY_URL} (PCIe Generation, Max and Current)"),
     ),
     FailureClass(
         "clocks.slowdown",

@@ -1,10 +1,10 @@
 """A GPU's PCIe link below what the GPU can do: fewer lanes, or a lower generation while busy.
 
-The width is judged at any time: a link trains its width once, at boot or reset. A GPU
-narrower than the other GPUs of its model on the node is a seating, riser or slot fault
-(warning); every GPU of the model at the same narrower width is the platform's slots
-(cloud machines give x16 boards x8 links: three of the real captures in tests/fixtures),
-worth knowing only (info). The generation is judged only on a busy GPU:
+The width is judged against the GPU's maximum (NVML's: possible with this device and system)
+and against the other GPUs of its model on the node: one narrower than its siblings is a
+seating, riser or slot fault (warning); every GPU of the model at the same narrower width is
+the platform's way (three real captures in tests/fixtures, idle A10G, T4 and RTX 2070s, show
+x8 of x16), worth knowing only (info). The generation is judged only on a busy GPU:
 an idle GPU lowers its link generation to save power, by design, so a lower generation is
 no fault unless the GPU works (utilization above 0 and no "GPU idle" clocks event reason).
 """
@@ -58,7 +58,7 @@ def _width(gpu: dict[str, Any], widest: dict[Any, int]) -> Iterator[HealthFindin
             id=f"gpu.pcie_width:{label}", severity=Severity.INFO, expected=f"x{width_max}",
             found=f"x{width} (max x{width_max}), as every GPU of its model here",
             failure_class=WIDTH.name,
-            evidence=f"{evidence}; no GPU of its model wider: the slots' width, or a riser",
+            evidence=f"{evidence}; no GPU of its model here is wider",
             confidence=Confidence.INFERRED, remedy=Remedy.NONE, if_it_persists=WIDTH.remedy,
         )  # fmt: skip
 
