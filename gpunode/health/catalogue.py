@@ -464,9 +464,13 @@ PCIE_LINK_URL = (
 )
 # HW slowdown, HW thermal slowdown, HW power brake slowdown, SW thermal slowdown:
 CLOCK_REASONS_URL = "https://docs.nvidia.com/deploy/nvml-api/group__nvmlClocksEventReasons.html"
-# "Runtime NVSwitch and GPU errors": each SXid line says Fatal or Non-fatal; a GPU's fabric
-# state (Not Started / In Progress / Completed) and status (NVML's nvmlGpuFabricInfo_t); a GPU
-# that fails to register with the fabric loses its NVLink peers.
+# NVIDIA's Xid guide: the NVSwitch driver's "Switch Xids" (SXids) and their use are documented
+# in the Fabric Manager user guide (its "Runtime NVSwitch and GPU errors"); each SXid line says
+# itself whether it is Fatal or Non-fatal (the real lines in tests/fixtures/kernel-log). A
+# GPU's fabric state (Not Started / In Progress / Completed) and status; a GPU that fails to
+# register with the fabric loses its NVLink peers. Which remedy a fatal SXid gets (reboot:
+# the fabric's GPUs and NVSwitches reset together on bare metal) is gpunode's reading of it:
+# the guide's section was not read whole on 2026-12-07.
 FABRIC_MANAGER_URL = "https://docs.nvidia.com/datacenter/tesla/fabric-manager-user-guide/index.html"
 DCGM_NVSWITCH_URL = "https://docs.nvidia.com/datacenter/dcgm/latest/learn/modules/nvswitch.html"
 IBSTAT_MAN = (  # the port's State, Physical state and Rate (Gb/s) ibstat prints

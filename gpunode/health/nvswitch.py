@@ -1,8 +1,9 @@
 """NVSwitch errors (SXids) from the kernel log, as the nvidia-nvswitch driver prints them.
 
-NVIDIA's Fabric Manager user guide ("Runtime NVSwitch and GPU errors"): each SXid line says
-whether it is Fatal or Non-fatal. A fatal SXid stops the fabric's CUDA jobs and needs the
-GPUs and NVSwitches reset (on bare metal: a reboot); a non-fatal one is informational. The
+NVIDIA documents SXids in its Fabric Manager user guide; each SXid line says whether it is
+Fatal or Non-fatal. A fatal SXid is critical, its remedy a reboot (the fabric's GPUs and
+NVSwitches reset together: gpunode's reading, see ``catalogue.FABRIC_MANAGER_URL``); a
+non-fatal one is informational. The
 same non-fatal SXid on one NVSwitch ``SXID_REPEAT`` times within its window is gpunode's
 warning, as for XIDs. Lines that say neither (the detail line that follows an error) are
 kept as the evidence of the error they follow and judged as no error of their own.
