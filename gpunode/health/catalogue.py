@@ -20,9 +20,14 @@ Sources (read 2026-12-07):
   become inaccessible"), NVML's ``NVML_ERROR_GPU_IS_LOST`` (NVIDIA's nvidia-ml-py,
   ``NVML_ERRORS_URL``), XID 79.
 
-Thresholds over a window (``XID_REPEAT``) are gpunode's own policy, not NVIDIA's: NVIDIA
-files the XIDs they apply to under "restart the application" or "ignore", that is one hit is
-no fault of the node; the same XID again and again on one GPU within the window is.
+- links, clocks and the fabric (``INTERCONNECT_CLASSES``): nvidia-smi(1) and NVML's PCIe link,
+  clocks event reasons and temperature thresholds, the Fabric Manager user guide for SXids and
+  fabric registration, ibstat(8) for InfiniBand ports (each URL beside its entry below).
+
+Thresholds over a window (``XID_REPEAT``, ``SXID_REPEAT``) are gpunode's own policy, not
+NVIDIA's: NVIDIA files the XIDs they apply to under "restart the application" or "ignore",
+that is one hit is no fault of the node; the same XID again and again on one GPU within the
+window is.
 
 Standard library only, no gpunode import.
 """
