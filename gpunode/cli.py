@@ -1,5 +1,5 @@
 """gpunode command line: validate an inventory, print its defaults, check drift, roll a deploy
-out batch by batch, and check the control host (doctor).
+out batch by batch, check the control host (doctor), and triage a support bundle's files.
 
 More sub-commands come from ``gpunode.commands`` entry points (``COMMAND_PLUGINS``): each is a
 function given argparse's sub-parsers, adding its own. Test equipment plugs in that way.
@@ -195,6 +195,30 @@ def cmd_drift(args: argparse.Namespace) -> int:
     if args.drain and not drain_for_drift(args, inventory, result):
         unwritten += 1
     return max(result.exit_code, EXIT_USAGE) if unwritten else result.exit_code
+
+
+def cmd_triage(args: argparse.Namespace) -> int:
+    from gpunode.drift.output import render_json, render_table
+    from gpunode.triage import Unreadable, triage
+
+    try:
+        done = triage(args.files)
+    except Unreadable as error:
+        raise ConfigurationError(str(error)) from None
+    for entry in done.inputs():
+        read = "; ".join(entry["read"]) or "nothing triage judges"
+        skipped = (
+            f" ({entry['not_judged']} other sections not judged)" if entry["not_judged"] else ""
+        )
+        line = clean_text(f"{entry['file']}: {entry['kind']}: read {read}{skipped}", 2000)
+        print(f"gpunode triage: {line}", file=sys.stderr)
+    if args.json:
+        document = json.loads(render_json(done.result))
+        document["inputs"] = done.inputs()
+        print(json.dumps(document, indent=2))
+    else:
+        print(render_table(done.result), end="")
+    return done.result.exit_code
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
@@ -476,6 +500,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --drain: Slurm's commands over SSH with these arguments (sudo -n there)",
     )  # fmt: skip
     drift.set_defaults(func=cmd_drift)
+
+    triage = commands.add_parser(
+        "triage",
+        help="judge a support bundle's files offline, as the drift check judges a node: "
+        "nvidia-smi -q -x or -q, nvlink -s, ibstat, a kernel log, dcgmi diag -j, "
+        "nvidia-bug-report.log.gz (no inventory, no SSH)",
+        description="The files of one node, each told by its content; the same failure "
+        "classes, evidence and remedies as gpunode drift.",
+        epilog=epilog({0: "nothing found", 1: "findings (warning or critical)",
+                       2: "a file that cannot be read (named), or a usage error"}),
+    )  # fmt: skip
+    triage.add_argument("files", nargs="+", metavar="FILE", help="a file of the bundle")
+    triage.add_argument("--json", action="store_true", help=JSON_HELP)
+    triage.set_defaults(func=cmd_triage)
 
     doctor = commands.add_parser(
         "doctor",

@@ -29,6 +29,7 @@ from gpunode.expected.packages import held_packages, toolkit_keeps_cdi_spec
 from gpunode.expected.slurm import GRES_CONF, GresGpu, gres_gpus, gres_summary
 from gpunode.expected.sshd import expected_effective, render_sshd_config
 from gpunode.health import judge as judge_health
+from gpunode.health.infiniband import judge as judge_infiniband
 from gpunode.model import DesiredState, MalwareScan
 from gpunode.nvidia_releases import CDI_REFRESH_SPEC
 from gpunode.sanitize import clean_tree
@@ -37,12 +38,6 @@ Section = dict[str, Any]
 # A rule yields (id, severity, expected, found, fix), a health rule adds its health fields.
 Rule = Callable[[DesiredState, dict[str, Any]], Iterator[tuple[Any, ...]]]
 
-SLOWDOWN_REASONS = (
-    "hw_slowdown",
-    "hw_thermal_slowdown",
-    "hw_power_brake_slowdown",
-    "sw_thermal_slowdown",
-)
 REBOOT = "reboot the node (drain first)"
 CHECK_CABLE = "check the cable and the switch port"
 RESET_GPU = "drain and reset the GPU (nvidia-smi -r) or reboot"
@@ -157,18 +152,8 @@ def _gpu_device_rules(desired: DesiredState, gpu: dict[str, Any]) -> Iterator[tu
             RESET_GPU if pending else RUN_DEPLOY,
         )  # fmt: skip
     yield from _nvlink_rules(desired, gpu, label)
-    for reason in gpu.get("clock_event_reasons") or []:
-        if reason in SLOWDOWN_REASONS:
-            yield (
-                f"gpu.throttle:{label}:{reason}", WARN, "no hardware or thermal slowdown",
-                reason, "check cooling and power; open a hardware ticket if it persists",
-            )  # fmt: skip
-    pcie = gpu.get("pcie") or {}
-    # Only the width: an idle GPU lowers its link generation to save power, by design.
-    width, width_max = pcie.get("width_current"), pcie.get("width_max")
-    if width and width_max and width < width_max:
-        found = f"x{width} (max x{width_max})"
-        yield f"gpu.pcie_width:{label}", WARN, f"x{width_max}", found, HARDWARE_TICKET
+    # Clocks held down (gpu.throttle), temperature and the PCIe link (gpu.pcie_width): health
+    # failure classes, judged by gpunode.health.clocks and .pcie in gpu_health_rules.
 
 
 # The MIG layout is lost at every reset or reboot; the gpu_settings role's boot unit lays it out
@@ -232,7 +217,11 @@ def gpu_health_rules(desired: DesiredState, facts: dict[str, Any]) -> Iterator[t
     report: Section = facts.get("gpu") or {}
     if report.get("state") != "ok" and not report.get("lost_gpus"):
         return
+    # Links per GPU declared in the inventory: gpu.nvlink judges against that number.
+    declared_links = bool(desired.expected_hardware.nvlink_links_per_gpu)
     for finding in judge_health(report):
+        if declared_links and finding.failure_class == "nvlink.inactive":
+            continue
         yield (finding.id, Severity(finding.severity.value), finding.expected, finding.found,
                finding.fix, finding.detail())  # fmt: skip
 
@@ -258,23 +247,15 @@ def infiniband_rules(desired: DesiredState, facts: dict[str, Any]) -> Iterator[t
         expected_text = f"{expected.ib_port_count} InfiniBand ports"
         yield "ib.count", CRIT, expected_text, f"{len(ports)} ports", HARDWARE_TICKET
     for port in ports:
-        name = f"{port.get('ca')}/{port.get('port')}"
         if port.get("state") is None or port.get("physical_state") is None:
             # A port whose state lines were not read is no down port: ib.unread_line says why.
+            name = f"{port.get('ca')}/{port.get('port')}"
             yield f"ib.port:{name}", WARN, "Active / LinkUp", "state not read", REPORT_BUG
-        elif port.get("state") != "Active" or port.get("physical_state") != "LinkUp":
-            found = f"{port.get('state')} / {port.get('physical_state')}"
-            yield (
-                f"ib.port:{name}",
-                CRIT,
-                "Active / LinkUp",
-                found,
-                "check the cable and switch port",
-            )
-        elif expected.ib_rate_gbps and (port.get("rate") or 0) < expected.ib_rate_gbps:
-            rate = port.get("rate")
-            found = "rate unreadable" if rate is None else f"{rate} Gb/s"
-            yield f"ib.rate:{name}", WARN, f"{expected.ib_rate_gbps} Gb/s", found, HARDWARE_TICKET
+    # Ports down or slow: health failure classes (gpunode.health.infiniband), with the
+    # declared rate, or the rate of their sibling ports where the inventory declares none.
+    for finding in judge_infiniband(ports, expected.ib_rate_gbps):
+        yield (finding.id, Severity(finding.severity.value), finding.expected, finding.found,
+               finding.fix, finding.detail())  # fmt: skip
 
 
 def nvme_rules(desired: DesiredState, facts: dict[str, Any]) -> Iterator[tuple]:
@@ -747,7 +728,12 @@ def dcgm_diag_rules(desired: DesiredState, facts: dict[str, Any]) -> Iterator[tu
     """DCGM's diagnostic, where it was run (``gpunode drift --dcgm-diag LEVEL`` on a node that
     declares DCGM): every test passes. A diagnostic that could not run or be read fails too:
     a gate must not pass a node it could not check."""
-    section: Section | None = facts.get("dcgm_diag")
+    yield from dcgm_diag_findings(facts.get("dcgm_diag"))
+
+
+def dcgm_diag_findings(section: Section | None) -> Iterator[tuple]:
+    """The findings of one DCGM diagnostic result (``parse_dcgm_diag``'s), as the drift check
+    and ``gpunode triage`` report them."""
     if section is None:
         return
     expected = "every DCGM diagnostic test passes"

@@ -39,6 +39,7 @@ SECTION_SHAPES: dict[str, Shape] = {
                 Record(
                     {
                         "ca": _TEXT,
+                        "ca_type": _TEXT,  # the adapter model: sibling ports' rates
                         "port": Maybe(Int),
                         "state": _TEXT,
                         "physical_state": _TEXT,

@@ -1,10 +1,13 @@
 """GPU health: failure classes as data, and one module per class that judges a GPU report.
 
 ``catalogue`` holds what NVIDIA says each failure means and what fixes it (with source and
-date); ``lost``, ``memory``, ``xid`` and ``recovery`` each read one concern of the probe's GPU
-report (``gpunode.probe.gpu_probe``) and name what they find as ``HealthFinding``s: the failure
-class, the evidence (node text, cleaned again by the drift check's findings), how sure it is
-and the remedy. The drift check's ``gpu_health_rules`` runs them all (``judge``).
+date); ``lost``, ``memory``, ``xid``, ``recovery``, ``nvswitch`` (SXids), ``nvlink`` (links and
+fabric registration), ``pcie`` and ``clocks`` (slowdowns, temperature) each read one concern
+of the probe's GPU report (``gpunode.probe.gpu_probe``) and name what they find as
+``HealthFinding``s: the failure class, the evidence (node text, cleaned again by the drift
+check's findings), how sure it is and the remedy. The drift check's ``gpu_health_rules`` runs
+them all (``judge``), as does ``gpunode triage`` on saved outputs. ``infiniband`` judges
+``ibstat``'s ports (the drift check's ``infiniband_rules`` and triage call it).
 
 Standard library and ``gpunode.health`` only: no drift, no pyinfra.
 """
@@ -14,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from gpunode.health import lost, memory, recovery, xid
+from gpunode.health import clocks, lost, memory, nvlink, nvswitch, pcie, recovery, xid
 from gpunode.health.finding import HealthFinding
 
 # Each failure class's judge, in the order its findings are listed.
@@ -23,6 +26,10 @@ JUDGES: tuple[Callable[[dict[str, Any]], Iterator[HealthFinding]], ...] = (
     memory.judge,
     recovery.judge,
     xid.judge,
+    nvswitch.judge,
+    nvlink.judge,
+    pcie.judge,
+    clocks.judge,
 )
 
 

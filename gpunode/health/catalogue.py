@@ -20,9 +20,14 @@ Sources (read 2026-12-07):
   become inaccessible"), NVML's ``NVML_ERROR_GPU_IS_LOST`` (NVIDIA's nvidia-ml-py,
   ``NVML_ERRORS_URL``), XID 79.
 
-Thresholds over a window (``XID_REPEAT``) are gpunode's own policy, not NVIDIA's: NVIDIA
-files the XIDs they apply to under "restart the application" or "ignore", that is one hit is
-no fault of the node; the same XID again and again on one GPU within the window is.
+- links, clocks and the fabric (``INTERCONNECT_CLASSES``): nvidia-smi(1) and NVML's PCIe link,
+  clocks event reasons and temperature thresholds, the Fabric Manager user guide for SXids and
+  fabric registration, ibstat(8) for InfiniBand ports (each URL beside its entry below).
+
+Thresholds over a window (``XID_REPEAT``, ``SXID_REPEAT``) are gpunode's own policy, not
+NVIDIA's: NVIDIA files the XIDs they apply to under "restart the application" or "ignore",
+that is one hit is no fault of the node; the same XID again and again on one GPU within the
+window is.
 
 Standard library only, no gpunode import.
 """
@@ -450,3 +455,109 @@ FAILURE_CLASSES: dict[str, FailureClass] = {
         ),
     )
 }  # fmt: skip
+
+
+# --- links, clocks and the fabric -------------------------------------------------------------
+# Read 2026-12-07. What each field means and what NVIDIA says to do about it:
+# nvidia-smi -q's fields (PCI link width and generation, GPU Slowdown Temp): nvidia-smi(1) of
+# driver 610.43, as Arch Linux renders NVIDIA's man page:
+NVIDIA_SMI_QUERY_URL = "https://man.archlinux.org/man/nvidia-smi.1.raw"
+# NVML's link width and generation: current, and the maximum "possible with this device and
+# system" (a x16 board in a x8 slot reports x8):
+PCIE_LINK_URL = (
+    "https://nvidia.github.io/cuda-python/cuda-core/latest/generated/cuda.core.system.PciInfo.html"
+)
+# HW slowdown, HW thermal slowdown, HW power brake slowdown, SW thermal slowdown:
+CLOCK_REASONS_URL = "https://docs.nvidia.com/deploy/nvml-api/group__nvmlClocksEventReasons.html"
+# NVIDIA's Xid guide: the NVSwitch driver's "Switch Xids" (SXids) and their use are documented
+# in the Fabric Manager user guide (its "Runtime NVSwitch and GPU errors"); each SXid line says
+# itself whether it is Fatal or Non-fatal (the real lines in tests/fixtures/kernel-log). A
+# GPU's fabric state (Not Started / In Progress / Completed) and status; a GPU that fails to
+# register with the fabric loses its NVLink peers. Which remedy a fatal SXid gets (reboot:
+# the fabric's GPUs and NVSwitches reset together on bare metal) is gpunode's reading of it:
+# the guide's section was not read whole on 2026-12-07.
+FABRIC_MANAGER_URL = "https://docs.nvidia.com/datacenter/tesla/fabric-manager-user-guide/index.html"
+DCGM_NVSWITCH_URL = "https://docs.nvidia.com/datacenter/dcgm/latest/learn/modules/nvswitch.html"
+IBSTAT_MAN = (  # the port's State, Physical state and Rate (Gb/s) ibstat prints
+    "https://github.com/linux-rdma/rdma-core/blob/93398605dcf92c68239cf7e6e0cffa8097fa7268/"
+    "infiniband-diags/man/ibstat.8.in.rst"
+)
+
+INTERCONNECT_CLASSES = (
+    FailureClass(
+        "pcie.width_degraded",
+        "the GPU's PCIe link at fewer lanes than its siblings' (a seating, riser or slot fault)",
+        Severity.WARNING, Remedy.RESEAT_OR_RMA, None,
+        Source(f"{PCIE_LINK_URL}; {NVIDIA_SMI_QUERY_URL} (PCI: Link Width, Max and Current)"),
+    ),
+    FailureClass(
+        "pcie.generation_degraded",
+        "the GPU's PCIe link runs below its maximum generation while the GPU is busy (an idle "
+        "GPU lowers its generation to save power, by design)",
+        Severity.WARNING, Remedy.RESEAT_OR_RMA, None,
+        Source(f"{PCIE_LINK_URL}; {NVIDIA_SMI_QUERY_URL} (PCIe Generation, Max and Current)"),
+    ),
+    FailureClass(
+        "clocks.slowdown",
+        "clocks held down by hardware (HW slowdown, thermal, power brake) or the driver's "
+        "thermal slowdown, not by idling or the application",
+        Severity.WARNING, Remedy.RESEAT_OR_RMA, None, Source(CLOCK_REASONS_URL),
+    ),
+    FailureClass(
+        "temperature.slowdown",
+        "the GPU at or over its own slowdown temperature (nvidia-smi's GPU Slowdown Temp)",
+        Severity.WARNING, Remedy.DRAIN, Remedy.RESEAT_OR_RMA,
+        Source(f"{NVIDIA_SMI_QUERY_URL} (Temperature: GPU Slowdown Temp)"),
+    ),
+    FailureClass(
+        "nvlink.inactive",
+        "some of a GPU's NVLinks are down while others are up (a link of the mesh is lost)",
+        Severity.CRITICAL, Remedy.RESET_GPU, Remedy.RESEAT_OR_RMA,
+        Source(f"{NVIDIA_SMI_QUERY_URL} (nvlink --status); {XID_CATALOGUE_URL} (XID 74)"),
+    ),
+    FailureClass(
+        "fabric.not_registered",
+        "the GPU has not finished registering with the NVLink fabric, or registered with an "
+        "error: it has no NVLink peers",
+        Severity.CRITICAL, Remedy.REBOOT, Remedy.CONTACT_SUPPORT, Source(FABRIC_MANAGER_URL),
+    ),
+    FailureClass(
+        "nvswitch.sxid_fatal",
+        "a fatal NVSwitch error (SXid): the fabric's GPUs and NVSwitches need a reset",
+        Severity.CRITICAL, Remedy.REBOOT, Remedy.CONTACT_SUPPORT, Source(FABRIC_MANAGER_URL),
+    ),
+    FailureClass(
+        "nvswitch.sxid_non_fatal",
+        "a non-fatal NVSwitch error (SXid): informational, jobs go on",
+        Severity.INFO, Remedy.NONE, Remedy.CONTACT_SUPPORT, Source(FABRIC_MANAGER_URL),
+    ),
+    FailureClass(
+        "nvswitch.sxid_repeated",
+        "one non-fatal SXid again and again on one NVSwitch within the window",
+        Severity.WARNING, Remedy.DRAIN, Remedy.CONTACT_SUPPORT, Source(FABRIC_MANAGER_URL),
+    ),
+    FailureClass(
+        "infiniband.port_down",
+        "an InfiniBand or RoCE port not Active / LinkUp (Down, Polling, Disabled...)",
+        Severity.CRITICAL, Remedy.RESEAT_OR_RMA, None, Source(IBSTAT_MAN),
+    ),
+    FailureClass(
+        "infiniband.rate_degraded",
+        "a port up at a lower rate than declared, or than its sibling ports of the same adapter "
+        "model",
+        Severity.WARNING, Remedy.RESEAT_OR_RMA, None, Source(IBSTAT_MAN),
+    ),
+)  # fmt: skip
+FAILURE_CLASSES.update({failure.name: failure for failure in INTERCONNECT_CLASSES})
+
+# gpunode's policy, as for XIDs: one non-fatal SXid is NVIDIA's "informational"; the same one
+# again and again on one NVSwitch within the probe's 24 h kernel-log window is not.
+SXID_REPEAT = XidRepeat(count=10, window_hours=24, remedy=Remedy.DRAIN)
+# nvidia-smi's clocks event reasons that are no fault: idling, the application's or the
+# administrator's settings, the power cap, sync boost, display clocks.
+SLOWDOWN_REASONS = (
+    "hw_slowdown",
+    "hw_thermal_slowdown",
+    "hw_power_brake_slowdown",
+    "sw_thermal_slowdown",
+)

@@ -82,7 +82,8 @@ def judge(report: dict[str, Any]) -> Iterator[HealthFinding]:
         last = events[-1]
         count = len(events)
         shown = str(last.get("message") or "")[:MESSAGE_SHOWN]
-        found = f"XID {number} at {last.get('time')}" + (f" ({count} times)" if count > 1 else "")
+        when = f" at {last['time']}" if last.get("time") else ""  # a log line without a time
+        found = f"XID {number}{when}" + (f" ({count} times)" if count > 1 else "")
         found += f": {shown}"
         evidence = f"kernel log, PCI {pci}: {count} XID {number} events, last: {shown}"
         entry = XID_CATALOGUE.get(number) if isinstance(number, int) else None

@@ -175,6 +175,11 @@ _XID = re.compile(
 _ISO_TIME = re.compile(r"(\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(?:\.\d+)?(?:Z|[+-]\d{2}:?\d{2})?)\s")
 _SYSLOG_TIME = re.compile(r"([A-Z][a-z]{2} [ 0-9]\d \d{2}:\d{2}:\d{2})\s")
 _PID_NAME = re.compile(r"pid=([^,]*), name=([^,]*), (.*)")
+# NVSwitch errors: "nvidia-nvswitch4: SXid (PCI:0000:c6:00.0): 19084, Non-fatal, Link 29 ...".
+_SXID = re.compile(
+    r"nvidia-nvswitch(\d{1,3}): SXid \(PCI:([0-9A-Fa-f]{1,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}"
+    r"(?:\.[0-7])?)\): (\d{1,6}), ?(.*)"
+)
 
 
 def _event_time(line: str) -> str | None:
@@ -202,7 +207,11 @@ def parse_xid_events(text: str) -> Result:
     events = []
     # The time, device and XID come first: a line over the limit is read by its head.
     lines = [line[:MAX_LINE_CHARS] for line in text.splitlines() if line.strip()]
+    sxids = []
     for line in lines:
+        if "SXid" in line and (sxid := _SXID.search(line)):
+            sxids.append(_sxid_event(line, sxid))
+            continue
         if "NVRM: Xid" not in line:
             continue
         match = _XID.search(line)
@@ -219,7 +228,25 @@ def parse_xid_events(text: str) -> Result:
         if detail := _PID_NAME.fullmatch(message):
             event.update(pid=detail.group(1), process=detail.group(2), message=detail.group(3))
         events.append(event)
-    return {"state": "ok", "command": XID_COMMAND, "lines_read": len(lines), "events": events}
+    return {"state": "ok", "command": XID_COMMAND, "lines_read": len(lines), "events": events,
+            "sxid_events": sxids}  # fmt: skip
+
+
+def _sxid_event(line: str, match: re.Match[str]) -> Result:
+    """One SXid line; ``fatal`` None: a line that says neither (an error's detail line)."""
+    words = match.group(4).strip()
+    kind = words.split(",", 1)[0].strip().lower()
+    fatal = {"fatal": True, "non-fatal": False}.get(kind)
+    if fatal is not None:
+        words = words.split(",", 1)[1].strip() if "," in words else ""
+    return {
+        "time": _event_time(line),
+        "switch": int(match.group(1)),
+        "pci": match.group(2).lower(),
+        "sxid": int(match.group(3)),
+        "fatal": fatal,
+        "message": words,
+    }
 
 
 # --- driver versions --------------------------------------------------------------------------
@@ -474,6 +501,8 @@ class NvmlReader:
                 "gpu": self.get("nvmlDeviceGetTemperature", handle, nvml.NVML_TEMPERATURE_GPU),
                 "memory": self._memory_temperature(handle),
             },
+            "temperature_slowdown_c": self._slowdown_temperature(handle),
+            "temperature_tlimit_c": {"current": None, "slowdown": None},
             "power_w": {
                 "draw": _watts(self.get("nvmlDeviceGetPowerUsage", handle)),
                 "limit": _watts(self.get("nvmlDeviceGetEnforcedPowerLimit", handle)),
@@ -550,6 +579,12 @@ class NvmlReader:
     def _performance_state(self, handle: Any) -> str | None:
         state = self.get("nvmlDeviceGetPerformanceState", handle)
         return None if state is None or state == 32 else f"P{state}"  # 32: unknown
+
+    def _slowdown_temperature(self, handle: Any) -> int | None:
+        threshold = getattr(self.nvml, "NVML_TEMPERATURE_THRESHOLD_SLOWDOWN", None)
+        if threshold is None:
+            return None
+        return self.get("nvmlDeviceGetTemperatureThreshold", handle, threshold)
 
     def _memory_temperature(self, handle: Any) -> int | None:
         field = getattr(self.nvml, "NVML_FI_DEV_MEMORY_TEMP", None)

@@ -29,8 +29,10 @@ The record, one dict per GPU (None wherever the driver does not say):
   ``remapped_rows``: ``{"supported", "correctable", "uncorrectable", "pending", "failure"}``;
 - ``utilization_percent``: ``{"gpu", "memory"}`` (None in MIG mode); ``memory_mib``:
   ``{"total", "used"}`` of the framebuffer (used without the driver's reserved part);
-- ``temperature_c``: ``{"gpu", "memory"}``; ``pcie``: ``{"gen_current", "gen_max",
-  "width_current", "width_max"}``; ``fabric``: ``{"state", "status"}``;
+- ``temperature_c``: ``{"gpu", "memory"}``; ``temperature_slowdown_c``: "GPU Slowdown Temp";
+  ``temperature_tlimit_c``: driver 590's T.Limit headroom ``{"current", "slowdown"}``;
+  ``pcie``: ``{"gen_current", "gen_max", "width_current", "width_max"}``;
+  ``fabric``: ``{"state", "status"}``;
 - ``nvlink``: ``nvlink_summary`` (state ok / all_inactive / none / mig_mode / unreadable,
   active, total, links), or None until ``nvidia-smi nvlink -s`` fills it in;
 - ``lost``: bool, the GPU answers no query ("GPU is lost", or "Unknown Error" for every value
@@ -100,6 +102,7 @@ RECORD_KEYS = frozenset(
         "clock_event_reasons", "pcie", "fabric", "nvlink", "application_clocks_mhz",
         "application_clocks_note", "supported_clocks_mhz", "utilization_percent", "memory_mib",
         "lost", "lost_evidence", "ecc_memory", "recovery_action", "recovery_action_text",
+        "temperature_slowdown_c", "temperature_tlimit_c",
     }
 )  # fmt: skip
 
@@ -512,6 +515,11 @@ def gpu_from_xml(gpu: ElementTree.Element, position: int) -> Result:
         "temperature_c": {
             "gpu": integer(_text(gpu, "temperature/gpu_temp")),
             "memory": integer(_text(gpu, "temperature/memory_temp")),
+        },
+        "temperature_slowdown_c": integer(_text(gpu, "temperature/gpu_temp_slow_threshold")),
+        "temperature_tlimit_c": {
+            "current": integer(_text(gpu, "temperature/gpu_temp_tlimit")),
+            "slowdown": integer(_text(gpu, "temperature/gpu_temp_slow_tlimit_threshold")),
         },
         "power_w": {
             "draw": number(_text(power, "power_draw", "average_power_draw", "instant_power_draw")),

@@ -608,6 +608,8 @@ GPU_SHAPE = Record(
                     "active": _COUNT,
                     "total": _COUNT,
                     "problems": Maybe(ListOf(Str)),
+                    "source": _TEXT,
+                    "links": Maybe(ListOf(Record({"link": _COUNT, "active": _FLAG}))),
                 }
             )
         ),
@@ -650,10 +652,20 @@ GPU_SHAPE = Record(
         ),
         "recovery_action": _COUNT,
         "recovery_action_text": _TEXT,
+        # Read by the link, clock and fabric health judges (gpunode.health).
+        "temperature_c": Maybe(Record({"gpu": _COUNT})),
+        "temperature_slowdown_c": _COUNT,
+        "temperature_tlimit_c": Maybe(Record({"current": _COUNT, "slowdown": _COUNT})),
+        "utilization_percent": Maybe(Record({"gpu": _COUNT})),
+        "fabric": Maybe(Record({"state": _TEXT, "status": _TEXT})),
     }
 )
 LOST_GPU_SHAPE = Record({"pci_bus_id": _TEXT, "index": _COUNT, "message": _TEXT})
 XID_EVENT_SHAPE = Record({"xid": _COUNT, "pci": _TEXT, "time": _TEXT, "message": _TEXT})
+SXID_EVENT_SHAPE = Record(
+    {"sxid": _COUNT, "switch": _COUNT, "pci": _TEXT, "time": _TEXT, "fatal": _FLAG,
+     "message": _TEXT}
+)  # fmt: skip
 # Every field of the report that the control side reads (the drift rules, the metrics), with
 # its type: a report that does not fit is unreadable, naming the first field that does not.
 GPU_REPORT_SHAPE = Record(
@@ -677,7 +689,15 @@ GPU_REPORT_SHAPE = Record(
         "fabric_manager": Maybe(Record({"state": _TEXT})),
         "mig_listing": Maybe(Record({"state": _TEXT, "reason": _TEXT})),
         "kernel_module": Maybe(Record({"state": _TEXT, "version": _TEXT})),
-        "xid_events": Maybe(Record({"state": _TEXT, "events": ListOf(XID_EVENT_SHAPE)})),
+        "xid_events": Maybe(
+            Record(
+                {
+                    "state": _TEXT,
+                    "events": ListOf(XID_EVENT_SHAPE),
+                    "sxid_events": Maybe(ListOf(SXID_EVENT_SHAPE)),
+                }
+            )
+        ),
         # Lines of a tool's output the probe could not read, by tool.
         "problems": Maybe(Record({"nvlink": Maybe(ListOf(Str))})),
     }

@@ -58,6 +58,16 @@ MALFORMED = [
     pytest.param("gpu.gpus.0.recovery_action", "Reboot",
                  "gpu.gpus[0].recovery_action: 'Reboot' is not an integer",
                  id="recovery-action-is-text"),
+    pytest.param("gpu.gpus.0.nvlink.links", "abc",
+                 "gpu.gpus[0].nvlink.links: 'abc' is not a list", id="nvlink-links-is-text"),
+    pytest.param("gpu.gpus.0.fabric", {"state": 3},
+                 "gpu.gpus[0].fabric.state: 3 is not a string", id="fabric-state-is-a-number"),
+    pytest.param("gpu.gpus.0.temperature_slowdown_c", "hot",
+                 "gpu.gpus[0].temperature_slowdown_c: 'hot' is not an integer",
+                 id="slowdown-temperature-is-text"),
+    pytest.param("gpu.xid_events.sxid_events", [{"sxid": 1, "fatal": "yes"}],
+                 "gpu.xid_events.sxid_events[0].fatal: 'yes' is not true or false",
+                 id="sxid-fatal-is-text"),
     pytest.param("gpu.lost_gpus", [{"pci_bus_id": 7}],
                  "gpu.lost_gpus[0].pci_bus_id: 7 is not a string", id="lost-gpu-bus-is-a-number"),
 ]  # fmt: skip
@@ -89,6 +99,14 @@ def test_probe_report_of_the_wrong_shape_is_unreadable_where_it_enters(
     result = parse_section("gpu", probe_output(report))
     assert result["state"] == "unreadable"
     assert named.removeprefix("gpu.") in result["reason"]
+
+
+def test_an_ibstat_port_whose_adapter_model_is_no_text_is_unreadable_not_a_crash() -> None:
+    facts = copy.deepcopy(healthy_facts())
+    facts["infiniband"]["ports"][0]["ca_type"] = {"model": "MT4129"}
+    found = {f.id: f for f in evaluate("node-1", desired(), facts)}
+    assert "ib.unreadable" in found and "ca_type" in found["ib.unreadable"].found
+    assert not any(key.startswith("drift.rule_failed") for key in found)
 
 
 def test_a_well_formed_probe_report_still_reads() -> None:

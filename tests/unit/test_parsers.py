@@ -40,6 +40,7 @@ from gpunode.probe.parsers import (
     parse_section,
     parse_xid_events,
 )
+from gpunode.probe.query_text import parse_query_gpus
 from lab.hwsim import nvidia_smi, nvme, profiles
 from lab.hwsim.hwstate import SHARE_ENV
 
@@ -81,6 +82,8 @@ CAPTURE_CASES: list[tuple[str, Extract, Parser]] = [
     ("nvlink -s", capture_section("capabilities :: nvlink -s"), parse_nvlink_status),
     ("idle -q", capture_section("idle :: query (-q)"), parse_page_retirement),
     ("load -q", capture_section("load :: query (-q)"), parse_page_retirement),
+    ("idle -q, GPU records", capture_section("idle :: query (-q)"), parse_query_gpus),
+    ("load -q, GPU records", capture_section("load :: query (-q)"), parse_query_gpus),
 ]
 
 
@@ -148,6 +151,7 @@ FIXTURE_CASES: dict[str, list[tuple[str, Extract, Parser]]] = {
     "clamav/clamscan-1.4.6-deb12-error.stdout": [("clamscan", whole, _clamscan)],
     "lynis/lab-bookworm-harden.report.dat": [("lynis-report.dat", whole, lynis_report)],
     "kernel-log/xid79-fallen-off-the-bus.syslog": [("journal", whole, parse_xid_events)],
+    "kernel-log/nvswitch-sxid.menthos.log": [("kernel log, SXids", whole, parse_xid_events)],
     "dcgm/dcgmi-diag-j.4.x.8gpu.diagnostic-test.json": [
         ("diag -j (DCGM 4, one test)", whole, _dcgm4_test)
     ],
@@ -367,7 +371,8 @@ def test_one_gpu_state_reads_the_same_from_driver_515_535_and_590_layouts() -> N
         for generation in ("r515", "r535", "r590")
     }
     # Driver 590 alone prints a recovery action and whether SRAM errors passed their threshold.
-    only_590 = ("recovery_action", "ecc_memory")
+    # The slowdown temperature is the template board's own (and 590 gives it as T.Limit).
+    only_590 = ("recovery_action", "ecc_memory", "temperature_slowdown_c", "temperature_tlimit_c")
     same = {
         generation: [{k: v for k, v in gpu.items() if k not in only_590} for gpu in report["gpus"]]
         for generation, report in reports.items()
@@ -375,6 +380,9 @@ def test_one_gpu_state_reads_the_same_from_driver_515_535_and_590_layouts() -> N
     assert same["r515"] == same["r535"] == same["r590"]
     third = reports["r590"]["gpus"][2]
     assert third["recovery_action"] == 0  # "None"
+    # 590 gives temperatures as T.Limit headroom, the older layouts as degrees.
+    assert third["temperature_tlimit_c"] == {"current": 46, "slowdown": -2}
+    assert reports["r535"]["gpus"][2]["temperature_tlimit_c"] == {"current": None, "slowdown": None}
     assert third["ecc_memory"] == {
         "volatile": {"sram": 3, "dram": 0},
         "aggregate": {"sram": 0, "dram": 0},

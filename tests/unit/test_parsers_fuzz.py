@@ -30,6 +30,7 @@ from gpunode.probe.parsers import (
     parse_section,
     parse_xid_events,
 )
+from gpunode.probe.query_text import parse_query_gpus
 from gpunode.scheduler import SchedulerError, SlurmScheduler
 
 from .test_parsers import FIXTURE_CASES, read
@@ -50,6 +51,7 @@ PARSERS: dict[str, Parser] = {
     "xid": parse_xid_events,
     "ib_flaps": parse_ib_flaps,
     "gpu": parse_gpu_report,
+    "query_gpus": parse_query_gpus,
 }
 STATES = {"ok", "unreadable", "absent", "driver_not_loaded"}
 

@@ -353,6 +353,9 @@ def without_link_details(gpus: list[dict[str, Any]]) -> list[dict[str, Any]]:
     trimmed = copy.deepcopy(gpus)
     for gpu in trimmed:
         gpu.pop("application_clocks_note")
+        # The double models no temperature thresholds: its XML's come from the template's board.
+        gpu.pop("temperature_slowdown_c")
+        gpu.pop("temperature_tlimit_c")
         gpu["nvlink"].pop("source")
         for link in gpu["nvlink"]["links"]:
             link.pop("speed_gbps")
@@ -607,9 +610,9 @@ def test_main_prints_one_json_document_even_when_the_probe_fails(
 def test_probe_command_fits_in_one_argument_and_validates_its_time() -> None:
     # Linux caps one argument (the command sshd hands to the shell) at 128 KiB.
     assert len(probe_command()) < 100_000
-    # With the MIG listing reader, the Python form's installed-copy check, and the frame's
-    # runner (its systemd and dpkg readers).
-    assert len(probe_command(ship_pynvml=False)) < 40_000
+    # With the MIG listing reader, the Python form's installed-copy check, the frame's
+    # runner (its systemd and dpkg readers), and the SXid and temperature thresholds' readers.
+    assert len(probe_command(ship_pynvml=False)) < 41_000
     with pytest.raises(ValueError):
         probe_command(xid_since="yesterday; rm -rf /")
     since = probe_part(xid_since="2026-11-30T10:00:00Z")
