@@ -1,5 +1,6 @@
 """The local lab fleet made by `gpunode lab up`; groups follow each node's hardware profile,
-and each node's Debian release (groups bookworm and trixie). The lab's VMs (`lab up --vms N`:
+and each node's release (groups bookworm, trixie and noble: an Ubuntu 24.04 lab node, Debian's
+packages arranged as noble, lab.UBUNTU_LAB_BASES). The lab's VMs (`lab up --vms N`:
 a real kernel, real storage) are the group vms, apart from the profile groups: they carry their
 profile's hardware doubles, but the profile groups' expectations are the containers'."""
 
