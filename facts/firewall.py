@@ -209,3 +209,27 @@ class SshClient(FactBase):
             if line.startswith("ssh_client="):
                 return parse_ssh_client(line[len("ssh_client=") :])
         return None
+
+
+def parse_ufw_status(output: list[str]) -> bool:
+    """Whether ``ufw status``'s first line says ufw is active ('Status: active'); anything
+    else (inactive, no ufw, an unreadable answer) is not."""
+    return bool(output) and output[0].strip() == "Status: active"
+
+
+class UfwActive(FactBase):
+    """
+    Whether ufw (Ubuntu's firewall front end, installed on every Ubuntu server) is active:
+    ``ufw enable`` loads its own rules and loads them again at boot. False where ufw is not
+    installed. Needs root (``ufw status`` reads the live rules).
+
+    .. code:: python
+
+        False
+    """
+
+    def command(self) -> str:
+        return "if command -v ufw >/dev/null 2>&1; then LC_ALL=C ufw status 2>&1 | head -n 1; fi"
+
+    def process(self, output: list[str]) -> bool:  # type: ignore[override]
+        return parse_ufw_status(list(output))

@@ -1,9 +1,10 @@
 """The local lab fleet made by `gpunode lab up`; groups follow each node's hardware profile,
-and each node's Debian release (groups bookworm and trixie). The lab's VMs (`lab up --vms N`:
+and each node's release (groups bookworm, trixie and noble: an Ubuntu 24.04 lab node, Debian's
+packages arranged as noble, lab.UBUNTU_LAB_BASES). The lab's VMs (`lab up --vms N`:
 a real kernel, real storage) are the group vms, apart from the profile groups: they carry their
 profile's hardware doubles, but the profile groups' expectations are the containers'."""
 
-from lab import Lab
+from lab import UBUNTU_LAB_BASES, Lab
 
 _lab = Lab()
 _nodes = _lab.nodes()
@@ -45,6 +46,19 @@ _TLS = {
     "ca_passphrase_file": str(_lab.ca_passphrase_file()),
 }
 
+# Ubuntu lab nodes (lab.UBUNTU_LAB_BASES says what they are): no NVIDIA stack. gpunode's only
+# driver source on Ubuntu is Ubuntu's own archive (Canonical's prebuilt modules), which the
+# lab's stand-in Ubuntu archive (Debian's packages) does not have, and the lab's NVIDIA
+# stand-in repositories are Debian trees only. Base system, hardening, sshd and firewall run.
+_NO_NVIDIA_STACK = {
+    "nvidia_driver": {"source": "none"},
+    "cuda": {"versions": []},
+    "container_runtime": {"engines": []},
+    "dcgm": {"enabled": False},
+    "gpu_metrics": {"enabled": False},
+    "infiniband": {"enabled": False},
+}
+
 _by_profile: dict[str, list] = {"hgx-h100": [], "a100": [], "pcie-a10g": []}
 for _node in _nodes:
     _data = {
@@ -52,6 +66,7 @@ for _node in _nodes:
         "tls": {**_TLS, "ip_addresses": [_node.address]},
         **(_NO_IB if _node.profile == "pcie-a10g" else {}),
         **(_SLURM if _node.name in _slurm_members else {}),
+        **(_NO_NVIDIA_STACK if _node.release in UBUNTU_LAB_BASES else {}),
     }
     _by_profile[_node.profile].append((_node.name, _data))
 
@@ -62,6 +77,7 @@ pcie_nodes = _by_profile["pcie-a10g"]
 # By release (`gpunode lab up --release mixed`): names only, the data is the profile group's.
 bookworm = [node.name for node in _nodes if node.release == "bookworm"]
 trixie = [node.name for node in _nodes if node.release == "trixie"]
+noble = [node.name for node in _nodes if node.release == "noble"]
 
 vms = [
     (vm.name, {"ssh_hostname": vm.address, **(_NO_IB if vm.profile == "pcie-a10g" else {})})

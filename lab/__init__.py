@@ -1,5 +1,5 @@
 """The lab: a local fleet of real Debian 12 and Debian 13 nodes booted by systemd, reached
-over SSH.
+over SSH, and Ubuntu 24.04 stand-in nodes (see ``UBUNTU_LAB_BASES``).
 
 Each node is a Docker container running /sbin/init from an image built here from Debian
 packages (mmdebstrap; no registry is reachable). Each container has its own network
@@ -48,10 +48,57 @@ IMAGE_REPOSITORY = "gpunode-lab/debian12"  # bookworm's, the default release's
 DEFAULT_RELEASE = "bookworm"
 # What --release accepts besides a codename or a comma-separated list of them.
 RELEASE_ALIASES = {"mixed": ("bookworm", "trixie")}
-# The releases a lab node can be: images are built from Debian's archive, so Debian's rows of
-# the distribution table only (Ubuntu lab nodes are not built yet).
+# An Ubuntu lab node, and what it is not. Ubuntu's archive cannot be reached from here, so an
+# Ubuntu lab node is a Debian system dressed as the Ubuntu release: Debian's packages of the
+# suite named here, arranged as the Ubuntu release has them. Real: its /etc/os-release,
+# /usr/lib/os-release and /etc/lsb-release (Ubuntu's own words, tests/fixtures/os-release), so
+# gpunode takes it for that release and renders that release's rows (Ubuntu's archive in
+# deb822 ubuntu.sources, Ubuntu's unattended-upgrades origins, its sshd policy); sshd started
+# by ssh.socket, ssh.service not enabled (as a 24.04 install has it); ufw installed and
+# inactive, needrestart, unattended-upgrades (enabled), AppArmor and netplan.io installed.
+# Not real: every package is Debian's build (Debian's OpenSSH, systemd, kernel-less userland),
+# no snapd, no cloud-init, no Ubuntu kernel (a container has its host's), and its "Ubuntu
+# archive" is the lab's stand-in (lab.aptrepo.ubuntu_redirect): Debian's signed archive served
+# under Ubuntu's suite names, verified by Debian's keys installed under Ubuntu's keyring name.
+# noble -> bookworm: bookworm's OpenSSH 9.2p1 is an OpenSSH 9 without PerSourcePenalties, as
+# noble's 9.6p1 is (trixie's 10.0 has them), so the sshd configuration gpunode renders for
+# noble is exercised by an sshd of the same generation; systemd 252 against noble's 255
+# (trixie's 257 is as near), and both Debian suites ship ssh.socket with Accept=no and the
+# socket-activation patch, as noble does (checked in both lab images, 2026-12-07).
+UBUNTU_LAB_BASES = {"noble": "bookworm"}
+# The packages an Ubuntu 24.04 server install has that a Debian minbase lacks, and that
+# gpunode meets in a converge (ubuntu-server's seeds; their Debian builds).
+UBUNTU_NODE_PACKAGES = (
+    "ufw", "needrestart", "unattended-upgrades", "apparmor", "netplan.io", "lsb-release",
+)  # fmt: skip
+# Ubuntu's archive as a fresh 24.04 install writes it (ubuntu.sources, deb822): the converge
+# replaces it with apt.ubuntu_mirror's. Source: noble's /etc/apt/sources.list.d/ubuntu.sources
+# (gpunode.distributions, noble's sources), read 2026-12-07.
+UBUNTU_INSTALLER_SOURCES = """\
+Types: deb
+URIs: http://archive.ubuntu.com/ubuntu/
+Suites: noble noble-updates noble-backports
+Components: main restricted universe multiverse
+Signed-By: /usr/share/keyrings/ubuntu-archive-keyring.gpg
+
+Types: deb
+URIs: http://security.ubuntu.com/ubuntu/
+Suites: noble-security
+Components: main restricted universe multiverse
+Signed-By: /usr/share/keyrings/ubuntu-archive-keyring.gpg
+"""
+# VMs and the Slurm controller are Debian's only (the controller installs from the node's own
+# archive, which an Ubuntu lab node names only after a converge).
+DEBIAN_LAB_RELEASES = tuple(
+    codename for codename, row in distributions.BY_CODENAME.items() if row.os_id == "debian"
+)
+OS_RELEASE_FIXTURES = REPO_ROOT / "tests" / "fixtures" / "os-release"
+# The releases a lab node can be: Debian's rows of the distribution table, and the Ubuntu
+# releases a Debian suite stands in for (UBUNTU_LAB_BASES).
 LAB_RELEASES = {
-    codename: row for codename, row in distributions.BY_CODENAME.items() if row.os_id == "debian"
+    codename: row
+    for codename, row in distributions.BY_CODENAME.items()
+    if row.os_id == "debian" or codename in UBUNTU_LAB_BASES
 }
 LOGIN_USER = "debian"
 # How a lab node "reboots" for a driver change (nvidia_driver.reboot_command): the GPU
@@ -121,6 +168,59 @@ def image_repository(release: str) -> str:
     return IMAGE_REPOSITORY_PREFIX + distributions.BY_CODENAME[release].cuda_repo_distro
 
 
+def base_suite(release: str) -> str:
+    """The Debian suite a lab node of ``release`` is built from: itself, or for an Ubuntu
+    release the suite that stands in for it."""
+    return UBUNTU_LAB_BASES.get(release, release)
+
+
+def node_packages(release: str) -> tuple[str, ...]:
+    if release in UBUNTU_LAB_BASES:
+        return (*NODE_PACKAGES, *UBUNTU_NODE_PACKAGES)
+    return NODE_PACKAGES
+
+
+def lsb_release(row: distributions.Distribution, pretty_name: str) -> str:
+    """/etc/lsb-release as Ubuntu's base-files writes it (DISTRIB_ID, _RELEASE, _CODENAME,
+    _DESCRIPTION: the os-release's PRETTY_NAME). Source: a 24.04.3 node's /etc/lsb-release
+    beside its os-release (the capture in tests/fixtures/os-release) in public notes, and
+    24.04.1, 24.04.2 and 24.04.4 nodes' of the same four lines, read 2026-12-07."""
+    return (
+        f"DISTRIB_ID=Ubuntu\nDISTRIB_RELEASE={row.version_id}\n"
+        f'DISTRIB_CODENAME={row.codename}\nDISTRIB_DESCRIPTION="{pretty_name}"\n'
+    )
+
+
+def _ubuntu_script(release: str) -> str:
+    """The customize-hook part that makes a Debian rootfs an Ubuntu lab node (UBUNTU_LAB_BASES
+    says what that is and is not)."""
+    row = distributions.BY_CODENAME[release]
+    fixture = OS_RELEASE_FIXTURES / f"ubuntu-{row.version_id}-{row.codename}"
+    os_release = fixture.read_text()
+    pretty = next(
+        line.split("=", 1)[1].strip('"')
+        for line in os_release.splitlines()
+        if line.startswith("PRETTY_NAME=")
+    )
+    return f"""\
+rm -f "$1/etc/apt/sources.list.d/debian.sources"
+cat > "$1/etc/apt/sources.list.d/ubuntu.sources" <<'SOURCES'
+{UBUNTU_INSTALLER_SOURCES}SOURCES
+cp "$1/usr/share/keyrings/debian-archive-keyring.gpg" \
+  "$1/usr/share/keyrings/ubuntu-archive-keyring.gpg"
+chroot "$1" dpkg-divert --local --rename --divert /usr/lib/os-release.debian \
+  --add /usr/lib/os-release
+cat > "$1/usr/lib/os-release" <<'OSRELEASE'
+{os_release}OSRELEASE
+ln -sf ../usr/lib/os-release "$1/etc/os-release"
+cat > "$1/etc/lsb-release" <<'LSB'
+{lsb_release(row, pretty)}LSB
+chroot "$1" systemctl disable ssh.service
+chroot "$1" systemctl enable ssh.socket
+chroot "$1" systemctl enable unattended-upgrades.service
+"""
+
+
 # Per-node SSH host keys: the image ships none, so nodes never share a host key.
 HOSTKEYS_UNIT = """\
 [Unit]
@@ -144,12 +244,13 @@ def _customize_script(
         f'chroot "$1" dpkg-divert --local --rename --divert {path}.distrib --add {path}'
         for path in diverted
     )
+    ubuntu = _ubuntu_script(release) if release in UBUNTU_LAB_BASES else ""
     return f"""\
 set -e
 rm -f "$1/etc/apt/sources.list"
 cat > "$1/etc/apt/sources.list.d/debian.sources" <<'SOURCES'
-{debian_sources(release)}SOURCES
-cat > "$1/etc/systemd/system/gpunode-lab-hostkeys.service" <<'UNIT'
+{debian_sources(base_suite(release))}SOURCES
+{ubuntu}cat > "$1/etc/systemd/system/gpunode-lab-hostkeys.service" <<'UNIT'
 {HOSTKEYS_UNIT}UNIT
 chroot "$1" systemctl enable gpunode-lab-hostkeys.service
 rm -f "$1"/etc/ssh/ssh_host_*
@@ -337,7 +438,7 @@ class Lab:
     @staticmethod
     def image_tag_for(release: str) -> str:
         """The node image of ``release``; its tag is a digest of how it is built."""
-        recipe = json.dumps([NODE_PACKAGES, _customize_script(release)]).encode()
+        recipe = json.dumps([node_packages(release), _customize_script(release)]).encode()
         return f"{image_repository(release)}:{hashlib.sha256(recipe).hexdigest()[:12]}"
 
     # --- docker --------------------------------------------------------------------------------
@@ -602,9 +703,9 @@ class Lab:
                 [
                     "mmdebstrap", "--variant=minbase", "--quiet",
                     f"--components={DEBIAN_COMPONENTS}",
-                    "--include=" + ",".join(NODE_PACKAGES),
+                    "--include=" + ",".join(node_packages(release)),
                     f"--customize-hook=sh {hook} \"$1\"",
-                    release, str(rootfs), DEBIAN_MIRROR,
+                    base_suite(release), str(rootfs), DEBIAN_MIRROR,
                 ],
                 capture_output=True,
                 text=True,
@@ -750,7 +851,14 @@ class Lab:
             result = container.exec_run(["systemctl", "is-system-running", "--wait"])
             state = result.output.decode().strip()
             if state in ("running", "degraded"):
-                ssh = container.exec_run(["systemctl", "is-active", "ssh.service"])
+                # sshd answers: running, or listened for by ssh.socket (an Ubuntu node's boot).
+                ssh = container.exec_run(
+                    [
+                        "sh",
+                        "-c",
+                        "systemctl is-active ssh.service || systemctl is-active ssh.socket",
+                    ]
+                )
                 if ssh.exit_code == 0:
                     if state == "degraded":
                         failed = container.exec_run(["systemctl", "--failed", "--plain"])
@@ -841,8 +949,10 @@ class Lab:
         if release is None:
             nodes = self.nodes()
             release = nodes[0].release if nodes else DEFAULT_RELEASE
-        if release not in LAB_RELEASES:
-            raise LabError(f"Slurm controller: unknown release {release!r}")
+        if release not in DEBIAN_LAB_RELEASES:
+            raise LabError(
+                f"Slurm controller: release {release!r}; known: {', '.join(DEBIAN_LAB_RELEASES)}"
+            )
         node = LabNode(
             name=SLURM_CONTROLLER,
             container=f"{self.name}-{SLURM_CONTROLLER}",

@@ -70,6 +70,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from lab import DEBIAN_MIRROR, DEBIAN_SECURITY_MIRROR, UBUNTU_LAB_BASES
 from lab.standin import (
     CUDA_REPO,
     CUDA_REPOSITORY_PATHS,
@@ -607,10 +608,59 @@ def serve(
     return RepoServer(directory, bind_address, port, log)
 
 
+# The lab's stand-in Ubuntu archive (an Ubuntu lab node's apt.ubuntu_mirror and
+# apt.ubuntu_security_mirror: inventories/group_data/lab.py). Ubuntu's archive is unreachable
+# from here, so a request for Ubuntu's suite is redirected to Debian's archive of the suite the
+# lab node is built from (lab.UBUNTU_LAB_BASES): /ubuntu/dists/noble-updates/InRelease ->
+# deb.debian.org/debian/dists/bookworm-updates/InRelease, /ubuntu/pool/... -> .../debian/pool/...
+# apt follows the redirect (through the node's proxy, the lab's apt-cacher-ng) and verifies
+# Debian's signature with the keys the lab node holds under Ubuntu's keyring name. What it
+# serves is Debian's: Debian's components (main; apt skips restricted, universe and multiverse,
+# which Debian's Release does not list) and Debian's Codename, which apt warns does not match.
+UBUNTU_STANDIN_ARCHIVES = {"ubuntu": DEBIAN_MIRROR, "ubuntu-security": DEBIAN_SECURITY_MIRROR}
+
+
+def ubuntu_redirect(path: str) -> str | None:
+    """The Debian URL the stand-in Ubuntu archive answers ``path`` with, or None where
+    ``path`` is not the stand-in's (a file of the lab's own repositories, or a suite of no
+    Ubuntu lab release: a 404)."""
+    parts = path.split("?", 1)[0].split("#", 1)[0].lstrip("/").split("/")
+    if parts[0] not in UBUNTU_STANDIN_ARCHIVES or ".." in parts or len(parts) < 3:
+        return None
+    rest = parts[1:]
+    if rest[0] == "dists":
+        codename, dash, pocket = rest[1].partition("-")
+        base = UBUNTU_LAB_BASES.get(codename)
+        if base is None:
+            return None
+        rest = ["dists", base + dash + pocket, *rest[2:]]
+    elif rest[0] != "pool":
+        return None
+    return UBUNTU_STANDIN_ARCHIVES[parts[0]] + "/" + "/".join(rest)
+
+
 def _handler_class(directory: Path, record: Any) -> type[http.server.SimpleHTTPRequestHandler]:
     class Handler(http.server.SimpleHTTPRequestHandler):
         def __init__(self, *args: Any, **kwargs: Any):
             super().__init__(*args, directory=str(directory), **kwargs)
+
+        def _redirected(self) -> bool:
+            target = ubuntu_redirect(self.path)
+            if target is None:
+                return False
+            self.send_response(302)
+            self.send_header("Location", target)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return True
+
+        def do_GET(self) -> None:
+            if not self._redirected():
+                super().do_GET()
+
+        def do_HEAD(self) -> None:
+            if not self._redirected():
+                super().do_HEAD()
 
         def log_request(self, code: int | str = "-", size: int | str = "-") -> None:
             status = int(code) if str(code).isdigit() else 0

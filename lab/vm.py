@@ -56,10 +56,10 @@ from gpunode import distributions
 from gpunode.expected.packages import PASSWORD_QUALITY_PACKAGE
 from lab import (
     DEBIAN_COMPONENTS,
+    DEBIAN_LAB_RELEASES,
     DEBIAN_MIRROR,
     DEBIAN_SECURITY_MIRROR,
     DEFAULT_RELEASE,
-    LAB_RELEASES,
     LOGIN_USER,
     NODE_PACKAGES,
     REPO_ROOT,
@@ -442,8 +442,8 @@ def up_vms(
     unknown = [p for p in profile_cycle if p not in hwsim.PROFILES]
     if unknown or not profile_cycle:
         raise LabError(f"unknown hardware profile(s) {unknown}; known: {', '.join(hwsim.PROFILES)}")
-    if not release_cycle or any(r not in LAB_RELEASES for r in release_cycle):
-        known = ", ".join(LAB_RELEASES)
+    if not release_cycle or any(r not in DEBIAN_LAB_RELEASES for r in release_cycle):
+        known = ", ".join(DEBIAN_LAB_RELEASES)
         raise LabError(f"VM releases {release_cycle}: known: {known}")
     if not 0 <= count <= MAX_VMS:
         raise LabError(f"--vms {count}: choose between 0 and {MAX_VMS}")

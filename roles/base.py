@@ -18,6 +18,7 @@ from facts.apt import AptIndexedRepositories, DpkgInterrupted, MirrorReachabilit
 from facts.container_runtime import normalise_url
 from gpunode.converge import this_node
 from gpunode.distributions import Distribution
+from gpunode.expected.lynis import NEEDRESTART_CONF, render_needrestart_conf
 from gpunode.model import DesiredState, Repositories
 from gpunode.refusal import refusal
 from gpunode.schema import one_line
@@ -45,6 +46,7 @@ DPKG_RECOVER = (
     f"apt-get -y -o DPkg::Lock::Timeout={DPKG_LOCK_WAIT_S} -f install"
 )
 # Written by apt's periodic job and by pyinfra's apt.update.
+NEEDRESTART_BINARY = "/usr/sbin/needrestart"
 UPDATE_STAMP_PATH = "/var/lib/apt/periodic/update-success-stamp"
 LISTS_MAX_AGE_S = 86400
 
@@ -214,6 +216,16 @@ def base_system(desired: DesiredState) -> None:
             direct_hosts=list(repos.direct_hosts),
         )
     finish_interrupted_package_change()
+    # needrestart (on every Ubuntu server) hooks apt: in its default interactive mode, under
+    # apt's non-interactive front end, it restarts the services an upgrade touched, mid-run
+    # (sshd, nvidia-persistenced, slurmd). Set to list only before any package changes.
+    if host.get_fact(File, path=NEEDRESTART_BINARY):
+        files.put(
+            name="needrestart lists, never restarts",
+            src=StringIO(render_needrestart_conf()),
+            dest=NEEDRESTART_CONF,
+            mode="644",
+        )
     files.put(
         name="apt waits for a busy package database",
         src=StringIO(LOCK_TIMEOUT),

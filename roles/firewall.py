@@ -44,6 +44,7 @@ from facts.firewall import (
     UNIT_PATH,
     FirewallState,
     SshClient,
+    UfwActive,
 )
 from gpunode.expected.firewall import AllowRule, allow_rules, render_ruleset, service_rules
 from gpunode.model import DesiredState, Firewall
@@ -109,6 +110,18 @@ def ssh_cut_reason(
         "off. Add the control machine's network to "
         "firewall.admin_networks (or fabric_networks)"
     )
+
+
+def refuse_if_ufw_active() -> None:
+    """An active ufw loads its own rules (and again at boot) beside gpunode's table: two
+    firewalls deciding one packet is no declared state, so gpunode refuses rather than fight
+    it, and the operator chooses."""
+    if host.get_fact(UfwActive):
+        raise OperationError(
+            f"{host.name}: firewall refused: ufw is active on the node, and gpunode's firewall "
+            f"(table {TABLE}) would filter beside its rules; run `ufw disable` on the node "
+            "(its rules stay in /etc/ufw), or set firewall.enabled to false to keep ufw"
+        )
 
 
 def refuse_if_ssh_would_be_cut(
@@ -310,6 +323,8 @@ def firewall(
         check_ssh_source = wanted.ssh_preflight
     ssh_port = desired.sshd.port
     exporter_ports = desired.exporter_ports
+    # At prepare time, so that nothing on the node changes.
+    refuse_if_ufw_active()
     # At prepare time, so a ruleset that would cut SSH stops the run before any change.
     if check_ssh_source:
         refuse_if_ssh_would_be_cut(wanted, ssh_port, exporter_ports)

@@ -77,13 +77,24 @@ def _backup_command() -> str:
     )
 
 
-def _restore_command() -> str:
-    """Back to the backup: a host key made by this run goes again where there was none."""
+# Back to socket activation, where the run took sshd from ssh.socket (Ubuntu 22.10 and later):
+# sshd of ssh.service stopped (KillMode=process: the sessions it started stay, this run's
+# included), then the socket listens again and starts ssh.service at the next connection.
+RESTORE_SOCKET = (
+    "systemctl stop ssh.service && systemctl unmask ssh.socket && "
+    "systemctl enable --now ssh.socket && systemctl disable ssh.service"
+)
+
+
+def _restore_command(socket_activated: bool = False) -> str:
+    """Back to the backup: a host key made by this run goes again where there was none, and
+    sshd is started as it was (by ssh.socket where ``socket_activated``)."""
+    start = RESTORE_SOCKET if socket_activated else "systemctl reload-or-restart ssh.service"
     return (
         f"cp -p {BACKUP_DIR}/sshd_config {SSHD_CONFIG} && cp -p {BACKUP_DIR}/moduli {MODULI}; "
         f"if [ -e {BACKUP_KEY} ]; then cp -p {BACKUP_KEY} {BACKUP_KEY}.pub /etc/ssh/; "
         f"else rm -f {RSA_HOST_KEY} {RSA_HOST_KEY}.pub; fi; "
-        "systemctl reload-or-restart ssh.service"
+        f"{start}"
     )
 
 
@@ -106,13 +117,14 @@ def _sshd_state(host: Any) -> str:
     return f"; sshd did not come back ({lines[0]}{said})"
 
 
-def _confirm_or_restore(state: Any, host: Any, port: int) -> None:
-    """Control side: a brand-new login must work, else the previous sshd comes back."""
+def _confirm_or_restore(state: Any, host: Any, port: int, socket_activated: bool = False) -> None:
+    """Control side: a brand-new login must work, else the previous sshd comes back (from
+    ssh.socket again where it was socket activated)."""
     error = fresh_login(host, port=port)
     if error is None:
         return
     sshd_state = _sshd_state(host)
-    restored, _ = host.run_shell_command(_restore_command(), _sudo=True)
+    restored, _ = host.run_shell_command(_restore_command(socket_activated), _sudo=True)
     raise OperationError(
         f"{host.name}: the new sshd configuration was rolled back because {error}{sshd_state}; "
         + ("the previous configuration is active again" if restored else "RESTORE FAILED")
@@ -170,7 +182,7 @@ def hardened_sshd(config: str, port: int = 22, login_user: str | None = None):
     yield from (change for change in changes if change != "sshd_config")
     yield f"mv {CANDIDATE} {SSHD_CONFIG}"
     yield "systemctl enable ssh.service && systemctl reload-or-restart ssh.service"
-    yield FunctionCommand(_confirm_or_restore, (port,), {})
+    yield FunctionCommand(_confirm_or_restore, (port, bool(current["socket_enabled"])), {})
 
 
 @deploy("SSH server")

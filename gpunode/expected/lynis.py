@@ -74,9 +74,9 @@ def tool_packages(tools: AuditTools) -> list[str]:
 def render_needrestart_conf() -> str:
     return "\n".join(
         [
-            "# Managed by gpunode (audit.tools.needrestart): list, never restart. A restart of",
-            "# nvidia-persistenced, slurmd or the fabric manager kills the jobs running on the",
-            "# node; an operator drains it first.",
+            "# Managed by gpunode (wherever needrestart is installed; audit.tools.needrestart",
+            "# installs it): list, never restart. A restart of nvidia-persistenced, slurmd or",
+            "# the fabric manager kills the jobs running on the node; an operator drains it first.",
             "$nrconf{restart} = 'l';",
             "$nrconf{kernelhints} = -1;",
             "",

@@ -34,9 +34,13 @@ tls = {
 # Debian's packages come through the lab's apt-cacher-ng (fetched once for all nodes); the
 # stand-in repositories on the gateway are reached directly. Each node's release and
 # architecture fill in {distro}/{arch}/{dpkg_arch}, as they do for production's mirror.
+# An Ubuntu lab node's archive is the lab's stand-in (lab.aptrepo.ubuntu_redirect): Debian's
+# signed archive of the suite the node is built from, under Ubuntu's suite names.
 _repo = _lab.repo_base_url
 apt = {
     "proxy": _lab.package_cache_url,
+    "ubuntu_mirror": f"{_repo}/ubuntu",
+    "ubuntu_security_mirror": f"{_repo}/ubuntu-security",
     "direct_hosts": [_lab.gateway],
     "cuda_repo_url": f"{_repo}/cuda/{{distro}}/{{arch}}",
     "container_toolkit_repo_url": f"{_repo}/libnvidia-container/stable/deb/{{dpkg_arch}}",

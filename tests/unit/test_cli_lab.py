@@ -8,6 +8,8 @@ import pytest
 
 from gpunode.cli import build_parser, main
 
+ROOT = Path(__file__).resolve().parents[2]
+
 
 @pytest.mark.parametrize(
     ("args", "message"),
@@ -17,9 +19,15 @@ from gpunode.cli import build_parser, main
         (["--scratch-disks", "2", "--scratch-disk-mib", "100"], "2 of 100 MiB asked"),
         (["--profiles", "hgx-h100,dgx-x"], "unknown hardware profile(s) ['dgx-x']"),
         (["--release", "bullseye"], "--release 'bullseye': unknown release ['bullseye']"),
-        (["--release", "bookworm,sid"], "unknown release ['sid']; known: bookworm, trixie, mixed"),
-        # Ubuntu rows exist, but lab images are built from Debian's archive only.
-        (["--release", "noble"], "unknown release ['noble']; known: bookworm, trixie, mixed"),
+        (
+            ["--release", "bookworm,sid"],
+            "unknown release ['sid']; known: bookworm, trixie, noble, mixed",
+        ),
+        # Ubuntu rows without a lab image (only noble has one: lab.UBUNTU_LAB_BASES).
+        (
+            ["--release", "jammy"],
+            "unknown release ['jammy']; known: bookworm, trixie, noble, mixed",
+        ),
     ],
 )
 def test_bad_lab_sizes_are_refused_before_anything_is_made(
@@ -62,3 +70,59 @@ def test_each_release_has_its_own_image() -> None:
     assert "Suites: trixie-security\n" in debian_sources("trixie")
     # A lab recorded before releases existed is a bookworm lab.
     assert LabNode("lab-1", "c", "10.213.0.11", "a100").release == "bookworm"
+
+
+def test_an_ubuntu_lab_node_is_built_from_its_debian_suite_and_dressed_as_the_release() -> None:
+    from lab import (
+        DEBIAN_LAB_RELEASES,
+        NODE_PACKAGES,
+        Lab,
+        _customize_script,
+        base_suite,
+        node_packages,
+        releases_of,
+    )
+
+    assert releases_of("noble") == ("noble",)
+    assert "noble" not in releases_of("mixed") and "noble" not in DEBIAN_LAB_RELEASES
+    assert base_suite("noble") == "bookworm" and base_suite("trixie") == "trixie"
+    assert Lab.image_tag_for("noble").split(":")[0] == "gpunode-lab/ubuntu2404"
+    assert set(node_packages("noble")) - set(NODE_PACKAGES) == {
+        "ufw", "needrestart", "unattended-upgrades", "apparmor", "netplan.io", "lsb-release",
+    }  # fmt: skip
+    assert node_packages("bookworm") == NODE_PACKAGES
+    script = _customize_script("noble")
+    fixture = (ROOT / "tests/fixtures/os-release/ubuntu-24.04-noble").read_text()
+    assert f"<<'OSRELEASE'\n{fixture}OSRELEASE\n" in script
+    assert 'ln -sf ../usr/lib/os-release "$1/etc/os-release"' in script
+    assert 'DISTRIB_CODENAME=noble\nDISTRIB_DESCRIPTION="Ubuntu 24.04.3 LTS"\n' in script
+    assert "systemctl disable ssh.service" in script and "systemctl enable ssh.socket" in script
+    assert 'rm -f "$1/etc/apt/sources.list.d/debian.sources"' in script
+    # Debian nodes are as before: no Ubuntu dressing.
+    assert "os-release" not in _customize_script("bookworm")
+
+
+def test_the_stand_in_ubuntu_archive_redirects_ubuntu_suites_to_debians() -> None:
+    from lab.aptrepo import ubuntu_redirect
+
+    debian = "http://deb.debian.org/debian"
+    assert ubuntu_redirect("/ubuntu/dists/noble/InRelease") == f"{debian}/dists/bookworm/InRelease"
+    assert (
+        ubuntu_redirect("/ubuntu/dists/noble-updates/main/binary-amd64/Packages.xz")
+        == f"{debian}/dists/bookworm-updates/main/binary-amd64/Packages.xz"
+    )
+    assert (
+        ubuntu_redirect("/ubuntu-security/dists/noble-security/InRelease")
+        == "http://deb.debian.org/debian-security/dists/bookworm-security/InRelease"
+    )
+    assert ubuntu_redirect("/ubuntu/pool/main/u/ufw/ufw_0.36.2-1_all.deb") == (
+        f"{debian}/pool/main/u/ufw/ufw_0.36.2-1_all.deb"
+    )
+    # Not the stand-in's: the lab's own files, a release with no lab node, a way out.
+    for path in (
+        "/cuda/debian12/x86_64/InRelease",
+        "/ubuntu/dists/jammy/InRelease",
+        "/ubuntu/../keyrings/x",
+        "/ubuntu/indices/x",
+    ):
+        assert ubuntu_redirect(path) is None, path

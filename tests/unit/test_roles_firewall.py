@@ -581,3 +581,18 @@ def test_file_that_cannot_be_compared_is_applied_again() -> None:
     )
     assert commands
     assert noops == []
+
+
+def test_an_active_ufw_is_refused_naming_ufw_disable_and_an_inactive_one_is_not() -> None:
+    from facts.firewall import UfwActive, parse_ufw_status
+    from roles.firewall import refuse_if_ufw_active
+
+    # `ufw status` as ufw 0.36 prints it, first line (inactive: a single line).
+    assert parse_ufw_status(["Status: active", "", "To   Action  From"]) is True
+    assert parse_ufw_status(["Status: inactive"]) is False
+    assert parse_ufw_status([]) is False  # no ufw installed: the fact prints nothing
+    assert parse_ufw_status(["ERROR: You need to be root to run this script"]) is False
+    with fake_host({UfwActive: True}), pytest.raises(OperationError, match="`ufw disable`"):
+        refuse_if_ufw_active()
+    with fake_host({UfwActive: False}):
+        refuse_if_ufw_active()

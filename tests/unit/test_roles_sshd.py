@@ -92,7 +92,7 @@ def test_changed_config_is_validated_then_confirmed_by_a_new_login() -> None:
     )
     assert shell[3] == "mv /etc/ssh/sshd_config.gpunode-candidate /etc/ssh/sshd_config"
     assert shell[4] == "systemctl enable ssh.service && systemctl reload-or-restart ssh.service"
-    assert len(functions) == 1 and functions[0].args == (22,)
+    assert len(functions) == 1 and functions[0].args == (22, False)
 
 
 def test_weak_rsa_key_socket_activation_and_moduli_are_fixed() -> None:
@@ -101,6 +101,23 @@ def test_weak_rsa_key_socket_activation_and_moduli_are_fixed() -> None:
     assert "systemctl disable --now ssh.socket && systemctl mask ssh.socket" in joined
     assert "ssh-keygen -q -t rsa -b 4096 -N '' -f /etc/ssh/ssh_host_rsa_key" in joined
     assert "awk '/^#/ || $5 >= 3071' /etc/ssh/moduli" in joined
+
+
+def test_a_login_cut_on_a_socket_activated_node_gives_sshd_back_to_ssh_socket() -> None:
+    # Ubuntu 24.04 starts sshd from ssh.socket; the run moves it to ssh.service. If the new
+    # login fails, the restore starts it as it was: from the socket, ssh.service disabled.
+    for socket_enabled in (True, False):
+        _, _, functions = run(fact(socket_enabled=socket_enabled, config_sha1="0" * 40))
+        (confirm,) = functions
+        assert confirm.function is sshd_role._confirm_or_restore
+        assert confirm.args[1] is socket_enabled
+    socket = sshd_role._restore_command(socket_activated=True)
+    assert socket.endswith(
+        "systemctl stop ssh.service && systemctl unmask ssh.socket && "
+        "systemctl enable --now ssh.socket && systemctl disable ssh.service"
+    )
+    assert "reload-or-restart" not in socket
+    assert sshd_role._restore_command().endswith("systemctl reload-or-restart ssh.service")
 
 
 def test_root_login_deploy_with_root_login_off_is_refused() -> None:

@@ -1,0 +1,178 @@
+"""An Ubuntu 24.04 (noble) lab node, in a one-node lab of its own beside the shared one.
+
+What an Ubuntu lab node is and is not: lab.UBUNTU_LAB_BASES. Here: the node is noble as
+gpunode reads it (os-release, lsb-release, sshd from ssh.socket, ufw, needrestart,
+unattended-upgrades, AppArmor, netplan); an active ufw is refused before anything changes; a
+new sshd that cuts logins is rolled back to socket activation; the converge (base system,
+hardening, sshd, firewall; the NVIDIA stack is off on Ubuntu lab nodes: inventories/lab.py)
+changes nothing the second time, and the drift check is clean.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from lab import Lab
+
+from .conftest import PYINFRA, ROOT, PyinfraRun, ssh
+
+pytestmark = pytest.mark.lab
+
+DEPLOY = "deploys/gpu_node.py"
+GPUNODE = str(Path(sys.executable).with_name("gpunode"))
+NOBLE_OS_RELEASE = (ROOT / "tests/fixtures/os-release/ubuntu-24.04-noble").read_text()
+# What a refused run must leave as it was: sources, apt and needrestart configuration, sshd's
+# configuration and how it is started, nftables (not installed on a fresh node) and its tables.
+SNAPSHOT = (
+    "ls /etc/apt/sources.list.d /etc/apt/apt.conf.d /etc/needrestart/conf.d; "
+    "sha1sum /etc/ssh/sshd_config /etc/apt/sources.list.d/*; "
+    "systemctl is-enabled ssh.socket ssh.service; "
+    "if command -v nft >/dev/null; then nft list tables; else echo no nft; fi"
+)
+
+
+class UbuntuLab:
+    def __init__(self, lab: Lab, env: dict[str, str]) -> None:
+        self.lab, self.env = lab, env
+        (self.node,) = lab.nodes()
+
+    def pyinfra(self, *args: str) -> tuple[PyinfraRun, float]:
+        started = time.monotonic()
+        result = subprocess.run(
+            [PYINFRA, "-y", "--json", "inventories/lab.py", *args],
+            cwd=ROOT, env=self.env, capture_output=True, text=True, timeout=900,
+        )  # fmt: skip
+        took = time.monotonic() - started
+        try:
+            results = json.loads(result.stdout)
+        except json.JSONDecodeError:
+            results = None
+        return PyinfraRun(result.returncode, result.stdout + result.stderr, results), took
+
+    def sudo(self, command: str) -> str:
+        result = ssh(self.lab, self.node, f"sudo sh -c {shlex.quote(command)}")
+        assert result.returncode == 0, result.stderr
+        return result.stdout
+
+    def drift(self) -> dict[str, Any]:
+        result = subprocess.run(
+            [GPUNODE, "drift", "inventories/lab.py", "--json"],
+            cwd=ROOT, env=self.env, capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        return json.loads(result.stdout)
+
+
+@pytest.fixture(scope="module")
+def ubuntu(lab: Lab, tmp_path_factory: pytest.TempPathFactory) -> Iterator[UbuntuLab]:
+    state = tmp_path_factory.mktemp("ubuntu")
+    subnet = int(lab.network_prefix.rsplit(".", 1)[1]) + 102
+    fresh = Lab(state_dir=state / "lab", name=f"{lab.name}-ubuntu", subnet_index=subnet)
+    env = {
+        **os.environ,
+        "GPUNODE_LAB_DIR": str(state / "lab"),
+        "GPUNODE_LAB_NAME": fresh.name,
+        "GPUNODE_LAB_SUBNET": str(subnet),
+        "GPUNODE_FACT_PLAN_DIR": str(state / "plans"),
+    }
+    # A PCIe profile: no NVSwitch or HCA, whose Fabric Manager and IB stack need NVIDIA's
+    # packages, which an Ubuntu lab node does not get.
+    fresh.up(1, profiles=["pcie-a10g"], releases=["noble"])
+    try:
+        ubuntu = UbuntuLab(fresh, env)
+        # The profile's A10G is idle and trains its link down to x8, as captured, which the
+        # drift check warns about; the hardware is not what this module checks, so its
+        # simulated link runs at full width, as under load.
+        ubuntu.sudo("gpunode-lab-hw set gpus.0.pcie.width_current 16")
+        yield ubuntu
+    finally:
+        fresh.down(keep_image=True)
+
+
+def test_the_node_is_noble_as_a_24_04_server_has_it(ubuntu: UbuntuLab) -> None:
+    assert ubuntu.sudo("cat /etc/os-release") == NOBLE_OS_RELEASE
+    assert ubuntu.sudo("cat /usr/lib/os-release") == NOBLE_OS_RELEASE
+    assert ubuntu.sudo("readlink /etc/os-release") == "../usr/lib/os-release\n"
+    assert "DISTRIB_ID=Ubuntu\nDISTRIB_RELEASE=24.04\nDISTRIB_CODENAME=noble\n" in ubuntu.sudo(
+        "cat /etc/lsb-release"
+    )
+    # sshd from ssh.socket: the socket enabled and listening, ssh.service not enabled (this
+    # very login started it).
+    assert ubuntu.sudo(
+        "systemctl is-enabled ssh.socket ssh.service; systemctl is-active ssh.socket; true"
+    ).split() == ["enabled", "disabled", "active"]
+    assert ubuntu.sudo("ufw status") == "Status: inactive\n"
+    installed = ubuntu.sudo(
+        "dpkg-query -W -f '${Package} ${db:Status-Abbrev}\\n' "
+        "ufw needrestart unattended-upgrades apparmor netplan.io"
+    )
+    assert [line.split()[1] for line in installed.splitlines()] == ["ii"] * 5, installed
+    assert ubuntu.sudo("systemctl is-enabled unattended-upgrades") == "enabled\n"
+    sources = ubuntu.sudo("ls /etc/apt/sources.list.d")
+    assert sources == "ubuntu.sources\n"
+
+
+def test_an_active_ufw_is_refused_before_anything_changes(ubuntu: UbuntuLab) -> None:
+    # SSH allowed first, as an operator enabling ufw over SSH does.
+    ubuntu.sudo("ufw allow 22/tcp >/dev/null && ufw --force enable >/dev/null")
+    try:
+        before = ubuntu.sudo(SNAPSHOT)
+        run, _ = ubuntu.pyinfra(DEPLOY)
+        assert run.returncode != 0, run.output
+        assert "firewall refused: ufw is active on the node" in run.output
+        assert "`ufw disable`" in run.output
+        assert "Nothing was changed." in run.output
+        assert ubuntu.sudo(SNAPSHOT) == before
+    finally:
+        ubuntu.sudo("ufw --force disable >/dev/null")
+    assert ubuntu.sudo("ufw status") == "Status: inactive\n"
+
+
+def test_an_sshd_that_cuts_logins_goes_back_to_socket_activation(ubuntu: UbuntuLab) -> None:
+    # sshd -t accepts listening on loopback only, but no new login could reach the node.
+    exempt = [f"{ubuntu.lab.gateway}/32"]
+    cut = {"penalty_exempt_networks": exempt, "listen_addresses": ["127.0.0.1"]}
+    before = ubuntu.sudo("sha1sum /etc/ssh/sshd_config")
+    run, _ = ubuntu.pyinfra(DEPLOY, "--data", "sshd=" + json.dumps(cut))
+    assert run.returncode != 0, run.output
+    assert "the new sshd configuration was rolled back because new SSH login" in run.output
+    assert "the previous configuration is active again" in run.output
+    assert ubuntu.sudo("sha1sum /etc/ssh/sshd_config") == before
+    assert ubuntu.sudo(
+        "systemctl is-enabled ssh.socket ssh.service; systemctl is-active ssh.socket; true"
+    ).split() == ["enabled", "disabled", "active"]
+
+
+def test_the_converge_is_idempotent_and_leaves_no_drift(ubuntu: UbuntuLab) -> None:
+    first, first_s = ubuntu.pyinfra(DEPLOY)
+    assert first.returncode == 0, first.output
+    # The roles before sshd were converged by the run the login cut stopped; sshd now.
+    changed = first.changed_operations()
+    assert "SSH server | Hardened sshd (validated, confirmed by a new login)" in changed
+    assert "gpunode" in ubuntu.sudo("nft list tables")
+    # Ubuntu's archive, as the product renders it, answered by the lab's stand-in.
+    sources = ubuntu.sudo("cat /etc/apt/sources.list.d/ubuntu.sources")
+    assert f"URIs: {ubuntu.lab.repo_base_url}/ubuntu\nSuites: noble noble-updates\n" in sources
+    assert "Components: main restricted universe multiverse\n" in sources
+    assert "Suites: noble-security\n" in sources
+    assert "$nrconf{restart} = 'l';" in ubuntu.sudo("cat /etc/needrestart/conf.d/50-gpunode.conf")
+    # sshd now runs from ssh.service (Port and ListenAddress are sshd_config's), the socket
+    # masked; ufw was left alone, inactive.
+    assert ubuntu.sudo(
+        "systemctl is-enabled ssh.socket ssh.service; systemctl is-active ssh.service; ufw status"
+    ).split() == ["masked", "enabled", "active", "Status:", "inactive"]
+    again, again_s = ubuntu.pyinfra(DEPLOY)
+    assert again.returncode == 0, again.output
+    assert again.changed_operations() == {}
+    report = ubuntu.drift()
+    assert report["findings"] == [] and report["unreachable"] == {}, report
+    print(f"noble node: converge from sshd on {first_s:.1f} s, no-op run {again_s:.1f} s")
