@@ -15,6 +15,7 @@ from pyinfra.api import FactBase
 
 from gpunode import framing
 from gpunode.expected.firewall import TABLE
+from gpunode.sanitize import clean_text
 
 RULESET_PATH = "/etc/gpunode/firewall.nft"
 UNIT_NAME = "gpunode-firewall.service"
@@ -211,10 +212,17 @@ class SshClient(FactBase):
         return None
 
 
-def parse_ufw_status(output: list[str]) -> bool:
-    """Whether ``ufw status``'s first line says ufw is active ('Status: active'); anything
-    else (inactive, no ufw, an unreadable answer) is not."""
-    return bool(output) and output[0].strip() == "Status: active"
+def parse_ufw_status(output: list[str]) -> bool | str:
+    """Whether ``ufw status``'s first line says ufw is active ('Status: active'): True, False
+    for 'Status: inactive' or no ufw (the fact prints nothing), and ufw's own words where it
+    answered anything else (not run as root, a broken install): whether it filters is then
+    unknown, and the firewall role refuses rather than guess."""
+    first = output[0].strip() if output else ""
+    if first in ("", "Status: inactive"):
+        return False
+    if first == "Status: active":
+        return True
+    return clean_text(first, limit=200)
 
 
 class UfwActive(FactBase):
@@ -231,5 +239,5 @@ class UfwActive(FactBase):
     def command(self) -> str:
         return "if command -v ufw >/dev/null 2>&1; then LC_ALL=C ufw status 2>&1 | head -n 1; fi"
 
-    def process(self, output: list[str]) -> bool:  # type: ignore[override]
+    def process(self, output: list[str]) -> bool | str:  # type: ignore[override]
         return parse_ufw_status(list(output))

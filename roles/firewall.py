@@ -116,7 +116,14 @@ def refuse_if_ufw_active() -> None:
     """An active ufw loads its own rules (and again at boot) beside gpunode's table: two
     firewalls deciding one packet is no declared state, so gpunode refuses rather than fight
     it, and the operator chooses."""
-    if host.get_fact(UfwActive):
+    active = host.get_fact(UfwActive)
+    if isinstance(active, str):
+        raise OperationError(
+            f"{host.name}: firewall refused: whether ufw filters on the node could not be read "
+            f"(`ufw status` answered: {active}); run the deploy with sudo, or check "
+            "`sudo ufw status` on the node"
+        )
+    if active:
         raise OperationError(
             f"{host.name}: firewall refused: ufw is active on the node, and gpunode's firewall "
             f"(table {TABLE}) would filter beside its rules; run `ufw disable` on the node "

@@ -591,7 +591,15 @@ def test_an_active_ufw_is_refused_naming_ufw_disable_and_an_inactive_one_is_not(
     assert parse_ufw_status(["Status: active", "", "To   Action  From"]) is True
     assert parse_ufw_status(["Status: inactive"]) is False
     assert parse_ufw_status([]) is False  # no ufw installed: the fact prints nothing
-    assert parse_ufw_status(["ERROR: You need to be root to run this script"]) is False
+    # An answer that is neither: unknown, refused below rather than taken as inactive.
+    assert parse_ufw_status(["ERROR: You need to be root to run this script"]) == (
+        "ERROR: You need to be root to run this script"
+    )
+    with (
+        fake_host({UfwActive: "ERROR: You need to be root to run this script"}),
+        pytest.raises(OperationError, match=r"could not be read.*need to be root"),
+    ):
+        refuse_if_ufw_active()
     with fake_host({UfwActive: True}), pytest.raises(OperationError, match="`ufw disable`"):
         refuse_if_ufw_active()
     with fake_host({UfwActive: False}):
