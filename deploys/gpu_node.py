@@ -26,6 +26,7 @@ from roles.hardening import node_hardening
 from roles.imex import imex
 from roles.infiniband import infiniband
 from roles.malware_scan import malware_scan
+from roles.mps import mps
 from roles.nccl import nccl
 from roles.node_exporter import node_exporter
 from roles.nvidia_driver import nvidia_driver
@@ -47,6 +48,8 @@ with converging() as desired:
     infiniband(desired=desired)
     nvme_cache(desired=desired)
     gpu_settings(desired=desired)
+    # After the GPU settings: they set the compute mode MPS's GPUs need.
+    mps(desired=desired)
     gpu_metrics(desired=desired)
     node_exporter(desired=desired)
     slurm(desired=desired)

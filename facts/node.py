@@ -17,6 +17,7 @@ from facts.firewall import FirewallState
 from facts.hardware import GpuReport, InfinibandPorts, NvmeDevices
 from facts.lynis import LynisReport
 from facts.malware_scan import MalwareScanState
+from facts.mps import MpsState
 from facts.nvidia_packages import NvidiaPackages
 from facts.secure_boot import SecureBootState
 from facts.slurm import SlurmGres
@@ -130,4 +131,5 @@ class NodeState(FactBatch):
         "malware_scan": MalwareScanState,
         "auditd": AuditdState,
         "lynis": LynisReport,
+        "mps": MpsState,
     }

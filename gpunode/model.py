@@ -998,6 +998,105 @@ class GpuSettings:
             )
 
 
+# NVIDIA Multi-Process Service (MPS): the defaults of its pipe and log directories, as NVIDIA
+# documents them (https://docs.nvidia.com/deploy/mps/latest/appendix-environment-variables.html
+# and appendix-logging.html: CUDA_MPS_PIPE_DIRECTORY, CUDA_MPS_LOG_DIRECTORY; read 2026-12-07).
+MPS_DEFAULT_PIPE_DIRECTORY = "/tmp/nvidia-mps"
+MPS_DEFAULT_LOG_DIRECTORY = "/var/log/nvidia-mps"
+# CUDA_MPS_PINNED_DEVICE_MEM_LIMIT's value per device: "<GPU index>=<size>", the size in M or
+# G as NVIDIA's examples write it ("0=1G,1=512MB" in the MPS guide's environment appendix).
+MPS_MEMORY_LIMIT = r"[1-9][0-9]{0,6}(M|MB|G|GB)"
+# Trees a directory gpunode creates for MPS may not lie in: the role creates it (and
+# systemd's unit names it), so a typo must not point it at the system's own files.
+MPS_FORBIDDEN_TREES = ("/bin", "/boot", "/dev", "/etc", "/lib", "/proc", "/sbin", "/sys", "/usr")
+MPS_DIRECTORY_ACCEPTS = (
+    ABSOLUTE_PATH_ACCEPTS + ", at least two levels deep, outside " + " ".join(MPS_FORBIDDEN_TREES)
+)
+
+
+def check_mps_directory(value: str) -> str | None:
+    reason = check_absolute_path(value)
+    if reason:
+        return reason
+    if value.count("/") < 2:
+        return "a top-level directory"
+    top = "/" + value.split("/")[1]
+    if top in MPS_FORBIDDEN_TREES:
+        return f"lies in {top}"
+    return None
+
+
+@dataclass(frozen=True)
+class Mps:
+    """The CUDA MPS control daemon (nvidia-cuda-mps-control -d) as a systemd service.
+
+    NVIDIA's multi-user setup (MPS guide, "Starting and Stopping MPS on Linux"): as root,
+    the GPUs set to EXCLUSIVE_PROCESS compute mode, one control daemon per node with
+    CUDA_VISIBLE_DEVICES naming its GPUs. The compute mode is set by the GPU settings role
+    (its one owner), on exactly the GPUs named here.
+    """
+
+    enabled: bool = setting(False, "run the MPS control daemon on this node")
+    gpus: tuple[int, ...] = setting(
+        (), "GPU indexes the daemon serves (CUDA_VISIBLE_DEVICES); empty: every GPU", min=0,
+        max=15,
+    )  # fmt: skip
+    exclusive_process: bool = setting(
+        True,
+        "set the served GPUs to EXCLUSIVE_PROCESS compute mode, as NVIDIA's multi-user setup "
+        "does (only the MPS server then opens them)",
+    )
+    active_thread_percentage: int | None = setting(
+        None,
+        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE in the daemon's environment: the share of each GPU's "
+        "threads a client may use; null: NVIDIA's default (100)",
+        min=1,
+        max=100,
+    )
+    pinned_device_memory_limit: dict[str, str] = field(
+        default_factory=dict,
+        metadata=spec(
+            "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT in the daemon's environment: each client's "
+            "device memory limit per GPU index",
+            accepts="GPU indexes ('0') to sizes such as '1G' or '512M'",
+            pattern=MPS_MEMORY_LIMIT,
+        ),
+    )
+    pipe_directory: str = setting(
+        MPS_DEFAULT_PIPE_DIRECTORY,
+        "CUDA_MPS_PIPE_DIRECTORY: the daemon's and its clients' pipes (clients must use the same)",
+        check=check_mps_directory,
+        accepts=MPS_DIRECTORY_ACCEPTS,
+    )
+    log_directory: str = setting(
+        MPS_DEFAULT_LOG_DIRECTORY,
+        "CUDA_MPS_LOG_DIRECTORY: control.log and server.log",
+        check=check_mps_directory,
+        accepts=MPS_DIRECTORY_ACCEPTS,
+    )
+
+    def validate(self, builder: Builder, path: str) -> None:
+        if len(set(self.gpus)) != len(self.gpus):
+            builder.problem(f"{path}.gpus", list(self.gpus), "a GPU named twice", "unique indexes")
+        for index, limit in self.pinned_device_memory_limit.items():
+            if not re.fullmatch(r"[0-9]|1[0-5]", str(index)):
+                builder.problem(
+                    f"{path}.pinned_device_memory_limit.{index}", limit, "not a GPU index",
+                    "GPU indexes 0 to 15",
+                )  # fmt: skip
+            elif self.gpus and int(index) not in self.gpus:
+                builder.problem(
+                    f"{path}.pinned_device_memory_limit.{index}", limit,
+                    f"GPU {index} is not one of {path}.gpus {list(self.gpus)}",
+                    "a limit for a GPU the daemon serves",
+                )  # fmt: skip
+        if self.pipe_directory == self.log_directory:
+            builder.problem(
+                f"{path}.log_directory", self.log_directory, "the same as pipe_directory",
+                "a directory of its own (NVIDIA's default: /var/log/nvidia-mps)",
+            )  # fmt: skip
+
+
 @dataclass(frozen=True)
 class Nccl:
     env: dict[str, str] = field(
@@ -1559,6 +1658,7 @@ class DesiredState:
     dcgm: Dcgm = setting(Dcgm(), "DCGM")
     gpu_settings: GpuSettings = setting(GpuSettings(), "GPU settings")
     nccl: Nccl = setting(Nccl(), "NCCL")
+    mps: Mps = setting(Mps(), "CUDA Multi-Process Service (MPS) control daemon")
     infiniband: Infiniband = setting(Infiniband(), "InfiniBand / RDMA")
     nvme_cache: NvmeCache = setting(NvmeCache(), "NVMe cache")
     gpu_metrics: GpuMetrics = setting(GpuMetrics(), "node-local GPU health metrics")
@@ -1656,8 +1756,49 @@ class DesiredState:
                 "the IP addresses of the domain's nodes (the NVL72 rack's compute trays)",
             )  # fmt: skip
 
+    @property
+    def exclusive_process_gpus(self) -> tuple[int, ...] | None:
+        """The GPUs the GPU settings role sets to EXCLUSIVE_PROCESS compute mode for MPS (its
+        one owner of compute mode): () for every GPU, None for none (compute mode is then
+        left as found)."""
+        if not (self.mps.enabled and self.mps.exclusive_process):
+            return None
+        return self.mps.gpus
+
+    def _validate_mps(self, builder: Builder) -> None:
+        mps = self.mps
+        if not mps.enabled:
+            return
+        if self.gpu_settings.mig:
+            # NVIDIA's MIG user guide ("MIG with CUDA MPS") runs one control daemon per MIG
+            # device, each with that device's UUID in CUDA_VISIBLE_DEVICES and pipe and log
+            # directories of its own; the devices exist only once the layout is made, and
+            # gpunode does not build that per-instance daemon yet.
+            builder.problem(
+                "mps.enabled", True,
+                "MPS on MIG needs one control daemon per MIG device (NVIDIA's MIG user guide, "
+                "'MIG with CUDA MPS'), which gpunode does not run yet; gpu_settings.mig is true",
+                "mps.enabled: false on MIG nodes, or gpu_settings.mig: false",
+            )  # fmt: skip
+        if self.nvidia_driver.source == "none":
+            builder.problem(
+                "mps.enabled", True,
+                "nvidia-cuda-mps-control comes with the driver's packages, and "
+                "nvidia_driver.source is 'none'",
+                "a driver source (debian, nvidia or ubuntu), or mps.enabled: false",
+            )  # fmt: skip
+        count = self.expected_hardware.gpu_count
+        for position, index in enumerate(mps.gpus):
+            if count is not None and index >= count:
+                builder.problem(
+                    f"mps.gpus[{position}]", index,
+                    f"expected_hardware.gpu_count is {count}",
+                    f"GPU indexes 0 to {count - 1}",
+                )  # fmt: skip
+
     def validate(self, builder: Builder, path: str) -> None:
         self._validate_imex(builder)
+        self._validate_mps(builder)
         self._validate_node_exporter(builder)
         self._validate_dcgm_exporter(builder)
         self._validate_prometheus(builder)

@@ -20,6 +20,7 @@ from typing import Any
 from gpunode.distributions import Distribution, UnsupportedNode, platform_of, supported
 from gpunode.drift.findings import HARDWARE_TICKET, RUN_DEPLOY, Finding, Severity
 from gpunode.drift.shape import checked_facts
+from gpunode.expected import mps as expected_mps
 from gpunode.expected import secure_boot
 from gpunode.expected.audit import is_system_binary
 from gpunode.expected.auditd import WATCHES
@@ -979,6 +980,52 @@ def lynis_rules(
                LYNIS_FIX)  # fmt: skip
 
 
+MPS_FIX = (
+    f"systemctl status {expected_mps.UNIT}; journalctl -u {expected_mps.UNIT}; "
+    "run deploys/gpu_node.py"
+)
+COMPUTE_MODE_FIX = (
+    f"drain the node; nvidia-smi -i <GPU> -c {expected_mps.EXCLUSIVE_PROCESS} (or run "
+    "deploys/gpu_node.py); find who changed it"
+)
+
+
+def mps_rules(desired: DesiredState, facts: dict[str, Any]) -> Iterator[tuple]:
+    """The MPS control daemon runs, and its GPUs are in EXCLUSIVE_PROCESS compute mode.
+
+    A GPU whose compute mode was changed back to Default takes CUDA contexts outside MPS;
+    a stopped daemon makes every job open the GPUs directly (and, in EXCLUSIVE_PROCESS mode,
+    only the first of them succeeds): both are critical for a node sold as MPS-shared.
+    """
+    if not desired.mps.enabled:
+        return
+    section: Section = facts.get("mps") or {}
+    if section.get("state") == "unreadable":
+        yield from _unreadable("mps", section)
+        return
+    yield from _unread_lines("mps", "nvidia-smi --query-gpu=index,compute_mode",
+                             section.get("problems"))  # fmt: skip
+    if not section.get("control_installed"):
+        yield ("mps.control", CRIT, f"{expected_mps.CONTROL} installed", "missing",
+               RUN_DEPLOY)  # fmt: skip
+    elif not section.get("active"):
+        found = str(section.get("unit_state") or "unknown")
+        yield "mps.daemon", CRIT, f"{expected_mps.UNIT} active", found, MPS_FIX
+    modes = section.get("compute_modes")
+    if desired.exclusive_process_gpus is None or modes is None:
+        return
+    indexes = sorted(int(index) for index in modes if str(index).isdigit())
+    for index in expected_mps.exclusive_gpus(desired, indexes):
+        found = modes.get(str(index))
+        if found != expected_mps.EXCLUSIVE_PROCESS_SHOWN:
+            yield (f"mps.compute_mode:gpu{index}", CRIT, expected_mps.EXCLUSIVE_PROCESS_SHOWN,
+                   str(found), COMPUTE_MODE_FIX)  # fmt: skip
+    for index in desired.mps.gpus:
+        if str(index) not in modes:
+            yield (f"mps.compute_mode:gpu{index}", CRIT, expected_mps.EXCLUSIVE_PROCESS_SHOWN,
+                   "GPU not listed by nvidia-smi", HARDWARE_TICKET)  # fmt: skip
+
+
 RULES: tuple[Rule, ...] = (
     os_rules,
     gpu_rules,
@@ -1000,6 +1047,7 @@ RULES: tuple[Rule, ...] = (
     malware_scan_rules,
     auditd_rules,
     lynis_rules,
+    mps_rules,
 )
 
 

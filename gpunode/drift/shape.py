@@ -212,6 +212,17 @@ SECTION_SHAPES: dict[str, Shape] = {
     ),
     # Mount point -> mount; a rule looks up the declared mount point.
     "mounts": Record(_STATE, rest=_MOUNT),
+    "mps": Record(
+        {
+            **_STATE,
+            "compute_modes": Maybe(MapOf(Str)),
+            "nvidia_smi": _FLAG,
+            "active": _FLAG,
+            "unit_state": _TEXT,
+            "control_installed": _FLAG,
+            "problems": Maybe(ListOf(Str)),
+        }
+    ),
 }
 
 
