@@ -25,6 +25,7 @@ from roles.gpu_settings import gpu_settings
 from roles.hardening import node_hardening
 from roles.imex import imex
 from roles.infiniband import infiniband
+from roles.kubernetes import kubernetes_host, kubernetes_packages
 from roles.malware_scan import malware_scan
 from roles.mps import mps
 from roles.nccl import nccl
@@ -36,6 +37,9 @@ from roles.slurm import slurm
 
 with converging() as desired:
     base_system(desired=desired)
+    # Before the hardening roles: br_netfilter loaded, so the kernel role's bridge sysctls
+    # exist when it applies them.
+    kubernetes_host(desired=desired)
     node_hardening(desired)
     nvidia_repositories(desired=desired)
     nvidia_driver(desired=desired)
@@ -43,6 +47,7 @@ with converging() as desired:
     imex(desired=desired)
     cuda_toolkits(desired=desired)
     container_toolkit(desired=desired)
+    kubernetes_packages(desired=desired)
     dcgm(desired=desired)
     nccl(desired=desired)
     infiniband(desired=desired)

@@ -15,6 +15,7 @@ from facts.container_runtime import ContainerRuntimeConfig
 from facts.fabric import Mounts, NcclSettings
 from facts.firewall import FirewallState
 from facts.hardware import GpuReport, InfinibandPorts, NvmeDevices
+from facts.kubernetes import KubernetesNode
 from facts.lynis import LynisReport
 from facts.malware_scan import MalwareScanState
 from facts.mps import MpsState
@@ -132,4 +133,5 @@ class NodeState(FactBatch):
         "auditd": AuditdState,
         "lynis": LynisReport,
         "mps": MpsState,
+        "kubernetes": KubernetesNode,
     }

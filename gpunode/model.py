@@ -1097,6 +1097,83 @@ class Mps:
             )  # fmt: skip
 
 
+# What kubelet and CNIs need of the host's kernel (Kubernetes "Container Runtimes",
+# "Forwarding IPv4 and letting iptables see bridged traffic": https://kubernetes.io/docs/setup/
+# production-environment/container-runtimes/#forwarding-ipv4-and-letting-iptables-see-bridged-
+# traffic, as cited by Flatcar's commit e7cd412 loading br_netfilter; kubeadm's own
+# 90-kubeadm.conf in openSUSE's kubernetes packages sets the same three sysctls; read
+# 2026-12-07): the overlay and br_netfilter modules, bridged traffic through iptables, IPv4
+# forwarding.
+KUBERNETES_MODULES = ("overlay", "br_netfilter")
+KUBERNETES_SYSCTLS = {
+    "net.bridge.bridge-nf-call-iptables": "1",
+    "net.bridge.bridge-nf-call-ip6tables": "1",
+}
+KUBERNETES_PACKAGES = ("kubelet", "kubeadm", "kubectl")
+
+
+@dataclass(frozen=True)
+class Kubernetes:
+    """A node prepared to join a Kubernetes cluster as a GPU worker; gpunode runs no cluster.
+
+    containerd with the NVIDIA runtime and CDI (``container_runtime``: the GPU Operator's
+    "pre-installed driver and toolkit" mode), kernel modules and sysctls, forwarding filtered
+    to the pod and service networks, swap off, cgroup v2; kubelet packages only from a
+    declared repository (Debian packages none: bookworm ships containerd 1.6.20 and
+    kubernetes-client 1.20, trixie containerd 1.7.24 and kubernetes-client/kubectl 1.32, and
+    neither kubelet nor kubeadm; apt-cache policy against Debian's archive, 2026-12-07).
+    """
+
+    enabled: bool = setting(False, "prepare this node as a Kubernetes worker")
+    pod_networks: tuple[str, ...] = setting(
+        (), "the cluster's pod networks: forwarded traffic from or to them is accepted",
+        check=check_cidr, accepts="networks in CIDR form, e.g. 10.244.0.0/16",
+    )  # fmt: skip
+    service_networks: tuple[str, ...] = setting(
+        (), "the cluster's service networks (forwarded traffic to them is accepted)",
+        check=check_cidr, accepts="networks in CIDR form, e.g. 10.96.0.0/12",
+    )  # fmt: skip
+    packages: tuple[Literal["kubelet", "kubeadm", "kubectl"], ...] = setting(
+        (), "packages installed from kubernetes.repository_url (empty: none)"
+    )
+    repository_url: str | None = setting(
+        None, "a flat apt repository of the Kubernetes packages (a mirror of pkgs.k8s.io's "
+        "core:/stable:/v1.NN/deb/)", check=check_url, accepts=URL_ACCEPTS,
+    )  # fmt: skip
+    repository_keyring: str | None = setting(
+        None,
+        "binary keyring (on the control machine) that signs kubernetes.repository_url",
+        pattern=r"[^\s]+\.gpg",
+        accepts="a path to a .gpg keyring file",
+    )
+    version: str | None = setting(
+        None, "apt version every package is pinned to, e.g. '1.32.3-1.1'", pattern=APT_VERSION,
+        accepts="a Debian package version",
+    )  # fmt: skip
+    hold: bool = setting(True, "hold the packages (apt-mark hold), as the NVIDIA stack is")
+
+    def validate(self, builder: Builder, path: str) -> None:
+        if not self.enabled:
+            return
+        if not self.pod_networks:
+            builder.problem(
+                f"{path}.pod_networks", [],
+                "the forward path is filtered to the pod networks, and none is declared",
+                "the cluster's pod networks in CIDR form (the CNI's, e.g. 10.244.0.0/16)",
+            )  # fmt: skip
+        if len(set(self.packages)) != len(self.packages):
+            builder.problem(f"{path}.packages", list(self.packages), "a package named twice",
+                            "each of kubelet, kubeadm, kubectl at most once")  # fmt: skip
+        if self.packages and (self.repository_url is None or self.repository_keyring is None):
+            missing = "repository_url" if self.repository_url is None else "repository_keyring"
+            builder.problem(
+                f"{path}.{missing}", None,
+                "kubelet and kubeadm are in no Debian release: they come from a declared "
+                "repository, and its URL and keyring are both needed",
+                "the mirror's URL and the path of its binary keyring",
+            )  # fmt: skip
+
+
 @dataclass(frozen=True)
 class Nccl:
     env: dict[str, str] = field(
@@ -1659,6 +1736,7 @@ class DesiredState:
     gpu_settings: GpuSettings = setting(GpuSettings(), "GPU settings")
     nccl: Nccl = setting(Nccl(), "NCCL")
     mps: Mps = setting(Mps(), "CUDA Multi-Process Service (MPS) control daemon")
+    kubernetes: Kubernetes = setting(Kubernetes(), "Kubernetes worker readiness")
     infiniband: Infiniband = setting(Infiniband(), "InfiniBand / RDMA")
     nvme_cache: NvmeCache = setting(NvmeCache(), "NVMe cache")
     gpu_metrics: GpuMetrics = setting(GpuMetrics(), "node-local GPU health metrics")
@@ -1692,9 +1770,58 @@ class DesiredState:
 
     @property
     def ip_forward(self) -> bool:
+        """The one source of net.ipv4.ip_forward (and IPv6 forwarding): kernel.ip_forward,
+        else on where containers or Kubernetes need it; validation refuses a contradiction."""
         if self.kernel.ip_forward is not None:
             return self.kernel.ip_forward
-        return bool(self.container_runtime.engines)
+        return bool(self.container_runtime.engines) or self.kubernetes.enabled
+
+    @property
+    def forward_networks(self) -> tuple[str, ...]:
+        """Where forwarded traffic may come from or go (the firewall's forward chain, drop
+        otherwise): the Kubernetes pod and service networks; () renders no forward chain."""
+        if not self.kubernetes.enabled:
+            return ()
+        return (*self.kubernetes.pod_networks, *self.kubernetes.service_networks)
+
+    def _validate_kubernetes(self, builder: Builder) -> None:
+        if not self.kubernetes.enabled:
+            return
+        runtime = self.container_runtime
+        if "containerd" not in runtime.engines or not runtime.cdi:
+            builder.problem(
+                "container_runtime.engines", list(runtime.engines),
+                "a Kubernetes GPU worker needs containerd with the NVIDIA runtime and CDI (the "
+                "GPU Operator with the driver and toolkit pre-installed on the host)",
+                "engines including containerd, and container_runtime.cdi: true",
+            )  # fmt: skip
+        if self.nvidia_driver.source == "none":
+            builder.problem(
+                "nvidia_driver.source", "none",
+                "the GPU Operator's pre-installed mode needs the driver on the host",
+                "debian, nvidia or ubuntu",
+            )  # fmt: skip
+        if self.kernel.ip_forward is False:
+            builder.problem(
+                "kernel.ip_forward", False,
+                "contradicts kubernetes.enabled: pods' traffic is forwarded",
+                "true or null (on for Kubernetes), or kubernetes.enabled: false",
+            )  # fmt: skip
+        wanted = {"net.ipv4.ip_forward": "1", **KUBERNETES_SYSCTLS}
+        for name, value in self.kernel.sysctls.items():
+            if name in wanted and value.strip() != wanted[name]:
+                builder.problem(
+                    f"kernel.sysctls.{name}", value,
+                    "contradicts kubernetes.enabled, which needs it at " + wanted[name],
+                    f"{wanted[name]}, or remove the key",
+                )  # fmt: skip
+        if not self.firewall.enabled:
+            builder.problem(
+                "firewall.enabled", False,
+                "a Kubernetes worker forwards traffic, and the forward path is filtered by "
+                "gpunode's nftables table only where the firewall is on",
+                "firewall.enabled: true with kubernetes.enabled",
+            )  # fmt: skip
 
     @property
     def needs_fabric_manager(self) -> bool:
@@ -1799,6 +1926,7 @@ class DesiredState:
     def validate(self, builder: Builder, path: str) -> None:
         self._validate_imex(builder)
         self._validate_mps(builder)
+        self._validate_kubernetes(builder)
         self._validate_node_exporter(builder)
         self._validate_dcgm_exporter(builder)
         self._validate_prometheus(builder)

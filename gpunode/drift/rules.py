@@ -20,6 +20,7 @@ from typing import Any
 from gpunode.distributions import Distribution, UnsupportedNode, platform_of, supported
 from gpunode.drift.findings import HARDWARE_TICKET, RUN_DEPLOY, Finding, Severity
 from gpunode.drift.shape import checked_facts
+from gpunode.expected import kubernetes as expected_kubernetes
 from gpunode.expected import mps as expected_mps
 from gpunode.expected import secure_boot
 from gpunode.expected.audit import is_system_binary
@@ -354,7 +355,11 @@ def firewall_drift(desired: DesiredState, state: dict) -> list[tuple[str, Severi
         )
     rendered = hashlib.sha256(
         render_ruleset(
-            wanted, desired.sshd.port, desired.exporter_ports, service_rules(desired)
+            wanted,
+            desired.sshd.port,
+            desired.exporter_ports,
+            service_rules(desired),
+            desired.forward_networks,
         ).encode()
     ).hexdigest()
     if state.get("file_sha256") != rendered:
@@ -1026,6 +1031,48 @@ def mps_rules(desired: DesiredState, facts: dict[str, Any]) -> Iterator[tuple]:
                    "GPU not listed by nvidia-smi", HARDWARE_TICKET)  # fmt: skip
 
 
+KUBERNETES_HOST_FIX = "run deploys/gpu_node.py (roles/kubernetes.py says what it cannot change)"
+
+
+def kubernetes_rules(desired: DesiredState, facts: dict[str, Any]) -> Iterator[tuple]:
+    """A Kubernetes worker's host: cgroup v2, no swap, overlay and br_netfilter, forwarding
+    and bridged traffic through iptables, and gpunode's forward chain filtering.
+
+    cgroup v1 and active swap keep kubelet from running (critical); a missing module or
+    sysctl breaks pod networking (critical); an unfiltered forward path is a security
+    regression, not an outage (warning).
+    """
+    if not desired.kubernetes.enabled:
+        return
+    section: Section = facts.get("kubernetes") or {}
+    if section.get("state") == "unreadable":
+        yield from _unreadable("kubernetes", section)
+        return
+    yield from _unread_lines("kubernetes", "the Kubernetes host checks", section.get("problems"))
+    cgroup = section.get("cgroup")
+    if cgroup != "v2":
+        yield ("kubernetes.cgroup", CRIT, "cgroup v2 (unified hierarchy)", str(cgroup or "unknown"),
+               "boot with systemd.unified_cgroup_hierarchy=1 (drain first)")  # fmt: skip
+    swap = section.get("swap_active") or []
+    if swap:
+        yield ("kubernetes.swap", CRIT, "no swap active", ", ".join(swap),
+               "swapoff -a; remove swap from /etc/fstab; run deploys/gpu_node.py")  # fmt: skip
+    loaded = set(section.get("modules") or [])
+    for module in expected_kubernetes.KUBERNETES_MODULES:
+        if module not in loaded:
+            yield (f"kubernetes.module:{module}", CRIT, f"{module} loaded", "not loaded",
+                   KUBERNETES_HOST_FIX)  # fmt: skip
+    live = section.get("sysctls") or {}
+    for name, value in expected_kubernetes.wanted_sysctls(desired).items():
+        if live.get(name) != value:
+            yield (f"kubernetes.sysctl:{name}", CRIT, f"{name} = {value}",
+                   f"{name} = {live.get(name) or 'absent'}", KUBERNETES_HOST_FIX)  # fmt: skip
+    if section.get("forward_filtered") is not True:
+        found = "no nft to read it" if section.get("forward_filtered") is None else "missing"
+        yield ("kubernetes.forward", WARN, f"table {TABLE} chain forward, policy drop", found,
+               RUN_DEPLOY)  # fmt: skip
+
+
 RULES: tuple[Rule, ...] = (
     os_rules,
     gpu_rules,
@@ -1048,6 +1095,7 @@ RULES: tuple[Rule, ...] = (
     auditd_rules,
     lynis_rules,
     mps_rules,
+    kubernetes_rules,
 )
 
 

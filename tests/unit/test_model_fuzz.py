@@ -495,6 +495,26 @@ def _mps_unit(state: DesiredState, value: str) -> None:
         assert f" {value} " in unit or f" {value}\n" in unit or f"={value}/" in unit
 
 
+def _kubernetes_source(state: DesiredState, value: str) -> None:
+    from roles.kubernetes import repository
+
+    lines = repository(state).render_sources().splitlines()
+    (uris,) = [line for line in lines if line.startswith("URIs: ")]
+    assert uris == f"URIs: {value.rstrip('/')}/" and value.split() == [value]
+
+
+def _kubernetes_version(state: DesiredState, value: str) -> None:
+    from facts.container_runtime import DpkgPackageState
+    from roles.kubernetes import packages_installed
+
+    from .fakehost import commands_of
+
+    empty = {DpkgPackageState: lambda packages: {p: {"installed": None, "held": False}
+                                                 for p in packages}}  # fmt: skip
+    commands, _ = commands_of(packages_installed, empty, packages=("kubelet",), version=value)
+    assert shlex.split(commands[0])[-1] == f"kubelet={value}"
+
+
 RENDERED: dict[str, Callable[[DesiredState, str], None]] = {
     "Sshd.listen_addresses": _sshd,
     "Sshd.penalty_exempt_networks": _penalty_exempt,
@@ -527,6 +547,8 @@ RENDERED: dict[str, Callable[[DesiredState, str], None]] = {
     "Mps.pipe_directory": _mps_unit,
     "Mps.log_directory": _mps_unit,
     "Mps.pinned_device_memory_limit": _mps_unit,
+    "Kubernetes.repository_url": _kubernetes_source,
+    "Kubernetes.version": _kubernetes_version,
 }
 
 
