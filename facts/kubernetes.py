@@ -49,7 +49,8 @@ def parse_kubernetes(output: list[str]) -> dict[str, Any]:
     frame = framing.parse(output, PARTS, max_output_chars=64 * 1024)
     problems: list[str] = []
     cgroup_lines = frame.part("cgroup").lines
-    cgroup_type = cgroup_lines[0].strip() if cgroup_lines else ""
+    # The last mount at the path is the one seen there (a container may stack several).
+    cgroup_type = cgroup_lines[-1].strip() if cgroup_lines else ""
     cgroup = CGROUP_KINDS.get(cgroup_type)
     if cgroup is None:
         problems.append(f"cgroup: /sys/fs/cgroup is {cgroup_type[:40]!r}")

@@ -112,7 +112,8 @@ class NodeState(FactBatch):
     """The node's release, GPU, InfiniBand, NVMe, sshd, firewall, TLS, NVIDIA packages, Secure
     Boot,
     container runtimes, NCCL settings, mounts, Slurm GRES, the file integrity check, the
-    malware scan, auditd and the last lynis report."""
+    malware scan, auditd, the last lynis report, MPS (compute modes, the daemon) and a
+    Kubernetes worker's host (cgroup, swap, modules, sysctls, forward chain)."""
 
     FACTS: ClassVar[dict[str, type[FactBase]]] = {
         "os": NodeOs,

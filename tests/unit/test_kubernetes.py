@@ -220,7 +220,7 @@ def test_the_fact_reads_a_healthy_worker() -> None:
 def test_the_fact_reads_swap_v1_and_a_missing_chain_and_names_strange_lines() -> None:
     value = parse_kubernetes(frame(**{
         **HEALTHY_FRAME,
-        "cgroup": (["tmpfs"], 0),
+        "cgroup": (["cgroup2", "tmpfs"], 0),  # the last mount at the path is seen
         "swaps": (["Filename Type", "/swapfile file 1024 0 -2"], 0),
         "fstab_swap": (["/swapfile", "UUID=1 2"], 0),
         "sysctls": (["net.ipv4.ip_forward=0", "garbage line"], 0),
