@@ -1897,14 +1897,18 @@ class DesiredState:
         if not mps.enabled:
             return
         if self.gpu_settings.mig:
-            # NVIDIA's MIG user guide ("MIG with CUDA MPS") runs one control daemon per MIG
-            # device, each with that device's UUID in CUDA_VISIBLE_DEVICES and pipe and log
-            # directories of its own; the devices exist only once the layout is made, and
-            # gpunode does not build that per-instance daemon yet.
+            # NVIDIA's MIG user guide, "MIG with CUDA MPS" (https://docs.nvidia.com/datacenter/
+            # tesla/mig-user-guide/, section 10.8, read 2026-12-07): "CUDA MPS is supported on
+            # top of MIG. The only limitation is that the maximum number of clients (48) is
+            # lowered proportionally to the Compute Instance size." MPS then serves MIG devices,
+            # named by their UUIDs (MIG-<GPU-UUID>/<GI>/<CI> in CUDA_VISIBLE_DEVICES), which
+            # exist only once the layout is made; gpunode's daemon serves whole GPUs by index
+            # and does not build a daemon per MIG device yet.
             builder.problem(
                 "mps.enabled", True,
-                "MPS on MIG needs one control daemon per MIG device (NVIDIA's MIG user guide, "
-                "'MIG with CUDA MPS'), which gpunode does not run yet; gpu_settings.mig is true",
+                "gpunode's MPS daemon serves whole GPUs, and gpu_settings.mig is true: NVIDIA "
+                "supports MPS on top of MIG for MIG devices (MIG user guide, 'MIG with CUDA "
+                "MPS'), which gpunode does not run yet",
                 "mps.enabled: false on MIG nodes, or gpu_settings.mig: false",
             )  # fmt: skip
         if self.nvidia_driver.source == "none":

@@ -85,7 +85,7 @@ def test_mps_on_mig_is_refused_saying_what_nvidia_requires() -> None:
             "expected_hardware": {"gpu_model": "NVIDIA H100 80GB HBM3"},
         }
     )
-    assert "one control daemon per MIG device" in found["mps.enabled"]
+    assert "serves whole GPUs, and gpu_settings.mig is true" in found["mps.enabled"]
 
 
 def test_mps_without_a_driver_or_on_a_gpu_the_node_lacks_is_refused() -> None:
