@@ -12,14 +12,19 @@ from pyinfra.api import FactBase
 
 from gpunode import framing
 from gpunode.expected.firewall import TABLE
-from gpunode.expected.kubernetes import KUBERNETES_MODULES, KUBERNETES_SYSCTLS
+from gpunode.expected.kubernetes import KUBERNETES_MODULES, KUBERNETES_PACKAGES, KUBERNETES_SYSCTLS
 
-PARTS = ("cgroup", "swaps", "fstab_swap", "modules", "sysctls", "forward")
+PARTS = ("cgroup", "swaps", "fstab_swap", "modules", "sysctls", "forward", "packages")
 SYSCTLS = ("net.ipv4.ip_forward", *KUBERNETES_SYSCTLS)
 # The filesystem type mounted at /sys/fs/cgroup: cgroup2 on the unified (v2) hierarchy,
 # tmpfs on v1 and on the hybrid layout (v1 controllers beside a v2 mount below it).
 CGROUP_KINDS = {"cgroup2": "v2", "tmpfs": "v1"}
 _WORD = re.compile(r"[A-Za-z0-9._/:@+=-]{1,256}")
+# dpkg-query's "${Package} ${Version} ${db:Status-Want}": the selection is "hold" when held.
+_PACKAGE_LINE = re.compile(
+    r"(?P<name>[a-z0-9.+-]{1,64}) (?P<version>[A-Za-z0-9.+~:-]{0,128}) "
+    r"(?P<want>[a-z]{1,16})"
+)
 _SYSCTL_LINE = re.compile(r"(?P<key>[a-z0-9_.-]{1,80})=(?P<value>[0-9]{0,4})")
 MAX_ENTRIES = 32
 
@@ -81,6 +86,17 @@ def parse_kubernetes(output: list[str]) -> dict[str, Any]:
         forward = (
             forward_part.exit_status == 0 and "hook forward" in chain and "policy drop" in chain
         )
+    packages: dict[str, dict[str, Any]] = {}
+    for line in frame.part("packages").lines[:MAX_ENTRIES]:
+        match = _PACKAGE_LINE.fullmatch(line.strip())
+        if match and match["name"] in KUBERNETES_PACKAGES:
+            # dpkg lists a package it knows but has not installed with an empty version.
+            if match["version"]:
+                packages[match["name"]] = {
+                    "version": match["version"], "held": match["want"] == "hold",
+                }  # fmt: skip
+        elif line.strip():
+            problems.append(f"packages: {line.strip()[:80]!r}")
     return {
         "state": "ok",
         "reason": "",
@@ -90,6 +106,7 @@ def parse_kubernetes(output: list[str]) -> dict[str, Any]:
         "modules": sorted(modules),
         "sysctls": sysctls,
         "forward_filtered": forward,
+        "packages": packages,
         "problems": problems[:20],
     }
 
@@ -98,7 +115,8 @@ class KubernetesNode(FactBase):
     """
     The cgroup hierarchy, active swap and fstab's swap lines, which of overlay and
     br_netfilter are loaded (or built in: ``/sys/module``), the forwarding and bridge sysctls
-    and whether gpunode's forward chain drops what it does not accept.
+    whether gpunode's forward chain drops what it does not accept, and the installed
+    kubelet, kubeadm and kubectl (version, held).
 
     .. code:: python
 
@@ -106,7 +124,8 @@ class KubernetesNode(FactBase):
          "modules": ["br_netfilter", "overlay"],
          "sysctls": {"net.ipv4.ip_forward": "1", "net.bridge.bridge-nf-call-iptables": "1",
                      "net.bridge.bridge-nf-call-ip6tables": "1"},
-         "forward_filtered": True, "problems": []}
+         "forward_filtered": True, "packages": {"kubelet": {"version": "1.32.3-1.1",
+         "held": True}}, "problems": []}
     """
 
     def command(self) -> str:
@@ -135,6 +154,14 @@ class KubernetesNode(FactBase):
             framing.Part("sysctls", _sysctl_command(), stderr="drop"),
             framing.Part(
                 "forward", f"nft list chain {table} forward", requires="nft", stderr="drop"
+            ),
+            framing.Part(
+                "packages",
+                "dpkg-query -W -f='${Package} ${Version} ${db:Status-Want}\\n' "
+                + " ".join(KUBERNETES_PACKAGES)
+                + " 2>/dev/null; true",
+                requires="dpkg-query",
+                stderr="drop",
             ),
         ]
 

@@ -1116,8 +1116,12 @@ KUBERNETES_PACKAGES = ("kubelet", "kubeadm", "kubectl")
 class Kubernetes:
     """A node prepared to join a Kubernetes cluster as a GPU worker; gpunode runs no cluster.
 
-    containerd with the NVIDIA runtime and CDI (``container_runtime``: the GPU Operator's
-    "pre-installed driver and toolkit" mode), kernel modules and sysctls, forwarding filtered
+    containerd with the NVIDIA runtime and CDI (``container_runtime``: the host side of the
+    GPU Operator with the driver and the Container Toolkit pre-installed: its chart's
+    ``driver.enabled`` "Set this value to false when using the Operator on systems with
+    pre-installed drivers", ``cdi.enabled`` for CDI; https://docs.nvidia.com/datacenter/
+    cloud-native/gpu-operator/latest/install-gpu-operator.html, read 2026-12-07), kernel
+    modules and sysctls, forwarding filtered
     to the pod and service networks, swap off, cgroup v2; kubelet packages only from a
     declared repository (Debian packages none: bookworm ships containerd 1.6.20 and
     kubernetes-client 1.20, trixie containerd 1.7.24 and kubernetes-client/kubectl 1.32, and

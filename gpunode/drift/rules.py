@@ -1071,6 +1071,18 @@ def kubernetes_rules(desired: DesiredState, facts: dict[str, Any]) -> Iterator[t
         found = "no nft to read it" if section.get("forward_filtered") is None else "missing"
         yield ("kubernetes.forward", WARN, f"table {TABLE} chain forward, policy drop", found,
                RUN_DEPLOY)  # fmt: skip
+    installed = section.get("packages") or {}
+    wanted = desired.kubernetes
+    for name in wanted.packages:
+        package = installed.get(name)
+        expected = f"{name} {wanted.version or 'installed'}" + (", held" if wanted.hold else "")
+        if package is None:
+            yield f"kubernetes.package:{name}", WARN, expected, "not installed", RUN_DEPLOY
+        elif (wanted.version and package.get("version") != wanted.version) or (
+            wanted.hold and not package.get("held")
+        ):
+            found = f"{name} {package.get('version')}" + (", held" if package.get("held") else "")
+            yield f"kubernetes.package:{name}", WARN, expected, found, RUN_DEPLOY
 
 
 RULES: tuple[Rule, ...] = (

@@ -221,6 +221,7 @@ SECTION_SHAPES: dict[str, Shape] = {
             "modules": Maybe(ListOf(Str)),
             "sysctls": Maybe(MapOf(Str)),
             "forward_filtered": _FLAG,
+            "packages": Maybe(MapOf(Record({"version": _TEXT, "held": _FLAG}))),
             "problems": Maybe(ListOf(Str)),
         }
     ),

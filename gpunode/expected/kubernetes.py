@@ -7,12 +7,15 @@ and the drift rules.
 
 from __future__ import annotations
 
-from gpunode.model import KUBERNETES_MODULES, KUBERNETES_SYSCTLS, DesiredState
+from gpunode.model import KUBERNETES_MODULES, KUBERNETES_PACKAGES, KUBERNETES_SYSCTLS, DesiredState
 
 MODULES_LOAD_PATH = "/etc/modules-load.d/gpunode-kubernetes.conf"
 REPOSITORY_NAME = "kubernetes"
 FORWARD_SYSCTL = "net.ipv4.ip_forward"
-__all__ = ["KUBERNETES_MODULES", "KUBERNETES_SYSCTLS", "MODULES_LOAD_PATH", "REPOSITORY_NAME"]
+__all__ = [
+    "KUBERNETES_MODULES", "KUBERNETES_PACKAGES", "KUBERNETES_SYSCTLS", "MODULES_LOAD_PATH",
+    "REPOSITORY_NAME",
+]  # fmt: skip
 
 
 def render_modules_load() -> str:

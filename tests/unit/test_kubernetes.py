@@ -135,7 +135,7 @@ def node(**changes: Any) -> dict[str, Any]:
         "modules": ["br_netfilter", "overlay"],
         "sysctls": {"net.ipv4.ip_forward": "1", "net.bridge.bridge-nf-call-iptables": "1",
                     "net.bridge.bridge-nf-call-ip6tables": "1"},
-        "forward_filtered": True, "problems": [],
+        "forward_filtered": True, "packages": {}, "problems": [],
     }  # fmt: skip
     return base | changes
 
@@ -210,6 +210,7 @@ HEALTHY_FRAME = {
         (FIXTURES / "nftables/list-chain-forward-1.1.3-deb13.txt").read_text().splitlines(),
         0,
     ),
+    "packages": ([], 0),
 }
 
 
@@ -225,11 +226,19 @@ def test_the_fact_reads_swap_v1_and_a_missing_chain_and_names_strange_lines() ->
         "fstab_swap": (["/swapfile", "UUID=1 2"], 0),
         "sysctls": (["net.ipv4.ip_forward=0", "garbage line"], 0),
         "forward": (["Error: No such file or directory"], 1),
+        "packages": (["kubelet 1.32.3-1.1 hold", "kubeadm  unknown", "kubectl 1.32.3-1.1 install",
+                      "kubelet; rm -rf / x"], 0),
     }))  # fmt: skip
     assert value["cgroup"] == "v1" and value["swap_active"] == ["/swapfile"]
     assert value["fstab_swap"] == ["/swapfile"] and value["forward_filtered"] is False
     assert value["sysctls"] == {"net.ipv4.ip_forward": "0"}
-    assert value["problems"] == ["fstab: 'UUID=1 2'", "sysctls: 'garbage line'"]
+    assert value["packages"] == {
+        "kubelet": {"version": "1.32.3-1.1", "held": True},
+        "kubectl": {"version": "1.32.3-1.1", "held": False},
+    }
+    assert value["problems"] == [
+        "fstab: 'UUID=1 2'", "sysctls: 'garbage line'", "packages: 'kubelet; rm -rf / x'",
+    ]  # fmt: skip
 
 
 def test_the_fact_command_runs_here_and_reads_this_host() -> None:
@@ -261,6 +270,25 @@ def test_a_ready_worker_has_no_finding_and_each_breakage_its_own() -> None:
     assert list(found) == ["kubernetes.forward"] and found["kubernetes.forward"].found == "missing"
     assert list(drift({"state": "unreadable", "reason": "x"})) == ["kubernetes.unreadable"]
     assert list(drift(node(modules="overlay"))) == ["kubernetes.unreadable"]
+
+
+def test_declared_packages_not_at_their_pin_or_not_held_are_findings() -> None:
+    pinned = {
+        **WORKER,
+        "kubernetes": {**WORKER["kubernetes"], "packages": ["kubelet", "kubeadm"],
+                       "repository_url": "https://mirror.example/k8s/",
+                       "repository_keyring": "keys/k8s.gpg", "version": "1.32.3-1.1"},
+    }  # fmt: skip
+    desired, problems = build_desired_state(pinned)
+    assert problems == []
+    good = {"version": "1.32.3-1.1", "held": True}
+    facts = {"kubernetes": node(packages={"kubelet": good, "kubeadm": good})}
+    assert [f for f in evaluate("n", desired, facts) if f.id.startswith("kubernetes")] == []
+    facts = {"kubernetes": node(packages={"kubelet": {**good, "held": False}})}
+    found = {f.id: f for f in evaluate("n", desired, facts) if f.id.startswith("kubernetes")}
+    assert set(found) == {"kubernetes.package:kubelet", "kubernetes.package:kubeadm"}
+    assert found["kubernetes.package:kubeadm"].found == "not installed"
+    assert found["kubernetes.package:kubelet"].found == "kubelet 1.32.3-1.1"
 
 
 def test_nothing_is_checked_on_a_node_that_is_no_worker() -> None:
