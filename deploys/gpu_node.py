@@ -25,7 +25,9 @@ from roles.gpu_settings import gpu_settings
 from roles.hardening import node_hardening
 from roles.imex import imex
 from roles.infiniband import infiniband
+from roles.kubernetes import kubernetes_host, kubernetes_packages
 from roles.malware_scan import malware_scan
+from roles.mps import mps
 from roles.nccl import nccl
 from roles.node_exporter import node_exporter
 from roles.nvidia_driver import nvidia_driver
@@ -35,6 +37,9 @@ from roles.slurm import slurm
 
 with converging() as desired:
     base_system(desired=desired)
+    # Before the hardening roles: br_netfilter loaded, so the kernel role's bridge sysctls
+    # exist when it applies them.
+    kubernetes_host(desired=desired)
     node_hardening(desired)
     nvidia_repositories(desired=desired)
     nvidia_driver(desired=desired)
@@ -42,11 +47,14 @@ with converging() as desired:
     imex(desired=desired)
     cuda_toolkits(desired=desired)
     container_toolkit(desired=desired)
+    kubernetes_packages(desired=desired)
     dcgm(desired=desired)
     nccl(desired=desired)
     infiniband(desired=desired)
     nvme_cache(desired=desired)
     gpu_settings(desired=desired)
+    # After the GPU settings: they set the compute mode MPS's GPUs need.
+    mps(desired=desired)
     gpu_metrics(desired=desired)
     node_exporter(desired=desired)
     slurm(desired=desired)

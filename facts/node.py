@@ -15,8 +15,10 @@ from facts.container_runtime import ContainerRuntimeConfig
 from facts.fabric import Mounts, NcclSettings
 from facts.firewall import FirewallState
 from facts.hardware import GpuReport, InfinibandPorts, NvmeDevices
+from facts.kubernetes import KubernetesNode
 from facts.lynis import LynisReport
 from facts.malware_scan import MalwareScanState
+from facts.mps import MpsState
 from facts.nvidia_packages import NvidiaPackages
 from facts.secure_boot import SecureBootState
 from facts.slurm import SlurmGres
@@ -110,7 +112,8 @@ class NodeState(FactBatch):
     """The node's release, GPU, InfiniBand, NVMe, sshd, firewall, TLS, NVIDIA packages, Secure
     Boot,
     container runtimes, NCCL settings, mounts, Slurm GRES, the file integrity check, the
-    malware scan, auditd and the last lynis report."""
+    malware scan, auditd, the last lynis report, MPS (compute modes, the daemon) and a
+    Kubernetes worker's host (cgroup, swap, modules, sysctls, forward chain)."""
 
     FACTS: ClassVar[dict[str, type[FactBase]]] = {
         "os": NodeOs,
@@ -130,4 +133,6 @@ class NodeState(FactBatch):
         "malware_scan": MalwareScanState,
         "auditd": AuditdState,
         "lynis": LynisReport,
+        "mps": MpsState,
+        "kubernetes": KubernetesNode,
     }

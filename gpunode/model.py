@@ -998,6 +998,186 @@ class GpuSettings:
             )
 
 
+# NVIDIA Multi-Process Service (MPS): the defaults of its pipe and log directories, as NVIDIA
+# documents them (https://docs.nvidia.com/deploy/mps/latest/appendix-environment-variables.html
+# and appendix-logging.html: CUDA_MPS_PIPE_DIRECTORY, CUDA_MPS_LOG_DIRECTORY; read 2026-12-07).
+MPS_DEFAULT_PIPE_DIRECTORY = "/tmp/nvidia-mps"
+MPS_DEFAULT_LOG_DIRECTORY = "/var/log/nvidia-mps"
+# CUDA_MPS_PINNED_DEVICE_MEM_LIMIT's value per device: "<GPU index>=<size>", the size in M or
+# G as NVIDIA's examples write it ("0=1G,1=512MB" in the MPS guide's environment appendix).
+MPS_MEMORY_LIMIT = r"[1-9][0-9]{0,6}(M|MB|G|GB)"
+# Trees a directory gpunode creates for MPS may not lie in: the role creates it (and
+# systemd's unit names it), so a typo must not point it at the system's own files.
+MPS_FORBIDDEN_TREES = ("/bin", "/boot", "/dev", "/etc", "/lib", "/proc", "/sbin", "/sys", "/usr")
+MPS_DIRECTORY_ACCEPTS = (
+    ABSOLUTE_PATH_ACCEPTS + ", at least two levels deep, outside " + " ".join(MPS_FORBIDDEN_TREES)
+)
+
+
+def check_mps_directory(value: str) -> str | None:
+    reason = check_absolute_path(value)
+    if reason:
+        return reason
+    if value.count("/") < 2:
+        return "a top-level directory"
+    top = "/" + value.split("/")[1]
+    if top in MPS_FORBIDDEN_TREES:
+        return f"lies in {top}"
+    return None
+
+
+@dataclass(frozen=True)
+class Mps:
+    """The CUDA MPS control daemon (nvidia-cuda-mps-control -d) as a systemd service.
+
+    NVIDIA's multi-user setup (MPS guide, "Starting and Stopping MPS on Linux"): as root,
+    the GPUs set to EXCLUSIVE_PROCESS compute mode, one control daemon per node with
+    CUDA_VISIBLE_DEVICES naming its GPUs. The compute mode is set by the GPU settings role
+    (its one owner), on exactly the GPUs named here.
+    """
+
+    enabled: bool = setting(False, "run the MPS control daemon on this node")
+    gpus: tuple[int, ...] = setting(
+        (), "GPU indexes the daemon serves (CUDA_VISIBLE_DEVICES); empty: every GPU", min=0,
+        max=15,
+    )  # fmt: skip
+    exclusive_process: bool = setting(
+        True,
+        "set the served GPUs to EXCLUSIVE_PROCESS compute mode, as NVIDIA's multi-user setup "
+        "does (only the MPS server then opens them)",
+    )
+    active_thread_percentage: int | None = setting(
+        None,
+        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE in the daemon's environment: the share of each GPU's "
+        "threads a client may use; null: NVIDIA's default (100)",
+        min=1,
+        max=100,
+    )
+    pinned_device_memory_limit: dict[str, str] = field(
+        default_factory=dict,
+        metadata=spec(
+            "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT in the daemon's environment: each client's "
+            "device memory limit per GPU index",
+            accepts="GPU indexes ('0') to sizes such as '1G' or '512M'",
+            pattern=MPS_MEMORY_LIMIT,
+        ),
+    )
+    pipe_directory: str = setting(
+        MPS_DEFAULT_PIPE_DIRECTORY,
+        "CUDA_MPS_PIPE_DIRECTORY: the daemon's and its clients' pipes (clients must use the same)",
+        check=check_mps_directory,
+        accepts=MPS_DIRECTORY_ACCEPTS,
+    )
+    log_directory: str = setting(
+        MPS_DEFAULT_LOG_DIRECTORY,
+        "CUDA_MPS_LOG_DIRECTORY: control.log and server.log",
+        check=check_mps_directory,
+        accepts=MPS_DIRECTORY_ACCEPTS,
+    )
+
+    def validate(self, builder: Builder, path: str) -> None:
+        if len(set(self.gpus)) != len(self.gpus):
+            builder.problem(f"{path}.gpus", list(self.gpus), "a GPU named twice", "unique indexes")
+        for index, limit in self.pinned_device_memory_limit.items():
+            if not re.fullmatch(r"[0-9]|1[0-5]", str(index)):
+                builder.problem(
+                    f"{path}.pinned_device_memory_limit.{index}", limit, "not a GPU index",
+                    "GPU indexes 0 to 15",
+                )  # fmt: skip
+            elif self.gpus and int(index) not in self.gpus:
+                builder.problem(
+                    f"{path}.pinned_device_memory_limit.{index}", limit,
+                    f"GPU {index} is not one of {path}.gpus {list(self.gpus)}",
+                    "a limit for a GPU the daemon serves",
+                )  # fmt: skip
+        if self.pipe_directory == self.log_directory:
+            builder.problem(
+                f"{path}.log_directory", self.log_directory, "the same as pipe_directory",
+                "a directory of its own (NVIDIA's default: /var/log/nvidia-mps)",
+            )  # fmt: skip
+
+
+# What kubelet and CNIs need of the host's kernel (Kubernetes "Container Runtimes",
+# "Forwarding IPv4 and letting iptables see bridged traffic": https://kubernetes.io/docs/setup/
+# production-environment/container-runtimes/#forwarding-ipv4-and-letting-iptables-see-bridged-
+# traffic, as cited by Flatcar's commit e7cd412 loading br_netfilter; kubeadm's own
+# 90-kubeadm.conf in openSUSE's kubernetes packages sets the same three sysctls; read
+# 2026-12-07): the overlay and br_netfilter modules, bridged traffic through iptables, IPv4
+# forwarding.
+KUBERNETES_MODULES = ("overlay", "br_netfilter")
+KUBERNETES_SYSCTLS = {
+    "net.bridge.bridge-nf-call-iptables": "1",
+    "net.bridge.bridge-nf-call-ip6tables": "1",
+}
+KUBERNETES_PACKAGES = ("kubelet", "kubeadm", "kubectl")
+
+
+@dataclass(frozen=True)
+class Kubernetes:
+    """A node prepared to join a Kubernetes cluster as a GPU worker; gpunode runs no cluster.
+
+    containerd with the NVIDIA runtime and CDI (``container_runtime``: the host side of the
+    GPU Operator with the driver and the Container Toolkit pre-installed: its chart's
+    ``driver.enabled`` "Set this value to false when using the Operator on systems with
+    pre-installed drivers", ``cdi.enabled`` for CDI; https://docs.nvidia.com/datacenter/
+    cloud-native/gpu-operator/latest/install-gpu-operator.html, read 2026-12-07), kernel
+    modules and sysctls, forwarding filtered
+    to the pod and service networks, swap off, cgroup v2; kubelet packages only from a
+    declared repository (Debian packages none: bookworm ships containerd 1.6.20 and
+    kubernetes-client 1.20, trixie containerd 1.7.24 and kubernetes-client/kubectl 1.32, and
+    neither kubelet nor kubeadm; apt-cache policy against Debian's archive, 2026-12-07).
+    """
+
+    enabled: bool = setting(False, "prepare this node as a Kubernetes worker")
+    pod_networks: tuple[str, ...] = setting(
+        (), "the cluster's pod networks: forwarded traffic from or to them is accepted",
+        check=check_cidr, accepts="networks in CIDR form, e.g. 10.244.0.0/16",
+    )  # fmt: skip
+    service_networks: tuple[str, ...] = setting(
+        (), "the cluster's service networks (forwarded traffic to them is accepted)",
+        check=check_cidr, accepts="networks in CIDR form, e.g. 10.96.0.0/12",
+    )  # fmt: skip
+    packages: tuple[Literal["kubelet", "kubeadm", "kubectl"], ...] = setting(
+        (), "packages installed from kubernetes.repository_url (empty: none)"
+    )
+    repository_url: str | None = setting(
+        None, "a flat apt repository of the Kubernetes packages (a mirror of pkgs.k8s.io's "
+        "core:/stable:/v1.NN/deb/)", check=check_url, accepts=URL_ACCEPTS,
+    )  # fmt: skip
+    repository_keyring: str | None = setting(
+        None,
+        "binary keyring (on the control machine) that signs kubernetes.repository_url",
+        pattern=r"[^\s]+\.gpg",
+        accepts="a path to a .gpg keyring file",
+    )
+    version: str | None = setting(
+        None, "apt version every package is pinned to, e.g. '1.32.3-1.1'", pattern=APT_VERSION,
+        accepts="a Debian package version",
+    )  # fmt: skip
+    hold: bool = setting(True, "hold the packages (apt-mark hold), as the NVIDIA stack is")
+
+    def validate(self, builder: Builder, path: str) -> None:
+        if not self.enabled:
+            return
+        if not self.pod_networks:
+            builder.problem(
+                f"{path}.pod_networks", [],
+                "the forward path is filtered to the pod networks, and none is declared",
+                "the cluster's pod networks in CIDR form (the CNI's, e.g. 10.244.0.0/16)",
+            )  # fmt: skip
+        if len(set(self.packages)) != len(self.packages):
+            builder.problem(f"{path}.packages", list(self.packages), "a package named twice",
+                            "each of kubelet, kubeadm, kubectl at most once")  # fmt: skip
+        if self.packages and (self.repository_url is None or self.repository_keyring is None):
+            missing = "repository_url" if self.repository_url is None else "repository_keyring"
+            builder.problem(
+                f"{path}.{missing}", None,
+                "kubelet and kubeadm are in no Debian release: they come from a declared "
+                "repository, and its URL and keyring are both needed",
+                "the mirror's URL and the path of its binary keyring",
+            )  # fmt: skip
+
+
 @dataclass(frozen=True)
 class Nccl:
     env: dict[str, str] = field(
@@ -1559,6 +1739,8 @@ class DesiredState:
     dcgm: Dcgm = setting(Dcgm(), "DCGM")
     gpu_settings: GpuSettings = setting(GpuSettings(), "GPU settings")
     nccl: Nccl = setting(Nccl(), "NCCL")
+    mps: Mps = setting(Mps(), "CUDA Multi-Process Service (MPS) control daemon")
+    kubernetes: Kubernetes = setting(Kubernetes(), "Kubernetes worker readiness")
     infiniband: Infiniband = setting(Infiniband(), "InfiniBand / RDMA")
     nvme_cache: NvmeCache = setting(NvmeCache(), "NVMe cache")
     gpu_metrics: GpuMetrics = setting(GpuMetrics(), "node-local GPU health metrics")
@@ -1592,9 +1774,58 @@ class DesiredState:
 
     @property
     def ip_forward(self) -> bool:
+        """The one source of net.ipv4.ip_forward (and IPv6 forwarding): kernel.ip_forward,
+        else on where containers or Kubernetes need it; validation refuses a contradiction."""
         if self.kernel.ip_forward is not None:
             return self.kernel.ip_forward
-        return bool(self.container_runtime.engines)
+        return bool(self.container_runtime.engines) or self.kubernetes.enabled
+
+    @property
+    def forward_networks(self) -> tuple[str, ...]:
+        """Where forwarded traffic may come from or go (the firewall's forward chain, drop
+        otherwise): the Kubernetes pod and service networks; () renders no forward chain."""
+        if not self.kubernetes.enabled:
+            return ()
+        return (*self.kubernetes.pod_networks, *self.kubernetes.service_networks)
+
+    def _validate_kubernetes(self, builder: Builder) -> None:
+        if not self.kubernetes.enabled:
+            return
+        runtime = self.container_runtime
+        if "containerd" not in runtime.engines or not runtime.cdi:
+            builder.problem(
+                "container_runtime.engines", list(runtime.engines),
+                "a Kubernetes GPU worker needs containerd with the NVIDIA runtime and CDI (the "
+                "GPU Operator with the driver and toolkit pre-installed on the host)",
+                "engines including containerd, and container_runtime.cdi: true",
+            )  # fmt: skip
+        if self.nvidia_driver.source == "none":
+            builder.problem(
+                "nvidia_driver.source", "none",
+                "the GPU Operator's pre-installed mode needs the driver on the host",
+                "debian, nvidia or ubuntu",
+            )  # fmt: skip
+        if self.kernel.ip_forward is False:
+            builder.problem(
+                "kernel.ip_forward", False,
+                "contradicts kubernetes.enabled: pods' traffic is forwarded",
+                "true or null (on for Kubernetes), or kubernetes.enabled: false",
+            )  # fmt: skip
+        wanted = {"net.ipv4.ip_forward": "1", **KUBERNETES_SYSCTLS}
+        for name, value in self.kernel.sysctls.items():
+            if name in wanted and value.strip() != wanted[name]:
+                builder.problem(
+                    f"kernel.sysctls.{name}", value,
+                    "contradicts kubernetes.enabled, which needs it at " + wanted[name],
+                    f"{wanted[name]}, or remove the key",
+                )  # fmt: skip
+        if not self.firewall.enabled:
+            builder.problem(
+                "firewall.enabled", False,
+                "a Kubernetes worker forwards traffic, and the forward path is filtered by "
+                "gpunode's nftables table only where the firewall is on",
+                "firewall.enabled: true with kubernetes.enabled",
+            )  # fmt: skip
 
     @property
     def needs_fabric_manager(self) -> bool:
@@ -1656,8 +1887,54 @@ class DesiredState:
                 "the IP addresses of the domain's nodes (the NVL72 rack's compute trays)",
             )  # fmt: skip
 
+    @property
+    def exclusive_process_gpus(self) -> tuple[int, ...] | None:
+        """The GPUs the GPU settings role sets to EXCLUSIVE_PROCESS compute mode for MPS (its
+        one owner of compute mode): () for every GPU, None for none (compute mode is then
+        left as found)."""
+        if not (self.mps.enabled and self.mps.exclusive_process):
+            return None
+        return self.mps.gpus
+
+    def _validate_mps(self, builder: Builder) -> None:
+        mps = self.mps
+        if not mps.enabled:
+            return
+        if self.gpu_settings.mig:
+            # NVIDIA's MIG user guide, "MIG with CUDA MPS" (https://docs.nvidia.com/datacenter/
+            # tesla/mig-user-guide/, section 10.8, read 2026-12-07): "CUDA MPS is supported on
+            # top of MIG. The only limitation is that the maximum number of clients (48) is
+            # lowered proportionally to the Compute Instance size." MPS then serves MIG devices,
+            # named by their UUIDs (MIG-<GPU-UUID>/<GI>/<CI> in CUDA_VISIBLE_DEVICES), which
+            # exist only once the layout is made; gpunode's daemon serves whole GPUs by index
+            # and does not build a daemon per MIG device yet.
+            builder.problem(
+                "mps.enabled", True,
+                "gpunode's MPS daemon serves whole GPUs, and gpu_settings.mig is true: NVIDIA "
+                "supports MPS on top of MIG for MIG devices (MIG user guide, 'MIG with CUDA "
+                "MPS'), which gpunode does not run yet",
+                "mps.enabled: false on MIG nodes, or gpu_settings.mig: false",
+            )  # fmt: skip
+        if self.nvidia_driver.source == "none":
+            builder.problem(
+                "mps.enabled", True,
+                "nvidia-cuda-mps-control comes with the driver's packages, and "
+                "nvidia_driver.source is 'none'",
+                "a driver source (debian, nvidia or ubuntu), or mps.enabled: false",
+            )  # fmt: skip
+        count = self.expected_hardware.gpu_count
+        for position, index in enumerate(mps.gpus):
+            if count is not None and index >= count:
+                builder.problem(
+                    f"mps.gpus[{position}]", index,
+                    f"expected_hardware.gpu_count is {count}",
+                    f"GPU indexes 0 to {count - 1}",
+                )  # fmt: skip
+
     def validate(self, builder: Builder, path: str) -> None:
         self._validate_imex(builder)
+        self._validate_mps(builder)
+        self._validate_kubernetes(builder)
         self._validate_node_exporter(builder)
         self._validate_dcgm_exporter(builder)
         self._validate_prometheus(builder)

@@ -222,6 +222,7 @@ def ruleset(
     check_ssh_source: bool = True,
     exporter_ports: tuple[int, ...] = (),
     services: tuple[AllowRule, ...] = (),
+    forward_networks: tuple[str, ...] = (),
 ):
     """Table inet gpunode is live as rendered from ``firewall``, and loaded at boot from
     /etc/gpunode/firewall.nft. Applied when the file differs or the live table has drifted
@@ -237,8 +238,10 @@ def ruleset(
       opened to ``firewall.monitoring_networks`` only
     + services: allow-rules of the servers gpunode runs here (``service_rules``: Prometheus'
       port on the monitoring host)
+    + forward_networks: where forwarded traffic may go (``DesiredState.forward_networks``:
+      a Kubernetes worker's pod and service networks); () adds no forward chain
     """
-    content = render_ruleset(firewall, ssh_port, exporter_ports, services)
+    content = render_ruleset(firewall, ssh_port, exporter_ports, services, forward_networks)
     if check_ssh_source:
         refuse_if_ssh_would_be_cut(firewall, ssh_port, exporter_ports)
     current = host.get_fact(FirewallState)
@@ -359,6 +362,7 @@ def firewall(
         check_ssh_source=check_ssh_source,
         exporter_ports=exporter_ports,
         services=service_rules(desired),
+        forward_networks=desired.forward_networks,
     )
     systemd.service(
         name=f"{UNIT_NAME} enabled",

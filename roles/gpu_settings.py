@@ -25,6 +25,8 @@ from pyinfra.api import OperationError, deploy, operation
 from pyinfra.operations import files, systemd
 
 from facts.gpu import GpuDevices
+from facts.mps import MpsState
+from gpunode.expected import mps as expected_mps
 from gpunode.expected.gpu_settings import BOOT_UNIT
 from gpunode.model import DesiredState, GpuSettings
 
@@ -39,7 +41,7 @@ BOOT_SCRIPT_TEXT = f"""#!/bin/sh
 # Managed by gpunode (roles/gpu_settings.py): the GPU settings the driver forgets at a reboot,
 # applied again at boot from {BOOT_SETTINGS} ({BOOT_UNIT}, before slurmd).
 set -u
-PERSISTENCE='' POWER_LIMIT_W='' APPLICATION_CLOCKS='' MIG_LAYOUT=''
+PERSISTENCE='' POWER_LIMIT_W='' APPLICATION_CLOCKS='' MIG_LAYOUT='' EXCLUSIVE_PROCESS=''
 . {BOOT_SETTINGS}
 status=0
 run() {{
@@ -49,6 +51,12 @@ run() {{
 [ -n "$PERSISTENCE" ] && run nvidia-smi -pm "$PERSISTENCE"
 [ -n "$POWER_LIMIT_W" ] && run nvidia-smi -pl "$POWER_LIMIT_W"
 [ -n "$APPLICATION_CLOCKS" ] && run nvidia-smi -ac "$APPLICATION_CLOCKS"
+# MPS's GPUs (the driver forgets the compute mode too): before gpunode-mps.service opens them.
+if [ "$EXCLUSIVE_PROCESS" = all ]; then
+    run nvidia-smi -c {expected_mps.EXCLUSIVE_PROCESS}
+elif [ -n "$EXCLUSIVE_PROCESS" ]; then
+    run nvidia-smi -i "$EXCLUSIVE_PROCESS" -c {expected_mps.EXCLUSIVE_PROCESS}
+fi
 if [ -n "$MIG_LAYOUT" ]; then
     # GPUs whose MIG mode is on and that hold no instance: the driver kept none.
     enabled=$(nvidia-smi --query-gpu=index,mig.mode.current --format=csv,noheader |
@@ -408,8 +416,9 @@ def boot_order(profiles: Iterable[str]) -> list[str]:
     return sorted(profiles, key=lambda name: (-_compute_slices(name), name))
 
 
-def render_boot_settings(wanted: GpuSettings) -> str:
-    """The settings file the boot unit reads: shell assignments of checked values, quoted."""
+def render_boot_settings(wanted: GpuSettings, exclusive: tuple[int, ...] | None = None) -> str:
+    """The settings file the boot unit reads: shell assignments of checked values, quoted.
+    ``exclusive``: the GPUs MPS wants in EXCLUSIVE_PROCESS mode (() all, None none)."""
     lines = ["# Managed by gpunode (roles/gpu_settings.py): what the boot unit applies again."]
     values: dict[str, str] = {}
     if wanted.persistence_mode is not None:
@@ -421,17 +430,20 @@ def render_boot_settings(wanted: GpuSettings) -> str:
         values["APPLICATION_CLOCKS"] = f"{int(clocks.memory_mhz)},{int(clocks.graphics_mhz)}"
     if wanted.mig and wanted.mig_layout:
         values["MIG_LAYOUT"] = ",".join(boot_order(wanted.mig_layout))
+    if exclusive is not None:
+        values["EXCLUSIVE_PROCESS"] = ",".join(str(int(i)) for i in exclusive) or "all"
     lines += [f"{name}={shlex.quote(value)}" for name, value in values.items()]
     return "\n".join(lines) + "\n"
 
 
-def boot_settings(wanted: GpuSettings) -> None:
+def boot_settings(wanted: GpuSettings, exclusive: tuple[int, ...] | None = None) -> None:
     """The boot unit, its script and its settings file; enabled (it runs at the next boot:
     this run applies the settings itself)."""
     files.directory(name="Directory /etc/gpunode", path="/etc/gpunode", mode="755")
     files.put(
-        name=f"{BOOT_SETTINGS} (applied again at boot)", src=StringIO(render_boot_settings(wanted)),
-        dest=BOOT_SETTINGS, mode="644", user="root", group="root",
+        name=f"{BOOT_SETTINGS} (applied again at boot)",
+        src=StringIO(render_boot_settings(wanted, exclusive)), dest=BOOT_SETTINGS,
+        mode="644", user="root", group="root",
     )  # fmt: skip
     files.put(
         name=f"{BOOT_SCRIPT}", src=StringIO(BOOT_SCRIPT_TEXT), dest=BOOT_SCRIPT, mode="755",
@@ -446,6 +458,38 @@ def boot_settings(wanted: GpuSettings) -> None:
         name=f"{BOOT_UNIT} enabled for the next boot", service=BOOT_UNIT, running=None,
         enabled=True,
     )  # fmt: skip
+
+
+@operation()
+def exclusive_process(gpus: tuple[int, ...] = ()):
+    """The GPUs MPS serves are in EXCLUSIVE_PROCESS compute mode (takes effect at once; gone
+    at a reboot, when the boot unit sets it again). The GPU settings role is the one owner of
+    compute mode: roles.mps only reads it.
+
+    + gpus: GPU indexes (``mps.gpus``); empty: every GPU
+    """
+    report = _report_or_noop()
+    if report is None:
+        return
+    state = host.get_fact(MpsState)
+    modes = state["compute_modes"] or {}
+    present = [gpu["index"] for gpu in report["gpus"]]
+    missing = [index for index in gpus if index not in present]
+    if missing:
+        raise OperationError(
+            f"mps.gpus names GPU {','.join(map(str, missing))}, and the node has GPUs "
+            f"{','.join(map(str, present)) or 'none'}"
+        )
+    wanted = [index for index in present if not gpus or index in gpus]
+    wrong = [i for i in wanted if modes.get(str(i)) != expected_mps.EXCLUSIVE_PROCESS_SHOWN]
+    if not wrong:
+        host.noop(f"compute mode {expected_mps.EXCLUSIVE_PROCESS} on GPUs {_join(wanted)}")
+        return
+    yield f"nvidia-smi -i {shlex.quote(_join(wrong))} -c {expected_mps.EXCLUSIVE_PROCESS}"
+
+
+def _join(indexes: Iterable[int]) -> str:
+    return ",".join(str(int(index)) for index in indexes)
 
 
 @deploy("GPU settings")
@@ -467,5 +511,8 @@ def gpu_settings(desired: DesiredState) -> None:
             memory_mhz=wanted.application_clocks.memory_mhz,
             graphics_mhz=wanted.application_clocks.graphics_mhz,
         )
+    exclusive = desired.exclusive_process_gpus
+    if exclusive is not None:
+        exclusive_process(name="GPU compute mode for MPS", gpus=exclusive)
     if host.get_fact(GpuDevices)["state"] == "ok":  # only where nvidia-smi answers
-        boot_settings(wanted)
+        boot_settings(wanted, exclusive)

@@ -30,7 +30,7 @@ from pyinfra.operations import files
 
 from facts.kernel import FileModes, LoginDefs, PasswordStates, SysctlState
 from gpunode.expected.packages import PASSWORD_QUALITY_PACKAGE
-from gpunode.model import DesiredState
+from gpunode.model import KUBERNETES_SYSCTLS, DesiredState
 from gpunode.schema import one_line
 from roles.packages import install_packages
 
@@ -209,6 +209,9 @@ def sysctl_values(desired: DesiredState) -> dict[str, str]:
         **HARDENED_SYSCTLS,
         "kernel.yama.ptrace_scope": str(desired.kernel.ptrace_scope),
     }
+    if desired.kubernetes.enabled:
+        # Present once br_netfilter is loaded (roles.kubernetes loads it before this role).
+        values.update(KUBERNETES_SYSCTLS)
     values.update(desired.kernel.sysctls)
     return values
 

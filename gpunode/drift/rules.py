@@ -20,6 +20,8 @@ from typing import Any
 from gpunode.distributions import Distribution, UnsupportedNode, platform_of, supported
 from gpunode.drift.findings import HARDWARE_TICKET, RUN_DEPLOY, Finding, Severity
 from gpunode.drift.shape import checked_facts
+from gpunode.expected import kubernetes as expected_kubernetes
+from gpunode.expected import mps as expected_mps
 from gpunode.expected import secure_boot
 from gpunode.expected.audit import is_system_binary
 from gpunode.expected.auditd import WATCHES
@@ -334,7 +336,11 @@ def firewall_drift(desired: DesiredState, state: dict) -> list[tuple[str, Severi
         )
     rendered = hashlib.sha256(
         render_ruleset(
-            wanted, desired.sshd.port, desired.exporter_ports, service_rules(desired)
+            wanted,
+            desired.sshd.port,
+            desired.exporter_ports,
+            service_rules(desired),
+            desired.forward_networks,
         ).encode()
     ).hexdigest()
     if state.get("file_sha256") != rendered:
@@ -965,6 +971,106 @@ def lynis_rules(
                LYNIS_FIX)  # fmt: skip
 
 
+MPS_FIX = (
+    f"systemctl status {expected_mps.UNIT}; journalctl -u {expected_mps.UNIT}; "
+    "run deploys/gpu_node.py"
+)
+COMPUTE_MODE_FIX = (
+    f"drain the node; nvidia-smi -i <GPU> -c {expected_mps.EXCLUSIVE_PROCESS} (or run "
+    "deploys/gpu_node.py); find who changed it"
+)
+
+
+def mps_rules(desired: DesiredState, facts: dict[str, Any]) -> Iterator[tuple]:
+    """The MPS control daemon runs, and its GPUs are in EXCLUSIVE_PROCESS compute mode.
+
+    A GPU whose compute mode was changed back to Default takes CUDA contexts outside MPS;
+    a stopped daemon makes every job open the GPUs directly (and, in EXCLUSIVE_PROCESS mode,
+    only the first of them succeeds): both are critical for a node sold as MPS-shared.
+    """
+    if not desired.mps.enabled:
+        return
+    section: Section = facts.get("mps") or {}
+    if section.get("state") == "unreadable":
+        yield from _unreadable("mps", section)
+        return
+    yield from _unread_lines("mps", "nvidia-smi --query-gpu=index,compute_mode",
+                             section.get("problems"))  # fmt: skip
+    if not section.get("control_installed"):
+        yield ("mps.control", CRIT, f"{expected_mps.CONTROL} installed", "missing",
+               RUN_DEPLOY)  # fmt: skip
+    elif not section.get("active"):
+        found = str(section.get("unit_state") or "unknown")
+        yield "mps.daemon", CRIT, f"{expected_mps.UNIT} active", found, MPS_FIX
+    modes = section.get("compute_modes")
+    if desired.exclusive_process_gpus is None or modes is None:
+        return
+    indexes = sorted(int(index) for index in modes if str(index).isdigit())
+    for index in expected_mps.exclusive_gpus(desired, indexes):
+        found = modes.get(str(index))
+        if found != expected_mps.EXCLUSIVE_PROCESS_SHOWN:
+            yield (f"mps.compute_mode:gpu{index}", CRIT, expected_mps.EXCLUSIVE_PROCESS_SHOWN,
+                   str(found), COMPUTE_MODE_FIX)  # fmt: skip
+    for index in desired.mps.gpus:
+        if str(index) not in modes:
+            yield (f"mps.compute_mode:gpu{index}", CRIT, expected_mps.EXCLUSIVE_PROCESS_SHOWN,
+                   "GPU not listed by nvidia-smi", HARDWARE_TICKET)  # fmt: skip
+
+
+KUBERNETES_HOST_FIX = "run deploys/gpu_node.py (roles/kubernetes.py says what it cannot change)"
+
+
+def kubernetes_rules(desired: DesiredState, facts: dict[str, Any]) -> Iterator[tuple]:
+    """A Kubernetes worker's host: cgroup v2, no swap, overlay and br_netfilter, forwarding
+    and bridged traffic through iptables, and gpunode's forward chain filtering.
+
+    cgroup v1 and active swap keep kubelet from running (critical); a missing module or
+    sysctl breaks pod networking (critical); an unfiltered forward path is a security
+    regression, not an outage (warning).
+    """
+    if not desired.kubernetes.enabled:
+        return
+    section: Section = facts.get("kubernetes") or {}
+    if section.get("state") == "unreadable":
+        yield from _unreadable("kubernetes", section)
+        return
+    yield from _unread_lines("kubernetes", "the Kubernetes host checks", section.get("problems"))
+    cgroup = section.get("cgroup")
+    if cgroup != "v2":
+        yield ("kubernetes.cgroup", CRIT, "cgroup v2 (unified hierarchy)", str(cgroup or "unknown"),
+               "boot with systemd.unified_cgroup_hierarchy=1 (drain first)")  # fmt: skip
+    swap = section.get("swap_active") or []
+    if swap:
+        yield ("kubernetes.swap", CRIT, "no swap active", ", ".join(swap),
+               "swapoff -a; remove swap from /etc/fstab; run deploys/gpu_node.py")  # fmt: skip
+    loaded = set(section.get("modules") or [])
+    for module in expected_kubernetes.KUBERNETES_MODULES:
+        if module not in loaded:
+            yield (f"kubernetes.module:{module}", CRIT, f"{module} loaded", "not loaded",
+                   KUBERNETES_HOST_FIX)  # fmt: skip
+    live = section.get("sysctls") or {}
+    for name, value in expected_kubernetes.wanted_sysctls(desired).items():
+        if live.get(name) != value:
+            yield (f"kubernetes.sysctl:{name}", CRIT, f"{name} = {value}",
+                   f"{name} = {live.get(name) or 'absent'}", KUBERNETES_HOST_FIX)  # fmt: skip
+    if section.get("forward_filtered") is not True:
+        found = "no nft to read it" if section.get("forward_filtered") is None else "missing"
+        yield ("kubernetes.forward", WARN, f"table {TABLE} chain forward, policy drop", found,
+               RUN_DEPLOY)  # fmt: skip
+    installed = section.get("packages") or {}
+    wanted = desired.kubernetes
+    for name in wanted.packages:
+        package = installed.get(name)
+        expected = f"{name} {wanted.version or 'installed'}" + (", held" if wanted.hold else "")
+        if package is None:
+            yield f"kubernetes.package:{name}", WARN, expected, "not installed", RUN_DEPLOY
+        elif (wanted.version and package.get("version") != wanted.version) or (
+            wanted.hold and not package.get("held")
+        ):
+            found = f"{name} {package.get('version')}" + (", held" if package.get("held") else "")
+            yield f"kubernetes.package:{name}", WARN, expected, found, RUN_DEPLOY
+
+
 RULES: tuple[Rule, ...] = (
     os_rules,
     gpu_rules,
@@ -986,6 +1092,8 @@ RULES: tuple[Rule, ...] = (
     malware_scan_rules,
     auditd_rules,
     lynis_rules,
+    mps_rules,
+    kubernetes_rules,
 )
 
 

@@ -213,6 +213,30 @@ SECTION_SHAPES: dict[str, Shape] = {
     ),
     # Mount point -> mount; a rule looks up the declared mount point.
     "mounts": Record(_STATE, rest=_MOUNT),
+    "kubernetes": Record(
+        {
+            **_STATE,
+            "cgroup": _TEXT,
+            "swap_active": Maybe(ListOf(Str)),
+            "fstab_swap": Maybe(ListOf(Str)),
+            "modules": Maybe(ListOf(Str)),
+            "sysctls": Maybe(MapOf(Str)),
+            "forward_filtered": _FLAG,
+            "packages": Maybe(MapOf(Record({"version": _TEXT, "held": _FLAG}))),
+            "problems": Maybe(ListOf(Str)),
+        }
+    ),
+    "mps": Record(
+        {
+            **_STATE,
+            "compute_modes": Maybe(MapOf(Str)),
+            "nvidia_smi": _FLAG,
+            "active": _FLAG,
+            "unit_state": _TEXT,
+            "control_installed": _FLAG,
+            "problems": Maybe(ListOf(Str)),
+        }
+    ),
 }
 
 

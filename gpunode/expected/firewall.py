@@ -102,13 +102,41 @@ def _ports(ports: Iterable[int]) -> str:
     return str(unique[0]) if len(unique) == 1 else "{ " + ", ".join(map(str, unique)) + " }"
 
 
+def forward_chain(networks: tuple[str, ...]) -> tuple[list[str], str]:
+    """(sets, chain) filtering forwarded traffic to ``networks`` (``DesiredState.
+    forward_networks``: a Kubernetes worker's pod and service networks), everything else
+    dropped. A packet any base chain of the forward hook drops is dropped: this chain adds a
+    filter in front of the CNI's and kube-proxy's own chains, never opens what they close."""
+    sets: list[str] = []
+    rules = [
+        "type filter hook forward priority filter; policy drop;",
+        "ct state established,related accept",
+        "ct state invalid drop",
+    ]
+    for version, family, address_type in ((4, "ip", "ipv4_addr"), (6, "ip6", "ipv6_addr")):
+        collapsed = _collapsed(networks, version)
+        if not collapsed:
+            continue
+        set_name = f"forward_ipv{version}"
+        sets.append(
+            f"\tset {set_name} {{\n\t\ttype {address_type}\n\t\tflags interval\n"
+            f"\t\telements = {{ {', '.join(collapsed)} }}\n\t}}\n"
+        )
+        rules.append(f'{family} saddr @{set_name} accept comment "from kubernetes networks"')
+        rules.append(f'{family} daddr @{set_name} accept comment "to kubernetes networks"')
+    return sets, "\tchain forward {\n" + "".join(f"\t\t{rule}\n" for rule in rules) + "\t}\n"
+
+
 def render_ruleset(
     firewall: Firewall,
     ssh_port: int,
     exporter_ports: tuple[int, ...] = (),
     services: tuple[AllowRule, ...] = (),
+    forward_networks: tuple[str, ...] = (),
 ) -> str:
-    """The file nft loads: replaces table inet gpunode, and only it, in one transaction."""
+    """The file nft loads: replaces table inet gpunode, and only it, in one transaction.
+    ``forward_networks``: where forwarded traffic may go (``forward_chain``); () adds no
+    forward chain (Docker's own rules filter its bridges)."""
     sets: list[str] = []
     accepts: list[str] = []
     for rule in allow_rules(firewall, ssh_port, exporter_ports, services):
@@ -141,7 +169,12 @@ def render_ruleset(
         *accepts,
     ]
     input_chain = "\tchain input {\n" + "".join(f"\t\t{rule}\n" for rule in chain) + "\t}\n"
-    body = "\n".join([*sets, input_chain])
+    chains = [input_chain]
+    if forward_networks:
+        forward_sets, forward = forward_chain(forward_networks)
+        sets += forward_sets
+        chains.append(forward)
+    body = "\n".join([*sets, *chains])
     return (
         "#!/usr/sbin/nft -f\n"
         "# Managed by gpunode (firewall, sshd.port); local edits are replaced on the next run.\n"

@@ -209,6 +209,7 @@ def reboot(state: State) -> None:
         if "recovery_action" in gpu:
             gpu["recovery_action"] = "None"
         gpu["persistence_mode"] = "Disabled"
+        gpu["compute_mode"] = "Default"  # the driver keeps no compute mode across a reboot
         gpu["power"]["limit"] = gpu["power"]["default_limit"]
         if gpu["applications_clocks"] is not None:
             gpu["applications_clocks"] = dict(gpu["default_applications_clocks"])

@@ -24,9 +24,10 @@ Output follows real captures (``tests/fixtures``, shipped to the node's share di
   a large one. The summary table and ``-L`` do not list MIG devices.
 
 Settings: ``-pm``, ``-e`` and ``-mig`` (pending until ``-r`` or a reboot), ``-pl`` (checked
-against the GPU's range), ``-ac``, ``-r``; all take ``-i`` (index, UUID, PCI bus id or serial,
-comma-separated). Indexes count present GPUs in state order, so a GPU that fell off the bus
-(``present: false``) shifts the ones after it, as on a real node after re-enumeration. Exit
+against the GPU's range), ``-ac``, ``-c`` (compute mode, by name or number), ``-r``; all take
+``-i`` (index, UUID, PCI bus id or serial, comma-separated). Indexes count present GPUs in
+state order, so a GPU that fell off the bus (``present: false``) shifts the ones after it, as
+on a real node after re-enumeration. Exit
 codes are those of nvidia-smi(1) RETURN VALUE. Messages are published real ones; the
 "already set", "Not Supported" and reset messages follow their pattern but no real sample of
 them was at hand. Nor was one of ``mig`` changes aimed at a GPU without MIG mode, which get
@@ -84,6 +85,8 @@ VALUE_OPTIONS = {
     "--power-limit": "power_limit",
     "-ac": "applications_clocks",
     "--applications-clocks": "applications_clocks",
+    "-c": "compute_mode",
+    "--compute-mode": "compute_mode",
     "--query-gpu": "query_gpu",
     "--query-compute-apps": "query_compute_apps",
     "--format": "format",
@@ -367,6 +370,35 @@ def set_applications_clocks(targets: list[Target], value: str) -> str:
     return "\n".join([*lines, "All done.", ""])
 
 
+# -c takes a name or its number (nvidia-smi(1): 0 DEFAULT, 2 PROHIBITED, 3 EXCLUSIVE_PROCESS;
+# 1, EXCLUSIVE_THREAD, is gone from current drivers); --query-gpu prints the shown name.
+COMPUTE_MODES = {
+    "0": "Default", "default": "Default",
+    "2": "Prohibited", "prohibited": "Prohibited",
+    "3": "Exclusive_Process", "exclusive_process": "Exclusive_Process",
+}  # fmt: skip
+
+
+def compute_mode_of(gpu: State) -> str:
+    """The GPU's compute mode; state written before the double modelled it has Default."""
+    mode: str = gpu.get("compute_mode", "Default")
+    return mode
+
+
+def set_compute_mode(targets: list[Target], value: str) -> str:
+    """Takes effect at once and is forgotten at a reboot. The message is the published one
+    ("Set compute mode to EXCLUSIVE_PROCESS for GPU 00000000:00:06.0." then "All done.", as
+    captured with ``nvidia-smi -i 0 --compute-mode 3`` and ``-c 3``)."""
+    wanted = COMPUTE_MODES.get(value.lower())
+    if wanted is None:
+        raise Failure(INVALID_ARGUMENTS, EXIT_INVALID_ARGUMENT)
+    lines = []
+    for _, gpu in targets:
+        gpu["compute_mode"] = wanted
+        lines.append(f"Set compute mode to {wanted.upper()} for GPU {gpu['pci_bus_id']}.")
+    return "\n".join([*lines, "All done.", ""])
+
+
 def reset_gpus(targets: list[Target], _requested: bool) -> str:
     lines = []
     for _, gpu in targets:
@@ -381,6 +413,7 @@ MODIFICATIONS: dict[str, Callable[[list[Target], Any], str]] = {
     "mig": set_mig_mode,
     "power_limit": set_power_limit,
     "applications_clocks": set_applications_clocks,
+    "compute_mode": set_compute_mode,
     "reset": reset_gpus,
 }
 
@@ -989,7 +1022,7 @@ def _query_fields() -> dict[str, Callable[[QueryRow], str]]:
         "inforom.ecc": gpu_value("inforom", "ecc"),
         "fan.speed": gpu_value("fan_speed"),
         "pstate": gpu_value("performance_state"),
-        "compute_mode": lambda row: "Default",
+        "compute_mode": lambda row: compute_mode_of(row.gpu),
         "compute_cap": gpu_value("compute_cap"),
         "memory.total": gpu_value("memory", "total_mib"),
         "memory.reserved": gpu_value("memory", "reserved_mib"),
@@ -1161,6 +1194,7 @@ def render_gpu(template: ElementTree.Element, gpu: State, state: State) -> Eleme
     put("product_name", gpu["name"])
     put("product_architecture", gpu["architecture"])
     put("persistence_mode", gpu["persistence_mode"])
+    put("compute_mode", compute_mode_of(gpu))
     put("mig_mode/current_mig", gpu["mig_mode"]["current"])
     put("mig_mode/pending_mig", gpu["mig_mode"]["pending"])
     _replace(element, _mig_devices(template, gpu))

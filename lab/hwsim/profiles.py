@@ -477,6 +477,7 @@ def _gpu(
         "inforom": dict(model.inforom),
         "compute_cap": model.compute_cap,
         "persistence_mode": "Disabled",
+        "compute_mode": "Default",
         "ecc_mode": {"current": "Enabled", "pending": "Enabled"},
         "mig_mode": {"current": mig_mode, "pending": mig_mode},
         "mig_profiles": [

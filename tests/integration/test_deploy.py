@@ -16,6 +16,7 @@ from pyinfra.facts.systemd import SystemdEnabled, SystemdStatus
 from facts.auditd import AuditdState
 from facts.container_runtime import ContainerRuntimeConfig, DpkgPackageState
 from facts.firewall import FirewallState
+from facts.mps import MpsState
 from facts.nvidia_packages import NvidiaPackages
 from facts.sshd import SshdState
 from facts.tls import NodeCertificate
@@ -131,7 +132,7 @@ def test_the_fact_cache_batch_reads_on_a_node_what_each_fact_reads_alone(
         # Facts made of framing parts: theirs become the batch's, their Python parts run in
         # the batch's one python3 (gpunode.framing).
         *((cls(), {}) for cls in (SshdState, NodeCertificate, NvidiaPackages, FirewallState)),
-        *((cls(), {}) for cls in (ContainerRuntimeConfig, AuditdState)),
+        *((cls(), {}) for cls in (ContainerRuntimeConfig, AuditdState, MpsState)),
     ]
     assert set(factcache.batch_groups(instances)) == {
         "systemd", "stat", "sha1", "class-DpkgPackageState"

@@ -275,6 +275,23 @@ def test_persistence_mode_is_set_at_once(lab_node: Callable[..., LabNode]) -> No
     assert again.startswith("Persistence mode is already Enabled for GPU 00000000:07:00.0.")
 
 
+def test_compute_mode_is_set_at_once_and_forgotten_at_reboot(
+    lab_node: Callable[..., LabNode],
+) -> None:
+    node = lab_node("a100")
+    output = node.ok("nvidia-smi", "-i", "1", "-c", "EXCLUSIVE_PROCESS")
+    # The published message (nvidia-smi -i 0 --compute-mode 3 on a real GPU).
+    assert output == "Set compute mode to EXCLUSIVE_PROCESS for GPU 00000000:0F:00.0.\nAll done.\n"
+    modes = [row[1] for row in node.query("index,compute_mode")]
+    assert modes == ["Default", "Exclusive_Process"] + ["Default"] * 6
+    node.ok("nvidia-smi", "--compute-mode", "3")
+    assert {row[1] for row in node.query("index,compute_mode")} == {"Exclusive_Process"}
+    assert "<compute_mode>Exclusive_Process</compute_mode>" in node.ok("nvidia-smi", "-q", "-x")
+    assert node.run("nvidia-smi", "-c", "SIDEWAYS").returncode != 0
+    node.ok("gpunode-lab-hw", "reboot")
+    assert {row[1] for row in node.query("index,compute_mode")} == {"Default"}
+
+
 @pytest.mark.parametrize("apply", [("gpunode-lab-hw", "reboot"), ("nvidia-smi", "-r")])
 def test_ecc_change_waits_for_a_reset_or_reboot(
     lab_node: Callable[..., LabNode], apply: tuple[str, ...]

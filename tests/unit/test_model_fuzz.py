@@ -200,6 +200,7 @@ FIELDS = list(string_fields())
 DICT_SAMPLES = {
     "Kernel.sysctls": ("vm.max_map_count", "262144"),
     "Nccl.env": ("NCCL_DEBUG", "WARN"),
+    "Mps.pinned_device_memory_limit": ("0", "1G"),
 }
 # Valid values for the fuzzed field's siblings (every required field among them).
 SIBLING_SAMPLES: dict[str, Any] = {
@@ -480,6 +481,40 @@ def _prometheus_web_user(state: DesiredState, value: str) -> None:
     assert web["basic_auth_users"] == {value: password_hash}
 
 
+def _mps_unit(state: DesiredState, value: str) -> None:
+    from gpunode.expected.mps import render_unit
+
+    unit = render_unit(state)
+    environment = [line for line in unit.splitlines() if line.startswith("Environment=")]
+    # One quoted NAME=value word each: no quote, space, '%' or backslash systemd would read.
+    for line in environment:
+        assert shlex.split(line.removeprefix("Environment=")) == [line[13:-1]]
+        assert "%" not in line and "\\" not in line
+    assert any(value in line for line in environment)
+    if value.startswith("/"):
+        assert f" {value} " in unit or f" {value}\n" in unit or f"={value}/" in unit
+
+
+def _kubernetes_source(state: DesiredState, value: str) -> None:
+    from roles.kubernetes import repository
+
+    lines = repository(state).render_sources().splitlines()
+    (uris,) = [line for line in lines if line.startswith("URIs: ")]
+    assert uris == f"URIs: {value.rstrip('/')}/" and value.split() == [value]
+
+
+def _kubernetes_version(state: DesiredState, value: str) -> None:
+    from facts.container_runtime import DpkgPackageState
+    from roles.kubernetes import packages_installed
+
+    from .fakehost import commands_of
+
+    empty = {DpkgPackageState: lambda packages: {p: {"installed": None, "held": False}
+                                                 for p in packages}}  # fmt: skip
+    commands, _ = commands_of(packages_installed, empty, packages=("kubelet",), version=value)
+    assert shlex.split(commands[0])[-1] == f"kubelet={value}"
+
+
 RENDERED: dict[str, Callable[[DesiredState, str], None]] = {
     "Sshd.listen_addresses": _sshd,
     "Sshd.penalty_exempt_networks": _penalty_exempt,
@@ -509,6 +544,11 @@ RENDERED: dict[str, Callable[[DesiredState, str], None]] = {
     "Lynis.schedule": _lynis_schedule,
     "AuditTools.remote_syslog_host": _remote_syslog,
     "Prometheus.web_user": _prometheus_web_user,
+    "Mps.pipe_directory": _mps_unit,
+    "Mps.log_directory": _mps_unit,
+    "Mps.pinned_device_memory_limit": _mps_unit,
+    "Kubernetes.repository_url": _kubernetes_source,
+    "Kubernetes.version": _kubernetes_version,
 }
 
 

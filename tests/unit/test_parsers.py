@@ -162,6 +162,10 @@ FIXTURE_CASES: dict[str, list[tuple[str, Extract, Parser]]] = {
 NOT_COMMAND_OUTPUT = {
     "PROVENANCE.md": "where the fixtures come from",
     "manifests/DGX_A100.json": "an expected-hardware manifest, no command printed it",
+    "nftables/list-chain-forward-1.1.3-deb13.txt": (
+        "nft's listing of gpunode's forward chain: test_kubernetes.py reads it with "
+        "facts.kubernetes's parser and checks the rendered chain against it"
+    ),
     "systemd/show-trixie.json": (
         "systemctl show captures that pyinfra's own systemd facts read: test_factcache.py"
         " checks the fact cache's grouped read against them"

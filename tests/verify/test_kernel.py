@@ -93,6 +93,10 @@ def sysctl_policy(desired: DesiredState) -> dict[str, str]:
         **DEV_SEC_SYSCTLS,
         "kernel.yama.ptrace_scope": str(desired.kernel.ptrace_scope),
     }
+    if desired.kubernetes.enabled:
+        # What kubelet and CNIs need: bridged traffic through iptables (test_kubernetes.py).
+        values["net.bridge.bridge-nf-call-iptables"] = "1"
+        values["net.bridge.bridge-nf-call-ip6tables"] = "1"
     values.update(desired.kernel.sysctls)
     return values
 
