@@ -20,7 +20,7 @@ from facts.mps import MpsState
 from facts.nvidia_packages import NvidiaPackages
 from facts.sshd import SshdState
 from facts.tls import NodeCertificate
-from gpunode import factcache
+from gpunode import distributions, factcache
 from lab import Lab, LabNode
 
 from .conftest import ROOT, SSH_COMMAND_COUNTER, run_pyinfra, ssh, write_inventory
@@ -192,12 +192,14 @@ def test_bad_data_on_one_host_stops_every_host_before_any_change(
 def test_a_node_on_an_unsupported_os_is_refused_alone_before_any_change(
     lab: Lab, converged: list[LabNode]
 ) -> None:
-    # The node claims to be Ubuntu (its os-release replaced): gpunode must not touch it.
+    # The node claims to be Ubuntu 20.04 (its os-release replaced), a release no row of
+    # gpunode/distributions.py supports (focal's standard support ended in 2025):
+    # gpunode must not touch it.
     node, other = converged[0], converged[-1]
     for each in converged:
         assert ssh(lab, each, "sudo nvidia-smi -pm 0").returncode == 0
     fake = (
-        'ID=ubuntu\nVERSION_ID="24.04"\nVERSION_CODENAME=noble\nPRETTY_NAME="Ubuntu 24.04.1 LTS"\n'
+        'ID=ubuntu\nVERSION_ID="20.04"\nVERSION_CODENAME=focal\nPRETTY_NAME="Ubuntu 20.04.6 LTS"\n'
     )
     plant = f"sudo rm /etc/os-release && printf '{fake}' | sudo tee /etc/os-release >/dev/null"
     assert ssh(lab, node, plant).returncode == 0
@@ -205,8 +207,8 @@ def test_a_node_on_an_unsupported_os_is_refused_alone_before_any_change(
         run = run_pyinfra(DEPLOY)
         assert run.returncode != 0
         assert (
-            f"{node.name}: not converged: the node runs 'Ubuntu 24.04.1 LTS'; gpunode supports "
-            "Debian 12 (bookworm), Debian 13 (trixie)" in run.output
+            f"{node.name}: not converged: the node runs 'Ubuntu 20.04.6 LTS'; gpunode supports "
+            f"{distributions.supported()}" in run.output
         )
         assert "Nothing was changed." in run.output
         assert persistence_modes(lab, node) == {"Disabled"}, "the refused node was changed"
