@@ -333,6 +333,27 @@ def state_lock(state_dir: Path) -> Iterator[None]:
             handle.close()
 
 
+def machine_cache_root() -> Path:
+    """What the labs of this machine share: node and VM images' locks, the package cache."""
+    return Path(os.environ.get("GPUNODE_LAB_CACHE", "/var/cache/gpunode-lab"))
+
+
+def build_once(lock_path: Path, built: Callable[[], bool], build: Callable[[], None]) -> bool:
+    """``build()`` unless ``built()`` says its result exists, by one process of the machine
+    at a time: labs side by side (the suite's shards, a module's lab of its own) that all
+    lack an image would otherwise each build it, minutes of CPU apiece on a cold machine.
+    The one that waited finds the image built and uses it. True when this call built."""
+    if built():
+        return False
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    with lock_path.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)  # released when the file is closed
+        if built():
+            return False
+        build()
+        return True
+
+
 def _tar(files: dict[str, tuple[bytes, int]]) -> bytes:
     """Absolute node path -> (content, mode), as a tar stream for put_archive."""
     buffer = io.BytesIO()
@@ -618,7 +639,7 @@ class Lab:
     @property
     def package_cache_dir(self) -> Path:
         """Outside the state directory, so that ``down(keep_image=True)`` keeps it."""
-        root = Path(os.environ.get("GPUNODE_LAB_CACHE", "/var/cache/gpunode-lab"))
+        root = machine_cache_root()
         return root / self.name
 
     @property
@@ -685,11 +706,19 @@ class Lab:
         import docker.errors
 
         tag = self.image_tag_for(release)
-        try:
-            self.client.images.get(tag)
-            return tag
-        except docker.errors.ImageNotFound:
-            pass
+
+        def built() -> bool:
+            try:
+                self.client.images.get(tag)
+            except docker.errors.ImageNotFound:
+                return False
+            return True
+
+        lock = machine_cache_root() / "locks" / f"image-{release}.lock"
+        build_once(lock, built, lambda: self._build_image(release, tag))
+        return tag
+
+    def _build_image(self, release: str, tag: str) -> None:
         if shutil.which("mmdebstrap") is None:
             raise LabError("mmdebstrap is missing: apt-get install mmdebstrap")
         row = distributions.BY_CODENAME[release]
@@ -720,7 +749,6 @@ class Lab:
                     changes=['CMD ["/sbin/init"]', "ENV container=docker"],
                 )
         self.log(f"image built in {time.monotonic() - started:.1f} s")
-        return tag
 
     def _ensure_network(self) -> str:
         import docker.types
@@ -1204,8 +1232,14 @@ class Lab:
         for network in self.client.networks.list(filters=mine):
             network.remove()
         if not keep_image:
+            # The node images are every lab's on this machine: one another lab's containers
+            # still run from is kept (Docker would refuse it anyway, half-way through).
+            in_use = {c.attrs.get("Image") for c in self.client.containers.list(all=True)}
             for release in LAB_RELEASES:
                 for image in self.client.images.list(name=image_repository(release)):
+                    if image.id in in_use:
+                        self.log(f"kept image {', '.join(image.tags)}: another lab uses it")
+                        continue
                     self.client.images.remove(image.id, force=True)
             shutil.rmtree(self.package_cache_dir, ignore_errors=True)
             vm.remove_images()

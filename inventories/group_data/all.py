@@ -5,6 +5,18 @@ what production runs. An inventory that tries the next stack first (staging) ove
 keys in its own group data; pyinfra gives group data precedence over ``all``.
 """
 
+# pyinfra runs this file (the group data of every inventory in this folder) before it connects
+# to any host, whatever its working directory. config.py adds the post-quantum key exchange a
+# hardened Debian 13 sshd insists on (gpunode/ssh_kex.py), but pyinfra reads config.py only
+# from its working directory: started from elsewhere, it could not even log in to say what was
+# missing. Added here too, a run from anywhere reaches the node, and the deploy then stops with
+# one line naming --chdir (gpunode/converge.py). The imported name is not host data: pyinfra
+# leaves out names a group data file imports.
+from gpunode import ssh_kex
+
+ssh_kex.install()
+
+
 # R580: NVIDIA's long-term support branch (end of life June 2028; gpunode/nvidia_releases.py),
 # the last of the branch-suffixed packaging era, compute-only (headless) install.
 nvidia_driver = {

@@ -23,7 +23,7 @@ from facts.tls import NodeCertificate
 from gpunode import distributions, factcache
 from lab import Lab, LabNode
 
-from .conftest import ROOT, SSH_COMMAND_COUNTER, run_pyinfra, ssh, write_inventory
+from .conftest import PYINFRA, ROOT, SSH_COMMAND_COUNTER, run_pyinfra, ssh, write_inventory
 
 pytestmark = pytest.mark.lab
 
@@ -219,3 +219,22 @@ def test_a_node_on_an_unsupported_os_is_refused_alone_before_any_change(
         assert ssh(lab, node, restore).returncode == 0
     assert run_pyinfra(DEPLOY).returncode == 0
     assert persistence_modes(lab, node) == {"Enabled"}
+
+
+def test_pyinfra_from_another_directory_reaches_a_hardened_node_and_says_what_is_missing(
+    converged: list[LabNode], tmp_path: Path
+) -> None:
+    """Started outside the checkout, pyinfra reads no config.py but still connects first:
+    the hardened Debian 13 node (post-quantum key exchange only) must be reached, thanks to
+    the inventory's group data, so that the deploy's one line saying how to give config.py is
+    what the operator sees, and not paramiko's key-exchange traceback."""
+    assert any(node.release == "trixie" for node in converged), "the lab has no Debian 13 node"
+    done = subprocess.run(
+        [PYINFRA, "--dry", str(ROOT / "inventories" / "lab.py"), str(ROOT / DEPLOY)],
+        cwd=tmp_path, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    output = done.stdout + done.stderr
+    assert done.returncode != 0, output
+    assert f"pyinfra did not read {ROOT / 'config.py'}" in output
+    assert "Traceback" not in output, output
+    assert "Incompatible ssh" not in output and "Could not connect" not in output, output

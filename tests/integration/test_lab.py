@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+import lab as lab_module
 from lab import Lab, LabNode
 
 from .conftest import ssh
@@ -86,14 +87,27 @@ def test_lab_reports_boot_time_and_memory(lab_nodes: list[LabNode]) -> None:
         assert 0 < node.memory_mib < 1024
 
 
-def test_a_second_lab_comes_up_and_goes_down_completely(tmp_path, lab, lab_nodes) -> None:
+def test_a_second_lab_comes_up_and_goes_down_completely(
+    tmp_path, lab, lab_nodes, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # A separate lab (own name, state dir, and a subnet 102 above this lab's) so the shared
     # fleet is left alone, and so is any other session's lab on this machine: a fixed name or
-    # subnet would be the same in every session.
+    # subnet would be the same in every session. Its machine-wide cache (package cache, VM
+    # images) is a scratch one, so that its whole `down` (images included) can be tried.
+    monkeypatch.setenv("GPUNODE_LAB_CACHE", str(tmp_path / "cache"))
+    # Only the images the shared fleet runs from are offered for removal: an image no
+    # container uses now (another release's) would really go, and be rebuilt by the next lab.
+    running = {node.release for node in lab_nodes}
+    monkeypatch.setattr(
+        lab_module, "LAB_RELEASES",
+        {release: row for release, row in lab_module.LAB_RELEASES.items() if release in running},
+    )  # fmt: skip
+    said: list[str] = []
     scratch = Lab(
         state_dir=tmp_path / "lab",
         name=f"{lab.name}-labtest",
         subnet_index=int(lab.network_prefix.rsplit(".", 1)[1]) + 102,
+        log=said.append,
     )
     # Another lab whose name starts with this one's (as a second test lab's does) has its
     # network up first: Docker's name filter matches it, yet it is not this lab's network.
@@ -102,12 +116,17 @@ def test_a_second_lab_comes_up_and_goes_down_completely(tmp_path, lab, lab_nodes
     try:
         (node,) = scratch.up(1, profiles=["pcie-a10g"])
         assert ssh(scratch, node, "nvidia-smi -L").stdout.startswith("GPU 0: NVIDIA A10G")
-        scratch.down(keep_image=True)
+        # Without --keep-image: the node image the shared fleet's containers run from is
+        # every lab's, and is kept (it was removed, or the lab left half down).
+        scratch.down()
         assert [net.name for net in client.networks.list()].count(longer.name) == 1
     finally:
         longer.remove()
     assert client.containers.list(all=True, filters={"label": f"lab={scratch.name}"}) == []
     assert scratch.name not in [net.name for net in client.networks.list()]
     assert not (tmp_path / "lab").exists()
-    # The shared fleet is untouched.
+    # The shared fleet is untouched, its image included.
     assert client.containers.get(lab_nodes[0].container).status == "running"
+    shared_image = client.containers.get(lab_nodes[0].container).attrs["Image"]
+    assert client.images.get(shared_image).id == shared_image
+    assert any(line.startswith("kept image gpunode-lab/") for line in said), said

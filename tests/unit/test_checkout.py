@@ -4,6 +4,7 @@ changes a node, saying how to give it."""
 
 from __future__ import annotations
 
+import json
 import runpy
 import subprocess
 import sys
@@ -80,3 +81,36 @@ def test_pyinfra_from_another_directory_refuses_before_reading_a_node(tmp_path: 
     assert f"pyinfra did not read {ROOT / 'config.py'}" in output
     assert f"working directory ({tmp_path})" in output
     assert "Traceback" not in output
+
+
+def test_every_inventory_here_speaks_the_hardened_key_exchange_before_any_connection(
+    tmp_path: Path,
+) -> None:
+    """pyinfra started from another directory reads no config.py, yet connects to every host
+    before it loads a deploy: loading an inventory of inventories/ (its group data, as
+    pyinfra's CLI does, from anywhere) makes paramiko offer mlkem768x25519-sha256, so the run
+    reaches a hardened Debian 13 node and the deploy can say what is missing, instead of a
+    key-exchange traceback. The import adds no host data."""
+    program = (
+        "import json, sys, paramiko\n"
+        "from pyinfra.api import State\n"
+        "from pyinfra.context import ctx_state\n"
+        "from pyinfra_cli.inventory import make_inventory\n"
+        "before = 'mlkem768x25519-sha256' in paramiko.Transport._preferred_kex\n"
+        "with ctx_state.use(State()):\n"
+        "    inventory = make_inventory(sys.argv[1], cwd=sys.argv[2])\n"
+        "host = next(iter(inventory))\n"
+        "print(json.dumps({'before': before,\n"
+        "                  'first': paramiko.Transport._preferred_kex[0],\n"
+        "                  'keys': sorted(host.data.dict())}))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", program, str(ROOT / "inventories" / "prod.py"), str(tmp_path)],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    loaded = json.loads(done.stdout.splitlines()[-1])
+    assert loaded["before"] is False
+    assert loaded["first"] == "mlkem768x25519-sha256"
+    assert "nvidia_driver" in loaded["keys"]
+    assert "ssh_kex" not in loaded["keys"]
