@@ -5,7 +5,6 @@ options with the suite's plugins). Running them against a lab is the lab tier's 
 from __future__ import annotations
 
 import re
-import shlex
 import subprocess
 import sys
 from functools import cache
@@ -14,33 +13,11 @@ from pathlib import Path
 import pytest
 
 from gpunode.cli import build_parser
+from tests.readme import readme_commands
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 README = ROOT / "README.md"
-
-
-def readme_commands(text: str) -> list[tuple[int, list[str]]]:
-    """(line number, words) of each command in the README's ```sh blocks: comments dropped,
-    continued lines joined, an optional part's brackets removed (``[--limit x]``)."""
-    commands: list[tuple[int, list[str]]] = []
-    in_block, pending, start = False, "", 0
-    for number, line in enumerate(text.splitlines(), 1):
-        if line.startswith("```"):
-            in_block = line.strip() == "```sh"
-            continue
-        if not in_block or not (pending or line.strip()):
-            continue
-        start = start or number
-        if line.rstrip().endswith("\\"):
-            pending += line.rstrip()[:-1] + " "
-            continue
-        words = shlex.split(pending + line, comments=True)
-        pending = ""
-        unbracketed = [word.strip("[]") for word in words if word.strip("[]")]
-        commands.append((start, unbracketed))
-        start = 0
-    return commands
 
 
 COMMANDS = readme_commands(README.read_text())

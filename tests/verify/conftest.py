@@ -41,16 +41,26 @@ def pytest_configure(config: pytest.Config) -> None:
     ]
     if not hosts:
         raise pytest.UsageError(f"no hosts in {inventory_path} match --limit {wanted}")
-    ssh_config = Path(tempfile.mkdtemp(prefix="gpunode-verify-")) / "ssh_config"
-    ssh_config.write_text("".join(_ssh_config_block(host.name, host.data) for host in hosts))
+    directory = Path(tempfile.mkdtemp(prefix="gpunode-verify-"))
+    ssh_config = directory / "ssh_config"
+    ssh_config.write_text(
+        "".join(_ssh_config_block(host.name, host.data, directory) for host in hosts)
+    )
     config.option.hosts = ",".join(f"ssh://{host.name}" for host in hosts)
     config.option.ssh_config = str(ssh_config)
     config.option.sudo = any(host.data.get("_sudo") for host in hosts)
     _fleet.update({host.name: fleet.for_host(host.name) for host in hosts})
 
 
-def _ssh_config_block(name: str, data: Any) -> str:
+# testinfra asks OpenSSH for a shared connection (ControlMaster auto, ControlPersist 60 s on
+# its command line) but names no socket for it unless told, and OpenSSH shares nothing without
+# one: every check's command was then a connection of its own, a key exchange and a login each
+# (hundreds per host). With a socket, one connection per host serves every check.
+
+
+def _ssh_config_block(name: str, data: Any, directory: Path) -> str:
     lines = [f"Host {name}", f"  HostName {data.get('ssh_hostname') or name}"]
+    lines.append(f"  ControlPath {directory}/%C")
     if data.get("ssh_user"):
         lines.append(f"  User {data.get('ssh_user')}")
     if data.get("ssh_port"):
