@@ -12,6 +12,7 @@ while the first holds the lock, and that host fails before anything is prepared 
 
 from __future__ import annotations
 
+import re
 import shlex
 from typing import Any
 
@@ -24,6 +25,7 @@ HOLDER_NAME = "gpunode-run-lock"
 # How long a run waits for another to end before giving up: long enough for a run that just
 # finished to let go (its holder notices the closed connection within half a second).
 WAIT_S = 10
+_OPEN_BY = re.compile(r"open_by=[0-9]{1,10} [A-Za-z0-9._:+@-]{0,15}")
 
 _ACQUIRE = rf"""
 mkdir -p {LOCK_DIR}
@@ -50,6 +52,13 @@ fi
 if ! flock -w {WAIT_S} 9; then
   echo "held=no"
   echo "holder=$(cat {OWNER_PATH} 2>/dev/null || echo 'not recorded')"
+  # Which processes have the lock file open: the holder of a run still going, or whatever
+  # else keeps the lock alive after its run ended (a process that inherited it).
+  for fd in /proc/[0-9]*/fd/*; do
+    [ "$(readlink "$fd" 2>/dev/null)" = {LOCK_PATH} ] || continue
+    p=${{fd#/proc/}}; p=${{p%%/*}}
+    [ "$p" = "$$" ] || echo "open_by=$p $(cat /proc/$p/comm 2>/dev/null)"
+  done
   exit 0
 fi
 printf '%s\n' "$owner" > {OWNER_PATH}
@@ -79,8 +88,12 @@ class NodeRunLock(FactBase[dict[str, Any]]):
 
     def process(self, output: list[str]) -> dict[str, Any]:  # type: ignore[override]
         values = dict(line.split("=", 1) for line in output if "=" in line)
+        # "pid name" of each process with the lock file open, when the lock was not taken;
+        # node output, so only what a pid and a process name can be is kept.
+        open_by = [line.removeprefix("open_by=") for line in output if _OPEN_BY.fullmatch(line)]
         return {
             "held": values.get("held") == "yes",
             "holder": values.get("holder", ""),
             "error": values.get("error"),
+            "open_by": open_by,
         }

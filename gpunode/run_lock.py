@@ -68,11 +68,14 @@ def process_start(pid: int) -> float | None:
     return boot + ticks / os.sysconf("SC_CLK_TCK")
 
 
-def lock_refused(holder: str, node: str) -> str:
+def lock_refused(holder: str, node: str, open_by: list[str] | None = None) -> str:
+    """Why a node is refused: the run holding it, and (where the node said) the processes
+    that keep its lock file open: after a run ended, what still holds its lock."""
+    where = f" The lock is held on the node by: {', '.join(open_by)}." if open_by else ""
     return (
         f"{node}: another gpunode run holds this node: {holder} (waited {WAIT_S} s). "
         "Nothing was changed on it by this run; run again once that one has finished "
-        "(its lock ends with its SSH connection)."
+        f"(its lock ends with its SSH connection).{where}"
     )
 
 
@@ -103,6 +106,6 @@ def run_lock_held(lock: dict[str, Any]):
     if lock.get("error"):
         yield refusal(f"{host.name}: no run lock: {lock['error']}")
     elif not lock["held"]:
-        yield refusal(lock_refused(lock["holder"], host.name))
+        yield refusal(lock_refused(lock["holder"], host.name, lock.get("open_by")))
     else:
         host.noop("this run holds the node's run lock")

@@ -6,6 +6,7 @@ import datetime
 import os
 import socket
 import subprocess
+import time
 from pathlib import Path
 
 from facts.run_lock import NodeRunLock
@@ -62,6 +63,7 @@ def test_lock_fact_reads_its_answer() -> None:
         "held": False,
         "holder": "ops@ctl pid 7 since T (x.py)",
         "error": None,
+        "open_by": [],
     }
     assert "stale=''" in fact.command(owner="me")
     assert NodeRunLock.cacheable is False
@@ -85,3 +87,43 @@ def test_the_lock_is_tied_to_openssh_10s_per_connection_process(tmp_path: Path) 
     result = subprocess.run([str(session), "-c", script], capture_output=True, text=True)
     found, parent = result.stdout.split()
     assert parent == f"parent={found}", result
+
+
+def test_a_lock_not_taken_names_the_processes_that_keep_it(tmp_path: Path) -> None:
+    """The acquire script itself, run here against a lock file another process holds: the
+    answer names that process (pid and name), not the script's own shell."""
+
+    from facts.run_lock import _ACQUIRE, LOCK_DIR, WAIT_S
+
+    lock_dir = tmp_path / "run"
+    lock_dir.mkdir()
+    script = _ACQUIRE.replace(LOCK_DIR, str(lock_dir)).replace(f"-w {WAIT_S}", "-w 0")
+    keeper = subprocess.Popen(
+        ["flock", str(lock_dir / "run.lock"), "sleep", "30"], stdout=subprocess.DEVNULL
+    )
+    try:
+        for _ in range(100):  # until flock has the lock and sleep runs with the file open
+            if subprocess.run(["flock", "-n", str(lock_dir / "run.lock"), "true"]).returncode:
+                break
+            time.sleep(0.05)
+        done = subprocess.run(
+            ["sh", "-c", f"owner=me stale= ; {script}"], capture_output=True, text=True
+        )
+    finally:
+        keeper.kill()
+        keeper.wait()
+    answer = NodeRunLock().process(done.stdout.splitlines())
+    assert answer["held"] is False, done.stdout
+    names = {entry.split()[1] for entry in answer["open_by"]}
+    assert "flock" in names or "sleep" in names, answer
+    assert str(keeper.pid) in {entry.split()[0] for entry in answer["open_by"]}, answer
+
+
+def test_what_keeps_a_lock_is_read_as_pid_and_name_only() -> None:
+    answer = NodeRunLock().process(
+        ["held=no", "holder=x", "open_by=42 sleep", "open_by=43 \x1b[2Jevil", "open_by=x y"]
+    )
+    assert answer["open_by"] == ["42 sleep"]
+    assert lock_refused("x", "node-1", answer["open_by"]).endswith(
+        "The lock is held on the node by: 42 sleep."
+    )
