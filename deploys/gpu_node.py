@@ -33,6 +33,7 @@ from roles.node_exporter import node_exporter
 from roles.nvidia_driver import nvidia_driver
 from roles.nvidia_repos import nvidia_repositories
 from roles.nvme_cache import nvme_cache
+from roles.shared_data import shared_data
 from roles.slurm import slurm
 
 with converging() as desired:
@@ -52,6 +53,8 @@ with converging() as desired:
     nccl(desired=desired)
     infiniband(desired=desired)
     nvme_cache(desired=desired)
+    # After the NVMe cache: an fsc mount follows the cachefilesd it runs there.
+    shared_data(desired=desired)
     gpu_settings(desired=desired)
     # After the GPU settings: they set the compute mode MPS's GPUs need.
     mps(desired=desired)

@@ -23,6 +23,7 @@ from gpunode.drift.shape import checked_facts
 from gpunode.expected import kubernetes as expected_kubernetes
 from gpunode.expected import mps as expected_mps
 from gpunode.expected import secure_boot
+from gpunode.expected import shared_data as expected_shared_data
 from gpunode.expected.audit import is_system_binary
 from gpunode.expected.auditd import WATCHES
 from gpunode.expected.firewall import TABLE, render_ruleset, service_rules
@@ -526,6 +527,50 @@ def nvme_cache_rules(desired: DesiredState, facts: dict[str, Any]) -> Iterator[t
         yield "nvme_cache.read_only", CRIT, "mounted read-write", found, HARDWARE_TICKET
     if "noatime" not in options:
         yield "nvme_cache.options", WARN, "noatime", ",".join(options), RUN_DEPLOY
+
+
+SHARED_DATA_FIX = f"{RUN_DEPLOY} (roles/shared_data.py writes and starts the automount)"
+
+
+def shared_data_rules(desired: DesiredState, facts: dict[str, Any]) -> Iterator[tuple]:
+    """Each declared shared file system: its automount armed (autofs) or the file system
+    mounted from the declared source with the declared options.
+
+    Neither is critical: jobs find no training data. Another file system there, or the
+    declared one with other options (version, nconnect, read-only), is a warning.
+    """
+    declared = desired.shared_data.mounts
+    if not declared:
+        return
+    mounts: Section = facts.get("mounts") or {}
+    if mounts.get("state") == "unreadable":
+        yield from _unreadable("mounts", mounts)
+        return
+    for mount in declared:
+        point = mount.mount_point
+        key = f"shared_data.mount:{point}"
+        source = expected_shared_data.source(mount)
+        wanted = f"{mount.kind} {source} at {point} (or its automount)"
+        found = mounts.get(point)
+        if found is None:
+            yield key, CRIT, wanted, "nothing mounted, no automount", SHARED_DATA_FIX
+            continue
+        fstype = found.get("fstype")
+        if fstype == expected_shared_data.AUTOFS:
+            continue  # armed: mounted on first access
+        if fstype not in expected_shared_data.MOUNTED_TYPES[mount.kind] or (
+            found.get("source") != source
+        ):
+            yield (key, WARN, wanted, f"{found.get('source')} ({fstype})",
+                   "unmount what is there, then " + SHARED_DATA_FIX)  # fmt: skip
+            continue
+        options = found.get("options") or []
+        missing = [o for o in expected_shared_data.expected_kernel_options(mount)
+                   if o not in options]  # fmt: skip
+        if missing:
+            yield (f"shared_data.options:{point}", WARN, ",".join(missing),
+                   ",".join(options), "drain, then systemctl restart "
+                   + expected_shared_data.mount_unit(mount))  # fmt: skip
 
 
 def _may_log_in(name: str, account: dict[str, Any], effective: dict[str, Any]) -> bool:
@@ -1094,6 +1139,7 @@ RULES: tuple[Rule, ...] = (
     lynis_rules,
     mps_rules,
     kubernetes_rules,
+    shared_data_rules,
 )
 
 

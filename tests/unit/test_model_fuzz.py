@@ -211,6 +211,9 @@ SIBLING_SAMPLES: dict[str, Any] = {
     "FirewallRule.sources": ["10.0.0.0/8"],
     "IpoibInterface.name": "ib0",
     "IpoibInterface.address": "192.168.100.11/24",
+    "SharedMount.mount_point": "/data",
+    "SharedMount.server": "nfs1.example",
+    "SharedMount.export": "/export/data",
 }
 # Settings elsewhere that a field is only meaningful with.
 CONTEXT: dict[str, dict[str, Any]] = {
@@ -515,6 +518,39 @@ def _kubernetes_version(state: DesiredState, value: str) -> None:
     assert shlex.split(commands[0])[-1] == f"kubelet={value}"
 
 
+def _shared_mount(state: DesiredState, value: str) -> None:
+    from gpunode.expected.shared_data import (
+        render_automount_unit,
+        render_mount_unit,
+        source,
+        unit_stem,
+    )
+
+    (mount,) = state.shared_data.mounts
+    unit = render_mount_unit(mount)
+    lines = unit.splitlines()
+    # One line per key, each value as written: no '%' systemd would expand, no space.
+    assert [line.split("=", 1)[0] for line in lines if "=" in line and line[0] != "#"] == [
+        "Description", "Wants", "After", "What", "Where", "Type", "Options", "TimeoutSec",
+    ]  # fmt: skip
+    assert "%" not in unit
+    what = f"What={source(mount)}"
+    where = f"Where={mount.mount_point}"
+    options = next(line for line in lines if line.startswith("Options="))
+    assert what in lines and where in lines
+    assert value in (what + where) or value in options.removeprefix("Options=").split(",")
+    assert f"Where={mount.mount_point}" in render_automount_unit(mount).splitlines()
+    assert "/" not in unit_stem(mount.mount_point)
+
+
+def _lustre_source(state: DesiredState, value: str) -> None:
+    from roles.shared_data import lustre_repository
+
+    lines = lustre_repository(state).render_sources().splitlines()
+    (uris,) = [line for line in lines if line.startswith("URIs: ")]
+    assert uris == f"URIs: {value.rstrip('/')}/" and value.split() == [value]
+
+
 RENDERED: dict[str, Callable[[DesiredState, str], None]] = {
     "Sshd.listen_addresses": _sshd,
     "Sshd.penalty_exempt_networks": _penalty_exempt,
@@ -549,6 +585,11 @@ RENDERED: dict[str, Callable[[DesiredState, str], None]] = {
     "Mps.pinned_device_memory_limit": _mps_unit,
     "Kubernetes.repository_url": _kubernetes_source,
     "Kubernetes.version": _kubernetes_version,
+    "SharedMount.mount_point": _shared_mount,
+    "SharedMount.server": _shared_mount,
+    "SharedMount.export": _shared_mount,
+    "SharedMount.options": _shared_mount,
+    "SharedData.lustre_repository_url": _lustre_source,
 }
 
 
