@@ -307,3 +307,25 @@ def test_drift_reports_a_missing_foreign_or_differently_mounted_share() -> None:
 def test_no_shared_data_declared_means_no_finding() -> None:
     plain, _ = build_desired_state({})
     assert findings(plain, {}) == {}
+
+
+@pytest.mark.parametrize("path", ["/data", "/mnt/my-data"])
+def test_systemd_reads_both_units_and_names_them_as_it_does(path: str, tmp_path: Any) -> None:
+    analyze = subprocess.run(["which", "systemd-analyze"], capture_output=True, check=False)
+    if analyze.returncode != 0:
+        pytest.skip("systemd-analyze is not installed on this control host")
+    mount = nfs_mount(mount_point=path, nconnect=4, options=["hard", "noatime"])
+    files = []
+    for name, text in ((expected.mount_unit(mount), expected.render_mount_unit(mount)),
+                       (expected.automount_unit(mount), expected.render_automount_unit(mount))):  # fmt: skip
+        files.append(tmp_path / name)
+        files[-1].write_text(text)
+    done = subprocess.run(
+        ["systemd-analyze", "verify", "--man=no", *map(str, files)], capture_output=True,
+        text=True, check=False,
+    )  # fmt: skip
+    # A unit named otherwise than its Where= is refused by systemd ("Where= setting doesn't
+    # match unit name"): the escaping is checked here too. mount.nfs is absent on this host.
+    complaints = [line for line in done.stderr.splitlines()
+                  if line.strip() and "mount.nfs" not in line and "/sbin/mount" not in line]  # fmt: skip
+    assert complaints == [], done.stderr
