@@ -33,6 +33,7 @@ from roles.node_exporter import node_exporter
 from roles.nvidia_driver import nvidia_driver
 from roles.nvidia_repos import nvidia_repositories
 from roles.nvme_cache import nvme_cache
+from roles.registry_access import registry_access
 from roles.shared_data import shared_data
 from roles.slurm import slurm
 
@@ -48,6 +49,7 @@ with converging() as desired:
     imex(desired=desired)
     cuda_toolkits(desired=desired)
     container_toolkit(desired=desired)
+    registry_access(desired=desired)
     kubernetes_packages(desired=desired)
     dcgm(desired=desired)
     nccl(desired=desired)

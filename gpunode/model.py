@@ -847,6 +847,35 @@ class Cuda:
             )
 
 
+# NGC's registry and the user name its API keys log in with: "Username is the literal
+# $oauthtoken (API key authentication). Password is the value of NGC_API_KEY" (NVIDIA NIM,
+# "NGC Access Setup", https://docs.nvidia.com/nim/speech/latest/get-started/
+# ngc-access-setup.html, read 2026-12-07).
+NGC_REGISTRY = "nvcr.io"
+NGC_USERNAME = "$oauthtoken"
+# A registry as image references name it: a host name, an optional port.
+REGISTRY_HOST = rf"{HOST_NAME}(:[0-9]{{1,5}})?"
+
+
+@dataclass(frozen=True)
+class RegistryLogin:
+    """Credentials for one container registry; the password (an API key for NGC) is read on
+    the control machine from a file only its owner may read, and never printed."""
+
+    registry: str = setting(
+        NGC_REGISTRY, "the registry, as image names give it (nvcr.io: NVIDIA's NGC)",
+        pattern=REGISTRY_HOST, accepts="a registry host name with an optional :port",
+    )  # fmt: skip
+    username: str = setting(
+        NGC_USERNAME, "the user name ($oauthtoken for an NGC API key)",
+        pattern=r"\$?[A-Za-z0-9._@-]{1,128}", accepts="a user name, or $oauthtoken",
+    )  # fmt: skip
+    password_file: str = setting(
+        "", "file on the control machine holding the password or API key (mode 0600)",
+        pattern=r"[^\s]+", required=True, accepts="a path on the control machine",
+    )  # fmt: skip
+
+
 @dataclass(frozen=True)
 class ContainerRuntime:
     """NVIDIA Container Toolkit and the engines it is wired into."""
@@ -860,6 +889,24 @@ class ContainerRuntime:
     )  # fmt: skip
     cdi: bool = setting(True, "generate the CDI spec (/etc/cdi/nvidia.yaml)")
     set_as_default: bool = setting(False, "make nvidia the engine's default runtime")
+    registry_logins: tuple[RegistryLogin, ...] = setting(
+        (), "registry credentials root's Docker client uses (/root/.docker/config.json, "
+        "managed whole), e.g. nvcr.io with an NGC API key",
+    )  # fmt: skip
+
+    def validate(self, builder: Builder, path: str) -> None:
+        registries = [login.registry for login in self.registry_logins]
+        for index, registry in enumerate(registries):
+            if registries.index(registry) != index:
+                builder.problem(f"{path}.registry_logins[{index}].registry", registry,
+                                "a registry given twice", "one login per registry")  # fmt: skip
+        if self.registry_logins and "docker" not in self.engines:
+            builder.problem(
+                f"{path}.registry_logins", [login.registry for login in self.registry_logins],
+                "the credentials are Docker's (root's config.json), and docker is not among "
+                "container_runtime.engines; Kubernetes pulls with its own image pull secrets",
+                "engines including docker, or no registry_logins",
+            )  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ from gpunode.drift.findings import HARDWARE_TICKET, RUN_DEPLOY, Finding, Severit
 from gpunode.drift.shape import checked_facts
 from gpunode.expected import kubernetes as expected_kubernetes
 from gpunode.expected import mps as expected_mps
+from gpunode.expected import registry_access as expected_registry_access
 from gpunode.expected import secure_boot
 from gpunode.expected import shared_data as expected_shared_data
 from gpunode.expected.audit import is_system_binary
@@ -527,6 +528,32 @@ def nvme_cache_rules(desired: DesiredState, facts: dict[str, Any]) -> Iterator[t
         yield "nvme_cache.read_only", CRIT, "mounted read-write", found, HARDWARE_TICKET
     if "noatime" not in options:
         yield "nvme_cache.options", WARN, "noatime", ",".join(options), RUN_DEPLOY
+
+
+def registry_access_rules(desired: DesiredState, facts: dict[str, Any]) -> Iterator[tuple]:
+    """Root's Docker client holds a login for each declared registry, readable by root only.
+
+    A missing login is a warning (pulls of that registry's private images fail; public ones
+    still work); a file others may read exposes the keys (critical).
+    """
+    logins = desired.container_runtime.registry_logins
+    if not logins:
+        return
+    section: Section = facts.get("registry_access") or {}
+    if section.get("state") == "unreadable":
+        yield from _unreadable("registry_access", section)
+        return
+    path = expected_registry_access.DOCKER_CLIENT_CONFIG
+    mode = section.get("mode")
+    if section.get("present") and mode != expected_registry_access.CONFIG_MODE:
+        yield ("registry_access.mode", CRIT, f"{path} mode 0600", f"mode {mode or 'unknown'}",
+               f"chmod 600 {path}; rotate the keys it holds; {RUN_DEPLOY}")  # fmt: skip
+    held = set(section.get("registries") or [])
+    for login in logins:
+        if login.registry not in held:
+            found = "no login" if section.get("present") else f"no {path}"
+            yield (f"registry_access.login:{login.registry}", WARN,
+                   f"a login for {login.registry} in {path}", found, RUN_DEPLOY)  # fmt: skip
 
 
 SHARED_DATA_FIX = f"{RUN_DEPLOY} (roles/shared_data.py writes and starts the automount)"
@@ -1140,6 +1167,7 @@ RULES: tuple[Rule, ...] = (
     mps_rules,
     kubernetes_rules,
     shared_data_rules,
+    registry_access_rules,
 )
 
 

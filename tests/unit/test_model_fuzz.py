@@ -214,6 +214,7 @@ SIBLING_SAMPLES: dict[str, Any] = {
     "SharedMount.mount_point": "/data",
     "SharedMount.server": "nfs1.example",
     "SharedMount.export": "/export/data",
+    "RegistryLogin.password_file": "keys/ngc.key",
 }
 # Settings elsewhere that a field is only meaningful with.
 CONTEXT: dict[str, dict[str, Any]] = {
@@ -222,6 +223,9 @@ CONTEXT: dict[str, dict[str, Any]] = {
     "NvidiaDriver.version": {"nvidia_driver": {"source": "debian"}},
     "Cuda.default": {"cuda": {"versions": ["12.4"]}},
     "GpuSettings.mig_layout": {"gpu_settings": {"mig": True}},
+    "RegistryLogin.registry": {"container_runtime": {"engines": ["docker"]}},
+    "RegistryLogin.username": {"container_runtime": {"engines": ["docker"]}},
+    "RegistryLogin.password_file": {"container_runtime": {"engines": ["docker"]}},
 }
 
 
@@ -551,6 +555,22 @@ def _lustre_source(state: DesiredState, value: str) -> None:
     assert uris == f"URIs: {value.rstrip('/')}/" and value.split() == [value]
 
 
+def _registry_login(state: DesiredState, value: str) -> None:
+    import base64
+    import json
+
+    from facts.registry_access import parse_registry_access
+    from gpunode.expected.registry_access import render_docker_config
+
+    (login,) = state.container_runtime.registry_logins
+    text = render_docker_config([(login, "key")]).decode()
+    (auth,) = json.loads(text)["auths"].items()
+    assert auth[0] == login.registry
+    assert base64.b64decode(auth[1]["auth"]).decode() == f"{login.username}:key"
+    assert value in (login.registry, login.username)
+    assert parse_registry_access(["mode 600", *text.splitlines()])["registries"] == [login.registry]
+
+
 RENDERED: dict[str, Callable[[DesiredState, str], None]] = {
     "Sshd.listen_addresses": _sshd,
     "Sshd.penalty_exempt_networks": _penalty_exempt,
@@ -590,6 +610,8 @@ RENDERED: dict[str, Callable[[DesiredState, str], None]] = {
     "SharedMount.export": _shared_mount,
     "SharedMount.options": _shared_mount,
     "SharedData.lustre_repository_url": _lustre_source,
+    "RegistryLogin.registry": _registry_login,
+    "RegistryLogin.username": _registry_login,
 }
 
 

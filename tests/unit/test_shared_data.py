@@ -315,9 +315,12 @@ def test_systemd_reads_both_units_and_names_them_as_it_does(path: str, tmp_path:
     if analyze.returncode != 0:
         pytest.skip("systemd-analyze is not installed on this control host")
     mount = nfs_mount(mount_point=path, nconnect=4, options=["hard", "noatime"])
+    units = {
+        expected.mount_unit(mount): expected.render_mount_unit(mount),
+        expected.automount_unit(mount): expected.render_automount_unit(mount),
+    }
     files = []
-    for name, text in ((expected.mount_unit(mount), expected.render_mount_unit(mount)),
-                       (expected.automount_unit(mount), expected.render_automount_unit(mount))):  # fmt: skip
+    for name, text in units.items():
         files.append(tmp_path / name)
         files[-1].write_text(text)
     done = subprocess.run(
@@ -326,6 +329,8 @@ def test_systemd_reads_both_units_and_names_them_as_it_does(path: str, tmp_path:
     )  # fmt: skip
     # A unit named otherwise than its Where= is refused by systemd ("Where= setting doesn't
     # match unit name"): the escaping is checked here too. mount.nfs is absent on this host.
-    complaints = [line for line in done.stderr.splitlines()
-                  if line.strip() and "mount.nfs" not in line and "/sbin/mount" not in line]  # fmt: skip
+    complaints = [
+        line for line in done.stderr.splitlines()
+        if line.strip() and "mount.nfs" not in line and "/sbin/mount" not in line
+    ]  # fmt: skip
     assert complaints == [], done.stderr
