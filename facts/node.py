@@ -22,6 +22,7 @@ from facts.mps import MpsState
 from facts.nvidia_packages import NvidiaPackages
 from facts.registry_access import RegistryAccess
 from facts.secure_boot import SecureBootState
+from facts.shared_data import NetworkMountAnswers
 from facts.slurm import SlurmGres
 from facts.sshd import SshdState
 from facts.tls import NodeCertificate
@@ -115,7 +116,8 @@ class NodeState(FactBatch):
     container runtimes, NCCL settings, mounts, Slurm GRES, the file integrity check, the
     malware scan, auditd, the last lynis report, MPS (compute modes, the daemon) and a
     Kubernetes worker's host (cgroup, swap, modules, sysctls, forward chain) and root's Docker
-    registry logins (the registries, never the secrets)."""
+    registry logins (the registries, never the secrets) and whether each NFS or Lustre mount
+    answers."""
 
     FACTS: ClassVar[dict[str, type[FactBase]]] = {
         "os": NodeOs,
@@ -138,4 +140,5 @@ class NodeState(FactBatch):
         "mps": MpsState,
         "kubernetes": KubernetesNode,
         "registry_access": RegistryAccess,
+        "network_mounts": NetworkMountAnswers,
     }

@@ -101,3 +101,67 @@ class ManagedMountUnits(FactBase[list[str]]):
     @staticmethod
     def default() -> list[str]:
         return []
+
+
+# How long one network file system may take to answer statfs before it counts as hung: a hard
+# NFS mount whose server is gone blocks the caller until killed (SIGKILL still ends it: the
+# NFS client waits killably), so the drift check's own deadline is never at risk.
+ANSWER_TIMEOUT_S = 3
+MAX_NETWORK_MOUNTS = 16
+NETWORK_TYPES = ("nfs", "nfs4", "lustre")
+_ANSWERS = {"ok", "stale", "hung", "error"}
+
+
+def parse_network_mounts(lines: list[str]) -> dict[str, Any]:
+    """``path<TAB>answer[<TAB>error]`` lines -> {"state", "reason", "answers": {path: text}};
+    a line of another shape is named in "problems", never read as an answer."""
+    answers: dict[str, str] = {}
+    problems: list[str] = []
+    for line in lines:
+        fields = line.split(SEPARATOR)
+        if len(fields) >= 2 and fields[0].startswith("/") and fields[1] in _ANSWERS:
+            detail = clean_text(fields[2])[:120] if len(fields) > 2 and fields[2] else ""
+            answers[fields[0]] = fields[1] + (f": {detail}" if detail else "")
+        elif line.strip():
+            problems.append(f"unreadable line {clean_text(line)[:80]!r}")
+    return {"state": "ok", "reason": "", "answers": answers, "problems": problems}
+
+
+class NetworkMountAnswers(FactBase[dict[str, Any]]):
+    """
+    Whether each mounted NFS or Lustre file system answers ``stat -f`` within
+    ``ANSWER_TIMEOUT_S``: ok, stale (ESTALE: the server lost the export), hung (no answer,
+    killed), or error (another failure, its message).
+
+    .. code:: python
+
+        {"state": "ok", "reason": "", "answers": {"/datasets": "ok"}, "problems": []}
+    """
+
+    def requires_command(self) -> str:
+        return "timeout"
+
+    def command(self) -> str:
+        types = "|".join(NETWORK_TYPES)
+        # Mount points with an escaped character (\040 for a space) are not gpunode's (the
+        # model's paths have none) and are skipped rather than unescaped.
+        return (
+            "n=0; while read -r src mp fstype rest; do "
+            f'case "$fstype" in {types}) ;; *) continue ;; esac; '
+            'case "$mp" in *\\\\*) continue ;; esac; '
+            f"n=$((n + 1)); [ $n -gt {MAX_NETWORK_MOUNTS} ] && break; "
+            f'err=$(timeout -s KILL {ANSWER_TIMEOUT_S} stat -f -c %T -- "$mp" 2>&1 >/dev/null); '
+            "rc=$?; "
+            "if [ $rc -eq 0 ]; then printf '%s\\tok\\n' \"$mp\"; "
+            "elif [ $rc -eq 137 ] || [ $rc -eq 124 ]; then printf '%s\\thung\\n' \"$mp\"; "
+            'else case "$err" in *[Ss]tale*) a=stale ;; *) a=error ;; esac; '
+            'printf \'%s\\t%s\\t%s\\n\' "$mp" "$a" "$(printf \'%s\' "$err" | head -n 1)"; fi; '
+            "done < /proc/self/mounts; true"
+        )
+
+    def process(self, output: list[str]) -> dict[str, Any]:  # type: ignore[override]
+        return parse_network_mounts(list(output))
+
+    @staticmethod
+    def default() -> dict[str, Any]:
+        return {"state": "ok", "reason": "", "answers": {}, "problems": []}

@@ -561,10 +561,11 @@ SHARED_DATA_FIX = f"{RUN_DEPLOY} (roles/shared_data.py writes and starts the aut
 
 def shared_data_rules(desired: DesiredState, facts: dict[str, Any]) -> Iterator[tuple]:
     """Each declared shared file system: its automount armed (autofs) or the file system
-    mounted from the declared source with the declared options.
+    mounted from the declared source with the declared options, answering.
 
-    Neither is critical: jobs find no training data. Another file system there, or the
-    declared one with other options (version, nconnect, read-only), is a warning.
+    Neither, or a mount that is stale or hangs, is critical: jobs find no training data.
+    Another file system there, or the declared one with other options (version, nconnect,
+    read-only), is a warning.
     """
     declared = desired.shared_data.mounts
     if not declared:
@@ -573,6 +574,13 @@ def shared_data_rules(desired: DesiredState, facts: dict[str, Any]) -> Iterator[
     if mounts.get("state") == "unreadable":
         yield from _unreadable("mounts", mounts)
         return
+    network: Section = facts.get("network_mounts") or {}
+    if network.get("state") == "unreadable":
+        yield from _unreadable("network_mounts", network)
+    else:
+        yield from _unread_lines("network_mounts", "stat -f of the network mounts",
+                                 network.get("problems"))  # fmt: skip
+    answers = (network.get("answers") or {}) if network.get("state") != "unreadable" else {}
     for mount in declared:
         point = mount.mount_point
         key = f"shared_data.mount:{point}"
@@ -591,6 +599,11 @@ def shared_data_rules(desired: DesiredState, facts: dict[str, Any]) -> Iterator[
             yield (key, WARN, wanted, f"{found.get('source')} ({fstype})",
                    "unmount what is there, then " + SHARED_DATA_FIX)  # fmt: skip
             continue
+        answer = str(answers.get(point) or "")
+        if answer and answer != "ok":
+            yield (f"shared_data.answer:{point}", CRIT, f"{point} answers stat -f",
+                   answer, "check the server and the network; drain the node, then "
+                   f"systemctl restart {expected_shared_data.mount_unit(mount)}")  # fmt: skip
         options = found.get("options") or []
         missing = [o for o in expected_shared_data.expected_kernel_options(mount)
                    if o not in options]  # fmt: skip

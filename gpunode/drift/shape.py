@@ -226,6 +226,9 @@ SECTION_SHAPES: dict[str, Shape] = {
             "problems": Maybe(ListOf(Str)),
         }
     ),
+    "network_mounts": Record(
+        {**_STATE, "answers": Maybe(MapOf(Str)), "problems": Maybe(ListOf(Str))}
+    ),
     "registry_access": Record(
         {**_STATE, "present": _FLAG, "mode": _TEXT, "registries": Maybe(ListOf(Str))}
     ),

@@ -14,8 +14,10 @@ from facts.paths import SymlinkOnPath
 from facts.shared_data import (
     ManagedMountUnits,
     MountPointState,
+    NetworkMountAnswers,
     parse_managed_units,
     parse_mount_points,
+    parse_network_mounts,
 )
 from gpunode.drift.rules import evaluate
 from gpunode.expected import shared_data as expected
@@ -334,3 +336,52 @@ def test_systemd_reads_both_units_and_names_them_as_it_does(path: str, tmp_path:
         if line.strip() and "mount.nfs" not in line and "/sbin/mount" not in line
     ]  # fmt: skip
     assert complaints == [], done.stderr
+
+
+# --- a share that stopped answering ------------------------------------------------------------
+
+
+def test_network_mounts_are_asked_with_a_deadline_and_only_they(tmp_path: Any) -> None:
+    """The fact's command run by sh over a mount table of its own: the NFS and Lustre lines
+    are asked (a real directory answers, a vanished one is an error), the others are not."""
+    here = tmp_path / "share"
+    here.mkdir()
+    table = tmp_path / "mounts"
+    table.write_text(
+        f"srv:/export {here} nfs4 rw,vers=4.2 0 0\n"
+        f"mgs@tcp:/fs1 {tmp_path}/gone lustre rw 0 0\n"
+        f"/dev/sda1 {tmp_path} ext4 rw 0 0\n"
+        f"systemd-1 {tmp_path}/auto autofs rw 0 0\n"
+        "srv:/x /with\\040space nfs4 rw 0 0\n"
+    )
+    command = NetworkMountAnswers().command().replace("/proc/self/mounts", str(table))
+    assert "timeout -s KILL 3 stat -f" in command
+    done = subprocess.run(["sh", "-c", command], capture_output=True, text=True, check=True)
+    found = NetworkMountAnswers().process(done.stdout.splitlines())
+    assert set(found["answers"]) == {str(here), f"{tmp_path}/gone"}
+    assert found["answers"][str(here)] == "ok"
+    assert found["answers"][f"{tmp_path}/gone"].startswith("error: ")
+    assert found["problems"] == []
+
+
+def test_the_answers_parser_keeps_what_it_reads_and_names_the_rest() -> None:
+    lines = ["/data\tok", "/lustre\tstale\tstat: Stale file handle", "/x\thung",
+             "/y\tmaybe", "noise \x1b[31m"]  # fmt: skip
+    found = parse_network_mounts(lines)
+    assert found["answers"] == {"/data": "ok", "/lustre": "stale: stat: Stale file handle",
+                                "/x": "hung"}  # fmt: skip
+    assert len(found["problems"]) == 2 and "\x1b" not in "".join(found["problems"])
+
+
+def test_drift_reports_a_stale_or_hung_share_as_critical() -> None:
+    desired = state(NFS)
+    mounted = {"/data": {"source": "nfs1.example:/export/datasets", "fstype": "nfs4",
+                         "options": ["rw", "vers=4.2"]}}  # fmt: skip
+    for answer in ("stale: stat: Stale file handle", "hung"):
+        facts = {"mounts": mounted, "network_mounts": {"state": "ok", "reason": "",
+                                                       "answers": {"/data": answer}}}  # fmt: skip
+        found = {f.id: f for f in evaluate("node-1", desired, facts)}
+        assert found["shared_data.answer:/data"].severity.name == "CRITICAL"
+        assert found["shared_data.answer:/data"].found == answer
+    facts = {"mounts": mounted, "network_mounts": {"answers": {"/data": "ok"}}}
+    assert not [f for f in evaluate("node-1", desired, facts) if f.id.startswith("shared")]
