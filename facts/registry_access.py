@@ -6,11 +6,12 @@ leaves the node: the command prints only its mode and the lines that open a regi
 from __future__ import annotations
 
 import re
+import shlex
 from typing import Any
 
 from pyinfra.api import FactBase
 
-from gpunode.expected.registry_access import DOCKER_CLIENT_CONFIG
+from gpunode.expected.registry_access import DOCKER_CLIENT_CONFIG, HOSTS_DIRECTORY, HOSTS_MARKER
 from gpunode.model import REGISTRY_HOST
 
 _MODE = re.compile(r"mode ([0-7]{3,4})")
@@ -64,3 +65,40 @@ class RegistryAccess(FactBase[dict[str, Any]]):
     @staticmethod
     def default() -> dict[str, Any]:
         return {"state": "ok", "reason": "", "present": False, "mode": None, "registries": []}
+
+
+def parse_managed_hosts_files(lines: list[str]) -> list[str]:
+    """The registries whose hosts.toml gpunode wrote (``grep -l`` output, one path a line)."""
+    registries = []
+    for line in lines:
+        directory, _, name = line.strip().rpartition("/")
+        parent, _, registry = directory.rpartition("/")
+        if (
+            name == "hosts.toml"
+            and parent == HOSTS_DIRECTORY
+            and re.fullmatch(REGISTRY_HOST, registry)
+        ):
+            registries.append(registry)
+    return sorted(set(registries))
+
+
+class ManagedRegistryMirrors(FactBase[list[str]]):
+    """
+    The registries under /etc/containerd/certs.d whose hosts.toml starts with gpunode's
+    marker.
+
+    .. code:: python
+
+        ["docker.io", "nvcr.io"]
+    """
+
+    def command(self) -> str:
+        marker = shlex.quote(f"^{HOSTS_MARKER}")
+        return f"grep -l -- {marker} {HOSTS_DIRECTORY}/*/hosts.toml 2>/dev/null; true"
+
+    def process(self, output: list[str]) -> list[str]:  # type: ignore[override]
+        return parse_managed_hosts_files(list(output))
+
+    @staticmethod
+    def default() -> list[str]:
+        return []

@@ -877,6 +877,36 @@ class RegistryLogin:
 
 
 @dataclass(frozen=True)
+class RegistryMirror:
+    """Mirrors or pull-through caches containerd pulls one registry's images from, in order
+    (containerd's hosts.toml; air-gapped sites: ``upstream: false``)."""
+
+    registry: str = setting(
+        "", "the registry as image names give it (docker.io, nvcr.io, registry.k8s.io)",
+        pattern=REGISTRY_HOST, required=True,
+        accepts="a registry host name with an optional :port",
+    )  # fmt: skip
+    mirrors: tuple[str, ...] = setting(
+        (), "the mirrors' URLs, tried in order", check=check_url, accepts=URL_ACCEPTS
+    )
+    upstream: bool = setting(
+        True, "fall back to the registry itself when every mirror fails (false: the last "
+        "mirror is the server, and the registry is never asked: air-gapped sites)",
+    )  # fmt: skip
+    resolve: bool = setting(
+        True, "trust the mirrors to resolve tags to digests (a private mirror); false: pull "
+        "only (a public mirror, as containerd's hosts.md advises)",
+    )  # fmt: skip
+
+    def validate(self, builder: Builder, path: str) -> None:
+        if not self.mirrors:
+            builder.problem(f"{path}.mirrors", [], "no mirror given", "one URL or more")
+        if len(set(self.mirrors)) != len(self.mirrors):
+            builder.problem(f"{path}.mirrors", list(self.mirrors), "a mirror given twice",
+                            "each URL once")  # fmt: skip
+
+
+@dataclass(frozen=True)
 class ContainerRuntime:
     """NVIDIA Container Toolkit and the engines it is wired into."""
 
@@ -894,7 +924,24 @@ class ContainerRuntime:
         "managed whole), e.g. nvcr.io with an NGC API key",
     )  # fmt: skip
 
+    registry_mirrors: tuple[RegistryMirror, ...] = setting(
+        (), "registry mirrors containerd pulls through (/etc/containerd/certs.d/<registry>/"
+        "hosts.toml)",
+    )  # fmt: skip
+
     def validate(self, builder: Builder, path: str) -> None:
+        mirrored = [mirror.registry for mirror in self.registry_mirrors]
+        for index, registry in enumerate(mirrored):
+            if mirrored.index(registry) != index:
+                builder.problem(f"{path}.registry_mirrors[{index}].registry", registry,
+                                "a registry given twice", "one entry per registry")  # fmt: skip
+        if self.registry_mirrors and "containerd" not in self.engines:
+            builder.problem(
+                f"{path}.registry_mirrors", mirrored,
+                "the mirrors are containerd's (hosts.toml), and containerd is not among "
+                "container_runtime.engines; Docker's registry-mirrors is not managed",
+                "engines including containerd, or no registry_mirrors",
+            )  # fmt: skip
         registries = [login.registry for login in self.registry_logins]
         for index, registry in enumerate(registries):
             if registries.index(registry) != index:

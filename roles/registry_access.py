@@ -12,6 +12,13 @@ is moved into place by root (as the MUNGE key is, roles/slurm.py).
 
 With no logins declared, a file gpunode wrote is left as found: removing root's Docker
 credentials is the operator's call.
+
+Registry mirrors (``container_runtime.registry_mirrors``) become containerd's
+``/etc/containerd/certs.d/<registry>/hosts.toml`` (``gpunode.expected.registry_access``);
+containerd reads them without a restart, but only where its config.toml names that directory
+in the registry ``config_path``. gpunode does not edit config.toml (nvidia-ctk writes it): a
+node whose config.toml does not name the directory is told so in the run, and the drift check
+reports it. A hosts.toml gpunode wrote for a registry no longer declared is removed.
 """
 
 from __future__ import annotations
@@ -25,15 +32,23 @@ from pyinfra import host
 from pyinfra.api import OperationError, deploy, operation
 from pyinfra.api.command import FileUploadCommand
 from pyinfra.facts.files import File, Sha256File
+from pyinfra.operations import files
 
+from facts.container_runtime import ContainerRuntimeConfig
+from facts.registry_access import ManagedRegistryMirrors
 from gpunode.expected.registry_access import (
     CONFIG_MODE,
+    CONTAINERD_IMAGES_PLUGINS,
     DOCKER_CLIENT_CONFIG,
     DOCKER_CLIENT_DIRECTORY,
+    HOSTS_DIRECTORY,
     MAX_PASSWORD_BYTES,
+    hosts_toml_path,
+    reads_hosts_directory,
     render_docker_config,
+    render_hosts_toml,
 )
-from gpunode.model import USER_NAME, DesiredState, RegistryLogin
+from gpunode.model import USER_NAME, DesiredState, RegistryLogin, RegistryMirror
 from gpunode.secret_files import SecretFileError, read_secret_file
 
 # Where the file waits between the login user's SFTP upload and root's move: tmpfs, a
@@ -99,9 +114,67 @@ def _login_user() -> str:
     return str(user) if user else "root"
 
 
+@operation()
+def undeclared_mirrors_removed(declared: list[str]):
+    """hosts.toml files gpunode wrote for registries no longer declared are removed.
+
+    + declared: the registries with mirrors declared now
+    """
+    stale = [registry for registry in host.get_fact(ManagedRegistryMirrors)
+             if registry not in declared]  # fmt: skip
+    if not stale:
+        host.noop("no registry mirror left from an earlier declaration")
+        return
+    for registry in stale:
+        path = hosts_toml_path(registry)
+        directory = shlex.quote(path.rsplit("/", 1)[0])
+        yield f"rm -f {shlex.quote(path)} && (rmdir {directory} 2>/dev/null || true)"
+
+
+@operation()
+def containerd_reads_mirrors():
+    """Says whether containerd's config.toml names the hosts directory (it changes nothing:
+    nvidia-ctk owns config.toml)."""
+    yield from ()  # a note, never a command
+    state = host.get_fact(ContainerRuntimeConfig)["containerd"]
+    if reads_hosts_directory(state.get("registry_config_path")):
+        host.noop(f"containerd reads {HOSTS_DIRECTORY} (registry config_path)")
+        return
+    tables = " or ".join(
+        f'[plugins."{plugin}".registry] (version {version})'
+        for version, plugin in CONTAINERD_IMAGES_PLUGINS.items()
+    )
+    host.noop(
+        f'containerd does not read {HOSTS_DIRECTORY} yet: add config_path = "{HOSTS_DIRECTORY}" '
+        f"under {tables} in /etc/containerd/config.toml and restart containerd"
+    )
+
+
+def _registry_mirrors(mirrors: tuple[RegistryMirror, ...]) -> None:
+    for mirror in mirrors:
+        path = hosts_toml_path(mirror.registry)
+        files.directory(
+            name=f"{path.rsplit('/', 1)[0]}: {mirror.registry}'s hosts directory",
+            path=path.rsplit("/", 1)[0], mode="755", user="root", group="root",
+        )  # fmt: skip
+        files.put(
+            name=f"{path}: {mirror.registry} through " + ", ".join(mirror.mirrors),
+            src=BytesIO(render_hosts_toml(mirror).encode()), dest=path, mode="644",
+            user="root", group="root",
+        )  # fmt: skip
+    if mirrors:
+        containerd_reads_mirrors(name="containerd reads the registry mirrors")
+
+
 @deploy("Container registry access")
 def registry_access(desired: DesiredState) -> None:
-    logins = desired.container_runtime.registry_logins
+    runtime = desired.container_runtime
+    undeclared_mirrors_removed(
+        name="Registry mirrors no longer declared removed",
+        declared=[mirror.registry for mirror in runtime.registry_mirrors],
+    )
+    _registry_mirrors(runtime.registry_mirrors)
+    logins = runtime.registry_logins
     if not logins:
         return
     docker_client_credentials(

@@ -536,6 +536,7 @@ def registry_access_rules(desired: DesiredState, facts: dict[str, Any]) -> Itera
     A missing login is a warning (pulls of that registry's private images fail; public ones
     still work); a file others may read exposes the keys (critical).
     """
+    yield from _registry_mirror_rules(desired, facts)
     logins = desired.container_runtime.registry_logins
     if not logins:
         return
@@ -554,6 +555,28 @@ def registry_access_rules(desired: DesiredState, facts: dict[str, Any]) -> Itera
             found = "no login" if section.get("present") else f"no {path}"
             yield (f"registry_access.login:{login.registry}", WARN,
                    f"a login for {login.registry} in {path}", found, RUN_DEPLOY)  # fmt: skip
+
+
+def _registry_mirror_rules(desired: DesiredState, facts: dict[str, Any]) -> Iterator[tuple]:
+    """Declared mirrors are read only where containerd's registry config_path names their
+    directory: otherwise every pull goes to the registries themselves (a warning; on an
+    air-gapped site pulls fail)."""
+    if not desired.container_runtime.registry_mirrors:
+        return
+    runtime: Section = facts.get("container_runtime") or {}
+    if runtime.get("state") == "unreadable":
+        return  # the container runtime rules report it
+    containerd = runtime.get("containerd") or {}
+    if containerd.get("error"):
+        return  # the container runtime rules report it
+    found = containerd.get("registry_config_path")
+    if not expected_registry_access.reads_hosts_directory(found):
+        directory = expected_registry_access.HOSTS_DIRECTORY
+        yield ("registry_access.mirrors_unread", WARN,
+               f"containerd registry config_path naming {directory}",
+               f"config_path {found!r}" if found else "no config_path",
+               f'add config_path = "{directory}" to the registry table of '
+               "/etc/containerd/config.toml, then restart containerd")  # fmt: skip
 
 
 SHARED_DATA_FIX = f"{RUN_DEPLOY} (roles/shared_data.py writes and starts the automount)"

@@ -17,7 +17,16 @@ _TEXT = Maybe(Str)
 _FLAG = Maybe(Bool)
 _STATE = {"state": _TEXT, "reason": _TEXT}
 _EFFECTIVE = MapOf(ListOf(Str))  # sshd -T: keyword -> values; or {"error": [message]}
-_ENGINE = Maybe(Record({"error": _TEXT, "nvidia_runtime": _FLAG, "default_runtime": _TEXT}))
+_ENGINE = Maybe(
+    Record(
+        {
+            "error": _TEXT,
+            "nvidia_runtime": _FLAG,
+            "default_runtime": _TEXT,
+            "registry_config_path": _TEXT,
+        }
+    )
+)
 _CDI_SPEC = Maybe(Record({"present": _FLAG, "uuids": Maybe(ListOf(Str))}))
 _MOUNT = Record({"source": _TEXT, "fstype": _TEXT, "options": Maybe(ListOf(Str))})
 _ACCOUNT = Record(

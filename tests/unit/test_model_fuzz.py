@@ -215,6 +215,8 @@ SIBLING_SAMPLES: dict[str, Any] = {
     "SharedMount.server": "nfs1.example",
     "SharedMount.export": "/export/data",
     "RegistryLogin.password_file": "keys/ngc.key",
+    "RegistryMirror.registry": "docker.io",
+    "RegistryMirror.mirrors": ["https://mirror.internal"],
 }
 # Settings elsewhere that a field is only meaningful with.
 CONTEXT: dict[str, dict[str, Any]] = {
@@ -226,6 +228,8 @@ CONTEXT: dict[str, dict[str, Any]] = {
     "RegistryLogin.registry": {"container_runtime": {"engines": ["docker"]}},
     "RegistryLogin.username": {"container_runtime": {"engines": ["docker"]}},
     "RegistryLogin.password_file": {"container_runtime": {"engines": ["docker"]}},
+    "RegistryMirror.registry": {"container_runtime": {"engines": ["containerd"]}},
+    "RegistryMirror.mirrors": {"container_runtime": {"engines": ["containerd"]}},
 }
 
 
@@ -571,6 +575,18 @@ def _registry_login(state: DesiredState, value: str) -> None:
     assert parse_registry_access(["mode 600", *text.splitlines()])["registries"] == [login.registry]
 
 
+def _registry_mirror(state: DesiredState, value: str) -> None:
+    import tomllib
+
+    from gpunode.expected.registry_access import hosts_toml_path, render_hosts_toml
+
+    (mirror,) = state.container_runtime.registry_mirrors
+    hosts = tomllib.loads(render_hosts_toml(mirror))
+    assert set(hosts["host"]) | {hosts["server"]} >= set(mirror.mirrors)
+    assert hosts_toml_path(mirror.registry).split("/")[-2] == mirror.registry
+    assert value in (mirror.registry, *mirror.mirrors)
+
+
 RENDERED: dict[str, Callable[[DesiredState, str], None]] = {
     "Sshd.listen_addresses": _sshd,
     "Sshd.penalty_exempt_networks": _penalty_exempt,
@@ -612,6 +628,8 @@ RENDERED: dict[str, Callable[[DesiredState, str], None]] = {
     "SharedData.lustre_repository_url": _lustre_source,
     "RegistryLogin.registry": _registry_login,
     "RegistryLogin.username": _registry_login,
+    "RegistryMirror.registry": _registry_mirror,
+    "RegistryMirror.mirrors": _registry_mirror,
 }
 
 

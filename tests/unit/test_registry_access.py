@@ -189,3 +189,142 @@ def test_drift_reports_a_missing_login_and_a_file_others_may_read() -> None:
     assert absent["registry_access.login:nvcr.io"].found == "no /root/.docker/config.json"
     exposed = findings({**ok, "mode": "644"})
     assert exposed["registry_access.mode"].severity.name == "CRITICAL"
+
+
+# --- registry mirrors (containerd's hosts.toml) ------------------------------------------------
+
+MIRRORED = {
+    "engines": ["containerd"],
+    "registry_mirrors": [
+        {"registry": "docker.io", "mirrors": ["https://mirror.internal:5000"]},
+        {"registry": "nvcr.io", "mirrors": ["https://a.internal", "https://b.internal"],
+         "upstream": False, "resolve": False},
+    ],
+}  # fmt: skip
+
+
+def mirrored(**runtime: Any) -> DesiredState:
+    desired, problems = build_desired_state({"container_runtime": {**MIRRORED, **runtime}})
+    assert problems == [], [p.render("inv", "h") for p in problems]
+    return desired
+
+
+def test_hosts_toml_tries_the_mirrors_then_the_registry_or_never_the_registry() -> None:
+    hub, nvcr = mirrored().container_runtime.registry_mirrors
+    assert expected.hosts_toml_path("docker.io") == "/etc/containerd/certs.d/docker.io/hosts.toml"
+    assert expected.render_hosts_toml(hub) == (
+        f"{expected.HOSTS_MARKER}\n"
+        'server = "https://registry-1.docker.io"\n\n'
+        '[host."https://mirror.internal:5000"]\n  capabilities = ["pull", "resolve"]\n'
+    )
+    # Air-gapped: the last mirror is the server, the registry is never asked; a public
+    # mirror pulls only.
+    assert expected.render_hosts_toml(nvcr) == (
+        f"{expected.HOSTS_MARKER}\n"
+        'server = "https://b.internal"\n\n'
+        '[host."https://a.internal"]\n  capabilities = ["pull"]\n'
+    )
+    import tomllib
+
+    assert tomllib.loads(expected.render_hosts_toml(hub))["host"] == {
+        "https://mirror.internal:5000": {"capabilities": ["pull", "resolve"]}
+    }
+
+
+@pytest.mark.parametrize(
+    ("runtime", "key", "reason"),
+    [
+        ({"engines": ["docker"]}, "registry_mirrors", "containerd is not among"),
+        ({"registry_mirrors": [{"registry": "docker.io"}]}, "registry_mirrors[0].mirrors",
+         "no mirror given"),
+        ({"registry_mirrors": [{"registry": "docker.io", "mirrors": ["ftp://m"]}]},
+         "registry_mirrors[0].mirrors[0]", ""),
+        ({"registry_mirrors": [{"registry": "docker.io", "mirrors": ['https://m"x']}]},
+         "registry_mirrors[0].mirrors[0]", ""),
+        ({"registry_mirrors": [{"registry": "docker.io", "mirrors": ["https://m\n"]}]},
+         "registry_mirrors[0].mirrors[0]", "control character"),
+        ({"registry_mirrors": [{"registry": "docker.io/library", "mirrors": ["https://m"]}]},
+         "registry_mirrors[0].registry", ""),
+        ({"registry_mirrors": [{"registry": "a.io", "mirrors": ["https://m"]},
+                               {"registry": "a.io", "mirrors": ["https://n"]}]},
+         "registry_mirrors[1].registry", "given twice"),
+    ],
+)  # fmt: skip
+def test_a_bad_mirror_is_refused_naming_its_key(runtime: dict, key: str, reason: str) -> None:
+    _, problems = build_desired_state({"container_runtime": {**MIRRORED, **runtime}})
+    found = {p.key: p.reason for p in problems}
+    assert f"container_runtime.{key}" in found, found
+    assert reason in found[f"container_runtime.{key}"]
+
+
+def test_the_renderer_refuses_what_toml_would_read_otherwise() -> None:
+    from gpunode.model import RegistryMirror
+
+    with pytest.raises(ValueError, match=r"hosts\.toml"):
+        expected.render_hosts_toml(RegistryMirror(registry="a.io", mirrors=('https://m"]',)))
+
+
+def test_containerd_config_path_is_read_for_its_version() -> None:
+    from facts.container_runtime import parse_containerd_config
+
+    v2 = (
+        'version = 2\n[plugins."io.containerd.grpc.v1.cri".registry]\n'
+        'config_path = "/etc/containerd/certs.d"\n'
+    )
+    v3 = (
+        'version = 3\n[plugins."io.containerd.cri.v1.images".registry]\n'
+        'config_path = "/x:/etc/containerd/certs.d"\n'
+    )
+    assert parse_containerd_config(v2)["registry_config_path"] == "/etc/containerd/certs.d"
+    assert expected.reads_hosts_directory(parse_containerd_config(v3)["registry_config_path"])
+    assert parse_containerd_config("version = 2\n")["registry_config_path"] is None
+    assert not expected.reads_hosts_directory("/etc/containerd/certs.d.old")
+
+
+def test_mirrors_no_longer_declared_are_removed_and_the_run_says_what_containerd_reads() -> None:
+    from facts.container_runtime import ContainerRuntimeConfig
+    from facts.registry_access import ManagedRegistryMirrors
+
+    from .fakehost import commands_of
+
+    facts: dict[type, Any] = {ManagedRegistryMirrors: ["docker.io", "old.example:5000"]}
+    commands, _ = commands_of(role.undeclared_mirrors_removed, facts, declared=["docker.io"])
+    assert commands == [
+        "rm -f /etc/containerd/certs.d/old.example:5000/hosts.toml && "
+        "(rmdir /etc/containerd/certs.d/old.example:5000 2>/dev/null || true)"
+    ]
+    facts = {ContainerRuntimeConfig: {"containerd": {"registry_config_path": None}}}
+    commands, noops = commands_of(role.containerd_reads_mirrors, facts)
+    assert commands == [] and "does not read /etc/containerd/certs.d yet" in noops[0]
+    facts = {ContainerRuntimeConfig: {"containerd": {
+        "registry_config_path": "/etc/containerd/certs.d"}}}  # fmt: skip
+    assert "containerd reads" in commands_of(role.containerd_reads_mirrors, facts)[1][0]
+
+
+def test_the_managed_mirrors_fact_reads_a_real_directory(tmp_path: Path) -> None:
+    from facts.registry_access import ManagedRegistryMirrors
+
+    (hub,) = mirrored().container_runtime.registry_mirrors[:1]
+    for registry, text in (("docker.io", expected.render_hosts_toml(hub)),
+                           ("quay.io", 'server = "https://quay.io"\n')):  # fmt: skip
+        (tmp_path / registry).mkdir()
+        (tmp_path / registry / "hosts.toml").write_text(text)
+    command = ManagedRegistryMirrors().command().replace(expected.HOSTS_DIRECTORY, str(tmp_path))
+    done = subprocess.run(["sh", "-c", command], capture_output=True, text=True, check=True)
+    lines = [line.replace(str(tmp_path), expected.HOSTS_DIRECTORY) for line in done.stdout.split()]
+    assert ManagedRegistryMirrors().process(lines) == ["docker.io"]
+
+
+def test_drift_warns_where_containerd_does_not_read_the_mirrors() -> None:
+    desired = mirrored()
+
+    def found(config_path: str | None) -> dict[str, Any]:
+        facts = {"container_runtime": {"containerd": {"registry_config_path": config_path}}}
+        return {f.id: f for f in evaluate("node-1", desired, facts)
+                if f.id.startswith("registry_access")}  # fmt: skip
+
+    assert found(None)["registry_access.mirrors_unread"].severity.name == "WARNING"
+    assert found("/etc/docker/certs.d")["registry_access.mirrors_unread"].found == (
+        "config_path '/etc/docker/certs.d'"
+    )
+    assert found("/etc/containerd/certs.d:/etc/docker/certs.d") == {}
