@@ -33,6 +33,8 @@ from roles.node_exporter import node_exporter
 from roles.nvidia_driver import nvidia_driver
 from roles.nvidia_repos import nvidia_repositories
 from roles.nvme_cache import nvme_cache
+from roles.registry_access import registry_access
+from roles.shared_data import shared_data
 from roles.slurm import slurm
 
 with converging() as desired:
@@ -47,11 +49,14 @@ with converging() as desired:
     imex(desired=desired)
     cuda_toolkits(desired=desired)
     container_toolkit(desired=desired)
+    registry_access(desired=desired)
     kubernetes_packages(desired=desired)
     dcgm(desired=desired)
     nccl(desired=desired)
     infiniband(desired=desired)
     nvme_cache(desired=desired)
+    # After the NVMe cache: an fsc mount follows the cachefilesd it runs there.
+    shared_data(desired=desired)
     gpu_settings(desired=desired)
     # After the GPU settings: they set the compute mode MPS's GPUs need.
     mps(desired=desired)

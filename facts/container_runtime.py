@@ -25,6 +25,7 @@ from pyinfra.api import FactBase
 
 from facts.apt import INDEXED_REPOSITORIES_COMMAND, parse_index_targets
 from gpunode import framing
+from gpunode.expected.registry_access import CONTAINERD_IMAGES_PLUGINS
 from gpunode.nvidia_releases import CDI_REFRESH_SPEC  # kept by the toolkit itself from 1.18 on
 from gpunode.sanitize import MAX_DEPTH, nested_deeper_than, parse_json
 
@@ -120,6 +121,9 @@ def parse_containerd_config(text: str | None) -> dict[str, Any]:
     state["nvidia_runtime"] = _is_nvidia_runtime(binary)
     state["default_runtime"] = _lookup(containerd, "default_runtime_name")
     state["cdi_enabled"] = _lookup(config, "plugins", plugin, "enable_cdi") is True
+    images = CONTAINERD_IMAGES_PLUGINS.get(version)
+    config_path = _lookup(config, "plugins", images, "registry", "config_path") if images else None
+    state["registry_config_path"] = config_path if isinstance(config_path, str) else None
     return state
 
 

@@ -20,7 +20,9 @@ from facts.lynis import LynisReport
 from facts.malware_scan import MalwareScanState
 from facts.mps import MpsState
 from facts.nvidia_packages import NvidiaPackages
+from facts.registry_access import RegistryAccess
 from facts.secure_boot import SecureBootState
+from facts.shared_data import NetworkMountAnswers
 from facts.slurm import SlurmGres
 from facts.sshd import SshdState
 from facts.tls import NodeCertificate
@@ -113,7 +115,9 @@ class NodeState(FactBatch):
     Boot,
     container runtimes, NCCL settings, mounts, Slurm GRES, the file integrity check, the
     malware scan, auditd, the last lynis report, MPS (compute modes, the daemon) and a
-    Kubernetes worker's host (cgroup, swap, modules, sysctls, forward chain)."""
+    Kubernetes worker's host (cgroup, swap, modules, sysctls, forward chain) and root's Docker
+    registry logins (the registries, never the secrets) and whether each NFS or Lustre mount
+    answers."""
 
     FACTS: ClassVar[dict[str, type[FactBase]]] = {
         "os": NodeOs,
@@ -135,4 +139,6 @@ class NodeState(FactBatch):
         "lynis": LynisReport,
         "mps": MpsState,
         "kubernetes": KubernetesNode,
+        "registry_access": RegistryAccess,
+        "network_mounts": NetworkMountAnswers,
     }

@@ -847,6 +847,65 @@ class Cuda:
             )
 
 
+# NGC's registry and the user name its API keys log in with: "Username is the literal
+# $oauthtoken (API key authentication). Password is the value of NGC_API_KEY" (NVIDIA NIM,
+# "NGC Access Setup", https://docs.nvidia.com/nim/speech/latest/get-started/
+# ngc-access-setup.html, read 2026-12-07).
+NGC_REGISTRY = "nvcr.io"
+NGC_USERNAME = "$oauthtoken"
+# A registry as image references name it: a host name, an optional port.
+REGISTRY_HOST = rf"{HOST_NAME}(:[0-9]{{1,5}})?"
+
+
+@dataclass(frozen=True)
+class RegistryLogin:
+    """Credentials for one container registry; the password (an API key for NGC) is read on
+    the control machine from a file only its owner may read, and never printed."""
+
+    registry: str = setting(
+        NGC_REGISTRY, "the registry, as image names give it (nvcr.io: NVIDIA's NGC)",
+        pattern=REGISTRY_HOST, accepts="a registry host name with an optional :port",
+    )  # fmt: skip
+    username: str = setting(
+        NGC_USERNAME, "the user name ($oauthtoken for an NGC API key)",
+        pattern=r"\$?[A-Za-z0-9._@-]{1,128}", accepts="a user name, or $oauthtoken",
+    )  # fmt: skip
+    password_file: str = setting(
+        "", "file on the control machine holding the password or API key (mode 0600)",
+        pattern=r"[^\s]+", required=True, accepts="a path on the control machine",
+    )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class RegistryMirror:
+    """Mirrors or pull-through caches containerd pulls one registry's images from, in order
+    (containerd's hosts.toml; air-gapped sites: ``upstream: false``)."""
+
+    registry: str = setting(
+        "", "the registry as image names give it (docker.io, nvcr.io, registry.k8s.io)",
+        pattern=REGISTRY_HOST, required=True,
+        accepts="a registry host name with an optional :port",
+    )  # fmt: skip
+    mirrors: tuple[str, ...] = setting(
+        (), "the mirrors' URLs, tried in order", check=check_url, accepts=URL_ACCEPTS
+    )
+    upstream: bool = setting(
+        True, "fall back to the registry itself when every mirror fails (false: the last "
+        "mirror is the server, and the registry is never asked: air-gapped sites)",
+    )  # fmt: skip
+    resolve: bool = setting(
+        True, "trust the mirrors to resolve tags to digests (a private mirror); false: pull "
+        "only (a public mirror, as containerd's hosts.md advises)",
+    )  # fmt: skip
+
+    def validate(self, builder: Builder, path: str) -> None:
+        if not self.mirrors:
+            builder.problem(f"{path}.mirrors", [], "no mirror given", "one URL or more")
+        if len(set(self.mirrors)) != len(self.mirrors):
+            builder.problem(f"{path}.mirrors", list(self.mirrors), "a mirror given twice",
+                            "each URL once")  # fmt: skip
+
+
 @dataclass(frozen=True)
 class ContainerRuntime:
     """NVIDIA Container Toolkit and the engines it is wired into."""
@@ -860,6 +919,41 @@ class ContainerRuntime:
     )  # fmt: skip
     cdi: bool = setting(True, "generate the CDI spec (/etc/cdi/nvidia.yaml)")
     set_as_default: bool = setting(False, "make nvidia the engine's default runtime")
+    registry_logins: tuple[RegistryLogin, ...] = setting(
+        (), "registry credentials root's Docker client uses (/root/.docker/config.json, "
+        "managed whole), e.g. nvcr.io with an NGC API key",
+    )  # fmt: skip
+
+    registry_mirrors: tuple[RegistryMirror, ...] = setting(
+        (), "registry mirrors containerd pulls through (/etc/containerd/certs.d/<registry>/"
+        "hosts.toml)",
+    )  # fmt: skip
+
+    def validate(self, builder: Builder, path: str) -> None:
+        mirrored = [mirror.registry for mirror in self.registry_mirrors]
+        for index, registry in enumerate(mirrored):
+            if mirrored.index(registry) != index:
+                builder.problem(f"{path}.registry_mirrors[{index}].registry", registry,
+                                "a registry given twice", "one entry per registry")  # fmt: skip
+        if self.registry_mirrors and "containerd" not in self.engines:
+            builder.problem(
+                f"{path}.registry_mirrors", mirrored,
+                "the mirrors are containerd's (hosts.toml), and containerd is not among "
+                "container_runtime.engines; Docker's registry-mirrors is not managed",
+                "engines including containerd, or no registry_mirrors",
+            )  # fmt: skip
+        registries = [login.registry for login in self.registry_logins]
+        for index, registry in enumerate(registries):
+            if registries.index(registry) != index:
+                builder.problem(f"{path}.registry_logins[{index}].registry", registry,
+                                "a registry given twice", "one login per registry")  # fmt: skip
+        if self.registry_logins and "docker" not in self.engines:
+            builder.problem(
+                f"{path}.registry_logins", [login.registry for login in self.registry_logins],
+                "the credentials are Docker's (root's config.json), and docker is not among "
+                "container_runtime.engines; Kubernetes pulls with its own image pull secrets",
+                "engines including docker, or no registry_logins",
+            )  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -1277,6 +1371,255 @@ class NvmeCache:
                 + ", ".join(SYSTEM_DIRECTORIES[1:])
                 + " themselves)",
             )
+
+
+# --- shared training data ----------------------------------------------------------------
+#
+# NFS client mounts (nfs(5), "Options supported by all versions" and "Options for NFS
+# version 4 only", https://man7.org/linux/man-pages/man5/nfs.5.html, read 2026-12-07):
+# nconnect takes 1 to 16 connections; vers=4.1 and 4.2 are the NFSv4 minor versions with
+# sessions (trunking, nconnect on v4). ``soft`` is refused: nfs(5) warns that a soft
+# timeout "can cause silent data corruption" of writes. Options a mount may set beyond what
+# gpunode sets from its own fields (version, nconnect, fsc, ro/rw, _netdev): a flag, or a
+# name with a value of the kind nfs(5) gives it.
+NFS_FLAG_OPTIONS = frozenset(
+    {
+        "hard", "noatime", "nodiratime", "relatime", "nosuid", "nodev", "noexec", "ac",
+        "noac", "cto", "nocto", "sharecache", "nosharecache", "resvport", "noresvport",
+    }
+)  # fmt: skip
+NFS_VALUE_OPTIONS = {
+    "timeo": r"[0-9]{1,6}",
+    "retrans": r"[0-9]{1,3}",
+    "rsize": r"[0-9]{4,8}",
+    "wsize": r"[0-9]{4,8}",
+    "acregmin": r"[0-9]{1,6}",
+    "acregmax": r"[0-9]{1,6}",
+    "acdirmin": r"[0-9]{1,6}",
+    "acdirmax": r"[0-9]{1,6}",
+    "actimeo": r"[0-9]{1,6}",
+    "port": r"[0-9]{1,5}",
+    "max_connect": r"[0-9]{1,2}",
+    "proto": r"tcp|tcp6|rdma|rdma6",
+    "sec": r"sys|krb5|krb5i|krb5p",
+    "lookupcache": r"all|none|pos|positive",
+}
+# Lustre client mount options (mount.lustre(8), "client-specific options": flock,
+# localflock, noflock, user_xattr, nouser_xattr, lazystatfs, nolazystatfs;
+# https://man.cx/mount.lustre(8), read 2026-12-07), with mount(8)'s noatime, nosuid, nodev.
+LUSTRE_FLAG_OPTIONS = frozenset(
+    {
+        "flock", "localflock", "noflock", "user_xattr", "nouser_xattr", "lazystatfs",
+        "nolazystatfs", "noatime", "nosuid", "nodev",
+    }
+)  # fmt: skip
+# Options gpunode writes itself, from a field: naming them in ``options`` is refused with the
+# field to use instead, so that one fact never has two sources.
+OWNED_MOUNT_OPTIONS = {
+    "vers": "nfs_version", "nfsvers": "nfs_version", "minorversion": "nfs_version",
+    "nconnect": "nconnect", "fsc": "fsc", "ro": "read_only", "rw": "read_only",
+}  # fmt: skip
+REFUSED_MOUNT_OPTIONS = {
+    "_netdev": "gpunode always sets it (the unit is ordered after the network)",
+    "nofail": "the automount never blocks boot, so it has no use",
+    "soft": "nfs(5) warns that soft timeouts can silently corrupt written data",
+    "softerr": "nfs(5) warns that soft timeouts can silently corrupt written data",
+}
+MOUNT_OPTION_ACCEPTS = (
+    "NFS: " + ", ".join(sorted(NFS_FLAG_OPTIONS)) + " or one of "
+    + ", ".join(f"{name}=" for name in NFS_VALUE_OPTIONS)
+    + "; Lustre: " + ", ".join(sorted(LUSTRE_FLAG_OPTIONS))
+)  # fmt: skip
+# A Lustre NID: an IPv4 address or host name, '@', an LNet network (tcp, o2ib, optionally
+# numbered): "10.0.0.1@tcp", "mgs1@o2ib1". Failover MGS nodes are joined by ':' in the mount
+# source ("<MGS NID>[:<MGS NID>]:/<fsname>": Lustre wiki, "Mounting a Lustre File System on
+# Client Nodes", https://wiki.lustre.org/Mounting_a_Lustre_File_System_on_Client_Nodes, and
+# mount.lustre(8); read 2026-12-07). A node's several NIDs joined by ',' are not accepted.
+LUSTRE_NID = rf"({HOST_NAME}|[0-9.]+)@(tcp|o2ib)[0-9]{{0,2}}"
+# Lustre file system names: at most 8 characters (mkfs.lustre --fsname).
+LUSTRE_FSNAME = r"[A-Za-z0-9_]{1,8}"
+
+
+def mount_option_problem(value: str) -> str | None:
+    """Why one entry of ``shared_data.mounts[].options`` is not accepted, or None."""
+    name, equals, argument = value.partition("=")
+    if name in OWNED_MOUNT_OPTIONS:
+        return f"{name} is set from a field of its own: {OWNED_MOUNT_OPTIONS[name]}"
+    if name in REFUSED_MOUNT_OPTIONS:
+        return f"refused: {REFUSED_MOUNT_OPTIONS[name]}"
+    if name.startswith("x-systemd."):
+        return "gpunode writes systemd mount and automount units itself"
+    if not equals:
+        if value in NFS_FLAG_OPTIONS or value in LUSTRE_FLAG_OPTIONS:
+            return None
+        return "not an option gpunode allows"
+    pattern = NFS_VALUE_OPTIONS.get(name)
+    if pattern is None:
+        return "not an option gpunode allows"
+    if not re.fullmatch(pattern, argument):
+        return f"{name} takes {pattern.replace('|', ' or ')}"
+    return None
+
+
+def check_nfs_server(value: str) -> str | None:
+    """An NFS server: a DNS name or an IP address (an IPv6 one without brackets)."""
+    if ":" in value:
+        return check_ip_address(value)
+    if re.fullmatch(r"[0-9.]+", value):
+        return check_ip_address(value)
+    return None if re.fullmatch(HOST_NAME, value) else "not a host name or IP address"
+
+
+@dataclass(frozen=True)
+class SharedMount:
+    """One shared file system, mounted on demand by a systemd automount unit."""
+
+    kind: Literal["nfs", "lustre"] = setting("nfs", "nfs, or lustre (client from a mirror)")
+    mount_point: str = setting(
+        "", "where it is mounted on the node", check=check_absolute_path, required=True,
+        accepts=ABSOLUTE_PATH_ACCEPTS + ", not a system directory",
+    )  # fmt: skip
+    server: str = setting(
+        "", "nfs: the server's DNS name or IP address; lustre: the MGS NIDs, failover NIDs "
+        "joined by ':' (10.0.0.1@tcp:10.0.0.2@tcp)", required=True,
+        pattern=rf"{HOST_NAME}|[0-9A-Fa-f.:]+|{LUSTRE_NID}(:{LUSTRE_NID})*",
+        accepts="a host name or IP address (nfs), or Lustre NIDs such as 10.0.0.1@tcp",
+    )  # fmt: skip
+    export: str = setting(
+        "", "nfs: the exported path on the server; lustre: the file system name",
+        required=True, pattern=rf"{ABSOLUTE_PATH}|{LUSTRE_FSNAME}",
+        accepts="an absolute path (nfs), or a Lustre file system name of at most 8 letters, "
+        "digits or '_'",
+    )  # fmt: skip
+    nfs_version: Literal["4.1", "4.2"] = setting(
+        "4.2", "NFS protocol version (vers=); 4.1 and later have sessions and trunking"
+    )
+    nconnect: int | None = setting(
+        None, "NFS: TCP connections to the server (nconnect=); null: the kernel's one", min=1,
+        max=16,
+    )  # fmt: skip
+    options: tuple[str, ...] = setting(
+        (), "further mount options, from an allow-list", check=mount_option_problem,
+        accepts=MOUNT_OPTION_ACCEPTS,
+    )  # fmt: skip
+    read_only: bool = setting(False, "mount read-only (ro)")
+    fsc: bool = setting(
+        False, "NFS: cache file data locally with FS-Cache (fsc), in cachefilesd's cache on "
+        "the NVMe cache (nvme_cache.cachefilesd)",
+    )  # fmt: skip
+    mount_timeout_s: int = setting(
+        90, "how long one mount attempt may take before it fails (the mount unit's "
+        "TimeoutSec)", min=5, max=600,
+    )  # fmt: skip
+
+    def validate(self, builder: Builder, path: str) -> None:
+        system = system_directory(self.mount_point) if self.mount_point else None
+        if system is not None:
+            builder.problem(
+                f"{path}.mount_point", self.mount_point,
+                "a system directory" if system == self.mount_point else f"inside {system}",
+                "a dedicated path such as /data or /mnt/datasets (not /, "
+                + ", ".join(SYSTEM_TREES) + " or anything under them, nor "
+                + ", ".join(SYSTEM_DIRECTORIES[1:]) + " themselves)",
+            )  # fmt: skip
+        if self.kind == "nfs":
+            self._validate_nfs(builder, path)
+        else:
+            self._validate_lustre(builder, path)
+        names = [option.partition("=")[0] for option in self.options]
+        for name in sorted({name for name in names if names.count(name) > 1}):
+            builder.problem(f"{path}.options", list(self.options), f"{name} given twice",
+                            "each option at most once")  # fmt: skip
+
+    def _validate_nfs(self, builder: Builder, path: str) -> None:
+        if self.server:
+            reason = check_nfs_server(self.server)
+            if reason:
+                builder.problem(f"{path}.server", self.server, reason,
+                                "the NFS server's DNS name or IP address")  # fmt: skip
+        if self.export and check_absolute_path(self.export):
+            builder.problem(f"{path}.export", self.export, "not an exported path",
+                            ABSOLUTE_PATH_ACCEPTS)  # fmt: skip
+        for option in self.options:
+            if option in LUSTRE_FLAG_OPTIONS and option not in NFS_FLAG_OPTIONS:
+                builder.problem(f"{path}.options", option, "a Lustre option, not an NFS one",
+                                MOUNT_OPTION_ACCEPTS)  # fmt: skip
+
+    def _validate_lustre(self, builder: Builder, path: str) -> None:
+        if self.server and not re.fullmatch(rf"{LUSTRE_NID}(:{LUSTRE_NID})*", self.server):
+            builder.problem(f"{path}.server", self.server, "not Lustre MGS NIDs",
+                            "NIDs such as 10.0.0.1@tcp, failover NIDs joined by ':'")  # fmt: skip
+        if self.export and not re.fullmatch(LUSTRE_FSNAME, self.export):
+            builder.problem(f"{path}.export", self.export, "not a Lustre file system name",
+                            "at most 8 letters, digits or '_'")  # fmt: skip
+        for key, value in (("nconnect", self.nconnect), ("fsc", self.fsc or None)):
+            if value is not None:
+                builder.problem(f"{path}.{key}", value, "an NFS option, not a Lustre one",
+                                "null (false) for a Lustre mount")  # fmt: skip
+        for option in self.options:
+            if option not in LUSTRE_FLAG_OPTIONS:
+                builder.problem(f"{path}.options", option, "an NFS option, not a Lustre one",
+                                ", ".join(sorted(LUSTRE_FLAG_OPTIONS)))  # fmt: skip
+
+
+@dataclass(frozen=True)
+class SharedData:
+    """Shared training data: NFS and Lustre client mounts, each a systemd automount.
+
+    A mount is attempted on first access, never at boot: a node whose server is down boots,
+    and the drift check reports the mount. Lustre's client kernel modules are in no Debian
+    release (Ubuntu's universe carries lustre-client-utils, packages.ubuntu.com, read
+    2026-12-07); the client comes only from a declared repository (a mirror of
+    Whamcloud's, or a vendor's such as Azure Managed Lustre's packages.microsoft.com/repos/
+    amlfs, whose Packages index lists the lustre source packages; read 2026-12-07).
+    """
+
+    mounts: tuple[SharedMount, ...] = setting((), "shared file systems to mount")
+    lustre_repository_url: str | None = setting(
+        None, "a flat apt repository of the Lustre client packages", check=check_url,
+        accepts=URL_ACCEPTS,
+    )  # fmt: skip
+    lustre_repository_keyring: str | None = setting(
+        None, "binary keyring (on the control machine) that signs lustre_repository_url",
+        pattern=r"[^\s]+\.gpg", accepts="a path to a .gpg keyring file",
+    )  # fmt: skip
+    lustre_packages: tuple[str, ...] = setting(
+        (), "the Lustre client packages to install from the repository, as it names them "
+        "(e.g. lustre-client-utils and the client modules package for the node's kernel)",
+        pattern=r"[a-z0-9][a-z0-9+.-]+", accepts="Debian package names",
+    )  # fmt: skip
+
+    @property
+    def kinds(self) -> set[str]:
+        return {mount.kind for mount in self.mounts}
+
+    def validate(self, builder: Builder, path: str) -> None:
+        points = [mount.mount_point for mount in self.mounts if mount.mount_point]
+        for index, mount in enumerate(self.mounts):
+            point = mount.mount_point
+            if not point:
+                continue
+            if points.count(point) > 1:
+                builder.problem(f"{path}.mounts[{index}].mount_point", point,
+                                "declared twice", "one mount per mount point")  # fmt: skip
+            for other in points:
+                if other != point and point.startswith(other.rstrip("/") + "/"):
+                    builder.problem(
+                        f"{path}.mounts[{index}].mount_point", point, f"inside {other}",
+                        "mount points that do not nest (an automount over another's tree)",
+                    )  # fmt: skip
+        if "lustre" in self.kinds:
+            for key, value in (("lustre_repository_url", self.lustre_repository_url),
+                               ("lustre_repository_keyring", self.lustre_repository_keyring),
+                               ("lustre_packages", self.lustre_packages or None)):  # fmt: skip
+                if value is None:
+                    builder.problem(
+                        f"{path}.{key}", value,
+                        "a Lustre mount is declared, and Lustre's client (its kernel modules "
+                        "above all) is installed only from a declared repository, with its "
+                        "keyring and the package names it uses; nothing is half-installed",
+                        "the mirror's URL, its binary keyring and the client packages",
+                    )  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -1743,6 +2086,7 @@ class DesiredState:
     kubernetes: Kubernetes = setting(Kubernetes(), "Kubernetes worker readiness")
     infiniband: Infiniband = setting(Infiniband(), "InfiniBand / RDMA")
     nvme_cache: NvmeCache = setting(NvmeCache(), "NVMe cache")
+    shared_data: SharedData = setting(SharedData(), "shared training data (NFS, Lustre)")
     gpu_metrics: GpuMetrics = setting(GpuMetrics(), "node-local GPU health metrics")
     node_exporter: NodeExporter = setting(NodeExporter(), "node_exporter over mutual TLS")
     prometheus: Prometheus = setting(Prometheus(), "Prometheus server (the monitoring host)")
@@ -1935,6 +2279,7 @@ class DesiredState:
         self._validate_imex(builder)
         self._validate_mps(builder)
         self._validate_kubernetes(builder)
+        self._validate_shared_data(builder)
         self._validate_node_exporter(builder)
         self._validate_dcgm_exporter(builder)
         self._validate_prometheus(builder)
@@ -1957,6 +2302,33 @@ class DesiredState:
                 f"expected_hardware.gpu_model {model!r} does not support MIG",
                 "mig only on " + ", ".join(MIG_CAPABLE_MODELS),
             )
+
+    def _validate_shared_data(self, builder: Builder) -> None:
+        cache = self.nvme_cache
+        for index, mount in enumerate(self.shared_data.mounts):
+            where = f"shared_data.mounts[{index}]"
+            if mount.fsc and not (cache.enabled and cache.cachefilesd):
+                builder.problem(
+                    f"{where}.fsc", True,
+                    "FS-Cache keeps its cache in cachefilesd's directory on the NVMe cache, "
+                    "and nvme_cache.enabled and nvme_cache.cachefilesd are not both true",
+                    "nvme_cache.enabled and nvme_cache.cachefilesd: true, or fsc: false",
+                )  # fmt: skip
+            point = mount.mount_point
+            if (
+                cache.enabled
+                and point
+                and (
+                    point == cache.mount_point
+                    or point.startswith(cache.mount_point + "/")
+                    or cache.mount_point.startswith(point + "/")
+                )
+            ):
+                builder.problem(
+                    f"{where}.mount_point", point,
+                    f"overlaps the NVMe cache's mount point {cache.mount_point}",
+                    "a mount point outside the NVMe cache, and not above it",
+                )  # fmt: skip
 
     def _validate_node_exporter(self, builder: Builder) -> None:
         exporter = self.node_exporter

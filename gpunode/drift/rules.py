@@ -22,7 +22,9 @@ from gpunode.drift.findings import HARDWARE_TICKET, RUN_DEPLOY, Finding, Severit
 from gpunode.drift.shape import checked_facts
 from gpunode.expected import kubernetes as expected_kubernetes
 from gpunode.expected import mps as expected_mps
+from gpunode.expected import registry_access as expected_registry_access
 from gpunode.expected import secure_boot
+from gpunode.expected import shared_data as expected_shared_data
 from gpunode.expected.audit import is_system_binary
 from gpunode.expected.auditd import WATCHES
 from gpunode.expected.firewall import TABLE, render_ruleset, service_rules
@@ -526,6 +528,112 @@ def nvme_cache_rules(desired: DesiredState, facts: dict[str, Any]) -> Iterator[t
         yield "nvme_cache.read_only", CRIT, "mounted read-write", found, HARDWARE_TICKET
     if "noatime" not in options:
         yield "nvme_cache.options", WARN, "noatime", ",".join(options), RUN_DEPLOY
+
+
+def registry_access_rules(desired: DesiredState, facts: dict[str, Any]) -> Iterator[tuple]:
+    """Root's Docker client holds a login for each declared registry, readable by root only.
+
+    A missing login is a warning (pulls of that registry's private images fail; public ones
+    still work); a file others may read exposes the keys (critical).
+    """
+    yield from _registry_mirror_rules(desired, facts)
+    logins = desired.container_runtime.registry_logins
+    if not logins:
+        return
+    section: Section = facts.get("registry_access") or {}
+    if section.get("state") == "unreadable":
+        yield from _unreadable("registry_access", section)
+        return
+    path = expected_registry_access.DOCKER_CLIENT_CONFIG
+    mode = section.get("mode")
+    if section.get("present") and mode != expected_registry_access.CONFIG_MODE:
+        yield ("registry_access.mode", CRIT, f"{path} mode 0600", f"mode {mode or 'unknown'}",
+               f"chmod 600 {path}; rotate the keys it holds; {RUN_DEPLOY}")  # fmt: skip
+    held = set(section.get("registries") or [])
+    for login in logins:
+        if login.registry not in held:
+            found = "no login" if section.get("present") else f"no {path}"
+            yield (f"registry_access.login:{login.registry}", WARN,
+                   f"a login for {login.registry} in {path}", found, RUN_DEPLOY)  # fmt: skip
+
+
+def _registry_mirror_rules(desired: DesiredState, facts: dict[str, Any]) -> Iterator[tuple]:
+    """Declared mirrors are read only where containerd's registry config_path names their
+    directory: otherwise every pull goes to the registries themselves (a warning; on an
+    air-gapped site pulls fail)."""
+    if not desired.container_runtime.registry_mirrors:
+        return
+    runtime: Section = facts.get("container_runtime") or {}
+    if runtime.get("state") == "unreadable":
+        return  # the container runtime rules report it
+    containerd = runtime.get("containerd") or {}
+    if containerd.get("error"):
+        return  # the container runtime rules report it
+    found = containerd.get("registry_config_path")
+    if not expected_registry_access.reads_hosts_directory(found):
+        directory = expected_registry_access.HOSTS_DIRECTORY
+        yield ("registry_access.mirrors_unread", WARN,
+               f"containerd registry config_path naming {directory}",
+               f"config_path {found!r}" if found else "no config_path",
+               f'add config_path = "{directory}" to the registry table of '
+               "/etc/containerd/config.toml, then restart containerd")  # fmt: skip
+
+
+SHARED_DATA_FIX = f"{RUN_DEPLOY} (roles/shared_data.py writes and starts the automount)"
+
+
+def shared_data_rules(desired: DesiredState, facts: dict[str, Any]) -> Iterator[tuple]:
+    """Each declared shared file system: its automount armed (autofs) or the file system
+    mounted from the declared source with the declared options, answering.
+
+    Neither, or a mount that is stale or hangs, is critical: jobs find no training data.
+    Another file system there, or the declared one with other options (version, nconnect,
+    read-only), is a warning.
+    """
+    declared = desired.shared_data.mounts
+    if not declared:
+        return
+    mounts: Section = facts.get("mounts") or {}
+    if mounts.get("state") == "unreadable":
+        yield from _unreadable("mounts", mounts)
+        return
+    network: Section = facts.get("network_mounts") or {}
+    if network.get("state") == "unreadable":
+        yield from _unreadable("network_mounts", network)
+    else:
+        yield from _unread_lines("network_mounts", "stat -f of the network mounts",
+                                 network.get("problems"))  # fmt: skip
+    answers = (network.get("answers") or {}) if network.get("state") != "unreadable" else {}
+    for mount in declared:
+        point = mount.mount_point
+        key = f"shared_data.mount:{point}"
+        source = expected_shared_data.source(mount)
+        wanted = f"{mount.kind} {source} at {point} (or its automount)"
+        found = mounts.get(point)
+        if found is None:
+            yield key, CRIT, wanted, "nothing mounted, no automount", SHARED_DATA_FIX
+            continue
+        fstype = found.get("fstype")
+        if fstype == expected_shared_data.AUTOFS:
+            continue  # armed: mounted on first access
+        if fstype not in expected_shared_data.MOUNTED_TYPES[mount.kind] or (
+            found.get("source") != source
+        ):
+            yield (key, WARN, wanted, f"{found.get('source')} ({fstype})",
+                   "unmount what is there, then " + SHARED_DATA_FIX)  # fmt: skip
+            continue
+        answer = str(answers.get(point) or "")
+        if answer and answer != "ok":
+            yield (f"shared_data.answer:{point}", CRIT, f"{point} answers stat -f",
+                   answer, "check the server and the network; drain the node, then "
+                   f"systemctl restart {expected_shared_data.mount_unit(mount)}")  # fmt: skip
+        options = found.get("options") or []
+        missing = [o for o in expected_shared_data.expected_kernel_options(mount)
+                   if o not in options]  # fmt: skip
+        if missing:
+            yield (f"shared_data.options:{point}", WARN, ",".join(missing),
+                   ",".join(options), "drain, then systemctl restart "
+                   + expected_shared_data.mount_unit(mount))  # fmt: skip
 
 
 def _may_log_in(name: str, account: dict[str, Any], effective: dict[str, Any]) -> bool:
@@ -1094,6 +1202,8 @@ RULES: tuple[Rule, ...] = (
     lynis_rules,
     mps_rules,
     kubernetes_rules,
+    shared_data_rules,
+    registry_access_rules,
 )
 
 

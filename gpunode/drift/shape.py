@@ -17,7 +17,16 @@ _TEXT = Maybe(Str)
 _FLAG = Maybe(Bool)
 _STATE = {"state": _TEXT, "reason": _TEXT}
 _EFFECTIVE = MapOf(ListOf(Str))  # sshd -T: keyword -> values; or {"error": [message]}
-_ENGINE = Maybe(Record({"error": _TEXT, "nvidia_runtime": _FLAG, "default_runtime": _TEXT}))
+_ENGINE = Maybe(
+    Record(
+        {
+            "error": _TEXT,
+            "nvidia_runtime": _FLAG,
+            "default_runtime": _TEXT,
+            "registry_config_path": _TEXT,
+        }
+    )
+)
 _CDI_SPEC = Maybe(Record({"present": _FLAG, "uuids": Maybe(ListOf(Str))}))
 _MOUNT = Record({"source": _TEXT, "fstype": _TEXT, "options": Maybe(ListOf(Str))})
 _ACCOUNT = Record(
@@ -225,6 +234,12 @@ SECTION_SHAPES: dict[str, Shape] = {
             "packages": Maybe(MapOf(Record({"version": _TEXT, "held": _FLAG}))),
             "problems": Maybe(ListOf(Str)),
         }
+    ),
+    "network_mounts": Record(
+        {**_STATE, "answers": Maybe(MapOf(Str)), "problems": Maybe(ListOf(Str))}
+    ),
+    "registry_access": Record(
+        {**_STATE, "present": _FLAG, "mode": _TEXT, "registries": Maybe(ListOf(Str))}
     ),
     "mps": Record(
         {

@@ -214,7 +214,7 @@ def test_dry_run_of_the_converged_nodes_predicts_no_change(
     assert predicted(run_pyinfra(DEPLOY, "--dry", inventory=base_inventory)) == set()
 
 
-FABRIC_FINDINGS = ("nccl.", "nvme_cache.", "mounts.")
+FABRIC_FINDINGS = ("nccl.", "nvme_cache.", "mounts.", "shared_data.")
 
 
 def fabric_drift(inventory_path: str) -> tuple[int, dict[tuple[str, str], str]]:
@@ -541,6 +541,35 @@ def test_a_mount_point_through_a_symbolic_link_is_refused(
         assert sudo(lab, lab_1, "ls -A /var/tmp/elsewhere") == ""
     finally:
         sudo(lab, lab_1, "rm -f /cachelink; rmdir /var/tmp/elsewhere 2>/dev/null || true")
+
+
+def test_a_shared_data_mount_point_that_holds_data_is_refused_and_drift_reports_the_share(
+    lab: Lab, fabric_nodes: list[LabNode], second_run: PyinfraRun, tmp_path: Path
+) -> None:
+    """A directory with files at a declared NFS mount point is refused while pyinfra prepares:
+    no unit, no nfs-common, nothing changed. The lab's kernel has neither NFS nor autofs
+    (no mount, no automount can run in its containers), so the drift check's finding for a
+    declared share with nothing at its mount point is checked here against a real node, and
+    the units' text and names by systemd-analyze in the unit tests."""
+    lab_1 = fabric_nodes[0]
+    sudo(lab, lab_1, "mkdir -p /datasets && echo keep > /datasets/imagenet.idx")
+    share = {"mounts": [{"mount_point": "/datasets", "server": "10.213.50.12",
+                         "export": "/export/datasets", "nconnect": 4}]}  # fmt: skip
+    try:
+        output = refused(lab, fabric_nodes, tmp_path, lab_1={"shared_data": share})
+        assert (
+            "lab-1: shared_data: mount point /datasets is a directory that holds files, which "
+            "the mount would hide; move them away or declare another mount point"
+        ) in output
+        assert sudo(lab, lab_1, "cat /datasets/imagenet.idx") == "keep\n"
+        assert ssh(lab, lab_1, "test -e /etc/systemd/system/datasets.mount").returncode != 0
+        code, found = fabric_drift(
+            inventory(tmp_path, lab, fabric_nodes, lab_1={"shared_data": share})
+        )
+        assert found == {("lab-1", "shared_data.mount:/datasets"): "critical"}
+        assert code == 1
+    finally:
+        sudo(lab, lab_1, "rm -rf /datasets")
 
 
 def test_several_disks_without_md_driver_are_refused_with_the_reason(

@@ -211,6 +211,12 @@ SIBLING_SAMPLES: dict[str, Any] = {
     "FirewallRule.sources": ["10.0.0.0/8"],
     "IpoibInterface.name": "ib0",
     "IpoibInterface.address": "192.168.100.11/24",
+    "SharedMount.mount_point": "/data",
+    "SharedMount.server": "nfs1.example",
+    "SharedMount.export": "/export/data",
+    "RegistryLogin.password_file": "keys/ngc.key",
+    "RegistryMirror.registry": "docker.io",
+    "RegistryMirror.mirrors": ["https://mirror.internal"],
 }
 # Settings elsewhere that a field is only meaningful with.
 CONTEXT: dict[str, dict[str, Any]] = {
@@ -219,6 +225,11 @@ CONTEXT: dict[str, dict[str, Any]] = {
     "NvidiaDriver.version": {"nvidia_driver": {"source": "debian"}},
     "Cuda.default": {"cuda": {"versions": ["12.4"]}},
     "GpuSettings.mig_layout": {"gpu_settings": {"mig": True}},
+    "RegistryLogin.registry": {"container_runtime": {"engines": ["docker"]}},
+    "RegistryLogin.username": {"container_runtime": {"engines": ["docker"]}},
+    "RegistryLogin.password_file": {"container_runtime": {"engines": ["docker"]}},
+    "RegistryMirror.registry": {"container_runtime": {"engines": ["containerd"]}},
+    "RegistryMirror.mirrors": {"container_runtime": {"engines": ["containerd"]}},
 }
 
 
@@ -515,6 +526,67 @@ def _kubernetes_version(state: DesiredState, value: str) -> None:
     assert shlex.split(commands[0])[-1] == f"kubelet={value}"
 
 
+def _shared_mount(state: DesiredState, value: str) -> None:
+    from gpunode.expected.shared_data import (
+        render_automount_unit,
+        render_mount_unit,
+        source,
+        unit_stem,
+    )
+
+    (mount,) = state.shared_data.mounts
+    unit = render_mount_unit(mount)
+    lines = unit.splitlines()
+    # One line per key, each value as written: no '%' systemd would expand, no space.
+    assert [line.split("=", 1)[0] for line in lines if "=" in line and line[0] != "#"] == [
+        "Description", "Wants", "After", "What", "Where", "Type", "Options", "TimeoutSec",
+    ]  # fmt: skip
+    assert "%" not in unit
+    what = f"What={source(mount)}"
+    where = f"Where={mount.mount_point}"
+    options = next(line for line in lines if line.startswith("Options="))
+    assert what in lines and where in lines
+    assert value in (what + where) or value in options.removeprefix("Options=").split(",")
+    assert f"Where={mount.mount_point}" in render_automount_unit(mount).splitlines()
+    assert "/" not in unit_stem(mount.mount_point)
+
+
+def _lustre_source(state: DesiredState, value: str) -> None:
+    from roles.shared_data import lustre_repository
+
+    lines = lustre_repository(state).render_sources().splitlines()
+    (uris,) = [line for line in lines if line.startswith("URIs: ")]
+    assert uris == f"URIs: {value.rstrip('/')}/" and value.split() == [value]
+
+
+def _registry_login(state: DesiredState, value: str) -> None:
+    import base64
+    import json
+
+    from facts.registry_access import parse_registry_access
+    from gpunode.expected.registry_access import render_docker_config
+
+    (login,) = state.container_runtime.registry_logins
+    text = render_docker_config([(login, "key")]).decode()
+    (auth,) = json.loads(text)["auths"].items()
+    assert auth[0] == login.registry
+    assert base64.b64decode(auth[1]["auth"]).decode() == f"{login.username}:key"
+    assert value in (login.registry, login.username)
+    assert parse_registry_access(["mode 600", *text.splitlines()])["registries"] == [login.registry]
+
+
+def _registry_mirror(state: DesiredState, value: str) -> None:
+    import tomllib
+
+    from gpunode.expected.registry_access import hosts_toml_path, render_hosts_toml
+
+    (mirror,) = state.container_runtime.registry_mirrors
+    hosts = tomllib.loads(render_hosts_toml(mirror))
+    assert set(hosts["host"]) | {hosts["server"]} >= set(mirror.mirrors)
+    assert hosts_toml_path(mirror.registry).split("/")[-2] == mirror.registry
+    assert value in (mirror.registry, *mirror.mirrors)
+
+
 RENDERED: dict[str, Callable[[DesiredState, str], None]] = {
     "Sshd.listen_addresses": _sshd,
     "Sshd.penalty_exempt_networks": _penalty_exempt,
@@ -549,6 +621,15 @@ RENDERED: dict[str, Callable[[DesiredState, str], None]] = {
     "Mps.pinned_device_memory_limit": _mps_unit,
     "Kubernetes.repository_url": _kubernetes_source,
     "Kubernetes.version": _kubernetes_version,
+    "SharedMount.mount_point": _shared_mount,
+    "SharedMount.server": _shared_mount,
+    "SharedMount.export": _shared_mount,
+    "SharedMount.options": _shared_mount,
+    "SharedData.lustre_repository_url": _lustre_source,
+    "RegistryLogin.registry": _registry_login,
+    "RegistryLogin.username": _registry_login,
+    "RegistryMirror.registry": _registry_mirror,
+    "RegistryMirror.mirrors": _registry_mirror,
 }
 
 
