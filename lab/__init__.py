@@ -543,6 +543,9 @@ class Lab:
             node.memory_mib = self._memory_mib(node.container)
         self._write_state(wanted)
         self.serve_repository()
+        for node in wanted:
+            if node.release in UBUNTU_LAB_BASES:
+                self._trust_ubuntu_standin(node)
         self.serve_package_cache()
         for node in wanted if scratch_disks else []:
             self.attach_scratch_disks(node, scratch_disks, scratch_disk_mib)
@@ -832,11 +835,40 @@ class Lab:
             raise LabError(f"{node.name}: GPU device files: {result.output.decode().strip()}")
 
     def _node_archive(self, node: LabNode) -> bytes:
-        """Simulated hardware plus the lab login key, as one tar stream."""
+        """Simulated hardware plus the lab login key, as one tar stream; an Ubuntu lab node's
+        simulated running kernel too (lab.hwsim.kernel)."""
+        from lab.hwsim import kernel
+
         files = dict(hwsim.node_files(node.profile, node.name))
         public_key = self.key_path.with_suffix(".pub").read_bytes()
         files[f"/home/{LOGIN_USER}/.ssh/authorized_keys"] = (public_key, 0o600)
+        if node.release in UBUNTU_LAB_BASES:
+            files.update(kernel.node_files(self.state_dir))
         return _tar(files)
+
+    def _trust_ubuntu_standin(self, node: LabNode) -> None:
+        """An Ubuntu lab node's archive keyring (Debian's keys under Ubuntu's name, made at
+        image build) gets the key of the stand-in's own suite too (lab.aptrepo.UBUNTU_SUITE:
+        Ubuntu's NVIDIA driver packages), as Ubuntu's keyring holds the key of every suite.
+        The key is made with each build of the repository, so it is set at each ``up``."""
+        from lab import aptrepo
+
+        key = (self.repo_dir / aptrepo.KEYRINGS_DIR / aptrepo.UBUNTU_KEYRING).read_bytes()
+        container = self.client.containers.get(node.container)
+        standin = f"/usr/share/keyrings/{aptrepo.UBUNTU_KEYRING}"
+        container.put_archive("/", _tar({standin: (key, 0o644)}))
+        keyrings = "/usr/share/keyrings"
+        result = container.exec_run(
+            [
+                "sh", "-c",
+                f"cat {keyrings}/debian-archive-keyring.gpg {standin} "
+                f"> {keyrings}/ubuntu-archive-keyring.gpg.new && "
+                f"mv {keyrings}/ubuntu-archive-keyring.gpg.new "
+                f"{keyrings}/ubuntu-archive-keyring.gpg",
+            ]
+        )  # fmt: skip
+        if result.exit_code != 0:
+            raise LabError(f"{node.name}: archive keyring: {result.output.decode().strip()}")
 
     def _wait_booted(self, container: Any, node: LabNode) -> None:
         deadline = time.monotonic() + BOOT_TIMEOUT_S
