@@ -65,7 +65,8 @@ int uname(struct utsname *buf) {
     char release[sizeof buf->release];
     long length = syscall(SYS_read, fd, release, sizeof release - 1);
     syscall(SYS_close, fd);
-    if (length <= 0)
+    /* Nothing, or more than a release holds: not a release. */
+    if (length <= 0 || length == (long)sizeof release - 1)
         return 0;
     if (release[length - 1] == '\\n')
         length--;
