@@ -57,9 +57,12 @@ RELEASE_ALIASES = {"mixed": ("bookworm", "trixie")}
 # by ssh.socket, ssh.service not enabled (as a 24.04 install has it); ufw installed and
 # inactive, needrestart, unattended-upgrades (enabled), AppArmor and netplan.io installed.
 # Not real: every package is Debian's build (Debian's OpenSSH, systemd, kernel-less userland),
-# no snapd, no cloud-init, no Ubuntu kernel (a container has its host's), and its "Ubuntu
-# archive" is the lab's stand-in (lab.aptrepo.ubuntu_redirect): Debian's signed archive served
-# under Ubuntu's suite names, verified by Debian's keys installed under Ubuntu's keyring name.
+# no snapd, no cloud-init, no Ubuntu kernel (a container has its host's: its processes see an
+# Ubuntu kernel's release instead, lab.hwsim.kernel), and its "Ubuntu archive" is the lab's
+# stand-in (lab.aptrepo.ubuntu_redirect): Debian's signed archive served under Ubuntu's suite
+# names, verified by Debian's keys installed under Ubuntu's keyring name, but for
+# noble-updates, the lab's own stand-in of Ubuntu's NVIDIA driver packages (lab.standin.ubuntu),
+# signed with a key of the lab's that the node's keyring holds too (Lab._trust_ubuntu_standin).
 # noble -> bookworm: bookworm's OpenSSH 9.2p1 is an OpenSSH 9 without PerSourcePenalties, as
 # noble's 9.6p1 is (trixie's 10.0 has them), so the sshd configuration gpunode renders for
 # noble is exercised by an sshd of the same generation; systemd 252 against noble's 255

@@ -74,7 +74,7 @@ def ubuntu_packages(node_sudo: Any) -> dict[str, tuple[str, str]]:
     found = {}
     for line in installed_part.splitlines():
         status, name, version = line.split("|")
-        if status.startswith("ii"):
+        if status[1:2] == "i":  # installed (ii, or hi: held)
             found[name] = (version, "held" if name in held else "not held")
     return found
 
