@@ -846,7 +846,10 @@ class Lab:
         public_key = self.key_path.with_suffix(".pub").read_bytes()
         files[f"/home/{LOGIN_USER}/.ssh/authorized_keys"] = (public_key, 0o600)
         if node.release in UBUNTU_LAB_BASES:
-            files.update(kernel.node_files(self.state_dir))
+            try:
+                files.update(kernel.node_files(self.state_dir))
+            except kernel.KernelLibraryError as error:
+                raise LabError(f"{node.name}: {error}") from error
         return _tar(files)
 
     def _trust_ubuntu_standin(self, node: LabNode) -> None:

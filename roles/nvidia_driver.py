@@ -42,10 +42,13 @@ What results on a node whose ``nvidia_driver.source`` is not ``none``:
   packages are to be installed, each must be offered at the exact version (or, with a branch
   alone, at a version of the branch), the pinning package at all. The nvidia source's come
   from apt's lists of ``apt.cuda_repo_url`` only (Debian's build of a name counts for
-  nothing), the debian source's from any list apt has. Where apt has no lists of NVIDIA's
-  repository yet (it is added in this run), the node is asked once its lists are fetched,
-  before the nouveau blacklist and the pin. The pin is never written for a package apt
-  cannot install.
+  nothing), the debian and ubuntu sources' from any list apt has. Where apt has no lists of
+  NVIDIA's repository yet (it is added in this run), or for the ubuntu source of Ubuntu's
+  archive (``apt.ubuntu_mirror``, whose sources this run writes), the node is asked once its
+  lists are fetched, before the nouveau blacklist and the pin; the ubuntu source then plans
+  Canonical's prebuilt module for the running kernel, which that check requires (the next
+  run, reading the lists, picks DKMS where the archive has none). The pin is never written
+  for a package apt cannot install.
 * Secure Boot (facts/secure_boot.py): where the kernel module is to change and the node
   boots with Secure Boot on, a module built by DKMS (every source's but Canonical's
   prebuilt ones) loads only if a machine owner key DKMS signs with is enrolled; otherwise
