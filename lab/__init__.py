@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from gpunode import distributions
 from lab import hwsim
+from lab.hwsim import kernel
 
 if TYPE_CHECKING:
     from gpunode.model import Slurm
@@ -826,6 +827,12 @@ class Lab:
             if path != hwstate.DEFAULT_STATE_PATH
         }
         container = self.client.containers.get(node.container)
+        if node.release in UBUNTU_LAB_BASES:
+            # The simulated kernel's library too (a node made by an older checkout has none);
+            # the release it runs is the node's state, kept where it has one.
+            programs.update(self._kernel_files(node))
+            if container.exec_run(["test", "-s", kernel.KERNEL_RELEASE_PATH]).exit_code == 0:
+                del programs[kernel.KERNEL_RELEASE_PATH]
         container.put_archive("/", _tar(programs))
         self._enable_gpu_devices(container, node)
 
@@ -840,17 +847,19 @@ class Lab:
     def _node_archive(self, node: LabNode) -> bytes:
         """Simulated hardware plus the lab login key, as one tar stream; an Ubuntu lab node's
         simulated running kernel too (lab.hwsim.kernel)."""
-        from lab.hwsim import kernel
-
         files = dict(hwsim.node_files(node.profile, node.name))
         public_key = self.key_path.with_suffix(".pub").read_bytes()
         files[f"/home/{LOGIN_USER}/.ssh/authorized_keys"] = (public_key, 0o600)
         if node.release in UBUNTU_LAB_BASES:
-            try:
-                files.update(kernel.node_files(self.state_dir))
-            except kernel.KernelLibraryError as error:
-                raise LabError(f"{node.name}: {error}") from error
+            files.update(self._kernel_files(node))
         return _tar(files)
+
+    def _kernel_files(self, node: LabNode) -> dict[str, tuple[bytes, int]]:
+        """An Ubuntu lab node's simulated running kernel (lab.hwsim.kernel)."""
+        try:
+            return kernel.node_files(self.state_dir)
+        except kernel.KernelLibraryError as error:
+            raise LabError(f"{node.name}: {error}") from error
 
     def _trust_ubuntu_standin(self, node: LabNode) -> None:
         """An Ubuntu lab node's archive keyring (Debian's keys under Ubuntu's name, made at

@@ -17,6 +17,11 @@ versions and dependencies; tiny contents), laid out and signed the way NVIDIA pu
 - ``libnvidia-container/stable/deb/amd64/``: the same for the Container Toolkit repository
   (``nvidia.github.io/libnvidia-container/stable/deb/$(ARCH)``); its armored key is
   ``libnvidia-container/gpgkey``.
+- ``ubuntu/``: the stand-in Ubuntu archive's own part, Ubuntu's NVIDIA driver packages
+  (``lab.standin.ubuntu``) laid out as Ubuntu's archive is: ``dists/noble-updates/`` (its
+  ``Release`` naming one component, ``restricted``) and ``pool/restricted/``, signed with a
+  key of its own (``keyrings/gpunode-lab-ubuntu-standin-keyring.gpg``). Every other path under
+  ``/ubuntu/`` is answered with a redirect to Debian's archive (``ubuntu_redirect``).
 
 Each repository is signed with its own throw-away ed25519 key, made for the build in a temporary
 ``GNUPGHOME`` that is deleted (its gpg-agent stopped) once both are signed: no private key is
@@ -93,7 +98,7 @@ GNUPG_PREFIX = "gpunode-aptrepo-gnupg-"
 # The stand-in Ubuntu archive's own part: Ubuntu's NVIDIA driver packages (lab.standin.ubuntu)
 # in one suite and component of an archive laid out as Ubuntu's (dists/, pool/), signed with
 # the lab's own key, which an Ubuntu lab node trusts beside Debian's under Ubuntu's keyring
-# name (Lab.trust_ubuntu_standin). Everything else under /ubuntu/ is Debian's (ubuntu_redirect).
+# name (Lab._trust_ubuntu_standin). Everything else under /ubuntu/ is Debian's (ubuntu_redirect).
 UBUNTU_ARCHIVE = "ubuntu"
 UBUNTU_SUITE = ubuntu_standin.SUITE  # noble-updates
 UBUNTU_COMPONENT = ubuntu_standin.COMPONENT  # restricted
