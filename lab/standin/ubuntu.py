@@ -15,8 +15,10 @@ kernel's own version with its flavour's meta package; ``nvidia-headless-`` and
 
 Contents, as the NVIDIA stand-ins' (``catalogue.py``): a kernel module package (prebuilt or
 DKMS) records what a (simulated) reboot would load, the driver's upstream version and the
-module flavour, for the lab's GPU simulator; ``nvidia-compute-utils-`` ships the stand-in
-``nvidia-persistenced`` and its unit. No library, no module, nothing built.
+module flavour, for the lab's GPU simulator (``module_scripts``: per package, as modules of
+one driver for several kernels are installed side by side); ``nvidia-compute-utils-``
+ships the stand-in ``nvidia-persistenced`` and its unit. No library, no module, nothing
+built.
 """
 
 from __future__ import annotations
@@ -27,12 +29,16 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from gpunode.nvidia_releases import driver_cuda_version
+
 from .catalogue import (
+    INSTALLED_DRIVER_CUDA_VERSION_PATH,
+    INSTALLED_DRIVER_VERSION_PATH,
+    INSTALLED_KERNEL_MODULE_FLAVOUR_PATH,
     PERSISTENCED_UNIT,
     UBUNTU_REPO,
     PackageFile,
     StandinPackage,
-    _kernel_module_scripts,
     _python_standin,
     _systemd_scripts,
     _with_readme,
@@ -41,6 +47,11 @@ from .catalogue import (
 )
 
 WORLD_PATH = Path(__file__).resolve().with_name("ubuntu_world.toml")
+# The module record the lab's GPU simulator and modinfo double read (catalogue.py's paths).
+STATE_DIR = str(Path(INSTALLED_DRIVER_VERSION_PATH).parent)
+VERSION_FILE = Path(INSTALLED_DRIVER_VERSION_PATH).name
+FLAVOUR_FILE = Path(INSTALLED_KERNEL_MODULE_FLAVOUR_PATH).name
+CUDA_FILE = Path(INSTALLED_DRIVER_CUDA_VERSION_PATH).name
 
 
 def load_world(path: Path = WORLD_PATH) -> dict[str, Any]:
@@ -126,6 +137,57 @@ def _contexts(family: str) -> Iterator[dict[str, str]]:
                 raise ValueError(f"ubuntu_world.toml: unknown package family {family!r}")
 
 
+WORLD_TEMPLATES = {template["id"]: template for template in WORLD["package"]}
+# Where each installed module package notes the module it holds (one file per package).
+MODULES_DIR = "modules"
+
+
+def module_scripts(
+    package: str, upstream: str, flavour: str, state_dir: str = STATE_DIR
+) -> dict[str, str]:
+    """postinst and postrm of a kernel module package (prebuilt or DKMS): what a (simulated)
+    reboot loads, as the NVIDIA stand-ins record it (``catalogue._kernel_module_scripts``:
+    the driver's upstream version, module flavour and CUDA version), and per package, since
+    on Ubuntu modules of the same driver are installed side by side, one per kernel (a
+    prebuilt one for one kernel, DKMS for another): removing one leaves the record of another
+    that is still installed, not none."""
+    cuda = driver_cuda_version(upstream) or "N/A"
+    marker = f"{state_dir}/{MODULES_DIR}/{package}"
+    version_file = f"{state_dir}/{VERSION_FILE}"
+    record_files = f"{version_file} {state_dir}/{FLAVOUR_FILE} {state_dir}/{CUDA_FILE}"
+    postinst = f"""#!/bin/sh
+set -e
+if [ "$1" = configure ]; then
+    mkdir -p {state_dir}/{MODULES_DIR}
+    echo '{upstream} {flavour} {cuda}' > {marker}
+    echo {upstream} > {version_file}.new
+    mv {version_file}.new {version_file}
+    echo {flavour} > {state_dir}/{FLAVOUR_FILE}
+    echo {cuda} > {state_dir}/{CUDA_FILE}
+fi
+exit 0
+"""
+    postrm = f"""#!/bin/sh
+set -e
+case "$1" in
+    remove|purge)
+        rm -f {marker}
+        left=$(ls {state_dir}/{MODULES_DIR} 2>/dev/null | head -n 1)
+        if [ -n "$left" ]; then
+            read -r version flavour cuda < "{state_dir}/{MODULES_DIR}/$left"
+            echo "$version" > {version_file}.new
+            mv {version_file}.new {version_file}
+            echo "$flavour" > {state_dir}/{FLAVOUR_FILE}
+            echo "$cuda" > {state_dir}/{CUDA_FILE}
+        else
+            rm -f {record_files}
+        fi ;;
+esac
+exit 0
+"""
+    return {"postinst": postinst, "postrm": postrm}
+
+
 def generated() -> list[Generated]:
     """Every package of the stand-in Ubuntu archive, with its template and context."""
     results = []
@@ -160,8 +222,8 @@ def _contents(
     template_id: str, context: dict[str, str]
 ) -> tuple[list[PackageFile], dict[str, str]]:
     if template_id in ("nvidia-dkms", "linux-modules-nvidia"):
-        # What a (simulated) reboot loads: the driver's upstream version and module flavour.
-        return [], _kernel_module_scripts(context["upstream"], context["module_flavour"])
+        name = render(WORLD_TEMPLATES[template_id]["name"], context)
+        return [], module_scripts(name, context["upstream"], context["module_flavour"])
     if template_id == "nvidia-compute-utils":
         daemon = _python_standin("daemon.py", context["upstream"])
         files = [

@@ -9,7 +9,8 @@ driver from Ubuntu's archive, source "ubuntu": the lab's stand-in of Ubuntu's pa
 lab.standin.ubuntu; the rest of the NVIDIA stack is off on Ubuntu lab nodes,
 inventories/lab.py) installs Canonical's prebuilt module for the running kernel, changes
 nothing the second time, moves the held packages on a branch change and leaves no drift; a
-kernel Canonical builds no module for gets DKMS, as ``--dry`` predicted.
+kernel Canonical builds no module for gets DKMS, as ``--dry`` predicted, which goes again once
+the node is back on a kernel with a prebuilt module.
 """
 
 from __future__ import annotations
@@ -275,3 +276,12 @@ def test_a_kernel_without_prebuilt_modules_gets_dkms_as_dry_predicts(ubuntu: Ubu
     again, _ = ubuntu.pyinfra(DEPLOY)
     assert again.returncode == 0, again.output
     assert again.changed_operations() == {}
+    # Back on the generic kernel: its prebuilt module is there, the DKMS one goes (it would be
+    # loaded instead), the loaded driver stays, and nothing drifts.
+    ubuntu.sudo(f"echo {KERNEL} > {KERNEL_RELEASE_PATH}")
+    back, _ = ubuntu.pyinfra(DEPLOY)
+    assert back.returncode == 0, back.output
+    assert set(back.changed_operations()) == {DRIVER_OPERATION.format(version=DRIVER_580)}
+    assert ubuntu_packages(ubuntu.sudo) == before
+    report = ubuntu.drift()
+    assert report["findings"] == [] and report["unreachable"] == {}, report

@@ -163,12 +163,42 @@ def test_kernel_module_packages_record_what_a_reboot_would_load() -> None:
         postinst = by_name[name].scripts["postinst"]
         assert f"echo {version} > /var/lib/gpunode-lab/installed-driver-version.new" in postinst
         assert f"echo {flavour} > /var/lib/gpunode-lab/installed-kernel-module-flavour" in postinst
+        assert f"/var/lib/gpunode-lab/modules/{name}\n" in postinst
     # One branch's nvidia-persistenced at a time: each ships the same path.
     utils = [p for p in by_name.values() if p.name.startswith("nvidia-compute-utils-")]
     assert len(utils) == 2
     for package in utils:
         assert "/usr/bin/nvidia-persistenced" in {f.path for f in package.files}
         assert package.conflicts == package.replaces == package.provides
+
+
+def _script(text: str, argument: str) -> None:
+    subprocess.run(["sh", "-c", text, "script", argument], check=True)
+
+
+def test_removing_one_of_two_installed_modules_keeps_the_record_of_the_other(
+    tmp_path: Path,
+) -> None:
+    """A prebuilt module for one kernel and a DKMS one for another, side by side: removing
+    the DKMS one (the node is back on the prebuilt kernel) leaves the prebuilt one's record;
+    removing the last leaves none."""
+    state = str(tmp_path)
+    prebuilt = ubuntu.module_scripts("linux-modules-nvidia-570-server-6.8.0-64-generic",
+                                     "570.211.01", "proprietary", state)  # fmt: skip
+    dkms = ubuntu.module_scripts("nvidia-dkms-580-server-open", "580.173.02", "open", state)
+    record = tmp_path / "installed-driver-version"
+    flavour = tmp_path / "installed-kernel-module-flavour"
+    _script(prebuilt["postinst"], "configure")
+    _script(dkms["postinst"], "configure")
+    assert (record.read_text(), flavour.read_text()) == ("580.173.02\n", "open\n")
+    _script(dkms["postrm"], "remove")
+    assert (record.read_text(), flavour.read_text()) == ("570.211.01\n", "proprietary\n")
+    _script(prebuilt["postrm"], "remove")
+    assert not record.exists() and not flavour.exists()
+    # An upgrade in place (postrm upgrade) changes nothing.
+    _script(dkms["postinst"], "configure")
+    _script(dkms["postrm"], "upgrade")
+    assert record.read_text() == "580.173.02\n"
 
 
 # --- the stand-in Ubuntu archive as served --------------------------------------------------
