@@ -46,12 +46,23 @@ _TLS = {
     "ca_passphrase_file": str(_lab.ca_passphrase_file()),
 }
 
-# Ubuntu lab nodes (lab.UBUNTU_LAB_BASES says what they are): no NVIDIA stack. gpunode's only
-# driver source on Ubuntu is Ubuntu's own archive (Canonical's prebuilt modules), which the
-# lab's stand-in Ubuntu archive (Debian's packages) does not have, and the lab's NVIDIA
-# stand-in repositories are Debian trees only. Base system, hardening, sshd and firewall run.
-_NO_NVIDIA_STACK = {
-    "nvidia_driver": {"source": "none"},
+# Ubuntu lab nodes (lab.UBUNTU_LAB_BASES says what they are): the NVIDIA driver from Ubuntu's
+# own archive (nvidia_driver.source "ubuntu": Canonical's prebuilt module for the running
+# kernel, else DKMS), which the lab's stand-in Ubuntu archive serves (lab.standin.ubuntu:
+# noble-updates restricted, Ubuntu's package graph; the node's kernel release is simulated,
+# lab.hwsim.kernel). 580.173.02-0ubuntu0.24.04.1 is noble's 580-server build
+# (packages.ubuntu.com, read 2026-12-07). The rest of the NVIDIA stack stays off: CUDA, DCGM,
+# the Container Toolkit, Fabric Manager and the GPU metrics come from NVIDIA's repository,
+# whose Ubuntu tree the lab does not serve (its stand-ins are Debian trees only).
+_UBUNTU_NVIDIA_STACK = {
+    "nvidia_driver": {
+        "source": "ubuntu",
+        "branch": "580",
+        "version": "580.173.02-0ubuntu0.24.04.1",
+        "ubuntu_series": "server",
+        "flavour": "open",
+        "reboot": "if-needed",
+    },
     "cuda": {"versions": []},
     "container_runtime": {"engines": []},
     "dcgm": {"enabled": False},
@@ -66,7 +77,7 @@ for _node in _nodes:
         "tls": {**_TLS, "ip_addresses": [_node.address]},
         **(_NO_IB if _node.profile == "pcie-a10g" else {}),
         **(_SLURM if _node.name in _slurm_members else {}),
-        **(_NO_NVIDIA_STACK if _node.release in UBUNTU_LAB_BASES else {}),
+        **(_UBUNTU_NVIDIA_STACK if _node.release in UBUNTU_LAB_BASES else {}),
     }
     _by_profile[_node.profile].append((_node.name, _data))
 

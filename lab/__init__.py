@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from gpunode import distributions
 from lab import hwsim
+from lab.hwsim import kernel
 
 if TYPE_CHECKING:
     from gpunode.model import Slurm
@@ -57,9 +58,12 @@ RELEASE_ALIASES = {"mixed": ("bookworm", "trixie")}
 # by ssh.socket, ssh.service not enabled (as a 24.04 install has it); ufw installed and
 # inactive, needrestart, unattended-upgrades (enabled), AppArmor and netplan.io installed.
 # Not real: every package is Debian's build (Debian's OpenSSH, systemd, kernel-less userland),
-# no snapd, no cloud-init, no Ubuntu kernel (a container has its host's), and its "Ubuntu
-# archive" is the lab's stand-in (lab.aptrepo.ubuntu_redirect): Debian's signed archive served
-# under Ubuntu's suite names, verified by Debian's keys installed under Ubuntu's keyring name.
+# no snapd, no cloud-init, no Ubuntu kernel (a container has its host's: its processes see an
+# Ubuntu kernel's release instead, lab.hwsim.kernel), and its "Ubuntu archive" is the lab's
+# stand-in (lab.aptrepo.ubuntu_redirect): Debian's signed archive served under Ubuntu's suite
+# names, verified by Debian's keys installed under Ubuntu's keyring name, but for
+# noble-updates, the lab's own stand-in of Ubuntu's NVIDIA driver packages (lab.standin.ubuntu),
+# signed with a key of the lab's that the node's keyring holds too (Lab._trust_ubuntu_standin).
 # noble -> bookworm: bookworm's OpenSSH 9.2p1 is an OpenSSH 9 without PerSourcePenalties, as
 # noble's 9.6p1 is (trixie's 10.0 has them), so the sshd configuration gpunode renders for
 # noble is exercised by an sshd of the same generation; systemd 252 against noble's 255
@@ -564,6 +568,9 @@ class Lab:
             node.memory_mib = self._memory_mib(node.container)
         self._write_state(wanted)
         self.serve_repository()
+        for node in wanted:
+            if node.release in UBUNTU_LAB_BASES:
+                self._trust_ubuntu_standin(node)
         self.serve_package_cache()
         for node in wanted if scratch_disks else []:
             self.attach_scratch_disks(node, scratch_disks, scratch_disk_mib)
@@ -848,6 +855,12 @@ class Lab:
             if path != hwstate.DEFAULT_STATE_PATH
         }
         container = self.client.containers.get(node.container)
+        if node.release in UBUNTU_LAB_BASES:
+            # The simulated kernel's library too (a node made by an older checkout has none);
+            # the release it runs is the node's state, kept where it has one.
+            programs.update(self._kernel_files(node))
+            if container.exec_run(["test", "-s", kernel.KERNEL_RELEASE_PATH]).exit_code == 0:
+                del programs[kernel.KERNEL_RELEASE_PATH]
         container.put_archive("/", _tar(programs))
         self._enable_gpu_devices(container, node)
 
@@ -860,11 +873,45 @@ class Lab:
             raise LabError(f"{node.name}: GPU device files: {result.output.decode().strip()}")
 
     def _node_archive(self, node: LabNode) -> bytes:
-        """Simulated hardware plus the lab login key, as one tar stream."""
+        """Simulated hardware plus the lab login key, as one tar stream; an Ubuntu lab node's
+        simulated running kernel too (lab.hwsim.kernel)."""
         files = dict(hwsim.node_files(node.profile, node.name))
         public_key = self.key_path.with_suffix(".pub").read_bytes()
         files[f"/home/{LOGIN_USER}/.ssh/authorized_keys"] = (public_key, 0o600)
+        if node.release in UBUNTU_LAB_BASES:
+            files.update(self._kernel_files(node))
         return _tar(files)
+
+    def _kernel_files(self, node: LabNode) -> dict[str, tuple[bytes, int]]:
+        """An Ubuntu lab node's simulated running kernel (lab.hwsim.kernel)."""
+        try:
+            return kernel.node_files(self.state_dir)
+        except kernel.KernelLibraryError as error:
+            raise LabError(f"{node.name}: {error}") from error
+
+    def _trust_ubuntu_standin(self, node: LabNode) -> None:
+        """An Ubuntu lab node's archive keyring (Debian's keys under Ubuntu's name, made at
+        image build) gets the key of the stand-in's own suite too (lab.aptrepo.UBUNTU_SUITE:
+        Ubuntu's NVIDIA driver packages), as Ubuntu's keyring holds the key of every suite.
+        The key is made with each build of the repository, so it is set at each ``up``."""
+        from lab import aptrepo
+
+        key = (self.repo_dir / aptrepo.KEYRINGS_DIR / aptrepo.UBUNTU_KEYRING).read_bytes()
+        container = self.client.containers.get(node.container)
+        standin = f"/usr/share/keyrings/{aptrepo.UBUNTU_KEYRING}"
+        container.put_archive("/", _tar({standin: (key, 0o644)}))
+        keyrings = "/usr/share/keyrings"
+        result = container.exec_run(
+            [
+                "sh", "-c",
+                f"cat {keyrings}/debian-archive-keyring.gpg {standin} "
+                f"> {keyrings}/ubuntu-archive-keyring.gpg.new && "
+                f"mv {keyrings}/ubuntu-archive-keyring.gpg.new "
+                f"{keyrings}/ubuntu-archive-keyring.gpg",
+            ]
+        )  # fmt: skip
+        if result.exit_code != 0:
+            raise LabError(f"{node.name}: archive keyring: {result.output.decode().strip()}")
 
     def _wait_booted(self, container: Any, node: LabNode) -> None:
         deadline = time.monotonic() + BOOT_TIMEOUT_S

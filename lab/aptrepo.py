@@ -17,6 +17,11 @@ versions and dependencies; tiny contents), laid out and signed the way NVIDIA pu
 - ``libnvidia-container/stable/deb/amd64/``: the same for the Container Toolkit repository
   (``nvidia.github.io/libnvidia-container/stable/deb/$(ARCH)``); its armored key is
   ``libnvidia-container/gpgkey``.
+- ``ubuntu/``: the stand-in Ubuntu archive's own part, Ubuntu's NVIDIA driver packages
+  (``lab.standin.ubuntu``) laid out as Ubuntu's archive is: ``dists/noble-updates/`` (its
+  ``Release`` naming one component, ``restricted``) and ``pool/restricted/``, signed with a
+  key of its own (``keyrings/gpunode-lab-ubuntu-standin-keyring.gpg``). Every other path under
+  ``/ubuntu/`` is answered with a redirect to Debian's archive (``ubuntu_redirect``).
 
 Each repository is signed with its own throw-away ed25519 key, made for the build in a temporary
 ``GNUPGHOME`` that is deleted (its gpg-agent stopped) once both are signed: no private key is
@@ -78,6 +83,7 @@ from lab.standin import (
     StandinPackage,
     catalogue,
 )
+from lab.standin import ubuntu as ubuntu_standin
 
 DEFAULT_PORT = 8089
 BUILT_ARCHITECTURES = ("amd64",)  # world.toml lists sbsa paths too; only amd64 is built
@@ -89,8 +95,19 @@ CUDA_KEYRING = "cuda-archive-keyring.gpg"
 CONTAINER_KEYRING = "nvidia-container-toolkit-keyring.gpg"
 STATE_FILE = "repo.json"
 GNUPG_PREFIX = "gpunode-aptrepo-gnupg-"
+# The stand-in Ubuntu archive's own part: Ubuntu's NVIDIA driver packages (lab.standin.ubuntu)
+# in one suite and component of an archive laid out as Ubuntu's (dists/, pool/), signed with
+# the lab's own key, which an Ubuntu lab node trusts beside Debian's under Ubuntu's keyring
+# name (Lab._trust_ubuntu_standin). Everything else under /ubuntu/ is Debian's (ubuntu_redirect).
+UBUNTU_ARCHIVE = "ubuntu"
+UBUNTU_SUITE = ubuntu_standin.SUITE  # noble-updates
+UBUNTU_COMPONENT = ubuntu_standin.COMPONENT  # restricted
+UBUNTU_SUITE_PATH = f"{UBUNTU_ARCHIVE}/dists/{UBUNTU_SUITE}"
+UBUNTU_POOL = f"pool/{UBUNTU_COMPONENT}/n/nvidia-graphics-drivers"
+UBUNTU_KEYRING = "gpunode-lab-ubuntu-standin-keyring.gpg"
+UBUNTU_KEY_UID = "gpunode lab Ubuntu archive stand-in <ubuntu-archive@lists.ubuntu.com>"
 # Every top-level entry a build owns; a rebuild replaces exactly these.
-MANAGED_ENTRIES = ("cuda", "libnvidia-container", KEYRINGS_DIR, STATE_FILE)
+MANAGED_ENTRIES = ("cuda", "libnvidia-container", UBUNTU_ARCHIVE, KEYRINGS_DIR, STATE_FILE)
 # Fixed timestamps inside the .debs: the same definitions give the same packages.
 SOURCE_DATE_EPOCH = 1735689600  # 2025-01-01T00:00:00Z
 REQUIRED_TOOLS = {
@@ -208,6 +225,11 @@ class RepoInfo:
     def container_keyring(self) -> Path:
         return self.directory / KEYRINGS_DIR / CONTAINER_KEYRING
 
+    @property
+    def ubuntu_keyring(self) -> Path:
+        """The stand-in Ubuntu archive's signing key (binary keyring)."""
+        return self.directory / KEYRINGS_DIR / UBUNTU_KEYRING
+
     def versions(self, name: str) -> list[str]:
         return [package.version for package in self.packages if package.name == name]
 
@@ -242,7 +264,8 @@ def build_repository(
     directory = Path(directory)
     packages = list(catalogue() if packages is None else packages)
     _check_packages(packages)
-    content_hash = _content_hash(packages)
+    ubuntu_packages = ubuntu_standin.catalogue()
+    content_hash = _content_hash([*packages, *ubuntu_packages])
     directory.mkdir(parents=True, exist_ok=True)
     # One build at a time per directory (a test session and `gpunode lab` may both ask).
     with open(directory / ".build.lock", "a") as lock:
@@ -251,19 +274,30 @@ def build_repository(
         if reused is not None:
             return reused
         _check_tools()
-        return _build(directory, packages, content_hash)
+        return _build(directory, packages, ubuntu_packages, content_hash)
 
 
-def _build(directory: Path, packages: list[StandinPackage], content_hash: str) -> RepoInfo:
+def _build(
+    directory: Path,
+    packages: list[StandinPackage],
+    ubuntu_packages: list[StandinPackage],
+    content_hash: str,
+) -> RepoInfo:
     staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=directory))
     try:
         _build_debs(staging, packages)
         for repository in ALL_REPOSITORIES:
             _write_indexes(staging / repository.path, repository)
+        _build_ubuntu_archive(staging, ubuntu_packages)
         fingerprints = _sign(staging)
         refs = tuple(
             PackageRef(p.name, p.version, p.repository, f"{_repository(p).path}/{p.filename}")
             for p in packages
+        ) + tuple(
+            PackageRef(
+                p.name, p.version, p.repository, f"{UBUNTU_ARCHIVE}/{UBUNTU_POOL}/{p.filename}"
+            )
+            for p in ubuntu_packages
         )
         state = {
             "content_hash": content_hash,
@@ -323,6 +357,10 @@ def _load_state(directory: Path, content_hash: str) -> RepoInfo | None:
             for name in ("Packages", "Packages.gz", "Release", "Release.gpg", "InRelease")
         ]
         needed.append(directory / KEYRINGS_DIR / repository.keyring)
+    needed += [
+        directory / UBUNTU_SUITE_PATH / name for name in ("Release", "Release.gpg", "InRelease")
+    ]
+    needed.append(directory / KEYRINGS_DIR / UBUNTU_KEYRING)
     if not all(path.is_file() for path in needed):
         return None
     return RepoInfo(directory, content_hash, state["fingerprints"], refs, rebuilt=False)
@@ -358,7 +396,45 @@ def _repository_dir(root: Path, name: str) -> Path:
     return root / next(r for r in REPOSITORIES if r.name == name).path
 
 
-def _build_deb(package: StandinPackage, root: Path, trees: Path) -> None:
+def _build_ubuntu_archive(root: Path, packages: Sequence[StandinPackage]) -> None:
+    """Ubuntu's driver packages as one suite and component of an Ubuntu-shaped archive:
+    ``ubuntu/pool/restricted/...`` and ``ubuntu/dists/noble-updates/restricted/binary-amd64/
+    Packages``, with the suite's unsigned Release (signed by ``_sign``)."""
+    archive = root / UBUNTU_ARCHIVE
+    pool = archive / UBUNTU_POOL
+    pool.mkdir(parents=True)
+    trees = root / ".ubuntu-trees"
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool_workers:
+        list(pool_workers.map(lambda package: _build_deb(package, root, trees, pool), packages))
+    shutil.rmtree(trees, ignore_errors=True)
+    suite = root / UBUNTU_SUITE_PATH
+    for architecture in BUILT_ARCHITECTURES:
+        binary = suite / UBUNTU_COMPONENT / f"binary-{architecture}"
+        binary.mkdir(parents=True)
+        index = _run(["apt-ftparchive", "packages", f"pool/{UBUNTU_COMPONENT}"], cwd=archive)
+        (binary / "Packages").write_text(index)
+        with gzip.GzipFile(binary / "Packages.gz", "wb", mtime=SOURCE_DATE_EPOCH) as compressed:
+            compressed.write(index.encode())
+    # What Ubuntu's own Release of the suite says (Origin, Label, Suite, Codename), for this
+    # one component.
+    options = {
+        "Origin": "Ubuntu",
+        "Label": "Ubuntu",
+        "Suite": UBUNTU_SUITE,
+        "Codename": ubuntu_standin.CODENAME,
+        "Components": UBUNTU_COMPONENT,
+        "Architectures": " ".join(BUILT_ARCHITECTURES),
+        "Description": "gpunode lab stand-in: Ubuntu's NVIDIA driver packages",
+    }
+    arguments = ["apt-ftparchive"]
+    for field, value in options.items():
+        arguments += ["-o", f"APT::FTPArchive::Release::{field}={value}"]
+    (suite / "Release").write_text(_run([*arguments, "release", "."], cwd=suite))
+
+
+def _build_deb(
+    package: StandinPackage, root: Path, trees: Path, output_dir: Path | None = None
+) -> None:
     tree = trees / f"{package.name}_{package.filename}"
     control_dir = tree / "DEBIAN"
     control_dir.mkdir(parents=True)
@@ -374,7 +450,7 @@ def _build_deb(package: StandinPackage, root: Path, trees: Path) -> None:
         path.chmod(item.mode)
     for path in tree.rglob("*"):
         os.utime(path, (SOURCE_DATE_EPOCH, SOURCE_DATE_EPOCH), follow_symlinks=False)
-    output = root / _repository(package).path / package.filename
+    output = (output_dir or root / _repository(package).path) / package.filename
     _run(
         ["dpkg-deb", "--root-owner-group", "-Zxz", "--build", str(tree), str(output)],
         env={"SOURCE_DATE_EPOCH": str(SOURCE_DATE_EPOCH)},
@@ -459,6 +535,8 @@ def _sign(root: Path) -> dict[str, str]:
                 (repo_dir / f"{fingerprint[-8:].lower()}.pub").write_text(armored)
             else:
                 (repo_dir.parents[2] / "gpgkey").write_text(armored)
+        if (root / UBUNTU_SUITE_PATH / "Release").is_file():
+            fingerprints[UBUNTU_ARCHIVE] = _sign_ubuntu_suite(root, env)
     finally:
         # The private keys live only here: stop the agent that holds them, then delete.
         subprocess.run(
@@ -469,6 +547,31 @@ def _sign(root: Path) -> dict[str, str]:
         )
         shutil.rmtree(home, ignore_errors=True)
     return fingerprints
+
+
+def _sign_ubuntu_suite(root: Path, env: dict[str, str]) -> str:
+    """Sign the stand-in Ubuntu suite with a key of its own; export its public half."""
+    new_key = ["--quick-gen-key", UBUNTU_KEY_UID, "ed25519", "sign", "never"]
+    _run(["gpg", "--batch", "--passphrase", "", *new_key], env=env)
+    fingerprint = _fingerprint(UBUNTU_KEY_UID, env)
+    suite = root / UBUNTU_SUITE_PATH
+    gpg = ["gpg", "--batch", "--yes", "--local-user", fingerprint, "--digest-algo", "SHA512"]
+    _run([*gpg, "--clearsign", "-o", str(suite / "InRelease"), str(suite / "Release")], env=env)
+    _run(
+        [
+            *gpg,
+            "--armor",
+            "--detach-sign",
+            "-o",
+            str(suite / "Release.gpg"),
+            str(suite / "Release"),
+        ],
+        env=env,
+    )
+    (root / KEYRINGS_DIR / UBUNTU_KEYRING).write_bytes(
+        _run_bytes(["gpg", "--batch", "--export", fingerprint], env=env)
+    )
+    return fingerprint
 
 
 def _fingerprint(uid: str, env: dict[str, str]) -> str:
@@ -628,6 +731,8 @@ def ubuntu_redirect(path: str) -> str | None:
     if parts[0] not in UBUNTU_STANDIN_ARCHIVES or ".." in parts or len(parts) < 3:
         return None
     rest = parts[1:]
+    if parts[0] == UBUNTU_ARCHIVE and _served_here(rest):
+        return None
     if rest[0] == "dists":
         codename, dash, pocket = rest[1].partition("-")
         base = UBUNTU_LAB_BASES.get(codename)
@@ -637,6 +742,14 @@ def ubuntu_redirect(path: str) -> str | None:
     elif rest[0] != "pool":
         return None
     return UBUNTU_STANDIN_ARCHIVES[parts[0]] + "/" + "/".join(rest)
+
+
+def _served_here(rest: list[str]) -> bool:
+    """Whether a path under /ubuntu/ is the stand-in's own part (Ubuntu's driver packages:
+    their suite, and the pool of their component, which Debian's archive does not have)."""
+    if rest[0] == "dists":
+        return rest[1] == UBUNTU_SUITE
+    return rest[0] == "pool" and rest[1] == UBUNTU_COMPONENT
 
 
 def _handler_class(directory: Path, record: Any) -> type[http.server.SimpleHTTPRequestHandler]:

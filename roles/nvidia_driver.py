@@ -42,10 +42,13 @@ What results on a node whose ``nvidia_driver.source`` is not ``none``:
   packages are to be installed, each must be offered at the exact version (or, with a branch
   alone, at a version of the branch), the pinning package at all. The nvidia source's come
   from apt's lists of ``apt.cuda_repo_url`` only (Debian's build of a name counts for
-  nothing), the debian source's from any list apt has. Where apt has no lists of NVIDIA's
-  repository yet (it is added in this run), the node is asked once its lists are fetched,
-  before the nouveau blacklist and the pin. The pin is never written for a package apt
-  cannot install.
+  nothing), the debian and ubuntu sources' from any list apt has. Where apt has no lists of
+  NVIDIA's repository yet (it is added in this run), or for the ubuntu source of Ubuntu's
+  archive (``apt.ubuntu_mirror``, whose sources this run writes), the node is asked once its
+  lists are fetched, before the nouveau blacklist and the pin; the ubuntu source then plans
+  Canonical's prebuilt module for the running kernel, which that check requires (the next
+  run, reading the lists, picks DKMS where the archive has none). The pin is never written
+  for a package apt cannot install.
 * Secure Boot (facts/secure_boot.py): where the kernel module is to change and the node
   boots with Secure Boot on, a module built by DKMS (every source's but Canonical's
   prebuilt ones) loads only if a machine owner key DKMS signs with is enrolled; otherwise
@@ -85,7 +88,14 @@ from pyinfra.facts.server import Which
 from pyinfra.facts.systemd import SystemdEnabled, SystemdStatus
 from pyinfra.operations import files, server
 
-from facts.container_runtime import AptPackagePolicy, is_indexed, package_state, versions_from
+from facts.apt import AptIndexedRepositories
+from facts.container_runtime import (
+    AptPackagePolicy,
+    is_indexed,
+    normalise_url,
+    package_state,
+    versions_from,
+)
 from facts.nvidia_packages import AptPackageVersions, NvidiaPackages
 from facts.secure_boot import SecureBootState
 from gpunode.expected import secure_boot, ubuntu_driver
@@ -321,12 +331,16 @@ def require_driver_offered(spec: DriverPackages, packages: dict[str, str], url: 
     does not offer (as ``roles.cuda.require_offered`` does for CUDA, DCGM and the container
     toolkit): the pin is never written for packages apt cannot install.
 
-    The nvidia source's versions come from apt's lists of ``url`` only; the debian source's
-    from any list apt has. False: apt has no lists of ``url`` yet (the repository is added in
-    this run), so ``driver_offered`` asks the node once they are there."""
+    The nvidia source's versions come from apt's lists of ``url`` only; the debian and ubuntu
+    sources' from any list apt has (the ubuntu source's from the graphics-drivers PPA too,
+    where one is configured). False: apt has no lists of ``url`` yet (NVIDIA's repository is
+    added in this run; Ubuntu's archive, ``url`` for the ubuntu source, is written by this
+    run's base role), so ``driver_offered`` asks the node once they are there."""
     fetch = packages_to_fetch(spec, packages)
     if not fetch:
         return True
+    if spec.source == "ubuntu" and not archive_indexed(url):
+        return False
     if spec.source == "nvidia":
         policy = host.get_fact(AptPackagePolicy, packages=fetch)
         if not is_indexed(policy, url):
@@ -341,6 +355,11 @@ def require_driver_offered(spec: DriverPackages, packages: dict[str, str], url: 
     if missing:
         raise NodeRefused(not_offered_message(spec, missing, offered, where))
     return True
+
+
+def archive_indexed(url: str) -> bool:
+    """apt has package lists of the archive at ``url`` (it was in sources at the last update)."""
+    return normalise_url(url) in host.get_fact(AptIndexedRepositories)
 
 
 def offered_check_shell(spec: DriverPackages, fetch: list[str], url: str) -> str:
@@ -371,7 +390,8 @@ def driver_offered(spec: DriverPackages, repository_url: str, fetch: list[str]):
     Changes nothing itself.
 
     + spec: the driver as apt packages (``driver_packages_for``)
-    + repository_url: NVIDIA's repository (``apt.cuda_repo_url``) the packages must come from
+    + repository_url: NVIDIA's repository (``apt.cuda_repo_url``) the packages must come from;
+      for the ubuntu source Ubuntu's archive (``apt.ubuntu_mirror``)
     + fetch: the packages this run installs (``packages_to_fetch``)
     """
     yield offered_check_shell(spec, fetch, repository_url)
@@ -761,7 +781,7 @@ def nvidia_driver(desired: DesiredState) -> None:
         mixed = ubuntu_pin_problem(wanted, nvidia_repositories_for(desired)[0].needed)
         if mixed:
             raise NodeRefused(f"{host.name}: {mixed}")
-        spec = ubuntu_spec(wanted, facts)
+        spec = ubuntu_spec(wanted, facts, desired.apt.ubuntu_mirror)
         _converge_driver(desired, wanted, spec, facts)
         return
     # The headers verdict for the debian source does not depend on the version resolved
@@ -812,10 +832,18 @@ def ubuntu_pin_problem(wanted: NvidiaDriver, cuda_repository_needed: bool) -> st
     )
 
 
-def ubuntu_spec(wanted: NvidiaDriver, facts: dict[str, Any]) -> DriverPackages:
+def ubuntu_spec(wanted: NvidiaDriver, facts: dict[str, Any], archive_url: str) -> DriverPackages:
     """The ubuntu source's packages for this node: Canonical's signed prebuilt module for the
     running kernel where apt offers it, else DKMS (apt is asked only while the module
-    package is not installed: a converged node's run never loads apt's cache)."""
+    package is not installed: a converged node's run never loads apt's cache).
+
+    Where apt has no lists of Ubuntu's archive (``archive_url``) yet, its sources being
+    written by this run's base role (a node whose archive was another mirror), what it
+    offers is not known at prepare time: the prebuilt module is assumed, and
+    ``driver_offered`` fails the node after this run's apt update, before the pin or any
+    package, if the archive has none for the running kernel; DKMS is then chosen by the next
+    run, which reads the lists. Choosing DKMS here instead would be replaced by the prebuilt
+    module on the next run: the first converge would not be the last."""
     kernel = ubuntu_driver.parse_kernel_release(facts["kernel"] or "")
     if kernel is None:
         raise NodeRefused(
@@ -825,7 +853,7 @@ def ubuntu_spec(wanted: NvidiaDriver, facts: dict[str, Any]) -> DriverPackages:
         )
     branch, series = str(wanted.branch), wanted.ubuntu_series
     prebuilt = ubuntu_driver.prebuilt_module_package(branch, series, wanted.flavour, kernel)
-    if prebuilt in facts["packages"]:
+    if prebuilt in facts["packages"] or not archive_indexed(archive_url):
         offered = {prebuilt}
     else:
         offered = set(host.get_fact(AptPackageVersions, packages=[prebuilt]))
@@ -846,7 +874,7 @@ def _converge_driver(
         if headers_need(spec, facts, available) == "missing":
             raise NodeRefused(headers_error(facts))
     install_pending = bool(plan_driver(spec, facts, available, wanted.persistence_daemon)[0])
-    url = desired.apt.cuda_repo_url
+    url = desired.apt.ubuntu_mirror if spec.source == "ubuntu" else desired.apt.cuda_repo_url
     if install_pending and not require_driver_offered(spec, facts["packages"], url):
         driver_offered(
             name="NVIDIA driver offered by the repository (asked once its lists are fetched)",

@@ -10,6 +10,10 @@ or runs DKMS.
 ``catalogue()`` lists every package, generated from the data file ``world.toml`` (every release
 and package template, with where its fields come from and where the stand-in departs);
 ``catalogue.py`` documents what each one ships.
+
+``ubuntu.py`` does the same for Ubuntu's own NVIDIA driver packages (the ``ubuntu`` driver
+source), from ``ubuntu_world.toml``: the stand-in Ubuntu archive's ``noble-updates``
+``restricted``, with Canonical's prebuilt ``linux-modules-nvidia-*`` for one kernel.
 """
 
 from __future__ import annotations

@@ -87,6 +87,8 @@ from . import nvidia_ctk
 
 CUDA_REPO = "cuda"
 LIBNVIDIA_CONTAINER_REPO = "libnvidia-container"
+# The lab's stand-in Ubuntu archive (restricted): Ubuntu's own driver packages (ubuntu.py).
+UBUNTU_REPO = "ubuntu"
 
 INSTALLED_DRIVER_VERSION_PATH = "/var/lib/gpunode-lab/installed-driver-version"
 INSTALLED_KERNEL_MODULE_FLAVOUR_PATH = "/var/lib/gpunode-lab/installed-kernel-module-flavour"
@@ -95,6 +97,8 @@ INSTALLED_DRIVER_CUDA_VERSION_PATH = "/var/lib/gpunode-lab/installed-driver-cuda
 
 CUDA_MAINTAINER = "cudatools <cudatools@nvidia.com>"
 CONTAINER_MAINTAINER = "NVIDIA CORPORATION <cudatools@nvidia.com>"
+# The Maintainer field of Ubuntu's packages (Ubuntu's archive policy).
+UBUNTU_MAINTAINER = "Ubuntu Core Developers <ubuntu-devel-discuss@lists.ubuntu.com>"
 HERE = Path(__file__).resolve().parent
 WORLD_PATH = HERE / "world.toml"
 PYTHON_SHEBANG = "#!/usr/bin/python3 -I\n"  # -I: the script's directory must not shadow stdlib
@@ -243,6 +247,8 @@ class StandinPackage:
 
     @property
     def maintainer(self) -> str:
+        if self.repository == UBUNTU_REPO:
+            return UBUNTU_MAINTAINER
         return CUDA_MAINTAINER if self.repository == CUDA_REPO else CONTAINER_MAINTAINER
 
     @property

@@ -2,10 +2,15 @@
 
 What an Ubuntu lab node is and is not: lab.UBUNTU_LAB_BASES. Here: the node is noble as
 gpunode reads it (os-release, lsb-release, sshd from ssh.socket, ufw, needrestart,
-unattended-upgrades, AppArmor, netplan); an active ufw is refused before anything changes; a
-new sshd that cuts logins is rolled back to socket activation; the converge (base system,
-hardening, sshd, firewall; the NVIDIA stack is off on Ubuntu lab nodes: inventories/lab.py)
-changes nothing the second time, and the drift check is clean.
+unattended-upgrades, AppArmor, netplan; a simulated Ubuntu kernel release, lab.hwsim.kernel);
+an active ufw is refused before anything changes; a new sshd that cuts logins is rolled back
+to socket activation; the converge (base system, hardening, sshd, firewall and the NVIDIA
+driver from Ubuntu's archive, source "ubuntu": the lab's stand-in of Ubuntu's packages,
+lab.standin.ubuntu; the rest of the NVIDIA stack is off on Ubuntu lab nodes,
+inventories/lab.py) installs Canonical's prebuilt module for the running kernel, changes
+nothing the second time, moves the held packages on a branch change and leaves no drift; a
+kernel Canonical builds no module for gets DKMS, as ``--dry`` predicted, which goes again once
+the node is back on a kernel with a prebuilt module.
 """
 
 from __future__ import annotations
@@ -41,6 +46,40 @@ SNAPSHOT = (
 )
 
 
+# The inventory's driver (inventories/lab.py) and an older branch to start from.
+DRIVER_580 = "580.173.02-0ubuntu0.24.04.1"
+DRIVER_570 = "570.211.01-0ubuntu1.24.04.1"
+BRANCH_570 = {
+    "source": "ubuntu", "branch": "570", "version": DRIVER_570, "ubuntu_series": "server",
+    "flavour": "open", "reboot": "if-needed",
+}  # fmt: skip
+# The simulated running kernel (lab.hwsim.kernel): noble's generic one, for which the stand-in
+# archive carries Canonical's prebuilt modules, and a locally built one it carries none for.
+KERNEL = "6.8.0-64-generic"
+CUSTOM_KERNEL = "6.8.0-64-custom"
+KERNEL_RELEASE_PATH = "/var/lib/gpunode-lab/kernel-release"
+DRIVER_OPERATION = (
+    "NVIDIA driver | NVIDIA driver {version} (open kernel module, ubuntu source): "
+    "installed and held"
+)
+
+
+def ubuntu_packages(node_sudo: Any) -> dict[str, tuple[str, str]]:
+    """Installed Ubuntu driver packages: name -> (version, hold mark)."""
+    listing = node_sudo(
+        "dpkg-query -W -f '${db:Status-Abbrev}|${Package}|${Version}\\n' "
+        "'*nvidia*' 2>/dev/null; echo; apt-mark showhold"
+    )
+    installed_part, held_part = listing.split("\n\n", 1)
+    held = set(held_part.split())
+    found = {}
+    for line in installed_part.splitlines():
+        status, name, version = line.split("|")
+        if status[1:2] == "i":  # installed (ii, or hi: held)
+            found[name] = (version, "held" if name in held else "not held")
+    return found
+
+
 class UbuntuLab:
     def __init__(self, lab: Lab, env: dict[str, str]) -> None:
         self.lab, self.env = lab, env
@@ -49,7 +88,7 @@ class UbuntuLab:
     def pyinfra(self, *args: str) -> tuple[PyinfraRun, float]:
         started = time.monotonic()
         result = subprocess.run(
-            [PYINFRA, "-y", "--json", "inventories/lab.py", *args],
+            [PYINFRA, *([] if "--dry" in args else ["-y"]), "--json", "inventories/lab.py", *args],
             cwd=ROOT, env=self.env, capture_output=True, text=True, timeout=900,
         )  # fmt: skip
         took = time.monotonic() - started
@@ -152,8 +191,9 @@ def test_an_sshd_that_cuts_logins_goes_back_to_socket_activation(ubuntu: UbuntuL
     ).split() == ["enabled", "disabled", "active"]
 
 
-def test_the_converge_is_idempotent_and_leaves_no_drift(ubuntu: UbuntuLab) -> None:
-    first, first_s = ubuntu.pyinfra(DEPLOY)
+def test_the_converge_installs_the_prebuilt_module_and_is_idempotent(ubuntu: UbuntuLab) -> None:
+    assert ubuntu.sudo("uname -r").strip() == KERNEL
+    first, first_s = ubuntu.pyinfra(DEPLOY, "--data", "nvidia_driver=" + json.dumps(BRANCH_570))
     assert first.returncode == 0, first.output
     # The roles before sshd were converged by the run the login cut stopped; sshd now.
     changed = first.changed_operations()
@@ -170,9 +210,78 @@ def test_the_converge_is_idempotent_and_leaves_no_drift(ubuntu: UbuntuLab) -> No
     assert ubuntu.sudo(
         "systemctl is-enabled ssh.socket ssh.service; systemctl is-active ssh.service; ufw status"
     ).split() == ["masked", "enabled", "active", "Status:", "inactive"]
-    again, again_s = ubuntu.pyinfra(DEPLOY)
+    # Ubuntu's compute set at the pinned version, held, with Canonical's prebuilt module for the
+    # running kernel (at the kernel's version, held apart), no DKMS and no headers.
+    assert ubuntu_packages(ubuntu.sudo) == {
+        "libnvidia-compute-570-server": (DRIVER_570, "held"),
+        "nvidia-utils-570-server": (DRIVER_570, "held"),
+        "nvidia-compute-utils-570-server": (DRIVER_570, "held"),
+        "nvidia-kernel-common-570-server": (DRIVER_570, "held"),
+        f"linux-modules-nvidia-570-server-open-{KERNEL}": ("6.8.0-64.67+1", "held"),
+    }
+    assert "linux-headers" not in ubuntu.sudo("dpkg-query -W -f '${Package}\\n'")
+    # The lab's "reboot" loaded it: the simulated GPU runs the installed driver.
+    assert (
+        ubuntu.sudo("nvidia-smi --query-gpu=driver_version --format=csv,noheader").strip()
+        == DRIVER_570.split("-")[0]
+    )
+    again, again_s = ubuntu.pyinfra(DEPLOY, "--data", "nvidia_driver=" + json.dumps(BRANCH_570))
+    assert again.returncode == 0, again.output
+    assert again.changed_operations() == {}
+    print(f"noble node: converge from sshd on {first_s:.1f} s, no-op run {again_s:.1f} s")
+
+
+def test_a_branch_change_moves_the_held_packages_and_leaves_no_drift(ubuntu: UbuntuLab) -> None:
+    # 570 -> the inventory's 580: unhold, install 580's set and prebuilt module, remove 570's.
+    changed, _ = ubuntu.pyinfra(DEPLOY)
+    assert changed.returncode == 0, changed.output
+    assert DRIVER_OPERATION.format(version=DRIVER_580) in changed.changed_operations()
+    assert ubuntu_packages(ubuntu.sudo) == {
+        "libnvidia-compute-580-server": (DRIVER_580, "held"),
+        "nvidia-utils-580-server": (DRIVER_580, "held"),
+        "nvidia-compute-utils-580-server": (DRIVER_580, "held"),
+        "nvidia-kernel-common-580-server": (DRIVER_580, "held"),
+        f"linux-modules-nvidia-580-server-open-{KERNEL}": ("6.8.0-64.67+1", "held"),
+    }
+    assert (
+        ubuntu.sudo("nvidia-smi --query-gpu=driver_version --format=csv,noheader").strip()
+        == DRIVER_580.split("-")[0]
+    )
+    again, _ = ubuntu.pyinfra(DEPLOY)
     assert again.returncode == 0, again.output
     assert again.changed_operations() == {}
     report = ubuntu.drift()
     assert report["findings"] == [] and report["unreachable"] == {}, report
-    print(f"noble node: converge from sshd on {first_s:.1f} s, no-op run {again_s:.1f} s")
+
+
+def test_a_kernel_without_prebuilt_modules_gets_dkms_as_dry_predicts(ubuntu: UbuntuLab) -> None:
+    # The node now runs a kernel Canonical builds no NVIDIA module for (a locally built one):
+    # apt offers no linux-modules-nvidia-580-server-open-6.8.0-64-custom.
+    ubuntu.sudo(f"echo {CUSTOM_KERNEL} > {KERNEL_RELEASE_PATH}")
+    assert ubuntu.sudo("uname -r").strip() == CUSTOM_KERNEL
+    before = ubuntu_packages(ubuntu.sudo)
+    dry, _ = ubuntu.pyinfra("--dry", DEPLOY)
+    assert dry.returncode == 0, dry.output
+    assert dry.results is not None
+    predicted = {op["name"] for op in dry.results["plan"] if op["hosts_with_change"]}
+    assert DRIVER_OPERATION.format(version=DRIVER_580) in predicted
+    assert ubuntu_packages(ubuntu.sudo) == before, "--dry changed the node"
+    real, _ = ubuntu.pyinfra(DEPLOY)
+    assert real.returncode == 0, real.output
+    assert set(real.changed_operations()) == predicted
+    after = ubuntu_packages(ubuntu.sudo)
+    # DKMS builds the module for this kernel; the prebuilt one of the generic kernel belongs
+    # to that kernel and stays.
+    assert after == {**before, "nvidia-dkms-580-server-open": (DRIVER_580, "held")}
+    again, _ = ubuntu.pyinfra(DEPLOY)
+    assert again.returncode == 0, again.output
+    assert again.changed_operations() == {}
+    # Back on the generic kernel: its prebuilt module is there, the DKMS one goes (it would be
+    # loaded instead), the loaded driver stays, and nothing drifts.
+    ubuntu.sudo(f"echo {KERNEL} > {KERNEL_RELEASE_PATH}")
+    back, _ = ubuntu.pyinfra(DEPLOY)
+    assert back.returncode == 0, back.output
+    assert set(back.changed_operations()) == {DRIVER_OPERATION.format(version=DRIVER_580)}
+    assert ubuntu_packages(ubuntu.sudo) == before
+    report = ubuntu.drift()
+    assert report["findings"] == [] and report["unreachable"] == {}, report

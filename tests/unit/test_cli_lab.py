@@ -108,8 +108,8 @@ def test_the_stand_in_ubuntu_archive_redirects_ubuntu_suites_to_debians() -> Non
     debian = "http://deb.debian.org/debian"
     assert ubuntu_redirect("/ubuntu/dists/noble/InRelease") == f"{debian}/dists/bookworm/InRelease"
     assert (
-        ubuntu_redirect("/ubuntu/dists/noble-updates/main/binary-amd64/Packages.xz")
-        == f"{debian}/dists/bookworm-updates/main/binary-amd64/Packages.xz"
+        ubuntu_redirect("/ubuntu/dists/noble-backports/main/binary-amd64/Packages.xz")
+        == f"{debian}/dists/bookworm-backports/main/binary-amd64/Packages.xz"
     )
     assert (
         ubuntu_redirect("/ubuntu-security/dists/noble-security/InRelease")
@@ -118,8 +118,13 @@ def test_the_stand_in_ubuntu_archive_redirects_ubuntu_suites_to_debians() -> Non
     assert ubuntu_redirect("/ubuntu/pool/main/u/ufw/ufw_0.36.2-1_all.deb") == (
         f"{debian}/pool/main/u/ufw/ufw_0.36.2-1_all.deb"
     )
-    # Not the stand-in's: the lab's own files, a release with no lab node, a way out.
+    # Not redirected: Ubuntu's driver packages, the stand-in's own suite and component
+    # (lab.standin.ubuntu, served from the lab's build); the lab's own files, a release with
+    # no lab node, a way out.
     for path in (
+        "/ubuntu/dists/noble-updates/InRelease",
+        "/ubuntu/dists/noble-updates/restricted/binary-amd64/Packages.gz",
+        "/ubuntu/pool/restricted/n/nvidia-graphics-drivers/x.deb",
         "/cuda/debian12/x86_64/InRelease",
         "/ubuntu/dists/jammy/InRelease",
         "/ubuntu/../keyrings/x",

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from facts.apt import AptIndexedRepositories
 from facts.nvidia_packages import AptPackageVersions, NvidiaPackages
 from gpunode.expected import ubuntu_driver
 from gpunode.expected.packages import DriverPackages, held_packages, ubuntu_driver_packages
@@ -32,8 +33,11 @@ from roles.nvidia_driver import (
     driver_packages,
     headers_need,
     kernel_headers,
+    offered_check_shell,
+    packages_to_fetch,
     persistence_daemon,
     persistenced_package,
+    require_driver_offered,
     ubuntu_pin_problem,
     ubuntu_spec,
 )
@@ -245,9 +249,18 @@ PREBUILT = "linux-modules-nvidia-550-server-open-6.8.0-64-generic"
 PREBUILT_OFFERED = {PREBUILT: [{"version": "6.8.0-64.67+1", "upstream": "6.8.0", "dkms": False}]}
 
 
-def spec_for(facts: dict[str, Any], offered: dict[str, Any], **data: Any) -> DriverPackages:
-    with fake_host({NvidiaPackages: facts, AptPackageVersions: offered}):
-        return ubuntu_spec(driver(**{"branch": "550", "version": VERSION, **data}), facts)
+ARCHIVE = "http://archive.ubuntu.com/ubuntu"
+
+
+def spec_for(
+    facts: dict[str, Any],
+    offered: dict[str, Any],
+    indexed: tuple[str, ...] = (ARCHIVE,),
+    **data: Any,
+) -> DriverPackages:
+    known = {NvidiaPackages: facts, AptPackageVersions: offered, AptIndexedRepositories: indexed}
+    with fake_host(known):
+        return ubuntu_spec(driver(**{"branch": "550", "version": VERSION, **data}), facts, ARCHIVE)
 
 
 def test_the_role_picks_the_prebuilt_module_apt_offers_for_the_running_kernel() -> None:
@@ -259,6 +272,21 @@ def test_the_role_picks_the_prebuilt_module_apt_offers_for_the_running_kernel() 
     assert spec_for(installed, {}).module == PREBUILT
     with pytest.raises(NodeRefused, match=r"'6\.18\.44-fc-v857' is not named as Ubuntu"):
         spec_for(ubuntu_node(kernel="6.18.44-fc-v857"), {})
+
+
+def test_before_apt_has_lists_of_ubuntus_archive_the_prebuilt_module_is_assumed() -> None:
+    """A node whose archive sources this run writes: what the archive offers is known only
+    after its apt update, so the prebuilt module is planned (and asked for then, by
+    driver_offered), never DKMS that the next run would replace."""
+    elsewhere = ("http://old-mirror.example/ubuntu",)
+    assert spec_for(ubuntu_node(), {}, indexed=elsewhere).module == PREBUILT
+    assert spec_for(ubuntu_node(), {}).module == "nvidia-dkms-550-server-open"
+    spec = spec_for(ubuntu_node(), {}, indexed=elsewhere)
+    with fake_host({AptIndexedRepositories: elsewhere}):
+        assert require_driver_offered(spec, {}, ARCHIVE) is False
+    shell = offered_check_shell(spec, packages_to_fetch(spec, {}), ARCHIVE)
+    assert f"apt-cache madison {PREBUILT} |" in shell
+    assert f"url=' {ARCHIVE} '" in shell
 
 
 def test_first_install_pins_the_compute_set_adds_the_prebuilt_module_and_holds_both() -> None:
