@@ -48,7 +48,9 @@ IMAGE_REPOSITORY_PREFIX = "gpunode-lab/"
 IMAGE_REPOSITORY = "gpunode-lab/debian12"  # bookworm's, the default release's
 DEFAULT_RELEASE = "bookworm"
 # What --release accepts besides a codename or a comma-separated list of them.
-RELEASE_ALIASES = {"mixed": ("bookworm", "trixie")}
+# mixed: every release gpunode converges in the lab, given to nodes in turn (two nodes are
+# bookworm and trixie, as the test suite's labs are; a third is the Ubuntu 24.04 lab node).
+RELEASE_ALIASES = {"mixed": ("bookworm", "trixie", "noble")}
 # An Ubuntu lab node, and what it is not. Ubuntu's archive cannot be reached from here, so an
 # Ubuntu lab node is a Debian system dressed as the Ubuntu release: Debian's packages of the
 # suite named here, arranged as the Ubuntu release has them. Real: its /etc/os-release,
@@ -546,7 +548,11 @@ class Lab:
             )
             for index in range(1, count + 1)
         ]
-        images = {release: self._ensure_image(release) for release in dict.fromkeys(release_cycle)}
+        # Only the images of the releases the nodes get (fewer nodes than releases: not all).
+        images = {
+            release: self._ensure_image(release)
+            for release in dict.fromkeys(node.release for node in wanted)
+        }
         releases_wanted = {node.name: node.release for node in wanted}
         existing = {
             node.name: node

@@ -159,8 +159,8 @@ def register(commands: Any) -> None:
     up.add_argument(
         "--release",
         default=DEFAULT_RELEASE,
-        help="Debian release of the nodes: bookworm, trixie, a comma-separated list given to "
-        "nodes in turn, or mixed (bookworm,trixie)",
+        help="release of the nodes: bookworm, trixie, noble (an Ubuntu 24.04 lab node), a "
+        "comma-separated list given to nodes in turn, or mixed (bookworm,trixie,noble)",
     )
     up.add_argument(
         "--scratch-disks",

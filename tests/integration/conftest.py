@@ -1,8 +1,9 @@
 """Lab nodes for integration tests: real Debian 12 / 13 systemd containers reached over SSH.
 
 GPUNODE_TEST_LAB_RELEASE picks their releases as `gpunode lab up --release` does: mixed (the
-default: bookworm and trixie in turn, lab-1 bookworm, lab-2 trixie, so that every test runs
-against both releases), bookworm or trixie.
+default: the releases in turn, so the suite's two nodes are lab-1 bookworm and lab-2 trixie and
+every test runs against both Debian releases; the Ubuntu lab node has a module of its own,
+test_ubuntu_node.py), bookworm or trixie.
 
 The VM part of the suite (tests marked ``vm``: test_vm.py, then test_vm_guards.py on the
 same VM) runs on ``lab_vms``: one lab VM with a real kernel (`gpunode lab up --vms 1`: 1 GiB,
