@@ -91,6 +91,9 @@ def gpu_rules(desired: DesiredState, facts: dict[str, Any]) -> Iterator[tuple]:
     yield from _unread_lines(
         "nvlink", "nvidia-smi nvlink -s", (report.get("problems") or {}).get("nvlink")
     )
+    yield from _unread_lines(
+        "nvlink_errors", "nvidia-smi nvlink -e", (report.get("problems") or {}).get("nvlink_errors")
+    )
     if expected.gpu_count is not None and len(gpus) != expected.gpu_count:
         yield "gpu.count", CRIT, f"{expected.gpu_count} GPUs", f"{len(gpus)} GPUs", HARDWARE_TICKET
     pinned = desired.nvidia_driver.driver_version

@@ -613,6 +613,27 @@ GPU_SHAPE = Record(
                 }
             )
         ),
+        "nvlink_errors": Maybe(
+            Record(
+                {
+                    "state": _TEXT,
+                    "reason": _TEXT,
+                    "source": _TEXT,
+                    "links": Maybe(
+                        ListOf(
+                            Record(
+                                {
+                                    "link": _COUNT,
+                                    "replay": _COUNT,
+                                    "recovery": _COUNT,
+                                    "crc": _COUNT,
+                                }
+                            )
+                        )
+                    ),
+                }
+            )
+        ),
         "clock_event_reasons": Maybe(ListOf(Str)),
         "mig_mode": Maybe(Record({"current": _FLAG, "pending": _FLAG})),
         # None: in MIG mode, but the listing was unreadable (the report's mig_listing says why).
@@ -699,7 +720,9 @@ GPU_REPORT_SHAPE = Record(
             )
         ),
         # Lines of a tool's output the probe could not read, by tool.
-        "problems": Maybe(Record({"nvlink": Maybe(ListOf(Str))})),
+        "problems": Maybe(
+            Record({"nvlink": Maybe(ListOf(Str)), "nvlink_errors": Maybe(ListOf(Str))})
+        ),
     }
 )
 

@@ -134,6 +134,9 @@ FIXTURE_CASES: dict[str, list[tuple[str, Extract, Parser]]] = {
     "nvlink/good_nvlink_status.txt": [("nvlink -s", whole, parse_nvlink_status)],
     "nvlink/bad_nvlink_status.txt": [("nvlink -s", whole, parse_nvlink_status)],
     "nvlink/nvidia-smi.nvlink.status.a100": [("nvlink -s", whole, parse_nvlink_status)],
+    "nvlink/nvidia-smi.nvlink.errors.a100-sxm4-40gb.535.161.08": [
+        ("nvlink -e", whole, gpu_record.parse_nvlink_errors)
+    ],
     # Empty: the A10 has no NVLink and nvidia-smi printed nothing (with exit 0).
     "nvlink/nvidia-smi.nvlink.status.a10": [
         ("nvlink -s, exit 0", whole, lambda text: parse_nvlink_status(text, empty_ok=True))
