@@ -32,6 +32,7 @@ from gpunode.expected.slurm import GRES_CONF, GresGpu, gres_gpus, gres_summary
 from gpunode.expected.sshd import expected_effective, render_sshd_config
 from gpunode.health import judge as judge_health
 from gpunode.health.infiniband import judge as judge_infiniband
+from gpunode.health.infiniband_counters import judge as judge_infiniband_counters
 from gpunode.model import DesiredState, MalwareScan
 from gpunode.nvidia_releases import CDI_REFRESH_SPEC
 from gpunode.sanitize import clean_tree
@@ -259,6 +260,22 @@ def infiniband_rules(desired: DesiredState, facts: dict[str, Any]) -> Iterator[t
     # Ports down or slow: health failure classes (gpunode.health.infiniband), with the
     # declared rate, or the rate of their sibling ports where the inventory declares none.
     for finding in judge_infiniband(ports, expected.ib_rate_gbps):
+        yield (finding.id, Severity(finding.severity.value), finding.expected, finding.found,
+               finding.fix, finding.detail())  # fmt: skip
+
+
+def infiniband_counter_rules(desired: DesiredState, facts: dict[str, Any]) -> Iterator[tuple]:
+    """Error counters of the RDMA ports (``gpunode.health.infiniband_counters``), wherever the
+    node has RDMA devices; their section unreadable is named where InfiniBand ports are
+    declared."""
+    section: Section = facts.get("ib_counters") or {}
+    if section.get("state") != "ok":
+        if desired.expected_hardware.ib_port_count and "ib_counters" in facts:
+            yield from _unreadable("ib_counters", section)
+        return
+    yield from _unread_lines("ib_counters", "/sys/class/infiniband counters",
+                             section.get("problems"))  # fmt: skip
+    for finding in judge_infiniband_counters(section.get("ports") or []):
         yield (finding.id, Severity(finding.severity.value), finding.expected, finding.found,
                finding.fix, finding.detail())  # fmt: skip
 
@@ -1079,6 +1096,7 @@ RULES: tuple[Rule, ...] = (
     gpu_rules,
     gpu_health_rules,
     infiniband_rules,
+    infiniband_counter_rules,
     nvme_rules,
     sshd_rules,
     firewall_rules,

@@ -9,6 +9,7 @@ events (the counter's 8-bit maximum).
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -16,8 +17,17 @@ from gpunode.drift.findings import Severity
 from gpunode.drift.rules import evaluate
 from gpunode.health import catalogue, judge
 from gpunode.health.finding import HealthFinding
+from gpunode.health.infiniband_counters import judge as judge_ib_counters
 from gpunode.probe.gpu_record import parse_nvlink_errors
-from gpunode.probe.parsers import GPU_REPORT_SHAPE
+from gpunode.probe.parsers import (
+    GPU_REPORT_SHAPE,
+    IB_COUNTER_NAMES,
+    IB_COUNTERS_COMMAND,
+    IB_COUNTERS_ROOT,
+    SECTION_COMMANDS,
+    parse_ib_counters,
+    parse_section,
+)
 from tests.unit.test_drift_rules import desired, healthy_facts
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
@@ -180,3 +190,96 @@ def test_a_report_whose_counters_are_not_numbers_is_refused_by_its_shape() -> No
     report = {"schema": "gpunode.gpu-report/1", "state": "ok", "gpus": [gpu]}
     problem = GPU_REPORT_SHAPE.problem(report)
     assert problem is not None and "replay" in problem
+
+
+# --- InfiniBand port counters ----------------------------------------------------------------
+
+H100_SYSFS = FIXTURES / "infiniband-sysfs/sys-class-infiniband-h100.0"
+
+
+def sysfs_section(root: Path) -> dict[str, Any]:
+    """What the drift check's ib_counters section reads on a node whose sysfs is ``root``:
+    the section's own shell command, run by sh, with the root put in its place."""
+    command = SECTION_COMMANDS["ib_counters"].replace(IB_COUNTERS_ROOT, str(root))
+    completed = subprocess.run(["sh", "-c", command], capture_output=True, text=True, check=True)
+    return parse_section("ib_counters", completed.stdout.splitlines())
+
+
+def test_the_real_h100_sysfs_tree_is_read_port_by_port() -> None:
+    section = sysfs_section(H100_SYSFS)
+    assert section["state"] == "ok" and section["problems"] == []
+    assert [port["ca"] for port in section["ports"]] == [
+        "mlx5_0", "mlx5_1", "mlx5_4", "mlx5_5", "mlx5_6", "mlx5_7", "mlx5_8", "mlx5_9",
+        "mlx5_bond_0",
+    ]  # fmt: skip
+    flapped = section["ports"][1]
+    assert (flapped["port"], flapped["counters"]["link_downed"]) == (1, 255)
+    assert set(flapped["counters"]) == set(IB_COUNTER_NAMES)
+    assert flapped["counters"]["port_rcv_errors"] == int(
+        (H100_SYSFS / "mlx5_1/ports/1/counters/port_rcv_errors").read_text()
+    )
+
+
+def test_a_node_without_rdma_devices_has_no_ports(tmp_path: Path) -> None:
+    assert sysfs_section(tmp_path / "absent") == {
+        "state": "ok", "command": IB_COUNTERS_COMMAND, "ports": [], "problems": [],
+    }  # fmt: skip
+
+
+def test_the_judge_names_each_ports_errors_and_the_flapped_link() -> None:
+    found = by_id(list(judge_ib_counters(sysfs_section(H100_SYSFS)["ports"])))
+    downed = found["ib.link_downed:mlx5_1/1"]
+    assert (downed.failure_class, downed.severity) == ("infiniband.link_downed", Severity.WARNING)
+    assert downed.found == "link_downed 255"
+    assert downed.remedy is catalogue.Remedy.RESEAT_OR_RMA
+    errors = found["ib.counters:mlx5_0/1"]
+    assert errors.failure_class == "infiniband.errors"
+    assert errors.found == "port_rcv_errors 14, excessive_buffer_overrun_errors 15"
+    assert errors.evidence.startswith("/sys/class/infiniband/mlx5_0/ports/1/counters: ")
+    assert "ib.link_downed:mlx5_0/1" not in found
+    assert len(found) == 10  # 9 ports with receive errors, one of them also flapped
+
+
+def test_symbol_errors_and_link_recoveries_count_only_over_ibqueryerrors_ten() -> None:
+    port = {"ca": "mlx5_2", "port": 1, "counters": dict.fromkeys(IB_COUNTER_NAMES, 0)}
+    port["counters"].update(symbol_error=10, link_error_recovery=10, VL15_dropped=500)
+    assert list(judge_ib_counters([port])) == []
+    port["counters"]["symbol_error"] = 11
+    (finding,) = judge_ib_counters([port])
+    assert (finding.id, finding.found) == ("ib.counters:mlx5_2/1", "symbol_error 11")
+    assert "symbol_error over 10" in finding.evidence
+
+
+def test_counter_lines_not_understood_are_named_and_the_rest_kept() -> None:
+    text = (
+        "mlx5_0/ports/1/counters/symbol_error 3\n"
+        "cat: /sys/class/infiniband/mlx5_0/ports/1/counters/link_downed: Input/output error\n"
+        "mlx5_0/ports/1/counters/port_rcv_errors lots\n"
+        "../../etc/ports/1/counters/symbol_error 1\n"
+        "mlx5_0/ports/1/counters/port_xmit_discards 7\n"
+    )
+    section = parse_ib_counters(text)
+    assert section["state"] == "ok"
+    assert section["ports"] == [
+        {"ca": "mlx5_0", "port": 1, "counters": {"symbol_error": 3, "port_xmit_discards": 7}}
+    ]
+    assert [problem.split(" not understood")[0] for problem in section["problems"]] == [
+        "line 2", "line 3", "line 4",
+    ]  # fmt: skip
+
+
+def test_the_judged_counters_are_the_ones_the_node_is_asked_for() -> None:
+    assert set(IB_COUNTER_NAMES) == set(catalogue.IB_COUNTER_LIMITS)
+
+
+def test_drift_reports_ib_counters_with_class_and_severity() -> None:
+    facts = healthy_facts()
+    facts["ib_counters"] = sysfs_section(H100_SYSFS)
+    facts["ib_counters"]["problems"] = ["line 3 not understood: 'x'"]
+    found = {finding.id: finding for finding in evaluate("node-1", desired(), facts)}
+    downed = found["ib.link_downed:mlx5_1/1"]
+    assert (downed.severity, downed.failure_class) == (Severity.WARNING, "infiniband.link_downed")
+    assert found["ib_counters.unread_line"].severity is Severity.WARNING
+    facts["ib_counters"] = {"state": "ok", "ports": "many"}
+    unreadable = {finding.id for finding in evaluate("node-1", desired(), facts)}
+    assert "ib_counters.unreadable" in unreadable
