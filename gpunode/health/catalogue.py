@@ -22,7 +22,10 @@ Sources (read 2026-12-07):
 
 - links, clocks and the fabric (``INTERCONNECT_CLASSES``): nvidia-smi(1) and NVML's PCIe link,
   clocks event reasons and temperature thresholds, the Fabric Manager user guide for SXids and
-  fabric registration, ibstat(8) for InfiniBand ports (each URL beside its entry below).
+  fabric registration, ibstat(8) for InfiniBand ports (each URL beside its entry below);
+- error counters (``NVLINK_ERROR_LIMITS``, ``IB_COUNTER_LIMITS``): NVIDIA's health checks and
+  DCGM for NVLink's replay, recovery and CRC counters, rdma-core's ibqueryerrors(8) and
+  NVIDIA's InfiniBand health check for the ports' counters (beside them below).
 
 Thresholds over a window (``XID_REPEAT``, ``SXID_REPEAT``) are gpunode's own policy, not
 NVIDIA's: NVIDIA files the XIDs they apply to under "restart the application" or "ignore",
