@@ -880,7 +880,9 @@ def add_nvlink_errors(system: System, gpus: list[Result]) -> list[str]:
         return []
     completed = system.run(["nvidia-smi", "nvlink", "-e"])
     errors = parse_nvlink_errors(completed.stdout, empty_ok=completed.exit_code == 0)
-    if completed.exit_code != 0:
+    if completed.missing:  # NVML answered, but the node has no nvidia-smi to ask for counters
+        errors = unreadable(NVLINK_ERRORS_COMMAND, "nvidia-smi is not installed")
+    elif completed.exit_code != 0:
         failure = nvidia_smi_failure(
             NVLINK_ERRORS_COMMAND, completed.exit_code, completed.stdout + completed.stderr
         )

@@ -837,6 +837,15 @@ def test_nvlink_counters_that_fail_are_unreadable_per_gpu_and_odd_lines_named() 
     assert counters["links"] == []
 
 
+def test_nvlink_counters_on_a_node_whose_nvml_answers_without_nvidia_smi() -> None:
+    state = hardware()
+    node = FakeNode(state, commands={"nvidia-smi": Completed(None, "", "", missing=True)})
+    report = collect(node, FakeNvml(state), "shipped", None)
+    assert report["source"] == "nvml" and report["gpus"][0]["nvlink"]["active"] == 18
+    counters = report["gpus"][0]["nvlink_errors"]
+    assert (counters["state"], counters["reason"]) == ("unreadable", "nvidia-smi is not installed")
+
+
 def logging_python(root: Path) -> Path:
     """A ``python3`` first in the lab root's PATH that records its arguments, then runs the
     system's python3 (as on a node)."""
