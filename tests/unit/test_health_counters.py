@@ -283,3 +283,20 @@ def test_drift_reports_ib_counters_with_class_and_severity() -> None:
     facts["ib_counters"] = {"state": "ok", "ports": "many"}
     unreadable = {finding.id for finding in evaluate("node-1", desired(), facts)}
     assert "ib_counters.unreadable" in unreadable
+
+
+def test_hostile_counter_lines_are_named_escaped_and_never_judged() -> None:
+    """A node's words are data: a device name with terminal escapes, a path that climbs out of
+    the tree, a count past any counter's width are refused line by line, quoted as repr."""
+    text = (
+        "\x1b[31mmlx5_0/ports/1/counters/symbol_error 99\n"
+        "mlx5_0/ports/1/counters/../../../../etc/shadow 1\n"
+        "mlx5_0/ports/1/counters/symbol_error 999999999999999999999999\n"
+        "mlx5_0/ports/1/counters/symbol_error 12\n"
+    )
+    section = parse_ib_counters(text)
+    assert section["ports"] == [{"ca": "mlx5_0", "port": 1, "counters": {"symbol_error": 12}}]
+    assert len(section["problems"]) == 3
+    assert "\\x1b[31m" in section["problems"][0] and "\x1b" not in section["problems"][0]
+    (finding,) = judge_ib_counters(section["ports"])
+    assert finding.found == "symbol_error 12"
