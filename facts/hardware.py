@@ -1,4 +1,5 @@
-"""Hardware facts: the GPU report of the node-side probe, InfiniBand ports, NVMe drives.
+"""Hardware facts: the GPU report of the node-side probe, InfiniBand ports and their error
+counters, NVMe drives.
 
 Each fact is ONE shell command (one SSH round trip) from ``gpunode.probe.parsers.
 SECTION_COMMANDS`` and is processed by that module's ``parse_section``, so a fact and a
@@ -93,6 +94,35 @@ class InfinibandPorts(FactBase[dict[str, Any]]):
     @staticmethod
     def default() -> dict[str, Any]:
         return _no_output("ibstat")
+
+
+class InfinibandCounters(FactBase[dict[str, Any]]):
+    """
+    The error counters of every RDMA device's ports, read from sysfs
+    (``/sys/class/infiniband/<ca>/ports/<n>/counters/<name>``; no tool needed), those
+    ``gpunode.probe.parsers.IB_COUNTER_NAMES`` names.
+
+    .. code:: python
+
+        {
+            "state": "ok",  # unreadable: "reason" says why
+            "ports": [{"ca": "mlx5_1", "port": 1,
+                       "counters": {"symbol_error": 0, "link_downed": 255, ...}}],
+            "problems": [],  # each line not read
+        }
+
+    A node without RDMA devices has no ports.
+    """
+
+    def command(self) -> str:
+        return SECTION_COMMANDS["ib_counters"]
+
+    def process(self, output: list[str]) -> dict[str, Any]:
+        return parse_section("ib_counters", output)
+
+    @staticmethod
+    def default() -> dict[str, Any]:
+        return _no_output("ib_counters")
 
 
 class NvmeDevices(FactBase[dict[str, Any]]):

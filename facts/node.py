@@ -14,7 +14,7 @@ from facts.batch import FactBatch
 from facts.container_runtime import ContainerRuntimeConfig
 from facts.fabric import Mounts, NcclSettings
 from facts.firewall import FirewallState
-from facts.hardware import GpuReport, InfinibandPorts, NvmeDevices
+from facts.hardware import GpuReport, InfinibandCounters, InfinibandPorts, NvmeDevices
 from facts.kubernetes import KubernetesNode
 from facts.lynis import LynisReport
 from facts.malware_scan import MalwareScanState
@@ -111,18 +111,18 @@ def parse_node_os(output: list[str]) -> dict[str, Any]:
 
 
 class NodeState(FactBatch):
-    """The node's release, GPU, InfiniBand, NVMe, sshd, firewall, TLS, NVIDIA packages, Secure
-    Boot,
-    container runtimes, NCCL settings, mounts, Slurm GRES, the file integrity check, the
-    malware scan, auditd, the last lynis report, MPS (compute modes, the daemon) and a
-    Kubernetes worker's host (cgroup, swap, modules, sysctls, forward chain) and root's Docker
-    registry logins (the registries, never the secrets) and whether each NFS or Lustre mount
-    answers."""
+    """The node's release, GPU, InfiniBand (ports and their error counters), NVMe, sshd,
+    firewall, TLS, NVIDIA packages, Secure Boot, container runtimes, NCCL settings, mounts,
+    Slurm GRES, the file integrity check, the malware scan, auditd, the last lynis report,
+    MPS (compute modes, the daemon), a Kubernetes worker's host (cgroup, swap, modules,
+    sysctls, forward chain), root's Docker registry logins (the registries, never the
+    secrets) and whether each NFS or Lustre mount answers."""
 
     FACTS: ClassVar[dict[str, type[FactBase]]] = {
         "os": NodeOs,
         "gpu": GpuReport,
         "infiniband": InfinibandPorts,
+        "ib_counters": InfinibandCounters,
         "nvme": NvmeDevices,
         "sshd": SshdState,
         "firewall": FirewallState,

@@ -34,6 +34,7 @@ from gpunode.expected.slurm import GRES_CONF, GresGpu, gres_gpus, gres_summary
 from gpunode.expected.sshd import expected_effective, render_sshd_config
 from gpunode.health import judge as judge_health
 from gpunode.health.infiniband import judge as judge_infiniband
+from gpunode.health.infiniband_counters import judge as judge_infiniband_counters
 from gpunode.model import DesiredState, MalwareScan
 from gpunode.nvidia_releases import CDI_REFRESH_SPEC
 from gpunode.sanitize import clean_tree
@@ -92,6 +93,9 @@ def gpu_rules(desired: DesiredState, facts: dict[str, Any]) -> Iterator[tuple]:
     gpus = report.get("gpus", [])
     yield from _unread_lines(
         "nvlink", "nvidia-smi nvlink -s", (report.get("problems") or {}).get("nvlink")
+    )
+    yield from _unread_lines(
+        "nvlink_errors", "nvidia-smi nvlink -e", (report.get("problems") or {}).get("nvlink_errors")
     )
     if expected.gpu_count is not None and len(gpus) != expected.gpu_count:
         yield "gpu.count", CRIT, f"{expected.gpu_count} GPUs", f"{len(gpus)} GPUs", HARDWARE_TICKET
@@ -258,6 +262,22 @@ def infiniband_rules(desired: DesiredState, facts: dict[str, Any]) -> Iterator[t
     # Ports down or slow: health failure classes (gpunode.health.infiniband), with the
     # declared rate, or the rate of their sibling ports where the inventory declares none.
     for finding in judge_infiniband(ports, expected.ib_rate_gbps):
+        yield (finding.id, Severity(finding.severity.value), finding.expected, finding.found,
+               finding.fix, finding.detail())  # fmt: skip
+
+
+def infiniband_counter_rules(desired: DesiredState, facts: dict[str, Any]) -> Iterator[tuple]:
+    """Error counters of the RDMA ports (``gpunode.health.infiniband_counters``), wherever the
+    node has RDMA devices; their section unreadable is named where InfiniBand ports are
+    declared."""
+    section: Section = facts.get("ib_counters") or {}
+    if section.get("state") != "ok":
+        if desired.expected_hardware.ib_port_count and "ib_counters" in facts:
+            yield from _unreadable("ib_counters", section)
+        return
+    yield from _unread_lines("ib_counters", "/sys/class/infiniband counters",
+                             section.get("problems"))  # fmt: skip
+    for finding in judge_infiniband_counters(section.get("ports") or []):
         yield (finding.id, Severity(finding.severity.value), finding.expected, finding.found,
                finding.fix, finding.detail())  # fmt: skip
 
@@ -1184,6 +1204,7 @@ RULES: tuple[Rule, ...] = (
     gpu_rules,
     gpu_health_rules,
     infiniband_rules,
+    infiniband_counter_rules,
     nvme_rules,
     sshd_rules,
     firewall_rules,

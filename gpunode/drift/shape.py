@@ -60,6 +60,15 @@ SECTION_SHAPES: dict[str, Shape] = {
             "problems": Maybe(ListOf(Str)),
         }
     ),
+    "ib_counters": Record(
+        {
+            **_STATE,
+            "ports": ListOf(
+                Record({"ca": _TEXT, "port": Maybe(Int), "counters": Maybe(MapOf(Maybe(Int)))})
+            ),
+            "problems": Maybe(ListOf(Str)),
+        }
+    ),
     "nvme": Record({**_STATE, "devices": ListOf(Record({}))}),
     "os": Record(
         {

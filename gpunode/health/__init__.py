@@ -2,12 +2,14 @@
 
 ``catalogue`` holds what NVIDIA says each failure means and what fixes it (with source and
 date); ``lost``, ``memory``, ``xid``, ``recovery``, ``nvswitch`` (SXids), ``nvlink`` (links and
-fabric registration), ``pcie`` and ``clocks`` (slowdowns, temperature) each read one concern
-of the probe's GPU report (``gpunode.probe.gpu_probe``) and name what they find as
-``HealthFinding``s: the failure class, the evidence (node text, cleaned again by the drift
-check's findings), how sure it is and the remedy. The drift check's ``gpu_health_rules`` runs
-them all (``judge``), as does ``gpunode triage`` on saved outputs. ``infiniband`` judges
-``ibstat``'s ports (the drift check's ``infiniband_rules`` and triage call it).
+fabric registration), ``nvlink_errors`` (the links' replay, recovery and CRC counters),
+``pcie`` and ``clocks`` (slowdowns, temperature) each read one concern of the probe's GPU
+report (``gpunode.probe.gpu_probe``) and name what they find as ``HealthFinding``s: the
+failure class, the evidence (node text, cleaned again by the drift check's findings), how sure
+it is and the remedy. The drift check's ``gpu_health_rules`` runs them all (``judge``), as does
+``gpunode triage`` on saved outputs. ``infiniband`` judges ``ibstat``'s ports and
+``infiniband_counters`` their error counters (the drift check's ``infiniband_rules`` and triage
+call them).
 
 Standard library and ``gpunode.health`` only: no drift, no pyinfra.
 """
@@ -17,7 +19,17 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from gpunode.health import clocks, lost, memory, nvlink, nvswitch, pcie, recovery, xid
+from gpunode.health import (
+    clocks,
+    lost,
+    memory,
+    nvlink,
+    nvlink_errors,
+    nvswitch,
+    pcie,
+    recovery,
+    xid,
+)
 from gpunode.health.finding import HealthFinding
 
 # Each failure class's judge, in the order its findings are listed.
@@ -28,6 +40,7 @@ JUDGES: tuple[Callable[[dict[str, Any]], Iterator[HealthFinding]], ...] = (
     xid.judge,
     nvswitch.judge,
     nvlink.judge,
+    nvlink_errors.judge,
     pcie.judge,
     clocks.judge,
 )

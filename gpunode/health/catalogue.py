@@ -22,7 +22,10 @@ Sources (read 2026-12-07):
 
 - links, clocks and the fabric (``INTERCONNECT_CLASSES``): nvidia-smi(1) and NVML's PCIe link,
   clocks event reasons and temperature thresholds, the Fabric Manager user guide for SXids and
-  fabric registration, ibstat(8) for InfiniBand ports (each URL beside its entry below).
+  fabric registration, ibstat(8) for InfiniBand ports (each URL beside its entry below);
+- error counters (``NVLINK_ERROR_LIMITS``, ``IB_COUNTER_LIMITS``): NVIDIA's health checks and
+  DCGM for NVLink's replay, recovery and CRC counters, rdma-core's ibqueryerrors(8) and
+  NVIDIA's InfiniBand health check for the ports' counters (beside them below).
 
 Thresholds over a window (``XID_REPEAT``, ``SXID_REPEAT``) are gpunode's own policy, not
 NVIDIA's: NVIDIA files the XIDs they apply to under "restart the application" or "ignore",
@@ -483,6 +486,30 @@ IBSTAT_MAN = (  # the port's State, Physical state and Rate (Gb/s) ibstat prints
     "infiniband-diags/man/ibstat.8.in.rst"
 )
 
+# NVLink error counters (nvidia-smi nvlink -e; NVML's nvmlDeviceGetNvLinkErrorCounter): NVIDIA's
+# health checks cover NVLink "replay counters, link errors" (NVLINK_CHECKS_URL) and DCGM reads
+# an error counter as "did an error total increase during an interval? Passive evidence; does
+# not identify root cause" (DCGM_NVLINK_URL). Neither page gives a count for nvidia-smi's
+# three counters; the counters are zero on a healthy link (every link of the real 8-GPU capture
+# in tests/fixtures/nvlink) and cleared by a GPU reset or driver reload, so any count is an
+# event since then: NVLINK_ERROR_LIMITS. A recovery is the link retraining, its traffic
+# stalled: critical. Remedy as NVIDIA's Xid catalogue gives for an NVLink error (XID 74,
+# WORKFLOW_NVLINK_ERR): reset the GPU, then reseat or RMA.
+NVLINK_CHECKS_URL = "https://docs.nvidia.com/health-validation/reference/checks/nvlink.md"
+DCGM_NVLINK_URL = (
+    "https://docs.nvidia.com/datacenter/dcgm/latest/learn/core-services/topology-and-links.html"
+)
+# ibqueryerrors(8) of rdma-core (infiniband-diags): "The default threshold is zero (0)", and
+# its example thresholds file "SymbolErrorCounter=10, LinkErrorRecoveryCounter=10,
+# VL15Dropped=100". NVIDIA's InfiniBand health check fails critical on a single link outage
+# (rdma_linkflap_fatal, fatal_flap_threshold 1, INFINIBAND_CHECKS_URL); a link_downed count does
+# not say how long the outage lasted, so gpunode names it a warning.
+IBQUERYERRORS_MAN = (
+    "https://github.com/linux-rdma/rdma-core/blob/93398605dcf92c68239cf7e6e0cffa8097fa7268/"
+    "infiniband-diags/man/ibqueryerrors.8.in.rst"
+)
+INFINIBAND_CHECKS_URL = "https://docs.nvidia.com/health-validation/reference/checks/infiniband.md"
+
 INTERCONNECT_CLASSES = (
     FailureClass(
         "pcie.width_degraded",
@@ -542,6 +569,30 @@ INTERCONNECT_CLASSES = (
         Severity.CRITICAL, Remedy.RESEAT_OR_RMA, None, Source(IBSTAT_MAN),
     ),
     FailureClass(
+        "nvlink.errors",
+        "NVLink replay or CRC errors counted since the GPU's last reset: a marginal link",
+        Severity.WARNING, Remedy.RESET_GPU, Remedy.RESEAT_OR_RMA,
+        Source(f"{NVLINK_CHECKS_URL}; {DCGM_NVLINK_URL}; {XID_CATALOGUE_URL} (XID 74)"),
+    ),
+    FailureClass(
+        "nvlink.recovery_errors",
+        "NVLink recovery errors since the GPU's last reset: the link went down and retrained",
+        Severity.CRITICAL, Remedy.RESET_GPU, Remedy.RESEAT_OR_RMA,
+        Source(f"{NVLINK_CHECKS_URL}; {DCGM_NVLINK_URL}; {XID_CATALOGUE_URL} (XID 74)"),
+    ),
+    FailureClass(
+        "infiniband.errors",
+        "InfiniBand port error counters over ibqueryerrors' thresholds (symbol errors, link "
+        "recoveries, receive errors, integrity errors, buffer overruns, discards)",
+        Severity.WARNING, Remedy.RESEAT_OR_RMA, None, Source(IBQUERYERRORS_MAN),
+    ),
+    FailureClass(
+        "infiniband.link_downed",
+        "an InfiniBand port's link went down since its counters were cleared (a flap)",
+        Severity.WARNING, Remedy.RESEAT_OR_RMA, None,
+        Source(f"{INFINIBAND_CHECKS_URL} (rdma_linkflap_fatal); {IBQUERYERRORS_MAN}"),
+    ),
+    FailureClass(
         "infiniband.rate_degraded",
         "a port up at a lower rate than declared, or than its sibling ports of the same adapter "
         "model",
@@ -561,3 +612,19 @@ SLOWDOWN_REASONS = (
     "hw_power_brake_slowdown",
     "sw_thermal_slowdown",
 )
+
+# Counts above which a link is reported (see NVLINK_CHECKS_URL above): any count.
+NVLINK_ERROR_LIMITS = {"replay": 0, "recovery": 0, "crc": 0}
+# /sys/class/infiniband/<ca>/ports/<n>/counters/<name> -> the count above which a port is
+# reported: ibqueryerrors' default (0) and its example file's 10 for symbol errors and link
+# error recoveries (IBQUERYERRORS_MAN). link_downed is its own class (infiniband.link_downed).
+IB_COUNTER_LIMITS = {
+    "symbol_error": 10,
+    "link_error_recovery": 10,
+    "link_downed": 0,
+    "port_rcv_errors": 0,
+    "port_rcv_remote_physical_errors": 0,
+    "local_link_integrity_errors": 0,
+    "excessive_buffer_overrun_errors": 0,
+    "port_xmit_discards": 0,
+}

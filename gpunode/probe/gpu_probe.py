@@ -92,6 +92,7 @@ from gpunode.probe.gpu_record import (  # noqa: E402 - importable only once load
     MIG_INSTANCES_COMMAND,
     NOTHING_LISTED,
     NVLINK_COMMAND,
+    NVLINK_ERRORS_COMMAND,
     XML_COMMAND,
     Result,
     absent,
@@ -99,9 +100,11 @@ from gpunode.probe.gpu_record import (  # noqa: E402 - importable only once load
     clean,
     lost_record,
     never_raises,
+    nvlink_errors_summary,
     nvlink_summary,
     parse_gpu_instances,
     parse_nvidia_smi_xml,
+    parse_nvlink_errors,
     parse_nvlink_status,
     unreachable_gpus,
     unreadable,
@@ -863,6 +866,45 @@ def add_nvlink_status(system: System, gpus: list[Result]) -> list[str]:
     return list(status.get("problems", [])) if status["state"] == "ok" else []
 
 
+def add_nvlink_errors(system: System, gpus: list[Result]) -> list[str]:
+    """Each GPU's ``nvlink_errors`` (its links' replay, recovery and CRC counters) from
+    ``nvidia-smi nvlink -e``, on both paths: one call for every GPU, and only where some GPU
+    has a link up (a node without NVLink pays nothing; its GPUs get state none).
+
+    Returns the lines of its output that were not read, for the report's ``problems``.
+    """
+    with_links = [gpu for gpu in gpus if ((gpu.get("nvlink") or {}).get("active") or 0) > 0]
+    for gpu in gpus:
+        gpu["nvlink_errors"] = nvlink_errors_summary([])
+    if not with_links:
+        return []
+    completed = system.run(["nvidia-smi", "nvlink", "-e"])
+    errors = parse_nvlink_errors(completed.stdout, empty_ok=completed.exit_code == 0)
+    if completed.missing:  # NVML answered, but the node has no nvidia-smi to ask for counters
+        errors = unreadable(NVLINK_ERRORS_COMMAND, "nvidia-smi is not installed")
+    elif completed.exit_code != 0:
+        failure = nvidia_smi_failure(
+            NVLINK_ERRORS_COMMAND, completed.exit_code, completed.stdout + completed.stderr
+        )
+        if errors["state"] != "ok":
+            errors = failure
+    by_uuid = {gpu["uuid"]: gpu for gpu in errors.get("gpus", [])}
+    for gpu in with_links:
+        if errors["state"] != "ok":
+            gpu["nvlink_errors"] = {**nvlink_errors_summary([]), "state": "unreadable",
+                                    "reason": errors["reason"]}  # fmt: skip
+        elif gpu["uuid"] in by_uuid:
+            found = dict(by_uuid[gpu["uuid"]])
+            for key in ("index", "name", "uuid"):
+                found.pop(key)
+            gpu["nvlink_errors"] = found
+        else:
+            gpu["nvlink_errors"] = {**nvlink_errors_summary([]), "state": "unreadable",
+                                    "reason": f"{gpu['uuid']} is missing from the output of "
+                                    f"{NVLINK_ERRORS_COMMAND}"}  # fmt: skip
+    return list(errors.get("problems", [])) if errors["state"] == "ok" else []
+
+
 def add_mig_instances(system: System, gpus: list[Result]) -> Result | None:
     """Each GPU's ``gpu_instances`` (``gpu_record.parse_gpu_instances``, without ``gpu``): []
     for a GPU not in MIG mode, the listed instances for one in MIG mode, or None for one in MIG
@@ -1004,6 +1046,7 @@ def collect(system: System, nvml: Any, nvml_origin: str, xid_since: datetime | N
     mig_listing = None
     if gpu_section["state"] == "ok":
         problems["nvlink"] = add_nvlink_status(system, gpus)
+        problems["nvlink_errors"] = add_nvlink_errors(system, gpus)
         mig_listing = add_mig_instances(system, gpus)
     module = kernel_module(system, gpu_section, nvml_state)
     installed, installed_source = installed_driver(system)

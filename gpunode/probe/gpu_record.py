@@ -737,6 +737,104 @@ def parse_nvlink_status(text: str, empty_ok: bool = False) -> Result:
     }
 
 
+# --- nvidia-smi nvlink -e ---------------------------------------------------------------------
+# Each link's error counters since the driver loaded (a GPU reset or driver reload clears
+# them), in the layout of a real 8x A100-SXM4-40GB capture on driver 535.161.08
+# (tests/fixtures/nvlink/nvidia-smi.nvlink.errors.*): "GPU i: NAME (UUID: ...)" then, per link,
+# "Link N: Replay Errors: 0", "Recovery Errors" and "CRC Errors", a blank line between links.
+# Published outputs of H100 and GB300 systems print the same three counters.
+
+NVLINK_ERRORS_COMMAND = "nvidia-smi nvlink -e"
+NVLINK_ERROR_COUNTERS = {
+    "Replay Errors": "replay",
+    "Recovery Errors": "recovery",
+    "CRC Errors": "crc",
+}
+
+
+@never_raises(NVLINK_ERRORS_COMMAND)
+def parse_nvlink_errors(text: str, empty_ok: bool = False) -> Result:
+    """``nvidia-smi nvlink -e`` -> per GPU (index, name, UUID) its links' error counters.
+
+    A counter nvidia-smi names but gpunode does not know is kept under the link's ``other``
+    by its name; a line not understood is named in ``problems`` (and its GPU's, whose
+    ``state`` is then unreadable, its counters read so far kept). The whole output is
+    unreadable only when no GPU could be read. With ``empty_ok`` (nvidia-smi exited 0) no
+    output means no GPU has NVLink.
+    """
+    if not text.strip():
+        if empty_ok:
+            return {"state": "ok", "command": NVLINK_ERRORS_COMMAND, "gpus": [], "problems": []}
+        return unreadable(NVLINK_ERRORS_COMMAND, "empty output")
+    gpus: list[Result] = []
+    problems: list[str] = []
+
+    def problem(message: str) -> None:
+        problems.append(message)
+        if gpus:
+            gpus[-1]["problems"].append(message)
+
+    for line_number, line in enumerate(text.split("\n"), 1):
+        if not line.strip():
+            continue
+        if len(line) > MAX_LINE_CHARS:
+            problem(f"line {line_number} is {len(line)} characters long (over {MAX_LINE_CHARS})")
+            continue
+        if gpu_line := _nvlink_gpu(line.strip()):
+            index, name, uuid = gpu_line
+            gpus.append({"index": index, "name": name, "uuid": uuid, "links": {},
+                         "message": None, "problems": []})  # fmt: skip
+            continue
+        link_line = _nvlink_link(line)
+        counter, colon, value = link_line[1].rpartition(": ") if link_line else ("", "", "")
+        if not gpus:
+            problem(f"line {line_number} comes before any GPU: {line[:120]!r}")
+        elif line.strip() in NVLINK_MESSAGES:
+            gpus[-1]["message"] = NVLINK_MESSAGES[line.strip()]
+        elif link_line and colon and value.isdigit() and value.isascii() and counter:
+            link = gpus[-1]["links"].setdefault(link_line[0], {"link": link_line[0]})
+            if counter in NVLINK_ERROR_COUNTERS:
+                link[NVLINK_ERROR_COUNTERS[counter]] = int(value)
+            else:  # a counter of a newer driver: kept by its own name, judged by no rule
+                link.setdefault("other", {})[counter[:60]] = int(value)
+        else:
+            problem(f"line {line_number} not understood: {line[:120]!r}")
+    if not any(not gpu["problems"] for gpu in gpus):
+        return unreadable(NVLINK_ERRORS_COMMAND, problems[0] if problems else "no GPU line")
+    return {
+        "state": "ok",
+        "command": NVLINK_ERRORS_COMMAND,
+        "gpus": [
+            {
+                "index": gpu["index"],
+                "name": gpu["name"],
+                "uuid": gpu["uuid"],
+                **nvlink_errors_summary(
+                    [gpu["links"][number] for number in sorted(gpu["links"])],
+                    gpu["message"],
+                    gpu["problems"],
+                ),
+            }
+            for gpu in gpus
+        ],
+        "problems": problems,
+    }
+
+
+def nvlink_errors_summary(
+    links: list[Result], message_state: str | None = None, problems: Sequence[str] = ()
+) -> Result:
+    """One GPU's ``nvlink_errors``: ok (counters listed), none (no NVLink, or all links
+    inactive: nvidia-smi lists no counter then), mig_mode, or unreadable (``reason``)."""
+    state = "ok" if links else (message_state or "none")
+    if message_state == "all_inactive":
+        state = "none"
+    summary: Result = {"source": NVLINK_ERRORS_COMMAND, "state": state, "links": links}
+    if problems:
+        summary.update(state="unreadable", reason="; ".join(problems))
+    return summary
+
+
 # --- nvidia-smi mig -lgi ----------------------------------------------------------------------
 # The one reader of nvidia-smi's MIG listings' box tables: facts.gpu.GpuDevices (what the
 # gpu_settings role lays out) and the probe (what the drift check's gpu.mig_layout compares)

@@ -77,6 +77,26 @@ IBSTAT_COMMAND = "ibstat"
 NVME_COMMAND = "nvme list -o json"
 IB_FLAPS_COMMAND = "journalctl -t systemd-networkd -t kernel -o short"
 PROBE_COMMAND = "gpu_probe (python3 -)"
+# The error counters of every RDMA device's ports, from sysfs (no tool needed): one line per
+# counter, "<device>/ports/<n>/counters/<name> <value>". The names are the kernel's (ib_core's
+# sysfs, as a real H100 node's tree in tests/fixtures/infiniband-sysfs shows them), those the
+# health judge has thresholds for (gpunode.health.catalogue.IB_COUNTER_LIMITS).
+IB_COUNTERS_ROOT = "/sys/class/infiniband"
+IB_COUNTERS_COMMAND = f"cat {IB_COUNTERS_ROOT}/*/ports/*/counters/*"
+IB_COUNTER_NAMES = (
+    "symbol_error",
+    "link_error_recovery",
+    "link_downed",
+    "port_rcv_errors",
+    "port_rcv_remote_physical_errors",
+    "local_link_integrity_errors",
+    "excessive_buffer_overrun_errors",
+    "port_xmit_discards",
+)
+_IB_COUNTER_LINE = re.compile(
+    r"(?P<ca>[A-Za-z0-9_.-]{1,64})/ports/(?P<port>[0-9]{1,3})/counters/(?P<name>[a-z0-9_]{1,64})"
+    r" (?P<value>[0-9]{1,20})"
+)
 
 LOG_WINDOW = "-24h"  # journalctl's relative --since, on the node's own clock
 
@@ -515,6 +535,52 @@ _CARRIER = re.compile(r"(?P<interface>[^\s:]+): (?P<event>[Ll]ost|[Gg]ained) car
 _INFINIBAND_INTERFACE = re.compile(r"ib[0-9a-z]*")
 
 
+def ib_counters_shell() -> str:
+    """POSIX sh printing each counter of ``IB_COUNTER_NAMES`` of every port, prefixed by its
+    path under the root: a node without RDMA devices prints nothing and exits 0."""
+    names = " ".join(IB_COUNTER_NAMES)
+    root = shlex.quote(IB_COUNTERS_ROOT)
+    return (
+        f'for port in {root}/*/ports/*; do [ -d "$port/counters" ] || continue; '
+        f'for name in {names}; do counter="$port/counters/$name"; '
+        f'[ -r "$counter" ] || continue; '
+        f'printf \'%s %s\\n\' "${{counter#{IB_COUNTERS_ROOT}/}}" "$(cat "$counter")"; '
+        "done; done; :"
+    )
+
+
+@never_raises(IB_COUNTERS_COMMAND)
+def parse_ib_counters(text: str) -> Result:
+    """``ib_counters_shell``'s output -> one record per port (``ca``, ``port``, ``counters``:
+    name -> count), in device and port order.
+
+    A line that is not "<device>/ports/<n>/counters/<name> <count>" (a counter the driver could
+    not read prints an error, a value that is no count) is named in ``problems`` and its port's
+    ``problems``; every counter read is kept. No output: no RDMA device, no port.
+    """
+    ports: dict[tuple[str, int], Result] = {}
+    problems: list[str] = []
+    for line_number, line in enumerate(text.split("\n"), 1):
+        if not line.strip():
+            continue
+        if len(line) > MAX_LINE_CHARS:
+            problems.append(f"line {line_number} is {len(line)} characters long")
+            continue
+        match = _IB_COUNTER_LINE.fullmatch(line.strip())
+        if match is None:
+            problems.append(f"line {line_number} not understood: {line[:120]!r}")
+            continue
+        key = (match["ca"], int(match["port"]))
+        port = ports.setdefault(key, {"ca": key[0], "port": key[1], "counters": {}})
+        port["counters"][match["name"]] = int(match["value"])
+    return {
+        "state": "ok",
+        "command": IB_COUNTERS_COMMAND,
+        "ports": [ports[key] for key in sorted(ports)],
+        "problems": problems,
+    }
+
+
 @never_raises(IB_FLAPS_COMMAND)
 def parse_ib_flaps(text: str, empty_ok: bool = False) -> Result:
     """Syslog or ``journalctl -o short`` lines -> carrier losses per InfiniBand interface.
@@ -613,6 +679,27 @@ GPU_SHAPE = Record(
                 }
             )
         ),
+        "nvlink_errors": Maybe(
+            Record(
+                {
+                    "state": _TEXT,
+                    "reason": _TEXT,
+                    "source": _TEXT,
+                    "links": Maybe(
+                        ListOf(
+                            Record(
+                                {
+                                    "link": _COUNT,
+                                    "replay": _COUNT,
+                                    "recovery": _COUNT,
+                                    "crc": _COUNT,
+                                }
+                            )
+                        )
+                    ),
+                }
+            )
+        ),
         "clock_event_reasons": Maybe(ListOf(Str)),
         "mig_mode": Maybe(Record({"current": _FLAG, "pending": _FLAG})),
         # None: in MIG mode, but the listing was unreadable (the report's mig_listing says why).
@@ -699,7 +786,9 @@ GPU_REPORT_SHAPE = Record(
             )
         ),
         # Lines of a tool's output the probe could not read, by tool.
-        "problems": Maybe(Record({"nvlink": Maybe(ListOf(Str))})),
+        "problems": Maybe(
+            Record({"nvlink": Maybe(ListOf(Str)), "nvlink_errors": Maybe(ListOf(Str))})
+        ),
     }
 )
 
@@ -994,6 +1083,7 @@ SECTION_COMMANDS: Mapping[str, str] = _SectionCommands(
             "journalctl",
         ),
         "ibstat": framed("ibstat", "ibstat"),
+        "ib_counters": framing.command([framing.Part("ib_counters", ib_counters_shell())]),
         "nvme": framed("nvme list -o json", "nvme"),
     }
 )
@@ -1006,6 +1096,7 @@ SECTION_TITLES = {
     "xid": XID_COMMAND,
     "ib_flaps": IB_FLAPS_COMMAND,
     "ibstat": IBSTAT_COMMAND,
+    "ib_counters": IB_COUNTERS_COMMAND,
     "nvme": NVME_COMMAND,
 }
 NVIDIA_SMI_SECTIONS = ("nvidia_smi_xml", "nvlink", "page_retirement")
@@ -1021,6 +1112,7 @@ SECTION_PARSERS: Mapping[str, Callable[[str], Result]] = {
     "xid": parse_xid_events,
     "ib_flaps": lambda text: parse_ib_flaps(text, empty_ok=True),
     "ibstat": parse_ibstat,
+    "ib_counters": parse_ib_counters,
     "nvme": parse_nvme_list,
 }
 

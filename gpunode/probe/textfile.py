@@ -112,6 +112,18 @@ def _clock_event_reasons(gpu: dict[str, Any]) -> list[tuple[dict[str, object], A
     return [({"reason": name}, int(name in active)) for name in names]
 
 
+def _nvlink_errors(gpu: dict[str, Any]) -> list[tuple[dict[str, object], Any]]:
+    links = _get(gpu, "nvlink_errors", "links")
+    if not isinstance(links, list):
+        return []
+    return [
+        ({"link": link.get("link"), "counter": counter}, link.get(counter))
+        for link in links
+        if isinstance(link, dict)
+        for counter in ("replay", "recovery", "crc")
+    ]
+
+
 def _gpu_info(gpu: dict[str, Any]) -> list[tuple[dict[str, object], Any]]:
     labels = {key: gpu.get(key) for key in ("name", "serial", "vbios_version")}
     return [(labels, 1)]
@@ -187,6 +199,9 @@ GPU_METRICS = (
                  _one("nvlink", "active")),
     MetricFamily("gpunode_gpu_nvlink_links", "gauge", "NVLinks the driver lists",
                  _one("nvlink", "total")),
+    MetricFamily("gpunode_gpu_nvlink_errors_total", "counter",
+                 "NVLink errors per link since the GPU's last reset (nvidia-smi nvlink -e), by "
+                 "counter: replay, recovery, crc", _nvlink_errors),
     MetricFamily("gpunode_gpu_pcie_link_generation", "gauge", "current PCIe link generation",
                  _one("pcie", "gen_current")),
     MetricFamily("gpunode_gpu_pcie_link_generation_max", "gauge", "maximum PCIe link generation",

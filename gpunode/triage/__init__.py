@@ -1,12 +1,12 @@
 """``gpunode triage FILE...``: the health judges run offline on what a customer attached.
 
-No inventory, no SSH: the files of one node (``nvidia-smi -q -x`` or ``-q``, ``nvlink -s``,
-``ibstat``, a kernel log, ``dcgmi diag -j``, the probe's report, an ``nvidia-bug-report.log.gz``)
-are read by the parsers the drift check uses (``gpunode.probe``), put together into the
-probe's GPU report, and judged by ``gpunode.health`` (and the drift check's DCGM rule) into
-the same findings, with failure class, evidence, confidence and remedy, rendered as
-``gpunode drift`` renders them. A file that cannot be read at all is an error (exit 2) that
-names it; a part of a file that cannot be read is a finding that says why.
+No inventory, no SSH: the files of one node (``nvidia-smi -q -x`` or ``-q``, ``nvlink -s`` and
+``-e``, ``ibstat``, a kernel log, ``dcgmi diag -j``, the probe's report, an
+``nvidia-bug-report.log.gz``) are read by the parsers the drift check uses (``gpunode.probe``),
+put together into the probe's GPU report, and judged by ``gpunode.health`` (and the drift
+check's DCGM rule) into the same findings, with failure class, evidence, confidence and
+remedy, rendered as ``gpunode drift`` renders them. A file that cannot be read at all is an
+error (exit 2) that names it; a part of a file that cannot be read is a finding that says why.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from gpunode.probe.gpu_probe import parse_xid_events
 from gpunode.probe.gpu_record import (
     bus_key,
     parse_nvidia_smi_xml,
+    parse_nvlink_errors,
     parse_nvlink_status,
     unreachable_gpus,
 )
@@ -81,6 +82,7 @@ class _Node:
         self.listing: tuple[str, str] | None = None  # (kind, where)
         self.gpus: list[dict[str, Any]] = []
         self.nvlink: list[dict[str, Any]] = []
+        self.nvlink_errors: list[dict[str, Any]] = []
         self.lost: list[dict[str, Any]] = []
         self.kernel: list[str] = []
         self.ports: list[dict[str, Any]] = []
@@ -130,6 +132,13 @@ class _Node:
             else:
                 self.nvlink += status["gpus"]
                 self.findings += _unread(kind, piece.origin, status["problems"])
+        elif kind == inputs.NVLINK_ERRORS:
+            errors = parse_nvlink_errors(text)
+            if errors.get("state") != "ok":
+                self.findings += _unreadable(kind, piece.origin, str(errors.get("reason")))
+            else:
+                self.nvlink_errors += errors["gpus"]
+                self.findings += _unread(kind, piece.origin, errors["problems"])
         elif kind == inputs.IBSTAT:
             ibstat = parse_ibstat(text)
             if ibstat.get("state") != "ok":
@@ -147,14 +156,15 @@ class _Node:
     def report(self) -> dict[str, Any]:
         """The probe's GPU report of this node, from what the files hold."""
         gpus = [dict(gpu) for gpu in self.gpus]
-        for status in self.nvlink:
-            match = _same_gpu(gpus, status)
-            if match is not None:
-                match["nvlink"] = status
-            elif self.listing is None:  # nvlink -s alone: its GPUs are all triage knows
-                gpus.append({"index": status.get("index"), "name": status.get("name"),
-                             "uuid": status.get("uuid"), "lost": False,
-                             "nvlink": status})  # fmt: skip
+        for key, entries in (("nvlink", self.nvlink), ("nvlink_errors", self.nvlink_errors)):
+            for status in entries:
+                match = _same_gpu(gpus, status)
+                if match is not None:
+                    match[key] = status
+                elif self.listing is None:  # nvlink -s / -e alone: its GPUs are all we know
+                    gpus.append({"index": status.get("index"), "name": status.get("name"),
+                                 "uuid": status.get("uuid"), "lost": False,
+                                 key: status})  # fmt: skip
         # One lost GPU named in several files ('00000000:34:00.0', '0000:34:00.0') is one.
         listed = {bus_key(gpu.get("pci_bus_id")) for gpu in gpus if gpu.get("pci_bus_id")}
         named = {bus_key(entry.get("pci_bus_id")): entry for entry in self.lost}
@@ -179,7 +189,7 @@ class _Node:
 
 
 def _same_gpu(gpus: list[dict[str, Any]], status: dict[str, Any]) -> dict[str, Any] | None:
-    """The GPU record an ``nvlink -s`` entry is about: by UUID, else by index."""
+    """The GPU record an ``nvlink -s`` or ``-e`` entry is about: by UUID, else by index."""
     for gpu in gpus:
         if status.get("uuid") and gpu.get("uuid") == status["uuid"]:
             return gpu
@@ -200,7 +210,7 @@ def triage(paths: Iterable[str | Path]) -> Triage:
         raise Unreadable("no file given")
     sources = [inputs.read_source(path) for path in files]
     node = _Node()
-    # GPU listings first, so that the others (nvlink -s) find their GPUs whatever the order.
+    # GPU listings first, so that the others (nvlink -s, -e) find their GPUs whatever the order.
     pieces = [piece for source in sources for piece in source.pieces]
     for piece in sorted(pieces, key=lambda piece: piece.kind not in GPU_LISTINGS):
         node.add(piece)

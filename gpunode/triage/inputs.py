@@ -1,7 +1,8 @@
 """What a support ticket carries, read offline: each file's kind told by its content, and an
 ``nvidia-bug-report.log.gz`` split into the sections triage can judge.
 
-Kinds (``KINDS``): ``nvidia-smi -q -x``, ``nvidia-smi -q`` text, ``nvidia-smi nvlink -s``,
+Kinds (``KINDS``): ``nvidia-smi -q -x``, ``nvidia-smi -q`` text, ``nvidia-smi nvlink -s`` and
+``-e``,
 ``ibstat``, a kernel log (dmesg, ``journalctl -k``, syslog), ``dcgmi diag -j``, the probe's
 JSON report, nvidia-smi's lines naming a GPU it cannot open, and NVIDIA's bug report.
 
@@ -37,14 +38,16 @@ SAMPLE_CHARS = 1 << 20
 MAX_LINE_CHARS = 4096
 BUG_REPORT_HEAD = "Start of NVIDIA bug report log file"
 
-XML, QUERY, NVLINK, IBSTAT, KERNEL, DCGM, PROBE, UNREACHABLE, BUG_REPORT = (
-    "nvidia-smi -q -x", "nvidia-smi -q", "nvidia-smi nvlink -s", "ibstat", "kernel log",
-    "dcgmi diag -j", "gpunode probe report", "nvidia-smi (a GPU it cannot open)",
-    "nvidia-bug-report",
+XML, QUERY, NVLINK, NVLINK_ERRORS, IBSTAT, KERNEL, DCGM, PROBE, UNREACHABLE, BUG_REPORT = (
+    "nvidia-smi -q -x", "nvidia-smi -q", "nvidia-smi nvlink -s", "nvidia-smi nvlink -e",
+    "ibstat", "kernel log", "dcgmi diag -j", "gpunode probe report",
+    "nvidia-smi (a GPU it cannot open)", "nvidia-bug-report",
 )  # fmt: skip
-KINDS = (XML, QUERY, NVLINK, IBSTAT, KERNEL, DCGM, PROBE, UNREACHABLE, BUG_REPORT)
+KINDS = (XML, QUERY, NVLINK, NVLINK_ERRORS, IBSTAT, KERNEL, DCGM, PROBE, UNREACHABLE, BUG_REPORT)
 
 _NVLINK_GPU = re.compile(r"^GPU \d+: .*\(UUID: [^)]+\)\s*$", re.MULTILINE)
+# nvidia-smi nvlink -e's counter lines ("\t Link 0: Replay Errors: 0").
+_NVLINK_COUNTER = re.compile(r"^[ \t]*Link \d+: (?:Replay|Recovery|CRC) Errors: \d+", re.MULTILINE)
 _IBSTAT_CA = re.compile(r"^(?:CA|Switch) '[^']+'\s*$", re.MULTILINE)
 # A kernel log line: dmesg's "[   12.345678] ", or a syslog / journal line ("Sep 10 01:02:03
 # host tag: ...", "2026-12-07T06:00:00+0000 host tag: ...") whatever its tag.
@@ -118,7 +121,7 @@ def kind_of(text: str) -> str | None:
     if _IBSTAT_CA.search(text):
         return IBSTAT
     if _NVLINK_GPU.search(text):
-        return NVLINK
+        return NVLINK_ERRORS if _NVLINK_COUNTER.search(sample) else NVLINK
     if "NVRM: Xid" in text or "SXid (PCI:" in text:
         return KERNEL
     if "Unable to determine the device handle" in text:

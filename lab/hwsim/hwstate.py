@@ -163,7 +163,8 @@ def _write_atomically(path: Path, text: str) -> None:
 
 
 def reset_gpu(gpu: State) -> None:
-    """What a GPU reset does: pending ECC/MIG modes take effect, volatile state is lost.
+    """What a GPU reset does: pending ECC/MIG modes take effect, volatile state (volatile ECC
+    counts, NVLink error counters) is lost.
 
     MIG GPU and compute instances are volatile too: the driver keeps no MIG layout across a
     reset or reboot, so whoever wants one creates it again.
@@ -173,6 +174,9 @@ def reset_gpu(gpu: State) -> None:
     gpu["gpu_instances"] = []
     for counter in gpu["ecc_errors"]["volatile"]:
         gpu["ecc_errors"]["volatile"][counter] = 0
+    for link in gpu.get("nvlinks") or []:  # NVLink error counters count since the last reset
+        for counter in link.get("errors") or {}:
+            link["errors"][counter] = 0
 
 
 # Written by the lab's stand-in NVIDIA kernel module packages (lab.standin.catalogue,

@@ -11,6 +11,9 @@ Output follows real captures (``tests/fixtures``, shipped to the node's share di
 - ``--query-gpu``: valid names and aliases from the H100 capture's ``--help-query-gpu``, headers
   and units from its ``--query-gpu`` CSV; a valid field the double does not model reads [N/A];
 - ``nvlink -s``: ``nvlink/good_nvlink_status.txt`` and ``bad_nvlink_status.txt``;
+- ``nvlink -e``: ``nvlink/nvidia-smi.nvlink.errors.a100-sxm4-40gb.535.161.08`` (each link's
+  replay, recovery and CRC counters, ``errors`` in the state; links of a GPU whose links are
+  all inactive are not listed, as ``-s`` lists none);
 - no arguments: the summary table of the H100 capture; ``-L`` and ``--version`` likewise;
 - ``--query-compute-apps``: names and header from the H100 capture (``--help-query-compute-apps``
   and its per-process CSV), one row per process in the state (none unless a test adds some);
@@ -421,20 +424,29 @@ MODIFICATIONS: dict[str, Callable[[list[Target], Any], str]] = {
 # --- nvlink -----------------------------------------------------------------------------------
 
 
+# nvidia-smi nvlink -e's counters, in the order it prints them, by the state's names.
+NVLINK_ERROR_COUNTERS = (("replay", "Replay Errors"), ("recovery", "Recovery Errors"),
+                         ("crc", "CRC Errors"))  # fmt: skip
+
+
 def nvlink_status(argv: list[str], state: State) -> str:
     options: Options = {}
     tokens = iter(argv)
     for token in tokens:
         if token in ("-s", "--status"):
             options["status"] = True
+        elif token in ("-e", "--errorcounters"):
+            options["errors"] = True
         elif token in ("-i", "--id"):
             options["id"] = next(tokens, None)
         elif token.startswith("--id="):
             options["id"] = token.partition("=")[2]
         else:
             raise Unsimulated(f"nvlink {token}")
+    if options.get("errors") and not options.get("status"):
+        return nvlink_errors(state, options.get("id"))
     if not options.get("status"):
-        raise Unsimulated("nvlink without -s")
+        raise Unsimulated("nvlink without -s or -e")
     lines = []
     for index, gpu in select(state, options.get("id")):
         lines.append(f"GPU {index}: {gpu['name']} (UUID: {gpu['uuid']})")
@@ -445,6 +457,23 @@ def nvlink_status(argv: list[str], state: State) -> str:
         for number, link in enumerate(links):
             speed = gpu["nvlink_speed"] if link["active"] else "<inactive>"
             lines.append(f"\t Link {number}: {speed}")
+    return "".join(f"{line}\n" for line in lines)
+
+
+def nvlink_errors(state: State, selected: str | None) -> str:
+    """Per link its three counters, a blank line after each link (the capture's layout)."""
+    lines = []
+    for index, gpu in select(state, selected):
+        lines.append(f"GPU {index}: {gpu['name']} (UUID: {gpu['uuid']})")
+        links = gpu["nvlinks"]
+        if links and not any(link["active"] for link in links):
+            lines.append(ALL_LINKS_INACTIVE)
+            continue
+        for number, link in enumerate(links):
+            counts = link.get("errors") or {}
+            for key, words in NVLINK_ERROR_COUNTERS:
+                lines.append(f"\t Link {number}: {words}: {counts.get(key, 0)}")
+            lines.append("")
     return "".join(f"{line}\n" for line in lines)
 
 

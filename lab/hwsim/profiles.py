@@ -412,7 +412,8 @@ def initial_state(profile: str, hostname: str) -> dict[str, Any]:
       ``min_limit``, ``max_limit``, watts), ``clocks``, ``max_clocks``,
       ``applications_clocks`` and ``default_applications_clocks`` (null: deprecated),
       ``supported_clocks``, ``clocks_event_reasons`` (bool per reason), ``pcie``,
-      ``fan_speed``, ``fabric``, ``nvlink_speed`` and ``nvlinks`` (``active`` per link);
+      ``fan_speed``, ``fabric``, ``nvlink_speed`` and ``nvlinks`` (``active`` and the
+      ``errors`` counters per link);
     - ``ib_ports``: one dict per HCA port, ``ibstat`` fields in snake case (``ca``, ``ca_type``,
       ``firmware_version``, ``state``, ``physical_state``, ``rate``, ``link_layer``...);
     - ``nvme``: one dict per drive: ``present``, ``device_path``, ``model``, ``serial``,
@@ -547,7 +548,12 @@ def _gpu(
         "fan_speed": model.fan_speed_percent,
         "fabric": {"state": model.fabric[0], "status": model.fabric[1]} if model.fabric else None,
         "nvlink_speed": model.nvlink_speed,
-        "nvlinks": [{"active": True} for _ in range(model.nvlink_count)],
+        # Each link's error counters (nvidia-smi nvlink -e): zero on a healthy link, as on
+        # every link of the real capture (tests/fixtures/nvlink/nvidia-smi.nvlink.errors.*).
+        "nvlinks": [
+            {"active": True, "errors": {"replay": 0, "recovery": 0, "crc": 0}}
+            for _ in range(model.nvlink_count)
+        ],
     }
 
 

@@ -76,6 +76,76 @@ def test_converged_fleet_has_no_drift(converged: list[LabNode]) -> None:
     assert code == 0, err
 
 
+def xid_pci(lab: Lab, node: LabNode, gpu: int) -> str:
+    """The GPU's PCI address as NVRM's Xid lines name it: 00000000:18:00.0 -> 0000:18:00."""
+    bus_id = json.loads(sudo(lab, node, f"gpunode-lab-hw show gpus.{gpu}.pci_bus_id"))
+    return bus_id[4:].rsplit(".", 1)[0].lower()
+
+
+def set_replay_errors(lab: Lab, node: LabNode, gpu: int, link: int, count: int) -> None:
+    errors = {"replay": count, "recovery": 0, "crc": 0}
+    value = shlex.quote(json.dumps({"active": True, "errors": errors}))
+    sudo(lab, node, f"gpunode-lab-hw set gpus.{gpu}.nvlinks.{link} {value}")
+
+
+def test_health_drill_xid_and_growing_nvlink_errors_reported_then_cleared(
+    lab: Lab, converged: list[LabNode], tmp_path: Path
+) -> None:
+    """Faults a GPU node has, put into the lab's simulated hardware on a converged node: an
+    XID in the kernel log (48, an uncorrectable ECC error: critical, reset the GPU) and NVLink
+    replay errors that grow between two checks (a warning whose id stays while its count
+    grows). The drift check names each with its failure class, severity and remedy in JSON
+    and Prometheus; the remedy (a GPU reset, which clears the counters) and a log rotation
+    clear them, and the fleet is clean again. No converge: the drill changes no setting."""
+    node = converged[0]
+    pci = xid_pci(lab, node, 0)
+    xid_line = (
+        f"NVRM: Xid (PCI:{pci}): 48, pid=4242, name=drill, An uncorrectable double bit error "
+        "(DBE) has been detected on GPU in the framebuffer at partition 6, subpartition 0."
+    )
+    prometheus = tmp_path / "gpunode_drift.prom"
+    baseline = tmp_path / "baseline.json"
+    try:
+        sudo(lab, node, f"logger -t kernel {shlex.quote(xid_line)}")
+        set_replay_errors(lab, node, gpu=1, link=3, count=12)
+        code, out, err = drift(
+            "--json", "--prometheus", str(prometheus), "--write-baseline", str(baseline)
+        )
+        assert code == 1, err
+        found = {f["id"]: f for f in json.loads(out)["findings"]}
+        assert set(found) == {f"gpu.xid:48:{pci}", "gpu.nvlink_errors:1"}, found
+        xid, links = found[f"gpu.xid:48:{pci}"], found["gpu.nvlink_errors:1"]
+        assert (xid["host"], xid["severity"]) == (node.name, "critical")
+        assert (xid["health"]["failure_class"], xid["health"]["remedy"]) == ("xid", "reset_gpu")
+        assert links["severity"] == "warning"
+        assert (links["health"]["failure_class"], links["health"]["remedy"]) == (
+            "nvlink.errors", "reset_gpu",
+        )  # fmt: skip
+        assert links["found"] == "12 on 1 link: link 3: replay 12"
+        metrics = prometheus.read_text()
+        assert (
+            f'gpunode_health_finding{{host="{node.name}",id="gpu.nvlink_errors:1",'
+            'failure_class="nvlink.errors",severity="warning",remedy="reset_gpu",'
+            'confidence="reported"} 1'
+        ) in metrics
+        assert (
+            f'gpunode_drift_finding{{host="{node.name}",id="gpu.xid:48:{pci}",'
+            'severity="critical",status="new"} 1'
+        ) in metrics
+
+        set_replay_errors(lab, node, gpu=1, link=3, count=40)
+        _, out, _ = drift("--json", "--baseline", str(baseline))
+        grown = {f["id"]: f for f in json.loads(out)["findings"]}["gpu.nvlink_errors:1"]
+        assert (grown["status"], grown["found"]) == ("known", "40 on 1 link: link 3: replay 40")
+    finally:
+        sudo(lab, node, "nvidia-smi -r -i 1")
+        # journald forgets an entry only with its file: rotate, then drop the archived files.
+        sudo(lab, node, "journalctl --rotate --vacuum-files=1")
+    code, out, err = drift("--json")
+    assert json.loads(out)["findings"] == [], out
+    assert code == 0, err
+
+
 def expire_soon(lab: Lab, node: LabNode) -> None:
     """Install a certificate from the lab CA on ``node`` with 5 days left."""
     tls = lab_desired_state().tls

@@ -484,6 +484,25 @@ def test_nvlink_status_matches_the_captured_outputs(lab_node: Callable[..., LabN
     assert links[3:6] == ["\t Link 2: 25 GB/s", "\t Link 3: <inactive>", "\t Link 4: 25 GB/s"]
 
 
+def test_nvlink_error_counters_match_the_captured_layout(
+    lab_node: Callable[..., LabNode],
+) -> None:
+    """Every GPU, link and counter as in the real A100 capture (whose board is the 40 GB
+    one: its GPU lines differ in name and UUID only); a test sets a counter, a GPU reset clears
+    it, as the driver's counters count since the last reset."""
+    node = lab_node("a100")
+    capture = (FIXTURES / "nvlink/nvidia-smi.nvlink.errors.a100-sxm4-40gb.535.161.08").read_text()
+    captured, simulated = capture.split("\n"), node.ok("nvidia-smi", "nvlink", "-e").split("\n")
+    assert len(simulated) == len(captured)
+    differing = [(a, b) for a, b in zip(captured, simulated, strict=True) if a != b]
+    assert len(differing) == 8 and all(a.startswith("GPU ") for a, _ in differing)
+    node.set("gpus.2.nvlinks.7.errors.replay", 42)
+    lines = node.ok("nvidia-smi", "nvlink", "--errorcounters", "-i", "2").splitlines()
+    assert lines[1 + 7 * 4] == "\t Link 7: Replay Errors: 42"
+    node.ok("nvidia-smi", "-r", "-i", "2")
+    assert "Replay Errors: 42" not in node.ok("nvidia-smi", "nvlink", "-e", "-i", "2")
+
+
 def test_h100_nvlink_speed_is_the_captured_one(lab_node: Callable[..., LabNode]) -> None:
     output = lab_node("hgx-h100").ok("nvidia-smi", "nvlink", "-s", "-i", "0")
     assert output.splitlines()[1:] == capture_section("nvidia-smi nvlink -s")[1:19]

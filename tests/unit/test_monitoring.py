@@ -94,6 +94,8 @@ def faulty_h100() -> str:
     gpus[5]["ecc_errors"]["volatile"]["dram_uncorrectable"] = 1
     gpus[6]["clocks_event_reasons"]["hw_thermal_slowdown"] = True
     gpus[0]["pcie"]["width_current"] = 8
+    gpus[2]["nvlinks"][7]["errors"]["replay"] = 5
+    gpus[6]["nvlinks"][1]["errors"]["recovery"] = 1
     return probe_text(state, XID_LINE + "\n", not_after=3 * 86400, gpu_count=8, nvlinks_per_gpu=18)
 
 
@@ -325,6 +327,8 @@ def test_faults_rendered_by_the_probe_raise_their_alerts_and_healthy_nodes_none(
         ("GpuXidCritical", faulty): 1,
         ("GpuPersistenceModeOff", faulty): 1,
         ("GpuNvlinkDown", faulty): 1,
+        ("GpuNvlinkErrors", faulty): 1,
+        ("GpuNvlinkRecoveryErrors", faulty): 1,
         ("GpuRowRemapFailed", faulty): 1,
         ("GpuRowRemapPending", faulty): 1,
         ("GpuUncorrectableEccErrors", faulty): 1,

@@ -134,6 +134,9 @@ FIXTURE_CASES: dict[str, list[tuple[str, Extract, Parser]]] = {
     "nvlink/good_nvlink_status.txt": [("nvlink -s", whole, parse_nvlink_status)],
     "nvlink/bad_nvlink_status.txt": [("nvlink -s", whole, parse_nvlink_status)],
     "nvlink/nvidia-smi.nvlink.status.a100": [("nvlink -s", whole, parse_nvlink_status)],
+    "nvlink/nvidia-smi.nvlink.errors.a100-sxm4-40gb.535.161.08": [
+        ("nvlink -e", whole, gpu_record.parse_nvlink_errors)
+    ],
     # Empty: the A10 has no NVLink and nvidia-smi printed nothing (with exit 0).
     "nvlink/nvidia-smi.nvlink.status.a10": [
         ("nvlink -s, exit 0", whole, lambda text: parse_nvlink_status(text, empty_ok=True))
@@ -161,6 +164,13 @@ FIXTURE_CASES: dict[str, list[tuple[str, Extract, Parser]]] = {
 }
 NOT_COMMAND_OUTPUT = {
     "PROVENANCE.md": "where the fixtures come from",
+    **{
+        str(path.relative_to(FIXTURES)): "a real node's /sys/class/infiniband tree: "
+        "test_health_counters.py runs the ib_counters section's shell command over it and "
+        "reads the output with its parser"
+        for path in (FIXTURES / "infiniband-sysfs").rglob("*")
+        if path.is_file()
+    },
     "manifests/DGX_A100.json": "an expected-hardware manifest, no command printed it",
     "nftables/list-chain-forward-1.1.3-deb13.txt": (
         "nft's listing of gpunode's forward chain: test_kubernetes.py reads it with "

@@ -376,7 +376,11 @@ def test_nvidia_smi_fallback_reads_the_lab_hgx_h100() -> None:
     assert report["nvml"] == {"state": "unavailable", "reason": "not shipped"}
     # nvidia-smi -q -x once and nvlink -s once for all GPUs; never --query-gpu.
     smi_calls = [call for call in node.calls if call[0] == "nvidia-smi"]
-    assert smi_calls == [["nvidia-smi", "-q", "-x"], ["nvidia-smi", "nvlink", "-s"]]
+    assert smi_calls == [
+        ["nvidia-smi", "-q", "-x"],
+        ["nvidia-smi", "nvlink", "-s"],
+        ["nvidia-smi", "nvlink", "-e"],
+    ]
 
 
 @pytest.mark.parametrize("profile", ["hgx-h100", "a100", "pcie-a10g"])
@@ -611,8 +615,9 @@ def test_probe_command_fits_in_one_argument_and_validates_its_time() -> None:
     # Linux caps one argument (the command sshd hands to the shell) at 128 KiB.
     assert len(probe_command()) < 100_000
     # With the MIG listing reader, the Python form's installed-copy check, the frame's
-    # runner (its systemd and dpkg readers), and the SXid and temperature thresholds' readers.
-    assert len(probe_command(ship_pynvml=False)) < 41_000
+    # runner (its systemd and dpkg readers), the SXid and temperature thresholds' readers, and
+    # the NVLink error counters' reader.
+    assert len(probe_command(ship_pynvml=False)) < 44_000
     with pytest.raises(ValueError):
         probe_command(xid_since="yesterday; rm -rf /")
     since = probe_part(xid_since="2026-11-30T10:00:00Z")
@@ -788,6 +793,57 @@ def test_nvlink_lines_not_read_reach_the_report_before_the_first_gpu_too() -> No
         parse_section("gpu", framing.output_of({"gpu": [json.dumps(report)]}))["problems"]
         == (report["problems"])
     )
+
+
+def test_nvlink_error_counters_reach_each_gpu_of_the_report_through_its_shape() -> None:
+    """One ``nvidia-smi nvlink -e`` for the node; each GPU gets its own links' counters, and
+    the report read back on the control side keeps them for the health judge."""
+    state = hardware()
+    state["gpus"][2]["nvlinks"][5]["errors"]["replay"] = 9
+    node = FakeNode(state)
+    report = collect(node, None, "not shipped", None)
+    assert node.calls.count(["nvidia-smi", "nvlink", "-e"]) == 1
+    counters = report["gpus"][2]["nvlink_errors"]
+    assert (counters["state"], counters["source"]) == ("ok", "nvidia-smi nvlink -e")
+    assert counters["links"][5] == {"link": 5, "replay": 9, "recovery": 0, "crc": 0}
+    assert len(counters["links"]) == 18 and report["problems"]["nvlink_errors"] == []
+    read_back = parse_section("gpu", framing.output_of({"gpu": [json.dumps(report)]}))
+    assert read_back["gpus"][2]["nvlink_errors"] == counters
+
+
+def test_a_node_without_nvlink_is_not_asked_for_nvlink_counters() -> None:
+    node = FakeNode(hardware("pcie-a10g"))
+    report = collect(node, None, "not shipped", None)
+    assert ["nvidia-smi", "nvlink", "-e"] not in node.calls
+    assert report["gpus"][0]["nvlink_errors"]["state"] == "none"
+
+
+def test_nvlink_counters_that_fail_are_unreadable_per_gpu_and_odd_lines_named() -> None:
+    node = FakeNode(hardware())
+
+    def smi(argv: list[str]) -> Completed:
+        if argv[1:] == ["nvlink", "-e"]:
+            return Completed(15, "", "Unable to determine the device handle for GPU1")
+        node.commands.pop("nvidia-smi")
+        try:
+            return node.run(argv)
+        finally:
+            node.commands["nvidia-smi"] = smi
+
+    node.commands["nvidia-smi"] = smi
+    report = collect(node, None, "not shipped", None)
+    counters = report["gpus"][0]["nvlink_errors"]
+    assert counters["state"] == "unreadable" and counters["reason"].startswith("exit code 15")
+    assert counters["links"] == []
+
+
+def test_nvlink_counters_on_a_node_whose_nvml_answers_without_nvidia_smi() -> None:
+    state = hardware()
+    node = FakeNode(state, commands={"nvidia-smi": Completed(None, "", "", missing=True)})
+    report = collect(node, FakeNvml(state), "shipped", None)
+    assert report["source"] == "nvml" and report["gpus"][0]["nvlink"]["active"] == 18
+    counters = report["gpus"][0]["nvlink_errors"]
+    assert (counters["state"], counters["reason"]) == ("unreadable", "nvidia-smi is not installed")
 
 
 def logging_python(root: Path) -> Path:

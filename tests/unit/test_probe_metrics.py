@@ -118,6 +118,23 @@ def test_the_values_are_in_base_units() -> None:
     assert "# TYPE gpunode_gpu_remapped_rows_total counter" in text
 
 
+def test_nvlink_error_counters_are_a_counter_per_link_and_kind() -> None:
+    """What alerts take the increase of: each link's replay, recovery and CRC counts, as the
+    probe read them with nvidia-smi nvlink -e; a GPU without NVLink has none."""
+    state = hardware()
+    state["gpus"][3]["nvlinks"][11]["errors"].update(replay=7, crc=2)
+    text = render_prometheus(report_of(state))
+    labels = {"gpu": "3", "uuid": state["gpus"][3]["uuid"], "link": "11"}
+    assert value(text, "gpunode_gpu_nvlink_errors_total", counter="replay", **labels) == 7
+    assert value(text, "gpunode_gpu_nvlink_errors_total", counter="crc", **labels) == 2
+    assert value(text, "gpunode_gpu_nvlink_errors_total", counter="recovery", **labels) == 0
+    assert len(samples(text)["gpunode_gpu_nvlink_errors_total"]) == 8 * 18 * 3
+    assert "# TYPE gpunode_gpu_nvlink_errors_total counter" in text
+    assert_promtool_clean(text)
+    single = render_prometheus(report_of(hardware("pcie-a10g")))
+    assert "gpunode_gpu_nvlink_errors_total{" not in single
+
+
 def test_driver_versions_are_an_info_metric() -> None:
     text = render_prometheus(report_of(hardware("a100")))
     ((labels, one),) = samples(text)["gpunode_gpu_driver_info"]

@@ -57,6 +57,7 @@ def run(capsys: pytest.CaptureFixture[str], *arguments: str) -> tuple[int, str, 
      ("page-retirement/orig_nvsmi8_output.txt", "nvidia-smi -q"),
      ("nvlink/nvidia-smi.nvlink.status.a100", "nvidia-smi nvlink -s"),
      ("nvlink/bad_nvlink_status.txt", "nvidia-smi nvlink -s"),
+     ("nvlink/nvidia-smi.nvlink.errors.a100-sxm4-40gb.535.161.08", "nvidia-smi nvlink -e"),
      ("ibstat/ibstat.47.0.h100.all.active.0", "ibstat"),
      ("kernel-log/xid79-fallen-off-the-bus.syslog", "kernel log"),
      ("kernel-log/nvswitch-sxid.menthos.log", "kernel log"),
@@ -102,6 +103,22 @@ def test_the_xml_and_nvlink_status_of_one_node_are_judged_together(tmp_path: Pat
     found = triage([status, A100_XML]).result.findings
     assert [(f.id, f.severity.value) for f in found] == [("gpu.nvlink_inactive:0", "critical")]
     assert "serial" in found[0].evidence  # the XML's GPU, named by its serial
+
+
+def test_nvlink_error_counters_file_is_judged_on_the_gpus_it_lists(tmp_path: Path) -> None:
+    """The real A100 counters are clean; one link's recovery errors are critical, named on the
+    GPU the counters file lists."""
+    capture = fixture("nvlink/nvidia-smi.nvlink.errors.a100-sxm4-40gb.535.161.08")
+    assert ids([capture]) == {}
+    text = capture.read_text(encoding="utf-8")
+    line = "\t Link 4: Recovery Errors: 0\n"
+    at = text.index(line, text.index("GPU 6: "))
+    faulty = tmp_path / "nvlink-e.txt"
+    faulty.write_text(text[:at] + line.replace(": 0", ": 2") + text[at + len(line) :])
+    assert ids([faulty]) == {"gpu.nvlink_recovery_errors:6": "critical"}
+    (finding,) = triage([faulty]).result.findings
+    assert finding.found == "2 on 1 link: link 4: recovery 2"
+    assert finding.remedy == "reset_gpu" and finding.failure_class == "nvlink.recovery_errors"
 
 
 def test_sxids_and_xids_of_a_kernel_log_with_their_remedies(
