@@ -5,6 +5,7 @@ gpunode reads it (os-release, lsb-release, sshd from ssh.socket, ufw, needrestar
 unattended-upgrades, AppArmor, netplan); an active ufw is refused before anything changes; a
 new sshd that cuts logins is rolled back to socket activation; the converge (base system,
 hardening, sshd, firewall; the NVIDIA stack is off on Ubuntu lab nodes: inventories/lab.py)
+makes the inventory's sshd settings the effective ones whatever cloud-init's drop-in says,
 changes nothing the second time, and the drift check is clean.
 """
 
@@ -39,6 +40,8 @@ SNAPSHOT = (
     "systemctl is-enabled ssh.socket ssh.service; "
     "if command -v nft >/dev/null; then nft list tables; else echo no nft; fi"
 )
+
+CLOUD_INIT_DROP_IN = "/etc/ssh/sshd_config.d/50-cloud-init.conf"
 
 
 class UbuntuLab:
@@ -152,9 +155,23 @@ def test_an_sshd_that_cuts_logins_goes_back_to_socket_activation(ubuntu: UbuntuL
     ).split() == ["enabled", "disabled", "active"]
 
 
+def effective_password_authentication(ubuntu: UbuntuLab) -> str:
+    """``sshd -T``'s passwordauthentication: what sshd applies, drop-ins included."""
+    settings = ubuntu.sudo("/usr/sbin/sshd -T").splitlines()
+    (value,) = [line.split()[1] for line in settings if line.startswith("passwordauthentication ")]
+    return value
+
+
 def test_the_converge_is_idempotent_and_leaves_no_drift(ubuntu: UbuntuLab) -> None:
+    # cloud-init's drop-in of a cloud image that was asked for password logins: the node's
+    # own sshd_config includes sshd_config.d first, and sshd keeps the first value it reads.
+    ubuntu.sudo(f"echo 'PasswordAuthentication yes' > {CLOUD_INIT_DROP_IN}")
+    assert effective_password_authentication(ubuntu) == "yes"
     first, first_s = ubuntu.pyinfra(DEPLOY)
     assert first.returncode == 0, first.output
+    # gpunode's sshd_config includes no drop-in: the inventory's setting is the effective one.
+    assert effective_password_authentication(ubuntu) == "no"
+    assert ubuntu.sudo(f"cat {CLOUD_INIT_DROP_IN}") == "PasswordAuthentication yes\n"
     # The roles before sshd were converged by the run the login cut stopped; sshd now.
     changed = first.changed_operations()
     assert "SSH server | Hardened sshd (validated, confirmed by a new login)" in changed
