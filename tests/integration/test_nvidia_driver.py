@@ -459,8 +459,9 @@ FACTORY_FIRMWARE = (
 def mokutil(lab: Lab, nodes: list[LabNode]) -> Iterator[None]:
     """Debian's mokutil on the nodes (from Debian's archive, through the lab's cache) for the
     tests that need it; purged with what it brought afterwards."""
-    before = {node.name: set(run(lab, node, INSTALLED).split()) for node in nodes}
+    brought: dict[str, list[str]] = {}
     for node in nodes:
+        before = set(run(lab, node, INSTALLED).split())
         run(
             lab,
             node,
@@ -469,13 +470,13 @@ def mokutil(lab: Lab, nodes: list[LabNode]) -> Iterator[None]:
             "{ apt-get update -q >/dev/null && "
             "apt-get install -y -q --no-install-recommends mokutil >/dev/null; }",
         )
+        brought[node.name] = sorted(set(run(lab, node, INSTALLED).split()) - before)
         # The lab's wrapper came with it (the dpkg hook), so mokutil reads the firmware.
         assert run(lab, node, "command -v mokutil").strip() == "/usr/local/sbin/mokutil"
     yield
     for node in nodes:
-        brought = sorted(set(run(lab, node, INSTALLED).split()) - before[node.name])
         run(lab, node, "DEBIAN_FRONTEND=noninteractive apt-get purge -y -q "
-                       f"{' '.join(brought)} >/dev/null")  # fmt: skip
+                       f"{' '.join(brought[node.name])} >/dev/null")  # fmt: skip
         assert run(lab, node, "command -v mokutil || true") == ""
 
 
