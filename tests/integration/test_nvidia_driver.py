@@ -21,7 +21,9 @@ The module leaves the nodes as it found them: no driver, no NVIDIA source, simul
 
 from __future__ import annotations
 
+import json
 import shlex
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -31,7 +33,15 @@ import pytest
 from lab import Lab, LabNode, hwsim
 from lab.standin import catalogue
 
-from .conftest import PyinfraRun, cuda_path, drift_report, run_pyinfra, ssh, write_inventory
+from .conftest import (
+    GPUNODE,
+    ROOT,
+    PyinfraRun,
+    cuda_path,
+    run_pyinfra,
+    ssh,
+    write_inventory,
+)
 
 pytestmark = pytest.mark.lab
 
@@ -494,10 +504,22 @@ def set_firmware(lab: Lab, node: LabNode, **settings: bool) -> None:
         run(lab, node, f"gpunode-lab-hw set firmware.{name} {str(value).lower()}")
 
 
-def secure_boot_findings(node: LabNode, inventory: Path) -> list[dict[str, Any]]:
-    """The drift check's secure_boot.* findings of ``node`` against ``inventory``."""
-    findings = drift_report(node, str(inventory))["findings"]
-    return [finding for finding in findings if finding["id"].startswith("secure_boot.")]
+def secure_boot_findings(nodes: list[LabNode], inventory: Path) -> dict[str, list[str]]:
+    """The drift check's secure_boot.* findings of every node against ``inventory``, in one
+    run: host -> "id severity: found | fix" of each."""
+    result = subprocess.run(
+        [GPUNODE, "drift", str(inventory), "--json"],
+        cwd=ROOT, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    report = json.loads(result.stdout)
+    assert sorted(report["checked_hosts"]) == sorted(node.name for node in nodes), result.stderr
+    found: dict[str, list[str]] = {node.name: [] for node in nodes}
+    for finding in report["findings"]:
+        if finding["id"].startswith("secure_boot."):
+            found[finding["host"]].append(
+                f"{finding['id']} {finding['severity']}: {finding['found']} | {finding['fix']}"
+            )
+    return found
 
 
 def test_switching_to_the_proprietary_flavour_under_secure_boot(
@@ -526,14 +548,18 @@ def test_switching_to_the_proprietary_flavour_under_secure_boot(
         for node in nodes:
             assert packages_and_files(lab, node) == before[node.name]
     # The installed (open, DKMS-built) module would not load at the next boot either.
+    enrol = (
+        f"enrol the key DKMS signs with: mokutil --import {DKMS_KEY}, then confirm the "
+        "enrolment at the console on the next boot (MokManager)"
+    )
+    findings = secure_boot_findings(nodes, inventory_path)
     for node in nodes:
-        (finding,) = secure_boot_findings(node, inventory_path)
-        assert (finding["id"], finding["severity"]) == ("secure_boot.module", "critical")
-        assert finding["found"].startswith("module would not load under Secure Boot: ")
-        assert finding["fix"] == (
-            f"enrol the key DKMS signs with: mokutil --import {DKMS_KEY}, then confirm the "
-            "enrolment at the console on the next boot (MokManager)"
+        (finding,) = findings[node.name]
+        assert finding.startswith(
+            "secure_boot.module critical: module would not load under Secure Boot: Secure Boot "
+            "is on and no machine owner key DKMS signs the NVIDIA module with is enrolled"
         )
+        assert finding.endswith(f" | {enrol}")
 
     # The operator enrols DKMS's key: requested, then confirmed at the console.
     for node in nodes:
@@ -545,7 +571,7 @@ def test_switching_to_the_proprietary_flavour_under_secure_boot(
         assert f"{DKMS_KEY} is already enrolled" in run(
             lab, node, f"mokutil --test-key {DKMS_KEY} 2>&1 || true"
         )
-        assert secure_boot_findings(node, inventory_path) == []
+    assert secure_boot_findings(nodes, inventory_path) == {node.name: [] for node in nodes}
     converge(lab, nodes, inventory_path, PROPRIETARY_144)
     for node in nodes:
         installed = versions(lab, node)
@@ -600,8 +626,6 @@ def test_580_compute_only_replaces_the_full_stack_and_fabric_manager_loses_its_s
             lab, node, f"mokutil --test-key {DKMS_KEY} 2>&1 || true"
         )
     converge(lab, nodes, inventory_path, COMPUTE_580)
-    for node in nodes:
-        assert secure_boot_findings(node, inventory_path) == []
     for node in nodes:
         installed = driver_packages_at(lab, node)
         assert {installed.get(name) for name in COMPUTE} == {"580.95.05-1"}
