@@ -9,6 +9,7 @@ read as "already enrolled".
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -103,7 +104,14 @@ def test_the_console_step_enrols_what_mokutil_requested(node: LabNode) -> None:
     # The list the real mokutil then read as "already enrolled", byte for byte.
     enrolled = (nvram / firmware.MOK_LIST_RT).read_bytes()
     assert enrolled == (LAB_CAPTURES / "MokListRT.efivar").read_bytes()
-    assert (LAB_CAPTURES / "dkms-mok.pub").read_bytes() in enrolled
+    key = (LAB_CAPTURES / "dkms-mok.pub").read_bytes()
+    assert key in enrolled
+    # ... and listed as the one enrolled key, DKMS's (its certificate's SHA-1 fingerprint).
+    listing = (LAB_CAPTURES / "list-enrolled.txt").read_text().splitlines()
+    fingerprint = ":".join(f"{byte:02x}" for byte in hashlib.sha1(key).digest())
+    assert listing[:2] == ["[key 1]", f"SHA1 Fingerprint: {fingerprint}"]
+    assert "        Issuer: CN=DKMS module signing key" in listing
+    assert not [line for line in listing if line.startswith("[key 2]")]
     assert not (nvram / firmware.MOK_NEW).exists() and not (nvram / firmware.MOK_AUTH).exists()
     # A second key joins the first.
     (nvram / firmware.MOK_NEW).write_bytes((LAB_CAPTURES / "MokNew.efivar").read_bytes())
