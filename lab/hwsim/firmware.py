@@ -65,7 +65,8 @@ MOK_AUTH = f"MokAuth-{SHIM_LOCK}"
 REAL_MOKUTIL = "/usr/bin/mokutil"
 MOKUTIL_WRAPPER = "/usr/local/sbin/mokutil"
 # The wrapper's text is kept here; the dpkg hook copies it to MOKUTIL_WRAPPER.
-MOKUTIL_WRAPPER_SOURCE = "/usr/local/share/gpunode-lab/mokutil"
+# Beside the doubles' code (hwsim.NODE_LIBRARY), not among the captured templates.
+MOKUTIL_WRAPPER_SOURCE = "/usr/local/lib/gpunode-lab/mokutil"
 MOKUTIL_WRAPPER_TEXT = f"""#!/bin/sh
 # gpunode lab: Debian's real mokutil, reading the lab node's simulated UEFI variables
 # (lab.hwsim.firmware): libefivar takes {EFIVARS_DIR} only where EFIVARFS_PATH names it.
