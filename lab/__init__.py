@@ -871,9 +871,11 @@ class Lab:
         self._enable_gpu_devices(container, node)
 
     def _enable_gpu_devices(self, container: Any, node: LabNode) -> None:
-        """/dev/nvidiaN now and at every boot of ``node`` (hwsim.DEVICES_UNIT)."""
+        """/dev/nvidiaN now and at every boot of ``node`` (hwsim.DEVICES_UNIT), and its
+        simulated UEFI firmware (hwsim.firmware.UNIT)."""
+        units = f"{hwsim.DEVICES_UNIT} {hwsim.firmware.UNIT}"
         result = container.exec_run(
-            ["sh", "-c", f"systemctl daemon-reload && systemctl enable --now {hwsim.DEVICES_UNIT}"]
+            ["sh", "-c", f"systemctl daemon-reload && systemctl enable --now {units}"]
         )
         if result.exit_code != 0:
             raise LabError(f"{node.name}: GPU device files: {result.output.decode().strip()}")

@@ -16,6 +16,10 @@ settings for real and tests inject drift with ``gpunode-lab-hw``. Only lab nodes
 - ``/etc/systemd/system/gpunode-lab-gpu-devices.service``: makes ``/dev/nvidiaN`` of the
   present GPUs at boot (``gpunode-lab-hw devices``), as the loaded driver would;
 - ``/var/lib/gpunode-lab/hardware.json``: the hardware state (``profiles.initial_state``);
+- the simulated UEFI firmware (``firmware``: Secure Boot and the machine owner keys under
+  ``/sys/firmware/efi/efivars``, for the real mokutil): its boot unit
+  ``/etc/systemd/system/gpunode-lab-firmware.service``, the mokutil wrapper's text and the dpkg
+  hook that puts it at ``/usr/local/sbin/mokutil`` while mokutil is installed;
 - ``/lib/modules/<release>/modules.dep`` listing ``nvidia.ko``, as depmod leaves it on a GPU
   node whose driver is built: the simulated GPUs have a loaded driver from the first boot, and
   Container Toolkit 1.18's ``nvidia-cdi-refresh`` units read that file. The container shares
@@ -37,7 +41,7 @@ import hashlib
 import os
 from pathlib import Path
 
-from . import hwstate, modinfo
+from . import firmware, hwstate, modinfo
 from .profiles import PROFILES, initial_state
 
 __all__ = ["DIVERTED_PATHS", "PROFILES", "VM_DIVERTED_PATHS", "initial_state", "node_files"]
@@ -49,7 +53,7 @@ VM_DIVERTED_PATHS = tuple(path for path in DIVERTED_PATHS if path not in REAL_IN
 
 NODE_LIBRARY = "/usr/local/lib/gpunode-lab"
 NODE_PACKAGE = "gpunode_lab_hw"
-NODE_MODULES = ("hwstate", "nvidia_smi", "ibstat", "nvme", "hwctl")
+NODE_MODULES = ("hwstate", "nvidia_smi", "ibstat", "nvme", "hwctl", "firmware")
 COMMANDS = {
     "/usr/bin/nvidia-smi": "nvidia_smi",
     "/usr/sbin/ibstat": "ibstat",
@@ -120,6 +124,10 @@ def simulator_paths() -> tuple[str, ...]:
         *DIVERTED_PATHS,
         f"/etc/systemd/system/{DEVICES_UNIT}",
         f"/etc/systemd/system/multi-user.target.wants/{DEVICES_UNIT}",
+        f"/etc/systemd/system/{firmware.UNIT}",
+        f"/etc/systemd/system/sysinit.target.wants/{firmware.UNIT}",
+        firmware.MOKUTIL_WRAPPER,
+        firmware.DPKG_HOOK,
         # modules.dep of the host's kernel, whose modules a container does not have
         f"/usr/lib/modules/{os.uname().release}",
     )
@@ -155,10 +163,14 @@ def node_files(profile: str, hostname: str, vm: bool = False) -> dict[str, tuple
     state = hwstate.dumps(initial_state(profile, hostname))
     files[hwstate.DEFAULT_STATE_PATH] = (state.encode(), 0o644)
     if vm:
+        # A VM's firmware is qemu's own: nothing of it is simulated.
         files[f"/etc/systemd/system/{VM_BOOT_UNIT}"] = (VM_BOOT_UNIT_TEXT, 0o644)
         files[VM_BOOT_DROP_IN] = (f"[Unit]\nWants={VM_BOOT_UNIT}\n".encode(), 0o644)
     else:
         files[f"/lib/modules/{os.uname().release}/modules.dep"] = (MODULES_DEP, 0o644)
+        files[f"/etc/systemd/system/{firmware.UNIT}"] = (firmware.UNIT_TEXT, 0o644)
+        files[firmware.MOKUTIL_WRAPPER_SOURCE] = (firmware.MOKUTIL_WRAPPER_TEXT.encode(), 0o644)
+        files[firmware.DPKG_HOOK] = (firmware.DPKG_HOOK_TEXT.encode(), 0o644)
     return files
 
 

@@ -7,9 +7,12 @@ Tests use it to look at what a deploy converged and to inject drift or faults::
     gpunode-lab-hw reboot                # what a reboot does to the GPUs (hwstate.reboot)
     gpunode-lab-hw reboot --boot         # ... then what the boot does for the GPU units
     gpunode-lab-hw devices               # /dev/nvidiaN of the GPUs, as the driver makes them
+    gpunode-lab-hw firmware              # /sys/firmware as the state's firmware says (boot)
+    gpunode-lab-hw mok-manager           # the console step: confirm the pending MOK enrolment
 
 PATH is dotted, list positions are numbers: ``gpus.3.ecc_errors.volatile.dram_uncorrectable``,
-``ib_ports.0.state``. It must already exist, so a typo fails instead of adding a key nobody
+``ib_ports.0.state``, ``firmware.secure_boot`` (lab.hwsim.firmware: a change of the firmware
+takes effect at once). It must already exist, so a typo fails instead of adding a key nobody
 reads. VALUE is JSON (``false``, ``12``, ``"Down"``); text that is not JSON is taken as a
 string, so ``set ib_ports.0.state Down`` works unquoted.
 """
@@ -24,9 +27,12 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from . import hwstate
+from . import firmware, hwstate
 
-USAGE = "usage: gpunode-lab-hw show [PATH] | set PATH VALUE | reboot [--boot] | devices\n"
+USAGE = (
+    "usage: gpunode-lab-hw show [PATH] | set PATH VALUE | reboot [--boot] | devices"
+    " | firmware | mok-manager\n"
+)
 # The units a boot starts that read or change the GPUs, in the order systemd starts them:
 # gpunode's GPU settings unit (roles.gpu_settings.BOOT_UNIT: Before=slurmd.service), slurmd.
 BOOT_UNITS = ("gpunode-gpu-settings.service", "slurmd.service")
@@ -50,7 +56,16 @@ def main(argv: Sequence[str]) -> int:
         elif command == "set" and len(arguments) == 2:
             path, text = arguments
             with hwstate.mutate() as state:
+                # A state written before the lab simulated firmware has its factory one.
+                state.setdefault("firmware", firmware.factory())
                 assign(state, path, parse_value(text))
+            if path.split(".")[0] == "firmware":
+                firmware.apply(hwstate.load())
+        elif command == "firmware" and not arguments:
+            firmware.apply(hwstate.load())
+        elif command == "mok-manager" and not arguments:
+            enrolled = firmware.console_enrol()
+            sys.stdout.write(f"MokManager: {enrolled} bytes of keys enrolled (console confirmed)\n")
         elif command == "devices" and not arguments:
             make_device_files(hwstate.load(), os.environ.get(DEVICE_DIR_ENV, "/dev"))
         elif command == "reboot" and arguments in ([], ["--boot"]):
@@ -61,7 +76,7 @@ def main(argv: Sequence[str]) -> int:
         else:
             sys.stderr.write(USAGE)
             return EXIT_USAGE
-    except BadPath as error:
+    except (BadPath, firmware.FirmwareError) as error:
         sys.stderr.write(f"gpunode-lab-hw: {error}\n")
         return 1
     return 0

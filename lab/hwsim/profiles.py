@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from . import firmware
+
 IBSTAT_CAPTURES = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "ibstat"
 
 
@@ -416,6 +418,8 @@ def initial_state(profile: str, hostname: str) -> dict[str, Any]:
       ``errors`` counters per link);
     - ``ib_ports``: one dict per HCA port, ``ibstat`` fields in snake case (``ca``, ``ca_type``,
       ``firmware_version``, ``state``, ``physical_state``, ``rate``, ``link_layer``...);
+    - ``firmware``: the simulated UEFI firmware (``firmware.factory``: ``uefi`` false, a BIOS
+      boot, as lab nodes always were; ``secure_boot``, ``setup_mode``, ``shim_validation``);
     - ``nvme``: one dict per drive: ``present``, ``device_path``, ``model``, ``serial``,
       ``firmware``, ``physical_size``, ``sector_size``...
     """
@@ -439,6 +443,7 @@ def initial_state(profile: str, hostname: str) -> dict[str, Any]:
         "nvme": [_nvme_drive(spec.nvme, n, hostname) for n in range(spec.nvme_count)]
         if spec.nvme
         else [],
+        "firmware": firmware.factory(),
     }
 
 

@@ -9,12 +9,21 @@ compute-only default: 580 (the last branch-suffixed release) and across the 590 
 boundary to 595, locked by its pinning package. lab-1 (HGX H100) is declared to have
 NVSwitches, so it gets Fabric Manager; lab-2 (A100 data without NVSwitch) must not.
 
+Secure Boot (lab.hwsim.firmware: the nodes' simulated UEFI firmware, read by Debian's real
+mokutil, installed from Debian's archive for the module): the switch to the proprietary flavour
+is a DKMS module change under Secure Boot, refused while DKMS's signing key is not enrolled and
+done once it is (``mokutil --import``, then the console step); the change to 580 is one with
+Secure Boot off. The drift check says a DKMS module would not load while the key is not
+enrolled.
+
 The module leaves the nodes as it found them: no driver, no NVIDIA source, simulator as before.
 """
 
 from __future__ import annotations
 
+import json
 import shlex
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,7 +33,15 @@ import pytest
 from lab import Lab, LabNode, hwsim
 from lab.standin import catalogue
 
-from .conftest import PyinfraRun, cuda_path, run_pyinfra, ssh, write_inventory
+from .conftest import (
+    GPUNODE,
+    ROOT,
+    PyinfraRun,
+    cuda_path,
+    run_pyinfra,
+    ssh,
+    write_inventory,
+)
 
 pytestmark = pytest.mark.lab
 
@@ -421,10 +438,140 @@ def test_if_needed_reboots_into_the_installed_driver_and_fabric_manager_starts(
     assert_no_change(lab, nodes, inventory_path, OPEN_144_REBOOT)
 
 
-def test_switching_to_the_proprietary_flavour(
-    lab: Lab, nodes: list[LabNode], inventory_path: Path
+# --- Secure Boot: the simulated firmware, the real mokutil ------------------------------------
+
+DKMS_KEY = "/var/lib/dkms/mok.pub"
+# The key DKMS makes at its first build, by DKMS's own command (dell/dkms README.md, "Module
+# signing"; read 2026-12-07): the stand-in packages run no DKMS, so the test makes it.
+MAKE_DKMS_KEY = (
+    "mkdir -p /var/lib/dkms && openssl req -new -x509 -nodes -days 36500 "
+    "-subj '/CN=DKMS module signing key' -newkey rsa:2048 -keyout /var/lib/dkms/mok.key "
+    f"-outform DER -out {DKMS_KEY} >/dev/null 2>&1"
+)
+# What the operator does: request the enrolment (the password MokManager will ask for, as a
+# hash file instead of a prompt), then confirm it at the console at the next boot.
+MOK_HASH = "/root/mok-password.hash"
+REQUEST_ENROLMENT = (
+    f"mokutil --generate-hash=gpunode-lab > {MOK_HASH} && "
+    f"mokutil --import {DKMS_KEY} --hash-file {MOK_HASH}; status=$?; rm -f {MOK_HASH}; "
+    "exit $status"
+)
+CONSOLE_CONFIRMS = "gpunode-lab-hw mok-manager"
+INSTALLED = "dpkg-query -W -f='${db:Status-Abbrev} ${Package}\\n' | awk '$1 ~ /^.i/ {print $2}'"
+# The firmware's factory state, and no key or request left in its NVRAM or DKMS's directory.
+FACTORY_FIRMWARE = (
+    "gpunode-lab-hw set firmware.secure_boot false && gpunode-lab-hw set firmware.uefi false "
+    "&& rm -f /var/lib/gpunode-lab/efivars/Mok* && rm -rf /var/lib/dkms"
+)
+
+
+@pytest.fixture(scope="module")
+def mokutil(lab: Lab, nodes: list[LabNode]) -> Iterator[None]:
+    """Debian's mokutil on the nodes (from Debian's archive, through the lab's cache) for the
+    tests that need it; purged with what it brought afterwards."""
+    brought: dict[str, list[str]] = {}
+    for node in nodes:
+        before = set(run(lab, node, INSTALLED).split())
+        run(
+            lab,
+            node,
+            "export DEBIAN_FRONTEND=noninteractive; "
+            "apt-get install -y -q --no-install-recommends mokutil >/dev/null 2>&1 || "
+            "{ apt-get update -q >/dev/null && "
+            "apt-get install -y -q --no-install-recommends mokutil >/dev/null; }",
+        )
+        brought[node.name] = sorted(set(run(lab, node, INSTALLED).split()) - before)
+        # The lab's wrapper came with it (the dpkg hook), so mokutil reads the firmware.
+        assert run(lab, node, "command -v mokutil").strip() == "/usr/local/sbin/mokutil"
+    yield
+    for node in nodes:
+        run(lab, node, "DEBIAN_FRONTEND=noninteractive apt-get purge -y -q "
+                       f"{' '.join(brought[node.name])} >/dev/null")  # fmt: skip
+        assert run(lab, node, "command -v mokutil || true") == ""
+
+
+@pytest.fixture
+def firmware(lab: Lab, nodes: list[LabNode], mokutil: None) -> Iterator[None]:
+    """The test sets the nodes' firmware; it is back at the factory's afterwards."""
+    yield
+    for node in nodes:
+        run(lab, node, FACTORY_FIRMWARE)
+        assert run(lab, node, "ls /sys/firmware") == ""
+
+
+def set_firmware(lab: Lab, node: LabNode, **settings: bool) -> None:
+    for name, value in settings.items():
+        run(lab, node, f"gpunode-lab-hw set firmware.{name} {str(value).lower()}")
+
+
+def secure_boot_findings(nodes: list[LabNode], inventory: Path) -> dict[str, list[str]]:
+    """The drift check's secure_boot.* findings of every node against ``inventory``, in one
+    run: host -> "id severity: found | fix" of each."""
+    result = subprocess.run(
+        [GPUNODE, "drift", str(inventory), "--json"],
+        cwd=ROOT, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    report = json.loads(result.stdout)
+    assert sorted(report["checked_hosts"]) == sorted(node.name for node in nodes), result.stderr
+    found: dict[str, list[str]] = {node.name: [] for node in nodes}
+    for finding in report["findings"]:
+        if finding["id"].startswith("secure_boot."):
+            found[finding["host"]].append(
+                f"{finding['id']} {finding['severity']}: {finding['found']} | {finding['fix']}"
+            )
+    return found
+
+
+def test_switching_to_the_proprietary_flavour_under_secure_boot(
+    lab: Lab, nodes: list[LabNode], inventory_path: Path, firmware: None
 ) -> None:
+    """A DKMS module change on nodes that boot with Secure Boot: refused, before anything
+    changes, while the key DKMS signs with is not enrolled; done once it is."""
     driver_at(lab, nodes, inventory_path, OPEN_144_REBOOT)
+    for node in nodes:
+        set_firmware(lab, node, uefi=True, secure_boot=True)
+        run(lab, node, MAKE_DKMS_KEY)
+        assert run(lab, node, "mokutil --sb-state") == "SecureBoot enabled\n"
+    before = {node.name: packages_and_files(lab, node) for node in nodes}
+    for args in (("--dry",), ()):
+        result = deploy(lab, nodes, inventory_path, PROPRIETARY_144, *args)
+        assert result.returncode != 0
+        for node in nodes:
+            assert (
+                f"{node.name}: NVIDIA driver 550.144.03-1 (proprietary kernel module, nvidia "
+                "source) not installed: Secure Boot is on and no machine owner key DKMS signs "
+                "the NVIDIA module with is enrolled: the module would not load; enrol the key "
+                f"DKMS signs with: mokutil --import {DKMS_KEY}, then confirm the enrolment at "
+                "the console on the next boot (MokManager)"
+            ) in result.output
+        assert "Nothing was changed" in result.output
+        for node in nodes:
+            assert packages_and_files(lab, node) == before[node.name]
+    # The installed (open, DKMS-built) module would not load at the next boot either.
+    enrol = (
+        f"enrol the key DKMS signs with: mokutil --import {DKMS_KEY}, then confirm the "
+        "enrolment at the console on the next boot (MokManager)"
+    )
+    findings = secure_boot_findings(nodes, inventory_path)
+    for node in nodes:
+        (finding,) = findings[node.name]
+        assert finding.startswith(
+            "secure_boot.module critical: module would not load under Secure Boot: Secure Boot "
+            "is on and no machine owner key DKMS signs the NVIDIA module with is enrolled"
+        )
+        assert finding.endswith(f" | {enrol}")
+
+    # The operator enrols DKMS's key: requested, then confirmed at the console.
+    for node in nodes:
+        run(lab, node, REQUEST_ENROLMENT)
+        assert f"{DKMS_KEY} is already in the enrollment request" in run(
+            lab, node, f"mokutil --test-key {DKMS_KEY} 2>&1 || true"
+        )
+        run(lab, node, CONSOLE_CONFIRMS)
+        assert f"{DKMS_KEY} is already enrolled" in run(
+            lab, node, f"mokutil --test-key {DKMS_KEY} 2>&1 || true"
+        )
+    assert secure_boot_findings(nodes, inventory_path) == {node.name: [] for node in nodes}
     converge(lab, nodes, inventory_path, PROPRIETARY_144)
     for node in nodes:
         installed = versions(lab, node)
@@ -467,9 +614,17 @@ def driver_packages_at(lab: Lab, node: LabNode) -> dict[str, str]:
 
 
 def test_580_compute_only_replaces_the_full_stack_and_fabric_manager_loses_its_suffix(
-    lab: Lab, nodes: list[LabNode], inventory_path: Path
+    lab: Lab, nodes: list[LabNode], inventory_path: Path, firmware: None
 ) -> None:
     driver_at(lab, nodes, inventory_path, PROPRIETARY_144)  # NVIDIA's full stack, 550
+    # UEFI nodes with Secure Boot off: DKMS's key, not enrolled, holds nothing up.
+    for node in nodes:
+        set_firmware(lab, node, uefi=True, secure_boot=False)
+        run(lab, node, MAKE_DKMS_KEY)
+        assert run(lab, node, "mokutil --sb-state") == "SecureBoot disabled\n"
+        assert f"{DKMS_KEY} is not enrolled" in run(
+            lab, node, f"mokutil --test-key {DKMS_KEY} 2>&1 || true"
+        )
     converge(lab, nodes, inventory_path, COMPUTE_580)
     for node in nodes:
         installed = driver_packages_at(lab, node)

@@ -7,10 +7,11 @@ an active ufw is refused before anything changes; a new sshd that cuts logins is
 to socket activation; the converge (base system, hardening, sshd, firewall and the NVIDIA
 driver from Ubuntu's archive, source "ubuntu": the lab's stand-in of Ubuntu's packages,
 lab.standin.ubuntu; the rest of the NVIDIA stack is off on Ubuntu lab nodes,
-inventories/lab.py) installs Canonical's prebuilt module for the running kernel, changes
-nothing the second time, moves the held packages on a branch change and leaves no drift; a
-kernel Canonical builds no module for gets DKMS, as ``--dry`` predicted, which goes again once
-the node is back on a kernel with a prebuilt module.
+inventories/lab.py) makes the inventory's sshd settings the effective ones whatever
+cloud-init's drop-in says, installs Canonical's prebuilt module for the running kernel,
+changes nothing the second time, moves the held packages on a branch change and leaves no
+drift; a kernel Canonical builds no module for gets DKMS, as ``--dry`` predicted, which goes
+again once the node is back on a kernel with a prebuilt module.
 """
 
 from __future__ import annotations
@@ -44,6 +45,8 @@ SNAPSHOT = (
     "systemctl is-enabled ssh.socket ssh.service; "
     "if command -v nft >/dev/null; then nft list tables; else echo no nft; fi"
 )
+
+CLOUD_INIT_DROP_IN = "/etc/ssh/sshd_config.d/50-cloud-init.conf"
 
 
 # The inventory's driver (inventories/lab.py) and an older branch to start from.
@@ -191,10 +194,24 @@ def test_an_sshd_that_cuts_logins_goes_back_to_socket_activation(ubuntu: UbuntuL
     ).split() == ["enabled", "disabled", "active"]
 
 
+def effective_password_authentication(ubuntu: UbuntuLab) -> str:
+    """``sshd -T``'s passwordauthentication: what sshd applies, drop-ins included."""
+    settings = ubuntu.sudo("/usr/sbin/sshd -T").splitlines()
+    (value,) = [line.split()[1] for line in settings if line.startswith("passwordauthentication ")]
+    return value
+
+
 def test_the_converge_installs_the_prebuilt_module_and_is_idempotent(ubuntu: UbuntuLab) -> None:
     assert ubuntu.sudo("uname -r").strip() == KERNEL
+    # cloud-init's drop-in of a cloud image that was asked for password logins: the node's
+    # own sshd_config includes sshd_config.d first, and sshd keeps the first value it reads.
+    ubuntu.sudo(f"echo 'PasswordAuthentication yes' > {CLOUD_INIT_DROP_IN}")
+    assert effective_password_authentication(ubuntu) == "yes"
     first, first_s = ubuntu.pyinfra(DEPLOY, "--data", "nvidia_driver=" + json.dumps(BRANCH_570))
     assert first.returncode == 0, first.output
+    # gpunode's sshd_config includes no drop-in: the inventory's setting is the effective one.
+    assert effective_password_authentication(ubuntu) == "no"
+    assert ubuntu.sudo(f"cat {CLOUD_INIT_DROP_IN}") == "PasswordAuthentication yes\n"
     # The roles before sshd were converged by the run the login cut stopped; sshd now.
     changed = first.changed_operations()
     assert "SSH server | Hardened sshd (validated, confirmed by a new login)" in changed

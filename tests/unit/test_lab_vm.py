@@ -157,9 +157,19 @@ def test_a_vm_gets_the_doubles_of_its_profile_but_its_own_nvme_and_kernel_module
     assert "/usr/sbin/nvme" not in vm
     assert not [path for path in vm if path.startswith("/lib/modules/")]
     vm_boot = {f"/etc/systemd/system/{hwsim.VM_BOOT_UNIT}", hwsim.VM_BOOT_DROP_IN}
-    assert set(vm) - vm_boot == {path for path in container if path != "/usr/sbin/nvme"} - {
-        path for path in container if path.startswith("/lib/modules/")
+    # A VM's firmware is qemu's: the simulated UEFI firmware is a container's alone.
+    firmware = {
+        f"/etc/systemd/system/{hwsim.firmware.UNIT}",
+        hwsim.firmware.DPKG_HOOK,
+        hwsim.firmware.MOKUTIL_WRAPPER_SOURCE,
     }
+    assert firmware <= set(container) and not firmware & set(vm)
+    assert (
+        set(vm) - vm_boot
+        == {path for path in container if path != "/usr/sbin/nvme"}
+        - {path for path in container if path.startswith("/lib/modules/")}
+        - firmware
+    )
     assert vm["/usr/bin/nvidia-smi"] == container["/usr/bin/nvidia-smi"]
     # A VM reboots for real: each boot does what the lab's reboot command does to the GPUs
     # (the installed stand-in driver is loaded), before the units that set the GPUs up.

@@ -196,7 +196,17 @@ NOT_COMMAND_OUTPUT = {
             "test-key-dkms-enrolled.txt",
             "test-key-dkms-not-enrolled.txt",
             "test-key-shim-signed-enrolled.txt",
+            "lab/sb-state.txt",
+            "lab/test-key-enrolled.txt",
+            "lab/test-key-not-enrolled.txt",
+            "lab/test-key-pending.txt",
         )
+    },
+    **{
+        f"mokutil/lab/{name}": "the real mokutil's variables, key and listing in the lab: "
+        "test_hwsim_firmware.py checks the lab's console enrolment and mokutil wrapper "
+        "against them"
+        for name in ("MokNew.efivar", "MokListRT.efivar", "dkms-mok.pub", "list-enrolled.txt")
     },
     **{
         f"ubuntu-packages/{name}": "excerpts of Ubuntu's package index, no command printed "

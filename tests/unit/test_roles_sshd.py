@@ -8,6 +8,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import pytest
 from pyinfra.api import FunctionCommand
 
 from facts.sshd import (
@@ -62,6 +63,19 @@ def test_config_reads_no_drop_ins_and_lets_only_the_login_group_in() -> None:
     assert "AuthorizedKeysFile .ssh/authorized_keys" in lines
     assert "PasswordAuthentication no" in lines
     assert f"Ciphers {','.join(CIPHERS)}" in lines
+
+
+@pytest.mark.parametrize("codename", sorted(BY_CODENAME))
+def test_no_release_s_config_reads_cloud_init_s_drop_in(codename: str) -> None:
+    # Ubuntu's and Debian's cloud images ship /etc/ssh/sshd_config.d/50-cloud-init.conf
+    # (PasswordAuthentication yes where the image was asked for passwords), and their own
+    # sshd_config includes that directory before anything else: sshd keeps the first value,
+    # so the drop-in would win. gpunode's whole file includes nothing, on every release.
+    config = render_sshd_config(Sshd(), BY_CODENAME[codename]).splitlines()
+    keywords = [line.split()[0].lower() for line in config if line.strip()]
+    assert "include" not in keywords and "match" not in keywords
+    assert "PasswordAuthentication no" in config
+    assert "KbdInteractiveAuthentication no" in config
 
 
 def test_expected_effective_covers_login_group_and_key_file() -> None:

@@ -74,6 +74,20 @@ def test_test_key_says_which_key_is_enrolled() -> None:
     assert parse_test_key(["/tmp/x.der is already enrolled"])[DKMS_KEY] == "unknown"
 
 
+def test_the_real_mokutil_s_words_in_the_lab_are_read_past_its_keyring_complaint() -> None:
+    # Debian 12's mokutil 0.6.0 on the lab's simulated firmware, stderr merged as the fact
+    # merges it: "Failed to accesss kernel trusted keyring" (no kernel keyring in a
+    # container) is no key's status.
+    assert parse_sb_state(said("lab/sb-state.txt"))["state"] == "enabled"
+    for name, status in (
+        ("lab/test-key-not-enrolled.txt", "not-enrolled"),
+        ("lab/test-key-pending.txt", "pending"),
+        ("lab/test-key-enrolled.txt", "enrolled"),
+    ):
+        assert said(name)[0].startswith("Failed to accesss kernel trusted keyring")
+        assert parse_test_key(said(name)) == {DKMS_KEY: status, UBUNTU_KEY: "unknown"}, name
+
+
 @pytest.mark.parametrize(
     ("data", "value"),
     [
