@@ -1,6 +1,7 @@
 """SSH server checks: dev-sec ssh-baseline server controls (sshd-01 ... sshd-50) that apply,
 plus the crypto of ssh-audit's policy for the node's release: "Hardened Debian 12 (version 3)"
-on Debian 12, "Hardened Debian 13 (version 1)" on Debian 13.
+on Debian 12, "Hardened Debian 13 (version 1)" on Debian 13, "Hardened Ubuntu Server 22.04 LTS
+(version 6)", "... 24.04 LTS (version 2)" and "... 26.04 LTS (version 1)" on Ubuntu's.
 
 Values are read from the *effective* configuration (``sshd -T``), so drop-ins count, and
 again for every declared admin and root as sshd applies it to a login from outside
@@ -49,9 +50,41 @@ MACS_DEBIAN_13 = (
     "hmac-sha2-256-etm@openssh.com",
     "umac-128-etm@openssh.com",
 )
-# By the node's os-release VERSION_ID.
-KEX_ALGORITHMS = {"12": KEX_ALGORITHMS_DEBIAN_12, "13": KEX_ALGORITHMS_DEBIAN_13}
-MACS = {"12": MACS_DEBIAN_12, "13": MACS_DEBIAN_13}
+# ssh-audit's Ubuntu policies (github.com/jtesta/ssh-audit src/ssh_audit/builtin_policies.py,
+# read 2026-12-07). OpenSSH 8.9 (22.04) and 9.6 (24.04) offer no ML-KEM; 26.04's is
+# post-quantum only, as Debian 13's.
+KEX_ALGORITHMS_UBUNTU_2204 = (
+    "sntrup761x25519-sha512@openssh.com",
+    "curve25519-sha256",
+    "curve25519-sha256@libssh.org",
+    "diffie-hellman-group16-sha512",
+    "diffie-hellman-group18-sha512",
+    "diffie-hellman-group-exchange-sha256",
+)
+KEX_ALGORITHMS_UBUNTU_2404 = (
+    "sntrup761x25519-sha512@openssh.com",
+    "curve25519-sha256",
+    "curve25519-sha256@libssh.org",
+    "diffie-hellman-group18-sha512",
+    "diffie-hellman-group-exchange-sha256",
+    "diffie-hellman-group16-sha512",
+)
+# By the node's os-release ID and VERSION_ID.
+KEX_ALGORITHMS = {
+    ("debian", "12"): KEX_ALGORITHMS_DEBIAN_12,
+    ("debian", "13"): KEX_ALGORITHMS_DEBIAN_13,
+    ("ubuntu", "22.04"): KEX_ALGORITHMS_UBUNTU_2204,
+    ("ubuntu", "24.04"): KEX_ALGORITHMS_UBUNTU_2404,
+    ("ubuntu", "26.04"): KEX_ALGORITHMS_DEBIAN_13,
+}
+MACS = {
+    ("debian", "12"): MACS_DEBIAN_12,
+    ("debian", "13"): MACS_DEBIAN_13,
+    ("ubuntu", "22.04"): MACS_DEBIAN_12,
+    ("ubuntu", "24.04"): MACS_DEBIAN_13,
+    ("ubuntu", "26.04"): MACS_DEBIAN_13,
+}
+RELEASES = tuple(KEX_ALGORITHMS)
 HOST_KEY_ALGORITHMS = (
     "ssh-ed25519",
     "ssh-ed25519-cert-v01@openssh.com",
@@ -158,30 +191,26 @@ def test_sshd_setting_from_data(
     assert effective(host).get(keyword) == [_settings_from_data(desired)[keyword]], control
 
 
-def debian_version(host: Any) -> str:
-    """The node's Debian major release (os-release VERSION_ID): the policy depends on it."""
-    found = host.run('. /etc/os-release && echo "$ID $VERSION_ID"').stdout.split()
-    assert found[:1] == ["debian"] and found[1:] in (["12"], ["13"]), found
-    return str(found[1])
+def node_release(host: Any) -> tuple[str, str]:
+    """The node's os-release ID and VERSION_ID: the policy depends on them."""
+    found = tuple(host.run('. /etc/os-release && echo "$ID $VERSION_ID"').stdout.split())
+    assert found in RELEASES, f"{found}: not a release gpunode converges ({RELEASES})"
+    return found[0], found[1]
 
 
 @pytest.mark.parametrize(
     ("control", "keyword", "expected"),
     [
-        ("sshd-01", "ciphers", {"12": CIPHERS, "13": CIPHERS}),
+        ("sshd-01", "ciphers", dict.fromkeys(RELEASES, CIPHERS)),
         ("sshd-02", "kexalgorithms", KEX_ALGORITHMS),
         ("sshd-03", "macs", MACS),
-        (
-            "ssh-audit host keys",
-            "hostkeyalgorithms",
-            {"12": HOST_KEY_ALGORITHMS, "13": HOST_KEY_ALGORITHMS},
-        ),
+        ("ssh-audit host keys", "hostkeyalgorithms", dict.fromkeys(RELEASES, HOST_KEY_ALGORITHMS)),
     ],
 )
 def test_sshd_crypto_is_exactly_the_hardened_list(
-    host: Any, control: str, keyword: str, expected: dict[str, tuple[str, ...]]
+    host: Any, control: str, keyword: str, expected: dict[tuple[str, str], tuple[str, ...]]
 ) -> None:
-    wanted = expected[debian_version(host)]
+    wanted = expected[node_release(host)]
     assert effective(host)[keyword] == [",".join(wanted)], control
 
 
