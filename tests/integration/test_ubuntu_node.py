@@ -302,3 +302,16 @@ def test_a_kernel_without_prebuilt_modules_gets_dkms_as_dry_predicts(ubuntu: Ubu
     assert ubuntu_packages(ubuntu.sudo) == before
     report = ubuntu.drift()
     assert report["findings"] == [] and report["unreachable"] == {}, report
+
+
+def test_the_verify_suite_passes_on_the_converged_ubuntu_node(ubuntu: UbuntuLab) -> None:
+    """tests/verify against the noble node as the inventory declares it: Ubuntu's sshd policy
+    and socket unit, the ubuntu source's held packages and prebuilt module, every check that
+    applies passing (it once knew Debian's sshd and packages alone)."""
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "tests/verify", "--inventory", "inventories/lab.py",
+         "-q", "-p", "no:cacheprovider", "-rf"],
+        cwd=ROOT, env=ubuntu.env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+    assert " passed" in done.stdout.splitlines()[-1]

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 from tls_handshake import client_certificate_refused, server_certificate_verified
 
+from gpunode.expected import ubuntu_driver
 from gpunode.model import DesiredState, version_tuple
 
 # NVIDIA's Debian guide: the compute-only (headless) install is nvidia-driver-cuda with the
@@ -133,8 +134,32 @@ def test_driver_loaded_is_the_pinned_release(host: Any, driver: DesiredState) ->
         assert f" {next(iter(loaded))} " in kernel.content_string
 
 
+def ubuntu_module_package(host: Any, wanted: Any) -> str:
+    """The ubuntu source's kernel module package on this node: Canonical's prebuilt one for
+    the running kernel where it is installed, else the DKMS one (what the role chose)."""
+    branch, series, flavour = str(wanted.branch), wanted.ubuntu_series, wanted.flavour
+    kernel = ubuntu_driver.parse_kernel_release(host.check_output("uname -r"))
+    if kernel is not None:
+        prebuilt = ubuntu_driver.prebuilt_module_package(branch, series, flavour, kernel)
+        if installed_version(host, prebuilt):
+            return prebuilt
+    return ubuntu_driver.dkms_package(branch, series, flavour)
+
+
 def test_driver_packages_installed_at_the_pin_and_held(host: Any, driver: DesiredState) -> None:
     wanted = driver.nvidia_driver
+    if wanted.source == "ubuntu":
+        # Ubuntu's compute set at the driver's version, and the kernel module: a prebuilt one
+        # is versioned as its kernel is, DKMS's as the driver; every one of them held.
+        compute = ubuntu_driver.compute_packages(str(wanted.branch), wanted.ubuntu_series)
+        module = ubuntu_module_package(host, wanted)
+        versions = {package: installed_version(host, package) for package in (*compute, module)}
+        assert None not in versions.values(), versions
+        at_driver_version = [*compute, *([module] if "-dkms-" in module else [])]
+        if wanted.version:
+            assert {versions[package] for package in at_driver_version} == {wanted.version}
+        assert {*compute, module} <= held(host), versions
+        return
     packages = driver_packages(driver)
     versions = {package: installed_version(host, package) for package in packages}
     assert None not in versions.values(), versions

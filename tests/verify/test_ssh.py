@@ -268,7 +268,10 @@ def test_sshd_50_rsa_host_key_is_4096_bits(host: Any) -> None:
 def test_sshd_runs_as_a_service_not_socket_activated(host: Any) -> None:
     assert host.service("ssh").is_running
     assert host.service("ssh").is_enabled
-    assert not host.service("ssh.socket").is_enabled
+    # Debian ships ssh.socket disabled; on Ubuntu 22.10 and later, which start sshd from it,
+    # gpunode masks it. `systemctl is-enabled` answers either, or nothing for no such unit.
+    state = host.run("systemctl is-enabled ssh.socket").stdout.strip()
+    assert state in ("disabled", "masked", ""), state
 
 
 def test_admin_keys_are_exactly_those_in_the_inventory(host: Any, desired: DesiredState) -> None:
