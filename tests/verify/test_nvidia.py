@@ -19,7 +19,6 @@ from typing import Any
 import pytest
 from tls_handshake import client_certificate_refused, server_certificate_verified
 
-from gpunode.expected import ubuntu_driver
 from gpunode.model import DesiredState, version_tuple
 
 # NVIDIA's Debian guide: the compute-only (headless) install is nvidia-driver-cuda with the
@@ -134,16 +133,29 @@ def test_driver_loaded_is_the_pinned_release(host: Any, driver: DesiredState) ->
         assert f" {next(iter(loaded))} " in kernel.content_string
 
 
+# The ubuntu source's names, as Ubuntu's archive has them (noble's restricted Packages index,
+# packages.ubuntu.com, read 2026-12-07), restated here rather than taken from the product:
+# every name ends in <branch>[-server], the kernel module's also in [-open]; Canonical's
+# prebuilt module is named for exactly the kernel it was built for (`uname -r`).
+UBUNTU_COMPUTE = (
+    "libnvidia-compute",
+    "nvidia-utils",
+    "nvidia-compute-utils",
+    "nvidia-kernel-common",
+)
+
+
+def ubuntu_suffix(wanted: Any, with_flavour: bool) -> str:
+    suffix = f"{wanted.branch}" + ("-server" if wanted.ubuntu_series == "server" else "")
+    return suffix + ("-open" if with_flavour and wanted.flavour == "open" else "")
+
+
 def ubuntu_module_package(host: Any, wanted: Any) -> str:
     """The ubuntu source's kernel module package on this node: Canonical's prebuilt one for
     the running kernel where it is installed, else the DKMS one (what the role chose)."""
-    branch, series, flavour = str(wanted.branch), wanted.ubuntu_series, wanted.flavour
-    kernel = ubuntu_driver.parse_kernel_release(host.check_output("uname -r"))
-    if kernel is not None:
-        prebuilt = ubuntu_driver.prebuilt_module_package(branch, series, flavour, kernel)
-        if installed_version(host, prebuilt):
-            return prebuilt
-    return ubuntu_driver.dkms_package(branch, series, flavour)
+    suffix = ubuntu_suffix(wanted, with_flavour=True)
+    prebuilt = f"linux-modules-nvidia-{suffix}-{host.check_output('uname -r').strip()}"
+    return prebuilt if installed_version(host, prebuilt) else f"nvidia-dkms-{suffix}"
 
 
 def test_driver_packages_installed_at_the_pin_and_held(host: Any, driver: DesiredState) -> None:
@@ -151,7 +163,7 @@ def test_driver_packages_installed_at_the_pin_and_held(host: Any, driver: Desire
     if wanted.source == "ubuntu":
         # Ubuntu's compute set at the driver's version, and the kernel module: a prebuilt one
         # is versioned as its kernel is, DKMS's as the driver; every one of them held.
-        compute = ubuntu_driver.compute_packages(str(wanted.branch), wanted.ubuntu_series)
+        compute = [f"{name}-{ubuntu_suffix(wanted, with_flavour=False)}" for name in UBUNTU_COMPUTE]
         module = ubuntu_module_package(host, wanted)
         versions = {package: installed_version(host, package) for package in (*compute, module)}
         assert None not in versions.values(), versions
