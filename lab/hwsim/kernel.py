@@ -97,7 +97,7 @@ def library(state_dir: Path, release_path: str = KERNEL_RELEASE_PATH) -> bytes:
         if compiler is None:
             raise KernelLibraryError(
                 "an Ubuntu lab node's simulated kernel release needs a C compiler on the lab "
-                "host: apt-get install gcc"
+                "host: apt-get install gcc libc6-dev"
             )
         state_dir.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(prefix="gpunode-uname-") as scratch:
