@@ -660,19 +660,16 @@ def nvlink_summary(
     return summary
 
 
-@never_raises(NVLINK_COMMAND)
-def parse_nvlink_status(text: str, empty_ok: bool = False) -> Result:
-    """``nvidia-smi nvlink -s`` -> per GPU (index, name, UUID) its links and their state.
-
-    A line that is not understood is named in ``problems`` (and in its GPU's, whose state is
-    then unreadable); every other GPU is kept. The whole output is unreadable only when no GPU
-    could be read. With ``empty_ok`` (the caller saw nvidia-smi exit 0) no output is an answer:
-    drivers print nothing where no GPU has NVLink (gpud's A10 capture).
-    """
-    if not text.strip():
-        if empty_ok:
-            return {"state": "ok", "command": NVLINK_COMMAND, "gpus": [], "problems": []}
-        return unreadable(NVLINK_COMMAND, "empty output")
+def _read_nvlink_gpus(
+    text: str,
+    new_links: Callable[[], Any],
+    read_link: Callable[[Result, str, int], str | None],
+) -> tuple[list[Result], list[str]]:
+    """The GPUs of an ``nvidia-smi nvlink`` listing (``-s`` and ``-e`` share its layout: a
+    "GPU i: name (UUID: ...)" line, then its links' lines, or a message for the whole GPU),
+    each with ``links`` (``new_links()``) filled by ``read_link(gpu, line, number)``, which
+    returns a problem for a line it cannot read. A problem is named in ``problems`` and in
+    its GPU's (whose state is then unreadable); every other GPU is kept."""
     gpus: list[Result] = []
     problems: list[str] = []
 
@@ -691,34 +688,46 @@ def parse_nvlink_status(text: str, empty_ok: bool = False) -> Result:
             continue
         if gpu_line := _nvlink_gpu(line.strip()):
             index, name, uuid = gpu_line
-            gpus.append(
-                {
-                    "index": index,
-                    "name": name,
-                    "uuid": uuid,
-                    "links": [],
-                    "message": None,
-                    "problems": [],
-                }
-            )
-            continue
-        if not gpus:
+            gpus.append({"index": index, "name": name, "uuid": uuid, "links": new_links(),
+                         "message": None, "problems": []})  # fmt: skip
+        elif not gpus:
             problem(f"line {line_number} comes before any GPU: {line[:120]!r}")
         elif line.strip() in NVLINK_MESSAGES:
             gpus[-1]["message"] = NVLINK_MESSAGES[line.strip()]
-        elif link_line := _nvlink_link(line):
-            link, value = link_line
-            speed = re.fullmatch(r"([0-9]+(?:\.[0-9]+)?) GB/s", value)
-            if value == "<inactive>":
-                gpus[-1]["links"].append({"link": link, "active": False, "speed_gbps": None})
-            elif speed:
-                gpus[-1]["links"].append(
-                    {"link": link, "active": True, "speed_gbps": float(speed[1])}
-                )
-            else:
-                problem(f"line {line_number}: unknown link state {value[:120]!r}")
+        elif (unread := read_link(gpus[-1], line, line_number)) is not None:
+            problem(unread)
+    return gpus, problems
+
+
+@never_raises(NVLINK_COMMAND)
+def parse_nvlink_status(text: str, empty_ok: bool = False) -> Result:
+    """``nvidia-smi nvlink -s`` -> per GPU (index, name, UUID) its links and their state.
+
+    A line that is not understood is named in ``problems`` (and in its GPU's, whose state is
+    then unreadable); every other GPU is kept. The whole output is unreadable only when no GPU
+    could be read. With ``empty_ok`` (the caller saw nvidia-smi exit 0) no output is an answer:
+    drivers print nothing where no GPU has NVLink (gpud's A10 capture).
+    """
+    if not text.strip():
+        if empty_ok:
+            return {"state": "ok", "command": NVLINK_COMMAND, "gpus": [], "problems": []}
+        return unreadable(NVLINK_COMMAND, "empty output")
+
+    def read_link(gpu: Result, line: str, line_number: int) -> str | None:
+        link_line = _nvlink_link(line)
+        if link_line is None:
+            return f"line {line_number} not understood: {line[:120]!r}"
+        link, value = link_line
+        speed = re.fullmatch(r"([0-9]+(?:\.[0-9]+)?) GB/s", value)
+        if value == "<inactive>":
+            gpu["links"].append({"link": link, "active": False, "speed_gbps": None})
+        elif speed:
+            gpu["links"].append({"link": link, "active": True, "speed_gbps": float(speed[1])})
         else:
-            problem(f"line {line_number} not understood: {line[:120]!r}")
+            return f"line {line_number}: unknown link state {value[:120]!r}"
+        return None
+
+    gpus, problems = _read_nvlink_gpus(text, list, read_link)
     if not any(not gpu["problems"] for gpu in gpus):
         return unreadable(NVLINK_COMMAND, problems[0] if problems else "no GPU line")
     return {
@@ -766,39 +775,20 @@ def parse_nvlink_errors(text: str, empty_ok: bool = False) -> Result:
         if empty_ok:
             return {"state": "ok", "command": NVLINK_ERRORS_COMMAND, "gpus": [], "problems": []}
         return unreadable(NVLINK_ERRORS_COMMAND, "empty output")
-    gpus: list[Result] = []
-    problems: list[str] = []
 
-    def problem(message: str) -> None:
-        problems.append(message)
-        if gpus:
-            gpus[-1]["problems"].append(message)
-
-    for line_number, line in enumerate(text.split("\n"), 1):
-        if not line.strip():
-            continue
-        if len(line) > MAX_LINE_CHARS:
-            problem(f"line {line_number} is {len(line)} characters long (over {MAX_LINE_CHARS})")
-            continue
-        if gpu_line := _nvlink_gpu(line.strip()):
-            index, name, uuid = gpu_line
-            gpus.append({"index": index, "name": name, "uuid": uuid, "links": {},
-                         "message": None, "problems": []})  # fmt: skip
-            continue
+    def read_link(gpu: Result, line: str, line_number: int) -> str | None:
         link_line = _nvlink_link(line)
         counter, colon, value = link_line[1].rpartition(": ") if link_line else ("", "", "")
-        if not gpus:
-            problem(f"line {line_number} comes before any GPU: {line[:120]!r}")
-        elif line.strip() in NVLINK_MESSAGES:
-            gpus[-1]["message"] = NVLINK_MESSAGES[line.strip()]
-        elif link_line and colon and value.isdigit() and value.isascii() and counter:
-            link = gpus[-1]["links"].setdefault(link_line[0], {"link": link_line[0]})
-            if counter in NVLINK_ERROR_COUNTERS:
-                link[NVLINK_ERROR_COUNTERS[counter]] = int(value)
-            else:  # a counter of a newer driver: kept by its own name, judged by no rule
-                link.setdefault("other", {})[counter[:60]] = int(value)
-        else:
-            problem(f"line {line_number} not understood: {line[:120]!r}")
+        if not (link_line and colon and value.isdigit() and value.isascii() and counter):
+            return f"line {line_number} not understood: {line[:120]!r}"
+        link = gpu["links"].setdefault(link_line[0], {"link": link_line[0]})
+        if counter in NVLINK_ERROR_COUNTERS:
+            link[NVLINK_ERROR_COUNTERS[counter]] = int(value)
+        else:  # a counter of a newer driver: kept by its own name, judged by no rule
+            link.setdefault("other", {})[counter[:60]] = int(value)
+        return None
+
+    gpus, problems = _read_nvlink_gpus(text, dict, read_link)
     if not any(not gpu["problems"] for gpu in gpus):
         return unreadable(NVLINK_ERRORS_COMMAND, problems[0] if problems else "no GPU line")
     return {
