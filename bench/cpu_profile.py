@@ -24,16 +24,19 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import subprocess
 import sys
 import time
 from collections import defaultdict
 from pathlib import Path
 
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
-CGROUP_ROOTS = (Path("/sys/fs/cgroup/cpuacct/docker"), Path("/sys/fs/cgroup/system.slice"))
-NODE_SUFFIX = re.compile(r"-\d+$")
+from lab.cpu import (
+    CLOCK_TICKS,
+    cgroup_cpu_s,
+    container_cgroups,
+    container_names,
+    lab_of,
+)
 
 
 def machine_busy_s() -> float:
@@ -41,42 +44,6 @@ def machine_busy_s() -> float:
     ticks = [int(value) for value in fields]
     idle = ticks[3] + ticks[4]  # idle + iowait
     return (sum(ticks[:8]) - idle) / CLOCK_TICKS
-
-
-def container_names() -> dict[str, str]:
-    """Container id -> name, from the Docker daemon's own records (no API call per sample)."""
-    names: dict[str, str] = {}
-    for config in Path("/var/lib/docker/containers").glob("*/config.v2.json"):
-        try:
-            names[config.parent.name] = json.loads(config.read_text())["Name"].lstrip("/")
-        except (OSError, ValueError, KeyError):
-            continue
-    return names
-
-
-def container_cgroups() -> dict[str, Path]:
-    found: dict[str, Path] = {}
-    for root in CGROUP_ROOTS:
-        if not root.is_dir():
-            continue
-        for entry in root.iterdir():
-            match = re.fullmatch(r"(?:docker-)?([0-9a-f]{64})(?:\.scope)?", entry.name)
-            if match:
-                found[match.group(1)] = entry
-    return found
-
-
-def cgroup_cpu_s(path: Path) -> float | None:
-    try:
-        if (path / "cpuacct.usage").exists():
-            return int((path / "cpuacct.usage").read_text()) / 1e9
-        for line in (path / "cpu.stat").read_text().splitlines():
-            key, value = line.split()
-            if key == "usage_usec":
-                return int(value) / 1e6
-    except (OSError, ValueError):
-        return None
-    return None
 
 
 def cgroup_pids(path: Path) -> set[int]:
@@ -108,10 +75,6 @@ def process_cpu() -> dict[int, tuple[str, float, float, int]]:
         cpu = (int(rest[11]) + int(rest[12])) / CLOCK_TICKS
         found[int(entry.name)] = (name, cpu, float(rest[19]), int(rest[1]))
     return found
-
-
-def lab_of(container: str) -> str:
-    return NODE_SUFFIX.sub("", container)
 
 
 def descendants(table: dict[int, tuple[str, float, float, int]], root: int) -> set[int]:

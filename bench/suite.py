@@ -14,6 +14,11 @@ is a process of its own, so each pays its lab's check (and a fresh lab's first c
 The tiers run at once and the lab tier's modules on several labs, so the suite's wall time is
 about its longest tier, not the sum printed here. Compare two runs' tables in review: a change that
 adds minutes shows as a module that grew.
+
+Where the run left ``cpu.json`` (tests/tiers.py), each tier's CPU seconds and each lab module's
+are shown too: its own processes' (pytest, pyinfra, ssh) and its labs' containers' and VMs'.
+On a CPU-bound machine a module's wall time is mostly waiting for the CPU that the others use;
+its CPU seconds are what it costs the suite.
 """
 
 from __future__ import annotations
@@ -49,6 +54,25 @@ def module_times(report: Path) -> dict[str, tuple[float, int]]:
     return {module: (seconds, int(count)) for module, (seconds, count) in times.items()}
 
 
+def job_cpu(reports: Path) -> dict[str, float]:
+    """Job name (``unit``, ``vm``, ``lab/<module>``) -> CPU seconds, from the run's cpu.json;
+    empty where the run left none."""
+    try:
+        jobs = json.loads((reports / "cpu.json").read_text())["jobs"]
+        return {
+            str(name): float(job["tree_cpu_s"]) + float(job["lab_cpu_s"])
+            for name, job in jobs.items()
+        }
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
+
+
+def module_cpu(cpu: dict[str, float], tier: str, module: str) -> str:
+    """A lab module's CPU seconds (a job of its own), as a column; ``-`` for the others."""
+    used = cpu.get(f"lab/{Path(module).stem}") if tier == "lab" else None
+    return f"{used:.0f}" if used is not None else "-"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reports", type=Path, default=ROOT / ".test-reports")
@@ -67,14 +91,17 @@ def main(argv: list[str] | None = None) -> int:
         relative = report.relative_to(options.reports)
         tier = relative.parts[0] if len(relative.parts) > 1 else report.stem
         by_tier[tier].update(module_times(report))
+    cpu = job_cpu(options.reports)
     rows = []
     for tier, times in sorted(by_tier.items()):
         total = sum(seconds for seconds, _ in times.values())
-        print(f"tier {tier}: {total / 60:.1f} min in {len(times)} modules")
+        tier_cpu = sum(used for name, used in cpu.items() if name.split("/")[0] == tier)
+        used = f", CPU {tier_cpu:.0f} s" if cpu else ""
+        print(f"tier {tier}: {total / 60:.1f} min in {len(times)} modules{used}")
         rows += [(seconds, tier, module, count) for module, (seconds, count) in times.items()]
-    print(f"\n{'seconds':>8}  {'tier':<5} {'tests':>5}  module")
+    print(f"\n{'seconds':>8}  {'CPU-s':>6}  {'tier':<5} {'tests':>5}  module")
     for seconds, tier, module, count in sorted(rows, reverse=True)[: options.top]:
-        print(f"{seconds:8.1f}  {tier:<5} {count:5d}  {module}")
+        print(f"{seconds:8.1f}  {module_cpu(cpu, tier, module):>6}  {tier:<5} {count:5d}  {module}")
     if options.write_seconds:
         record = {
             "measured": datetime.date.today().isoformat(),

@@ -145,6 +145,17 @@ WantedBy=multi-user.target
 # initramfs-tools(7), Debian 12 and 13.)
 INITRAMFS_CONF = "MODULES=list\nCOMPRESS=zstd\nCOMPRESSLEVEL=1\nRESUME=none\n"
 INITRAMFS_MODULES = ("virtio_pci", "virtio_blk", "ext4")
+# Hooks of the image's packages that put in what a lab VM's boot never uses, set aside with
+# dpkg-divert: dmsetup's (device-mapper tools, for a root on LVM or LUKS; a lab VM's root is a
+# plain virtio disk), six seconds of every update-initramfs on the emulated CPU.
+INITRAMFS_HOOKS_OFF = ("dmsetup",)
+
+# apt in the VM: no translated package descriptions (nothing reads them), and the gzip
+# indexes of a suite before its xz ones (Debian publishes both; apt takes the first its
+# Release lists, apt.conf(5) Acquire::CompressionTypes::Order): an emulated CPU unpacks gzip
+# several times faster, and a driver change's apt update unpacked xz lists for a minute and
+# more. The apt sources and everything gpunode writes are as on any node.
+APT_CONF = 'Acquire::Languages "none";\nAcquire::CompressionTypes::Order { "gz"; };\n'
 
 # Units of Debian's packages a lab VM does not want, masked in the image: each costs seconds
 # of an emulated CPU at boot or runs in the middle of a test. e2scrub (e2fsprogs) checks ext4
@@ -189,8 +200,15 @@ mkdir -p "$1/etc/initramfs-tools/conf.d"
 cat > "$1/etc/initramfs-tools/conf.d/gpunode-lab-vm.conf" <<'CONF'
 {INITRAMFS_CONF}CONF
 printf '%s\\n' {" ".join(INITRAMFS_MODULES)} >> "$1/etc/initramfs-tools/modules"
+for hook in {" ".join(INITRAMFS_HOOKS_OFF)}; do
+  chroot "$1" dpkg-divert --quiet --local --rename \\
+    --divert "/usr/share/initramfs-tools/hooks/$hook.gpunode-lab-off" \\
+    --add "/usr/share/initramfs-tools/hooks/$hook"
+done
 chroot "$1" update-initramfs -u -k all
 chroot "$1" systemctl mask {" ".join(MASKED_UNITS)}
+cat > "$1/etc/apt/apt.conf.d/90gpunode-lab-vm" <<'CONF'
+{APT_CONF}CONF
 """
     )
 

@@ -43,11 +43,15 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from lab import DEFAULT_NAME as DEFAULT_LAB_NAME
+from lab.cpu import LabCpuMeter
 from tests.conftest import SHUFFLE, shuffle_seed
 
 ROOT = Path(__file__).resolve().parents[1]
 REPORTS = ROOT / ".test-reports"
 MODULE_SECONDS = Path(__file__).with_name("module_seconds.json")
+# What each job's CPU was (its own processes', its labs'), written at the end of a run.
+CPU_REPORT = REPORTS / "cpu.json"
 PYTEST = [sys.executable, "-m", "pytest"]
 TIERS: dict[str, list[str]] = {
     "unit": ["tests/unit"],
@@ -102,6 +106,14 @@ class Job:
     name: str
     returncode: int | None = None
     seconds: float = 0.0
+    # CPU seconds of its own process tree (pytest and all it ran and waited for: pyinfra, ssh)
+    # and of its labs' containers and VMs while it ran (lab.cpu.LabCpuMeter).
+    tree_cpu_s: float = 0.0
+    lab_cpu_s: float = 0.0
+
+    @property
+    def cpu_s(self) -> float:
+        return self.tree_cpu_s + self.lab_cpu_s
 
     def paths(self) -> tuple[Path, Path]:
         """Its log and JUnit XML under .test-reports/."""
@@ -129,8 +141,9 @@ class TierRun:
 class Runner:
     """Runs jobs, several at once, each its own process group; prints each log whole."""
 
-    def __init__(self, to_log: bool) -> None:
+    def __init__(self, to_log: bool, meter: LabCpuMeter | None = None) -> None:
         self.to_log = to_log
+        self.meter = meter
         self.print_lock = threading.Lock()
         self.processes: set[subprocess.Popen] = set()
         self.stopping = False
@@ -158,17 +171,27 @@ class Runner:
                 start_new_session=self.to_log,
             )
             self.processes.add(process)
+            # The lab a lab or VM job's nodes are on (and the labs of its own named after it).
+            lab = env.get("GPUNODE_LAB_NAME", DEFAULT_LAB_NAME) if job.tier != "unit" else None
+            if self.meter is not None and lab is not None:
+                self.meter.hold(lab, job)
         if output is not None:
             output.close()
-        job.returncode = process.wait()
+        # wait4: the exit status and the CPU of every process the job reaped, itself included.
+        _, status, usage = os.wait4(process.pid, 0)
+        process.returncode = job.returncode = os.waitstatus_to_exitcode(status)
         job.seconds = time.monotonic() - started
+        job.tree_cpu_s = usage.ru_utime + usage.ru_stime
+        if self.meter is not None and lab is not None:
+            job.lab_cpu_s = self.meter.release(lab)
         with self.print_lock:
             self.processes.discard(process)
             if self.to_log:
                 log, _ = job.paths()
                 verdict = "passed" if job.returncode == 0 else f"FAILED ({job.returncode})"
                 sys.stdout.write(
-                    f"\n===== {job.name}: {verdict} in {format_seconds(job.seconds)} =====\n"
+                    f"\n===== {job.name}: {verdict} in {format_seconds(job.seconds)}, "
+                    f"CPU {job.cpu_s:.0f} s =====\n"
                 )
                 sys.stdout.flush()
                 sys.stdout.buffer.write(log.read_bytes())
@@ -329,6 +352,41 @@ def cpu_line(share: float, cpus: int | None) -> str:
     return f"CPU busy {share:.0%} of {cpus or '?'} CPUs while the tiers ran"
 
 
+def machine_busy_s(before: tuple[int, int], after: tuple[int, int]) -> float:
+    """CPU seconds the whole machine was busy between two cpu_times()."""
+    return (after[0] - before[0]) / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_by_tier_line(runs: list[TierRun], busy_s: float) -> str:
+    """Where the CPU went: each tier's (its processes and its labs'), and the rest of the
+    machine's busy time (dockerd, the kernel, labs not the suite's, other work)."""
+    parts = [f"{run.name} {sum(job.cpu_s for job in run.jobs):.0f}" for run in runs]
+    counted = sum(job.cpu_s for run in runs for job in run.jobs)
+    return (
+        f"CPU-s: {', '.join(parts)}, other {max(0.0, busy_s - counted):.0f} "
+        f"(machine busy {busy_s:.0f})"
+    )
+
+
+def cpu_report(runs: list[TierRun], busy_s: float, unheld_s: float) -> dict:
+    """cpu.json: each job's wall and CPU seconds (bench/suite.py shows them by module)."""
+    return {
+        "machine_busy_cpu_s": round(busy_s, 1),
+        "labs_not_the_suites_cpu_s": round(unheld_s, 1),
+        "jobs": {
+            job.name: {
+                "tier": job.tier,
+                "wall_s": round(job.seconds, 1),
+                "tree_cpu_s": round(job.tree_cpu_s, 1),
+                "lab_cpu_s": round(job.lab_cpu_s, 1),
+            }
+            for run in runs
+            for job in run.jobs
+            if job.returncode is not None
+        },
+    }
+
+
 def run(tiers: list[str], extra: list[str], setup_s: float | None, lint_s: float | None) -> int:
     began = time.monotonic()
     cpu_before = cpu_times()
@@ -339,7 +397,12 @@ def run(tiers: list[str], extra: list[str], setup_s: float | None, lint_s: float
         print(f"test modules shuffled: {SHUFFLE}={seed} runs them in this order again")
     runs = plan(tiers, extra, env, seed)
     several = len(runs) > 1 or any(len(tier_run.jobs) > 1 for tier_run in runs)
-    execute(runs, Runner(to_log=several), env)
+    meter = LabCpuMeter().start() if several else None
+    try:
+        execute(runs, Runner(to_log=several, meter=meter), env)
+    finally:
+        if meter is not None:
+            meter.stop()
     print()
     for tier_run in runs:
         failed = tier_run.failed
@@ -352,7 +415,13 @@ def run(tiers: list[str], extra: list[str], setup_s: float | None, lint_s: float
         print(f"tier {tier_run.name}: {verdict}")
     before = (setup_s or 0.0) + (lint_s or 0.0)
     print(time_line(runs, setup_s, lint_s, time.monotonic() - began + before))
-    print(cpu_line(busy_share(cpu_before, cpu_times()), os.cpu_count()))
+    cpu_after = cpu_times()
+    print(cpu_line(busy_share(cpu_before, cpu_after), os.cpu_count()))
+    if meter is not None:
+        busy_s = machine_busy_s(cpu_before, cpu_after)
+        print(cpu_by_tier_line(runs, busy_s))
+        CPU_REPORT.parent.mkdir(parents=True, exist_ok=True)
+        CPU_REPORT.write_text(json.dumps(cpu_report(runs, busy_s, meter.unheld), indent=2) + "\n")
     failed_tiers = [tier_run.name for tier_run in runs if tier_run.failed]
     if failed_tiers:
         print("failed tiers: " + ", ".join(failed_tiers))

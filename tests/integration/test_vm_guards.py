@@ -59,7 +59,8 @@ ABSENT_ADDRESS = "192.0.2.1"
 # (tests/integration/test_fault_drills_fresh.py changes to the same one).
 PINNED_DRIVER = "580.95.05-1"
 DRIVER_PACKAGE = "nvidia-driver-cuda"
-# Kept by the in-guest watcher that reboots the VM: the dpkg command line it cut short.
+# Kept by the in-guest watcher that reboots the VM: the dpkg step it cut short (dpkg.log's line)
+# and the command line of the dpkg that was working on it.
 DRILL_DIR = "/var/lib/gpunode-drill"
 INTERRUPTED_MARK = f"{DRILL_DIR}/interrupted"
 WATCHER_UNIT = "gpunode-drill-reboot"
@@ -320,22 +321,25 @@ def test_an_sshd_that_cannot_start_is_rolled_back_and_the_run_says_why(
 
 # --- 3. a real reboot in the middle of a driver change ------------------------------------------
 
-# Run by the VM itself: the moment a dpkg process works on an NVIDIA package (or configures
-# what was unpacked), its command line is kept and the kernel restarts at once (systemctl
-# reboot -ff: no unit is stopped, no process asked to end, nothing unmounted; the disks are
-# synced), as a watchdog or a crash would restart it. A file of its own, not a command line
-# for systemd-run, which would expand the script's $variables itself.
+# Run by the VM itself: the moment dpkg works on an NVIDIA package (or configures what was
+# unpacked), what it was doing is kept and the kernel restarts at once (systemctl reboot -ff:
+# no unit is stopped, no process asked to end, nothing unmounted; the disks are synced), as a
+# watchdog or a crash would restart it. dpkg logs each step in /var/log/dpkg.log as it starts
+# it (line-buffered), and tail -F follows the log through inotify: the watcher waits in the
+# kernel and runs nothing until dpkg writes. (A loop that looked for dpkg with pgrep ten times
+# a second started twenty processes a second; on the emulated CPU that took half of it from the
+# driver change it watched, minutes of the drill.) A file of its own, not a command line for
+# systemd-run, which would expand the script's $variables itself.
 REBOOT_MID_DPKG = f"""\
-while :; do
-  for pid in $(pgrep -x dpkg); do
-    args=$(tr '\\0' ' ' < /proc/$pid/cmdline 2>/dev/null)
-    case "$args" in
-      *nvidia*|*--configure*)
-        printf '%s\\n' "$args" > {INTERRUPTED_MARK}
-        systemctl reboot --force --force ;;
-    esac
-  done
-  sleep 0.1
+tail -n 0 -F /var/log/dpkg.log 2>/dev/null | while IFS= read -r line; do
+  case "$line" in
+    *nvidia*|*" configure "*)
+      {{
+        printf '%s\\n' "$line"
+        for pid in $(pgrep -x dpkg); do tr '\\0' ' ' < /proc/$pid/cmdline; echo; done
+      }} > {INTERRUPTED_MARK}
+      systemctl reboot --force --force ;;
+  esac
 done
 """
 

@@ -162,3 +162,58 @@ def test_a_failed_job_fails_its_tier_and_the_run_and_is_named(
     assert "===== good: passed in " in out
     for name in ("good", "lab/test_bad", "lab/test_also_ok"):
         assert (tmp_path / "reports" / f"{name}.xml").is_file(), name
+
+
+def test_a_jobs_cpu_is_its_whole_trees_and_its_labs_and_the_run_says_where_it_went(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A module whose test burns CPU in a child process: wait4's account of the job has it
+    (pytest reaped the child); the lab it held got what the meter saw there."""
+    (tmp_path / "test_busy.py").write_text(
+        "import subprocess, sys\n"
+        "def test_busy():\n"
+        "    burn = 'import time\\nend = time.process_time() + 0.5\\n'"
+        " 'while time.process_time() < end: pass\\n'\n"
+        "    assert subprocess.run([sys.executable, '-c', burn]).returncode == 0\n"
+    )
+    monkeypatch.setattr(tiers, "ROOT", tmp_path)
+    monkeypatch.setattr(tiers, "REPORTS", tmp_path / "reports")
+
+    class Meter:
+        def __init__(self) -> None:
+            self.held: list[str] = []
+
+        def hold(self, lab: str, holder: object) -> None:
+            self.held.append(lab)
+
+        def release(self, lab: str) -> float:
+            return 12.0
+
+    meter = Meter()
+    extra = ["-p", "no:cacheprovider", "-o", "addopts="]
+    lab = tiers.TierRun(
+        "lab", [tiers.Job("lab", [str(tmp_path / "test_busy.py"), *extra], "lab/x")]
+    )
+    unit = tiers.TierRun(
+        "unit", [tiers.Job("unit", [str(tmp_path / "test_busy.py"), *extra], "unit")]
+    )
+    runner = tiers.Runner(to_log=True, meter=meter)  # type: ignore[arg-type]
+    tiers.execute([lab, unit], runner, {"PATH": "/usr/bin:/bin", "GPUNODE_LAB_NAME": "mine"})
+    job, unit_job = lab.jobs[0], unit.jobs[0]
+    assert job.returncode == 0 and unit_job.returncode == 0
+    assert meter.held == ["mine"]  # the lab job's lab; the unit tier has none
+    assert job.tree_cpu_s >= 0.5 and unit_job.tree_cpu_s >= 0.5
+    assert job.lab_cpu_s == 12.0 and unit_job.lab_cpu_s == 0.0
+    assert (
+        f"===== lab/x: passed in {tiers.format_seconds(job.seconds)}, CPU "
+        in capsys.readouterr().out
+    )
+    line = tiers.cpu_by_tier_line([lab, unit], busy_s=job.cpu_s + unit_job.cpu_s + 30)
+    assert line == (
+        f"CPU-s: lab {job.cpu_s:.0f}, unit {unit_job.cpu_s:.0f}, other 30 "
+        f"(machine busy {job.cpu_s + unit_job.cpu_s + 30:.0f})"
+    )
+    report = tiers.cpu_report([lab, unit], busy_s=100.0, unheld_s=3.0)
+    assert report["labs_not_the_suites_cpu_s"] == 3.0
+    assert report["jobs"]["lab/x"]["lab_cpu_s"] == 12.0
+    assert report["jobs"]["unit"]["tree_cpu_s"] == round(unit_job.tree_cpu_s, 1)
