@@ -243,6 +243,14 @@ WantedBy=multi-user.target
 """
 
 
+# apt's daily timers, masked in every lab image: they run apt-get update and unattended-upgrade
+# at random times of a node's day (apt's units: 6:00 and 18:00 with up to twelve hours' random
+# delay), which in a lab node's half hour takes dpkg's lock in the middle of a test's converge
+# and spends CPU on nothing a test asks for. gpunode does not manage the timers; what it writes
+# for unattended-upgrades (roles/unattended_upgrades.py) is checked by running it.
+APT_TIMERS = ("apt-daily.timer", "apt-daily-upgrade.timer")
+
+
 def _customize_script(
     release: str = DEFAULT_RELEASE, diverted: Iterable[str] = hwsim.DIVERTED_PATHS
 ) -> str:
@@ -259,6 +267,7 @@ cat > "$1/etc/apt/sources.list.d/debian.sources" <<'SOURCES'
 {ubuntu}cat > "$1/etc/systemd/system/gpunode-lab-hostkeys.service" <<'UNIT'
 {HOSTKEYS_UNIT}UNIT
 chroot "$1" systemctl enable gpunode-lab-hostkeys.service
+chroot "$1" systemctl mask {" ".join(APT_TIMERS)}
 rm -f "$1"/etc/ssh/ssh_host_*
 chroot "$1" useradd --create-home --shell /bin/bash --groups sudo {LOGIN_USER}
 echo '{LOGIN_USER} ALL=(ALL) NOPASSWD:ALL' > "$1/etc/sudoers.d/90-lab-bootstrap"
@@ -535,7 +544,14 @@ class Lab:
         release_cycle: list[str],
     ) -> list[LabNode]:
         self.state_dir.mkdir(parents=True, exist_ok=True)
-        _ensure_inotify_instances(count)
+        # Every lab's nodes on the machine count, not this lab's alone: labs side by side (the
+        # test suite's shards and their modules' own labs) share the host user's instances.
+        others = [
+            container
+            for container in self.client.containers.list(filters={"label": LABEL})
+            if container.labels.get(LABEL) != self.name
+        ]
+        _ensure_inotify_instances(count + len(others))
         self._ensure_key()
         network = self._ensure_network()
         wanted = [

@@ -10,8 +10,10 @@ lab.standin.ubuntu; the rest of the NVIDIA stack is off on Ubuntu lab nodes,
 inventories/lab.py) makes the inventory's sshd settings the effective ones whatever
 cloud-init's drop-in says, installs Canonical's prebuilt module for the running kernel,
 changes nothing the second time, moves the held packages on a branch change and leaves no
-drift; a kernel Canonical builds no module for gets DKMS, as ``--dry`` predicted, which goes
-again once the node is back on a kernel with a prebuilt module.
+drift; under Secure Boot the signed prebuilt module asks nothing of the operator, while a
+kernel Canonical builds no module for (DKMS) is refused before anything changes until the key
+DKMS signs with is enrolled; then, Secure Boot still on, that kernel gets DKMS, as ``--dry``
+predicted, which goes again once the node is back on a kernel with a prebuilt module.
 """
 
 from __future__ import annotations
@@ -269,6 +271,86 @@ def test_a_branch_change_moves_the_held_packages_and_leaves_no_drift(ubuntu: Ubu
     assert again.changed_operations() == {}
     report = ubuntu.drift()
     assert report["findings"] == [] and report["unreachable"] == {}, report
+
+
+# Secure Boot on the noble node: the lab's simulated UEFI firmware (lab.hwsim.firmware) read by
+# the real mokutil, installed from the archive as an operator would (the lab's stand-in Ubuntu
+# archive answers with Debian's build). The key Ubuntu's DKMS signs with is shim-signed's
+# (gpunode.expected.secure_boot.UBUNTU_KEY), made here as update-secureboot-policy --new-key
+# makes it: the stand-in packages run no DKMS.
+UBUNTU_MOK = "/var/lib/shim-signed/mok/MOK.der"
+MAKE_UBUNTU_MOK = (
+    "mkdir -p /var/lib/shim-signed/mok && openssl req -new -x509 -nodes -days 36500 "
+    "-subj '/CN=gpunode-lab Secure Boot Module Signature key' -newkey rsa:2048 "
+    f"-keyout /var/lib/shim-signed/mok/MOK.priv -outform DER -out {UBUNTU_MOK} >/dev/null 2>&1"
+)
+MOK_HASH = "/root/mok-password.hash"
+REQUEST_ENROLMENT = (
+    f"mokutil --generate-hash=gpunode-lab > {MOK_HASH} && "
+    f"mokutil --import {UBUNTU_MOK} --hash-file {MOK_HASH}; status=$?; rm -f {MOK_HASH}; "
+    "exit $status"
+)
+
+
+def secure_boot_findings(ubuntu: UbuntuLab) -> list[str]:
+    return [
+        f"{finding['id']} {finding['severity']}: {finding['found']}"
+        for finding in ubuntu.drift()["findings"]
+        if finding["id"].startswith("secure_boot.")
+    ]
+
+
+def test_under_secure_boot_the_prebuilt_module_needs_no_key_and_dkms_waits_for_one(
+    ubuntu: UbuntuLab,
+) -> None:
+    """Canonical signs its prebuilt module: on the generic kernel nothing is asked of the
+    operator. A kernel Canonical builds no module for means DKMS, whose module loads only once
+    the key it is signed with is enrolled: refused, before anything changes, naming the
+    enrolment step; then the operator enrols the key (request, then the console)."""
+    ubuntu.sudo(
+        "export DEBIAN_FRONTEND=noninteractive; "
+        "apt-get install -y -q --no-install-recommends mokutil >/dev/null 2>&1 || "
+        "{ apt-get update -q >/dev/null && "
+        "apt-get install -y -q --no-install-recommends mokutil >/dev/null; }"
+    )
+    ubuntu.sudo(
+        "gpunode-lab-hw set firmware.uefi true && gpunode-lab-hw set firmware.secure_boot true"
+    )
+    assert ubuntu.sudo("mokutil --sb-state") == "SecureBoot enabled\n"
+    on_generic, _ = ubuntu.pyinfra(DEPLOY)
+    assert on_generic.returncode == 0, on_generic.output
+    assert on_generic.changed_operations() == {}
+    assert secure_boot_findings(ubuntu) == []
+
+    ubuntu.sudo(MAKE_UBUNTU_MOK)
+    ubuntu.sudo(f"echo {CUSTOM_KERNEL} > {KERNEL_RELEASE_PATH}")
+    before = (ubuntu_packages(ubuntu.sudo), ubuntu.sudo(SNAPSHOT))
+    refusal = (
+        f"{ubuntu.node.name}: NVIDIA driver {DRIVER_580} (open kernel module, ubuntu source) "
+        "not installed: Secure Boot is on and no machine owner key DKMS signs the NVIDIA "
+        "module with is enrolled: the module would not load; enrol the key DKMS signs with: "
+        f"mokutil --import {UBUNTU_MOK}, then confirm the enrolment at the console on the next "
+        "boot (MokManager)"
+    )
+    for args in (("--dry",), ()):
+        refused, _ = ubuntu.pyinfra(*args, DEPLOY)
+        assert refused.returncode != 0, refused.output
+        assert refusal in refused.output
+        assert "Nothing was changed" in refused.output
+        assert (ubuntu_packages(ubuntu.sudo), ubuntu.sudo(SNAPSHOT)) == before
+
+    ubuntu.sudo(REQUEST_ENROLMENT)
+    assert f"{UBUNTU_MOK} is already in the enrollment request" in ubuntu.sudo(
+        f"mokutil --test-key {UBUNTU_MOK} 2>&1 || true"
+    )
+    ubuntu.sudo("gpunode-lab-hw mok-manager")
+    assert f"{UBUNTU_MOK} is already enrolled" in ubuntu.sudo(
+        f"mokutil --test-key {UBUNTU_MOK} 2>&1 || true"
+    )
+    # Back on the generic kernel: the next test takes the DKMS path, now with Secure Boot on
+    # and the key enrolled, as an operator would after the enrolment.
+    ubuntu.sudo(f"echo {KERNEL} > {KERNEL_RELEASE_PATH}")
+    assert secure_boot_findings(ubuntu) == []
 
 
 def test_a_kernel_without_prebuilt_modules_gets_dkms_as_dry_predicts(ubuntu: UbuntuLab) -> None:

@@ -217,3 +217,54 @@ def test_a_jobs_cpu_is_its_whole_trees_and_its_labs_and_the_run_says_where_it_we
     assert report["labs_not_the_suites_cpu_s"] == 3.0
     assert report["jobs"]["lab/x"]["lab_cpu_s"] == 12.0
     assert report["jobs"]["unit"]["tree_cpu_s"] == round(unit_job.tree_cpu_s, 1)
+
+
+def test_a_worker_whose_tier_is_done_joins_the_lab_tier_with_a_lab_of_its_own(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The unit tier's one quick module, and six lab modules on one lab: once the unit tier is
+    done its worker takes lab modules on a lab of its own (the second shard's environment),
+    and stops joining when fewer modules wait than the threshold (real pytest processes)."""
+    seen = tmp_path / "seen"
+    seen.mkdir()
+    module = (
+        "import os, pathlib, time\n"
+        "def test_here():\n"
+        "    time.sleep(0.4)\n"
+        f"    pathlib.Path({str(seen)!r}, pathlib.Path(__file__).stem).write_text("
+        "os.environ.get('GPUNODE_LAB_NAME', 'session'))\n"
+    )
+    names = [f"test_m{index}" for index in range(6)]
+    for name in names:
+        (tmp_path / f"{name}.py").write_text(module)
+    (tmp_path / "test_unit.py").write_text("def test_quick():\n    assert True\n")
+    monkeypatch.setattr(tiers, "ROOT", tmp_path)
+    monkeypatch.setattr(tiers, "REPORTS", tmp_path / "reports")
+    extra = ["-p", "no:cacheprovider", "-o", "addopts="]
+    unit = tiers.TierRun(
+        "unit", [tiers.Job("unit", [str(tmp_path / "test_unit.py"), *extra], "unit")]
+    )
+    lab = tiers.TierRun(
+        "lab",
+        [tiers.Job("lab", [str(tmp_path / f"{name}.py"), *extra], f"lab/{name}") for name in names],
+        workers=1,
+    )
+    env = {"PATH": "/usr/bin:/bin", "GPUNODE_LAB_NAME": "mine", "GPUNODE_LAB_SUBNET": "3"}
+    tiers.execute([unit, lab], tiers.Runner(to_log=True), env, join_min_waiting=3)
+    assert [job.returncode for job in [*unit.jobs, *lab.jobs]] == [0] * 7
+    labs = {name: (seen / name).read_text() for name in names}
+    assert set(labs.values()) == {"mine", "mine-shard1"}, labs
+    assert lab.workers == 2
+    assert tiers.time_line([unit, lab], None, None, 9).endswith(
+        "(6 modules on 2 labs) (tiers at once), total 9s"
+    )
+    out = capsys.readouterr().out
+    assert "===== tier unit done: its worker joins the lab tier with lab 2 (" in out
+    # The threshold: with more waiting asked for than there are modules, nobody joins.
+    for name in names:
+        (seen / name).unlink()
+    unit.jobs[0].returncode = None
+    lab.workers = 1
+    tiers.execute([unit, lab], tiers.Runner(to_log=True), env, join_min_waiting=7)
+    assert {(seen / name).read_text() for name in names} == {"mine"}
+    assert lab.workers == 1
