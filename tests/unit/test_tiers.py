@@ -12,6 +12,19 @@ import pytest
 
 from tests import tiers
 
+# A stand-in tier's job: pytest on one tiny test file, alone (no cache, no project addopts).
+PYTEST_ALONE = ["-p", "no:cacheprovider", "-o", "addopts="]
+
+
+def stand_in_job(tier: str, path: Path, name: str) -> tiers.Job:
+    return tiers.Job(tier, [str(path), *PYTEST_ALONE], name)
+
+
+def reports_under(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The runner's checkout and reports are ``tmp_path``'s."""
+    monkeypatch.setattr(tiers, "ROOT", tmp_path)
+    monkeypatch.setattr(tiers, "REPORTS", tmp_path / "reports")
+
 
 def test_the_vm_tier_has_a_lab_of_its_own_beside_the_session_lab() -> None:
     env = tiers.tier_environment(
@@ -138,16 +151,12 @@ def test_a_failed_job_fails_its_tier_and_the_run_and_is_named(
     (tmp_path / "test_ok.py").write_text("def test_ok():\n    assert True\n")
     (tmp_path / "test_also_ok.py").write_text("def test_also():\n    assert 2 == 2\n")
     (tmp_path / "test_bad.py").write_text("def test_bad():\n    assert 1 == 2\n")
-    monkeypatch.setattr(tiers, "ROOT", tmp_path)
-    monkeypatch.setattr(tiers, "REPORTS", tmp_path / "reports")
-    extra = ["-p", "no:cacheprovider", "-o", "addopts="]
-    good = tiers.TierRun(
-        "good", [tiers.Job("good", [str(tmp_path / "test_ok.py"), *extra], "good")]
-    )
+    reports_under(monkeypatch, tmp_path)
+    good = tiers.TierRun("good", [stand_in_job("good", tmp_path / "test_ok.py", "good")])
     modules = tiers.TierRun(
         "lab",
         [
-            tiers.Job("lab", [str(tmp_path / name), *extra], f"lab/{name[:-3]}")
+            stand_in_job("lab", tmp_path / name, f"lab/{name[:-3]}")
             for name in ("test_bad.py", "test_also_ok.py")
         ],
         workers=2,
@@ -176,8 +185,7 @@ def test_a_jobs_cpu_is_its_whole_trees_and_its_labs_and_the_run_says_where_it_we
         " 'while time.process_time() < end: pass\\n'\n"
         "    assert subprocess.run([sys.executable, '-c', burn]).returncode == 0\n"
     )
-    monkeypatch.setattr(tiers, "ROOT", tmp_path)
-    monkeypatch.setattr(tiers, "REPORTS", tmp_path / "reports")
+    reports_under(monkeypatch, tmp_path)
 
     class Meter:
         def __init__(self) -> None:
@@ -190,13 +198,8 @@ def test_a_jobs_cpu_is_its_whole_trees_and_its_labs_and_the_run_says_where_it_we
             return 12.0
 
     meter = Meter()
-    extra = ["-p", "no:cacheprovider", "-o", "addopts="]
-    lab = tiers.TierRun(
-        "lab", [tiers.Job("lab", [str(tmp_path / "test_busy.py"), *extra], "lab/x")]
-    )
-    unit = tiers.TierRun(
-        "unit", [tiers.Job("unit", [str(tmp_path / "test_busy.py"), *extra], "unit")]
-    )
+    lab = tiers.TierRun("lab", [stand_in_job("lab", tmp_path / "test_busy.py", "lab/x")])
+    unit = tiers.TierRun("unit", [stand_in_job("unit", tmp_path / "test_busy.py", "unit")])
     runner = tiers.Runner(to_log=True, meter=meter)  # type: ignore[arg-type]
     tiers.execute([lab, unit], runner, {"PATH": "/usr/bin:/bin", "GPUNODE_LAB_NAME": "mine"})
     job, unit_job = lab.jobs[0], unit.jobs[0]
@@ -238,15 +241,11 @@ def test_a_worker_whose_tier_is_done_joins_the_lab_tier_with_a_lab_of_its_own(
     for name in names:
         (tmp_path / f"{name}.py").write_text(module)
     (tmp_path / "test_unit.py").write_text("def test_quick():\n    assert True\n")
-    monkeypatch.setattr(tiers, "ROOT", tmp_path)
-    monkeypatch.setattr(tiers, "REPORTS", tmp_path / "reports")
-    extra = ["-p", "no:cacheprovider", "-o", "addopts="]
-    unit = tiers.TierRun(
-        "unit", [tiers.Job("unit", [str(tmp_path / "test_unit.py"), *extra], "unit")]
-    )
+    reports_under(monkeypatch, tmp_path)
+    unit = tiers.TierRun("unit", [stand_in_job("unit", tmp_path / "test_unit.py", "unit")])
     lab = tiers.TierRun(
         "lab",
-        [tiers.Job("lab", [str(tmp_path / f"{name}.py"), *extra], f"lab/{name}") for name in names],
+        [stand_in_job("lab", tmp_path / f"{name}.py", f"lab/{name}") for name in names],
         workers=1,
     )
     env = {"PATH": "/usr/bin:/bin", "GPUNODE_LAB_NAME": "mine", "GPUNODE_LAB_SUBNET": "3"}
