@@ -160,13 +160,12 @@ APT_CONF = 'Acquire::Languages "none";\nAcquire::CompressionTypes::Order { "gz";
 # Units of Debian's packages a lab VM does not want, masked in the image: each costs seconds
 # of an emulated CPU at boot or runs in the middle of a test. e2scrub (e2fsprogs) checks ext4
 # on LVM, of which a VM has none; nvmf/nvmefc (nvme-cli) connect NVMe over Fabrics targets,
-# and a VM's drives are local; apt's daily timers would take dpkg's lock during a converge;
-# dpkg's database backup and fstrim are daily upkeep of machines that live longer than a
-# test session.
+# and a VM's drives are local; dpkg's database backup and fstrim are daily upkeep of machines
+# that live longer than a test session. (apt's daily timers, which would take dpkg's lock
+# during a converge, are masked in every lab image: lab.APT_TIMERS.)
 MASKED_UNITS = (
     "e2scrub_reap.service", "e2scrub_all.timer", "nvmf-autoconnect.service",
-    "nvmefc-boot-connections.service", "apt-daily.timer", "apt-daily-upgrade.timer",
-    "dpkg-db-backup.timer", "fstrim.timer",
+    "nvmefc-boot-connections.service", "dpkg-db-backup.timer", "fstrim.timer",
 )  # fmt: skip
 
 # The kernel command line's cuts for an emulated CPU (TCG only). mitigations=off: the

@@ -139,8 +139,12 @@ def test_the_vm_image_has_a_small_initramfs_and_masks_units_a_lab_vm_does_not_wa
     )
     # Made again after the list: the image's own initramfs is the small one.
     assert script.index("update-initramfs -u -k all") > script.index("initramfs-tools/modules")
-    (mask,) = [line for line in script.splitlines() if "systemctl mask" in line]
-    assert set(mask.split()[4:]) == {
+    # Masked: apt's daily timers as in every lab image (lab.APT_TIMERS), then the VM's own.
+    masks = [line.split()[4:] for line in script.splitlines() if "systemctl mask" in line]
+    assert masks[0] == ["apt-daily.timer", "apt-daily-upgrade.timer"]
+    assert _customize_script("bookworm").count("systemctl mask") == 1
+    assert f'chroot "$1" systemctl mask {" ".join(masks[0])}' in _customize_script("trixie")
+    assert {unit for mask in masks for unit in mask} == {
         "e2scrub_reap.service", "e2scrub_all.timer", "nvmf-autoconnect.service",
         "nvmefc-boot-connections.service", "apt-daily.timer", "apt-daily-upgrade.timer",
         "dpkg-db-backup.timer", "fstrim.timer",
