@@ -13,9 +13,7 @@ each lab has a worker that takes the next test module from one queue and runs it
 of its own, so the labs stay busy until the queue is empty whatever each module costs, and
 every module runs alone in its process (a module that leans on another's leftovers fails).
 The queue starts with the modules that took longest (``tests/module_seconds.json``, written
-by ``bench/suite.py --write-seconds`` from a run's reports). A worker whose tier is done (the
-unit tier's after minutes, the VM tier's) joins the lab tier with a lab of its own while at
-least ``JOIN_LAB_MIN_WAITING`` modules wait (``execute``). Each lab and the VM tier's lab
+by ``bench/suite.py --write-seconds`` from a run's reports). Each lab and the VM tier's lab
 are labs of their own (state directory, name and subnet): no teardown of one removes what
 another uses.
 
@@ -68,9 +66,6 @@ DEFAULT_LAB_SHARDS = 2
 # S+10k; a lab tier's modules with labs of their own take their lab's subnet + 100 to + 104.
 VM_SUBNET_OFFSET = 1
 SHARD_SUBNET_STEP = 10
-# A worker whose tier is done joins the lab tier while this many of its modules wait (execute):
-# fewer, and the new lab's first converge costs more than the modules it would take.
-JOIN_LAB_MIN_WAITING = 4
 
 
 def _beside(env: dict[str, str], suffix: str, subnet_offset: int) -> dict[str, str]:
@@ -279,63 +274,33 @@ def plan(
     return runs
 
 
-def execute(
-    runs: list[TierRun],
-    runner: Runner,
-    env: dict[str, str],
-    join_min_waiting: int = JOIN_LAB_MIN_WAITING,
-) -> None:
-    """Every tier at once; a tier's workers take its jobs in turn. A worker whose tier is done
-    joins the lab tier (one of a full run's modules, on several labs) with a lab of its own while
-    at least ``join_min_waiting`` of its modules wait: the unit tier ends within minutes and the
-    VM tier well before the lab tier, and from then on two labs alone leave CPUs idle while
-    their modules wait on reboots, timeouts and Slurm, which a third lab's modules fill."""
-    lab_run = next((run for run in runs if run.name == "lab" and len(run.jobs) > 1), None)
-    waiting: dict[int, queue.Queue[Job]] = {}
-    joining = threading.Lock()
-    for tier_run in runs:
-        waiting[id(tier_run)] = queue.Queue()
-        for job in tier_run.jobs:
-            waiting[id(tier_run)].put(job)
-        tier_run.started = time.monotonic()
-
-    def drain(tier_run: TierRun, shard: int) -> None:
-        shard_env = tier_environment(tier_run.name, env, shard)
-        try:
-            while True:
-                try:
-                    job = waiting[id(tier_run)].get_nowait()
-                except queue.Empty:
-                    return
-                runner.run(job, shard_env)
-        finally:
-            tier_run.ended = max(tier_run.ended, time.monotonic())
-
-    def join_lab(done: TierRun) -> int | None:
-        """A lab shard of its own for a worker whose tier is done, while enough modules wait."""
-        if lab_run is None or done is lab_run or runner.stopping:
-            return None
-        with joining:
-            left = waiting[id(lab_run)].qsize()
-            if left < join_min_waiting:
-                return None
-            lab_run.workers += 1
-            shard = lab_run.workers - 1
-        with runner.print_lock:
-            print(f"\n===== tier {done.name} done: its worker joins the lab tier with lab "
-                  f"{shard + 1} ({left} modules waiting) =====", flush=True)  # fmt: skip
-        return shard
-
-    def work(tier_run: TierRun, shard: int) -> None:
-        drain(tier_run, shard)
-        joined = join_lab(tier_run)
-        if joined is not None and lab_run is not None:
-            drain(lab_run, joined)
-
+def execute(runs: list[TierRun], runner: Runner, env: dict[str, str]) -> None:
+    """Every tier at once; a tier's workers take its jobs in turn."""
     threads = []
     for tier_run in runs:
+        pending: queue.Queue[Job] = queue.Queue()
+        for job in tier_run.jobs:
+            pending.put(job)
+        tier_run.started = time.monotonic()
+        done = threading.Semaphore(0)
+
+        def work(
+            tier_run: TierRun, shard: int, pending: queue.Queue[Job], done: threading.Semaphore
+        ) -> None:
+            shard_env = tier_environment(tier_run.name, env, shard)
+            try:
+                while True:
+                    try:
+                        job = pending.get_nowait()
+                    except queue.Empty:
+                        return
+                    runner.run(job, shard_env)
+            finally:
+                tier_run.ended = max(tier_run.ended, time.monotonic())
+                done.release()
+
         for shard in range(tier_run.workers):
-            thread = threading.Thread(target=work, args=(tier_run, shard))
+            thread = threading.Thread(target=work, args=(tier_run, shard, pending, done))
             thread.start()
             threads.append(thread)
     try:
