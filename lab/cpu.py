@@ -7,7 +7,7 @@ starts (sshd and each login, apt, dpkg and maintainer scripts), so a test's own 
 the container is made. A lab VM is a qemu process that detaches from whoever started it; its
 CPU is in ``/proc/PID/stat``, and its lab is in its ``-name`` (``<lab>-<vm>``).
 
-``lab_usage()`` reads both, keyed so that a container or VM made again is a new key;
+``lab_usage`` reads both, keyed so that a container or VM made again is a new key;
 ``LabCpuMeter`` samples it in a thread and gives each sample's growth to whoever holds the lab
 the container or VM belongs to (tests/tiers.py: the test module a lab shard runs), so that a
 suite on a CPU-bound machine says which module's work the CPU went to, not only how long each
@@ -93,13 +93,9 @@ def qemu_usage(proc: Path = Path("/proc")) -> dict[str, tuple[str, float]]:
     return found
 
 
-def lab_usage(
-    names: dict[str, str] | None = None, cgroups: dict[str, Path] | None = None
-) -> dict[str, tuple[str, float]]:
-    """Key -> (lab, CPU seconds so far) of every lab container and lab VM on the machine.
-    ``names``: container id -> name, refreshed by the caller when an id is new to it."""
-    names = container_names() if names is None else names
-    cgroups = container_cgroups() if cgroups is None else cgroups
+def lab_usage(names: dict[str, str], cgroups: dict[str, Path]) -> dict[str, tuple[str, float]]:
+    """Key -> (lab, CPU seconds so far) of every lab container (``cgroups``, named by
+    ``names``: the caller reads Docker's records again when an id is new to it) and lab VM."""
     usage: dict[str, tuple[str, float]] = {}
     for cid, path in cgroups.items():
         used = cgroup_cpu_s(path)
