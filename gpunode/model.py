@@ -2500,13 +2500,24 @@ class DesiredState:
         if not self.needs_fabric_manager:
             return
         driver = self.nvidia_driver
-        if driver.source in ("debian", "ubuntu"):
+        if driver.source == "debian":
+            # Debian's archive packages no Fabric Manager; NVIDIA's must match NVIDIA's driver.
             builder.problem(
                 "fabric_manager.mode",
                 self.fabric_manager.mode,
-                "Fabric Manager is only in NVIDIA's repository and must match its driver, but "
-                f"nvidia_driver.source is {driver.source!r}",
+                "Fabric Manager must match its driver and is packaged by NVIDIA's repository "
+                "and Ubuntu's archive, not Debian's, but nvidia_driver.source is 'debian'",
                 "nvidia_driver.source: nvidia on NVSwitch nodes, or fabric_manager.mode: never",
+            )
+        if driver.source == "ubuntu" and driver.ubuntu_series != "server":
+            # Ubuntu's nvidia-fabricmanager-<branch> depends on the server series' kernel common
+            # files at its own version (packages.ubuntu.com, fabric-manager-580, 2026-12-07).
+            builder.problem(
+                "nvidia_driver.ubuntu_series",
+                driver.ubuntu_series,
+                "Ubuntu's Fabric Manager packages (nvidia-fabricmanager-<branch>) depend on the "
+                "server series' nvidia-kernel-common-<branch>-server at their own version",
+                "server on NVSwitch nodes, or fabric_manager.mode: never",
             )
         fm_version = self.fabric_manager.version
         if (

@@ -51,9 +51,11 @@ _TLS = {
 # kernel, else DKMS), which the lab's stand-in Ubuntu archive serves (lab.standin.ubuntu:
 # noble-updates restricted, Ubuntu's package graph; the node's kernel release is simulated,
 # lab.hwsim.kernel). 580.173.02-0ubuntu0.24.04.1 is noble's 580-server build
-# (packages.ubuntu.com, read 2026-12-07). The rest of the NVIDIA stack stays off: CUDA, DCGM,
-# the Container Toolkit, Fabric Manager and the GPU metrics come from NVIDIA's repository,
-# whose Ubuntu tree the lab does not serve (its stand-ins are Debian trees only).
+# (packages.ubuntu.com, read 2026-12-07); an NVSwitch node's Fabric Manager comes from the
+# same archive (multiverse). CUDA, DCGM and its exporter come from NVIDIA's Ubuntu 24.04 tree
+# and the Container Toolkit from its own repository, as the group data declares them (the
+# stand-in's ubuntu2404 tree: lab/standin/world.toml); InfiniBand's user space from Ubuntu's
+# archive (in the lab, Debian's packages behind it).
 _UBUNTU_NVIDIA_STACK = {
     "nvidia_driver": {
         "source": "ubuntu",
@@ -63,11 +65,8 @@ _UBUNTU_NVIDIA_STACK = {
         "flavour": "open",
         "reboot": "if-needed",
     },
-    "cuda": {"versions": []},
-    "container_runtime": {"engines": []},
-    "dcgm": {"enabled": False},
-    "gpu_metrics": {"enabled": False},
-    "infiniband": {"enabled": False},
+    # Ubuntu's Fabric Manager at the driver's version (group_data/all.py pins NVIDIA's).
+    "fabric_manager": {"mode": "auto"},
 }
 
 _by_profile: dict[str, list] = {"hgx-h100": [], "a100": [], "pcie-a10g": []}

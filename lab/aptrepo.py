@@ -82,6 +82,7 @@ from lab.standin import (
     LIBNVIDIA_CONTAINER_REPO,
     StandinPackage,
     catalogue,
+    in_cuda_tree,
 )
 from lab.standin import ubuntu as ubuntu_standin
 
@@ -95,15 +96,15 @@ CUDA_KEYRING = "cuda-archive-keyring.gpg"
 CONTAINER_KEYRING = "nvidia-container-toolkit-keyring.gpg"
 STATE_FILE = "repo.json"
 GNUPG_PREFIX = "gpunode-aptrepo-gnupg-"
-# The stand-in Ubuntu archive's own part: Ubuntu's NVIDIA driver packages (lab.standin.ubuntu)
-# in one suite and component of an archive laid out as Ubuntu's (dists/, pool/), signed with
+# The stand-in Ubuntu archive's own part: Ubuntu's NVIDIA driver and Fabric Manager packages
+# (lab.standin.ubuntu) in one suite, restricted and multiverse, of an archive laid out as
+# Ubuntu's (dists/, pool/<component>/), signed with
 # the lab's own key, which an Ubuntu lab node trusts beside Debian's under Ubuntu's keyring
 # name (Lab._trust_ubuntu_standin). Everything else under /ubuntu/ is Debian's (ubuntu_redirect).
 UBUNTU_ARCHIVE = "ubuntu"
 UBUNTU_SUITE = ubuntu_standin.SUITE  # noble-updates
-UBUNTU_COMPONENT = ubuntu_standin.COMPONENT  # restricted
+UBUNTU_COMPONENTS = ubuntu_standin.components()  # multiverse, restricted
 UBUNTU_SUITE_PATH = f"{UBUNTU_ARCHIVE}/dists/{UBUNTU_SUITE}"
-UBUNTU_POOL = f"pool/{UBUNTU_COMPONENT}/n/nvidia-graphics-drivers"
 UBUNTU_KEYRING = "gpunode-lab-ubuntu-standin-keyring.gpg"
 UBUNTU_KEY_UID = "gpunode lab Ubuntu archive stand-in <ubuntu-archive@lists.ubuntu.com>"
 # Every top-level entry a build owns; a rebuild replaces exactly these.
@@ -129,7 +130,7 @@ class Repository:
     key_uid: str
     keyring: str  # file name under keyrings/
     sources_file: str  # the file name NVIDIA's instructions use in sources.list.d
-    distribution: str = DEFAULT_DISTRIBUTION  # the Debian release it is for
+    distribution: str = DEFAULT_DISTRIBUTION  # the release it is for (debian12, ubuntu2404)
 
 
 def _cuda_repository(distribution: str) -> Repository:
@@ -295,7 +296,7 @@ def _build(
             for p in packages
         ) + tuple(
             PackageRef(
-                p.name, p.version, p.repository, f"{UBUNTU_ARCHIVE}/{UBUNTU_POOL}/{p.filename}"
+                p.name, p.version, p.repository, f"{UBUNTU_ARCHIVE}/{ubuntu_pool(p)}/{p.filename}"
             )
             for p in ubuntu_packages
         )
@@ -384,11 +385,12 @@ def _build_debs(root: Path, packages: Sequence[StandinPackage]) -> None:
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
         list(pool.map(lambda package: _build_deb(package, root, trees), packages))
     shutil.rmtree(trees)
-    # The other Debian releases' CUDA repositories hold the same .debs: hard links.
+    # The other releases' CUDA repositories hold the same .debs (hard links), less the
+    # families a release's tree does not carry (the Ubuntu tree's driver: world.toml).
     default = _repository_dir(root, CUDA_REPO)
     for repository in ALL_REPOSITORIES[len(REPOSITORIES) :]:
         for package in packages:
-            if package.repository == repository.name:
+            if in_cuda_tree(package, repository.distribution):
                 os.link(default / package.filename, root / repository.path / package.filename)
 
 
@@ -397,32 +399,38 @@ def _repository_dir(root: Path, name: str) -> Path:
 
 
 def _build_ubuntu_archive(root: Path, packages: Sequence[StandinPackage]) -> None:
-    """Ubuntu's driver packages as one suite and component of an Ubuntu-shaped archive:
-    ``ubuntu/pool/restricted/...`` and ``ubuntu/dists/noble-updates/restricted/binary-amd64/
-    Packages``, with the suite's unsigned Release (signed by ``_sign``)."""
+    """Ubuntu's driver packages as one suite of an Ubuntu-shaped archive, each in the pool of
+    its component (``ubuntu/pool/restricted/...``) and that component's index
+    (``ubuntu/dists/noble-updates/restricted/binary-amd64/Packages``), with the suite's
+    unsigned Release (signed by ``_sign``)."""
     archive = root / UBUNTU_ARCHIVE
-    pool = archive / UBUNTU_POOL
-    pool.mkdir(parents=True)
     trees = root / ".ubuntu-trees"
+
+    def build(package: StandinPackage) -> None:
+        pool = archive / ubuntu_pool(package)
+        pool.mkdir(parents=True, exist_ok=True)
+        _build_deb(package, root, trees, pool)
+
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool_workers:
-        list(pool_workers.map(lambda package: _build_deb(package, root, trees, pool), packages))
+        list(pool_workers.map(build, packages))
     shutil.rmtree(trees, ignore_errors=True)
     suite = root / UBUNTU_SUITE_PATH
     for architecture in BUILT_ARCHITECTURES:
-        binary = suite / UBUNTU_COMPONENT / f"binary-{architecture}"
-        binary.mkdir(parents=True)
-        index = _run(["apt-ftparchive", "packages", f"pool/{UBUNTU_COMPONENT}"], cwd=archive)
-        (binary / "Packages").write_text(index)
-        with gzip.GzipFile(binary / "Packages.gz", "wb", mtime=SOURCE_DATE_EPOCH) as compressed:
-            compressed.write(index.encode())
-    # What Ubuntu's own Release of the suite says (Origin, Label, Suite, Codename), for this
-    # one component.
+        for component in UBUNTU_COMPONENTS:
+            binary = suite / component / f"binary-{architecture}"
+            binary.mkdir(parents=True)
+            index = _run(["apt-ftparchive", "packages", f"pool/{component}"], cwd=archive)
+            (binary / "Packages").write_text(index)
+            with gzip.GzipFile(binary / "Packages.gz", "wb", mtime=SOURCE_DATE_EPOCH) as out:
+                out.write(index.encode())
+    # What Ubuntu's own Release of the suite says (Origin, Label, Suite, Codename), for these
+    # components.
     options = {
         "Origin": "Ubuntu",
         "Label": "Ubuntu",
         "Suite": UBUNTU_SUITE,
         "Codename": ubuntu_standin.CODENAME,
-        "Components": UBUNTU_COMPONENT,
+        "Components": " ".join(UBUNTU_COMPONENTS),
         "Architectures": " ".join(BUILT_ARCHITECTURES),
         "Description": "gpunode lab stand-in: Ubuntu's NVIDIA driver packages",
     }
@@ -749,7 +757,13 @@ def _served_here(rest: list[str]) -> bool:
     their suite, and the pool of their component, which Debian's archive does not have)."""
     if rest[0] == "dists":
         return rest[1] == UBUNTU_SUITE
-    return rest[0] == "pool" and rest[1] == UBUNTU_COMPONENT
+    return rest[0] == "pool" and rest[1] in UBUNTU_COMPONENTS
+
+
+def ubuntu_pool(package: StandinPackage) -> str:
+    """Where in the stand-in Ubuntu archive ``package`` lies: the pool of its component (apt
+    finds it by the index's Filename, so one directory per component serves every source)."""
+    return f"pool/{ubuntu_standin.component(package)}/n/nvidia"
 
 
 def _handler_class(directory: Path, record: Any) -> type[http.server.SimpleHTTPRequestHandler]:

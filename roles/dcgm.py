@@ -24,7 +24,10 @@ firewall opens the port to ``firewall.monitoring_networks`` only (``exporter_por
 model requires ``tls.enabled`` with the exporter. A repository that does not carry a package
 is an error naming the package and the repository URL, before anything changes, never a
 silent skip. A node moving from DCGM 3 to 4 has ``datacenter-gpu-manager`` removed in the
-same apt run (the packages conflict), its hold lifted first.
+same apt run (the packages conflict), its hold lifted first. A node whose CUDA major moves
+(12 to 13 with a driver branch that runs it) has DCGM's part for the old major removed, its
+hold lifted, before the new part is installed: held at its version, which it needs the core
+at exactly, it would stop the next DCGM upgrade.
 
 ``dcgm.enabled: false`` leaves DCGM as found: gpunode does not remove a DCGM it may not have
 installed.
@@ -32,6 +35,7 @@ installed.
 
 from __future__ import annotations
 
+import re
 import shlex
 from io import StringIO
 
@@ -42,6 +46,7 @@ from pyinfra.operations import files, systemd
 
 from facts.container_runtime import DpkgPackageState
 from facts.freshness import UnitOlderThanFile, UnitsNeedDaemonReload
+from facts.nvidia_packages import NvidiaPackages
 from facts.tls import CA_PATH, CERT_PATH, KEY_PATH
 from gpunode.expected.exporters import render_web_config
 from gpunode.expected.packages import DCGM3_PACKAGE, DCGM_EXPORTER_PACKAGE, dcgm_packages
@@ -126,6 +131,35 @@ def dcgm3_replaced(packages: list[str]):
     )
 
 
+# DCGM 4's parts built for one CUDA major (datacenter-gpu-manager-4-cuda11/-cuda12/-cuda13:
+# NVIDIA's Ubuntu 24.04 Packages index, research anchors, read 2026-12-01).
+DCGM_CUDA_PART = re.compile(r"datacenter-gpu-manager-[0-9]+-cuda[0-9]+")
+
+
+@operation()
+def other_cuda_parts_removed(packages: list[str]):
+    """DCGM's parts for other CUDA majors than the one in ``packages`` are not installed.
+
+    + packages: DCGM's packages for this node (``dcgm_packages``), with its one CUDA part
+    """
+    facts = host.get_fact(NvidiaPackages)
+    others = sorted(
+        name
+        for name in facts["packages"]
+        if DCGM_CUDA_PART.fullmatch(name) and name not in packages
+    )
+    if not others:
+        host.noop("no DCGM part for another CUDA major is installed")
+        return
+    words = " ".join(shlex.quote(name) for name in others)
+    held = sorted(set(others) & set(facts["held"]))
+    if held:
+        yield f"apt-mark unhold {' '.join(shlex.quote(name) for name in held)}"
+    yield (
+        f"DEBIAN_FRONTEND=noninteractive apt-get remove -y -q --allow-change-held-packages {words}"
+    )
+
+
 @deploy("DCGM")
 def dcgm(desired: DesiredState) -> None:
     settings = desired.dcgm
@@ -140,6 +174,10 @@ def dcgm(desired: DesiredState) -> None:
         require_offered([DCGM_EXPORTER_PACKAGE], url, version=settings.exporter_version)
     if settings.release_major != 3:
         dcgm3_replaced(name=f"{DCGM3_PACKAGE} (DCGM 3) replaced by DCGM 4", packages=packages)
+    if any(DCGM_CUDA_PART.fullmatch(name) for name in packages):
+        other_cuda_parts_removed(
+            name=f"DCGM's parts for another CUDA major than {packages[-1]}'s", packages=packages
+        )
     held_packages(
         name=f"{' '.join(packages)} {settings.version or '(unpinned)'}, held",
         packages=packages,

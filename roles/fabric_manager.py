@@ -2,11 +2,14 @@
 
 What results:
 
-* Nodes that need it (``DesiredState.needs_fabric_manager``; the ``nvidia`` driver source, as
-  validation enforces): Fabric Manager's packages (``nvidia-fabricmanager-<branch>`` up to
-  575, ``nvidia-fabricmanager`` with ``libnvidia-nscq`` from 580) installed at exactly the driver's
-  version (``fabric_manager.version``, else ``nvidia_driver.version``, else the installed
-  driver's), held, and covered by the driver role's apt pin. The ``nvidia-fabricmanager``
+* Nodes that need it (``DesiredState.needs_fabric_manager``; the ``nvidia`` or ``ubuntu``
+  driver source, as validation enforces): Fabric Manager's packages from the driver's own
+  source installed at exactly the driver's version (``fabric_manager.version``, else
+  ``nvidia_driver.version``, else the installed driver's), held, and covered by the driver
+  role's apt pin. NVIDIA's repository: ``nvidia-fabricmanager-<branch>`` up to 575,
+  ``nvidia-fabricmanager`` with ``libnvidia-nscq`` from 580. Ubuntu's archive (multiverse):
+  ``nvidia-fabricmanager-<branch>`` with ``libnvidia-nscq-<branch>`` for every branch, which
+  need the server series' kernel common files at their own version. The ``nvidia-fabricmanager``
   service is enabled, so it comes up with the boot that loads the matching module, and started
   only while the loaded driver is that version: Fabric Manager refuses any other. Until then it
   is reported as pending a reboot.
@@ -32,6 +35,7 @@ from pyinfra.api import deploy, operation
 from pyinfra.facts.systemd import SystemdEnabled, SystemdStatus
 
 from facts.nvidia_packages import NvidiaPackages
+from gpunode.expected import ubuntu_driver
 from gpunode.expected.packages import NVLSM_PACKAGE, fabric_manager_packages
 from gpunode.model import DesiredState, upstream_version
 from roles.cuda import held_packages
@@ -45,9 +49,21 @@ FABRIC_MANAGER_PACKAGE = re.compile(
 )
 # Fabric Manager's own packages (not the combined metapackages), either naming era.
 OWN_PACKAGE = re.compile(r"(nvidia-fabricmanager|libnvidia-nscq)(-[0-9]{3})?")
-# The driver's apt version on the node (nvidia-driver comes with both flavours), for a first
-# install whose version data leaves open: the driver role installs it earlier in the run.
-INSTALLED_DRIVER_VERSION = "$(dpkg-query -W -f='${Version}' nvidia-driver)"
+# The driver's apt version on the node, for a first install whose version data leaves open:
+# the driver role installs it earlier in the run. NVIDIA's repository: nvidia-driver (both
+# flavours have it); Ubuntu's archive: the branch's compute library (every Ubuntu install has
+# it, whatever its kernel module package).
+INSTALLED_DRIVER_VERSION = "$(dpkg-query -W -f='${{Version}}' {package})"
+NVIDIA_DRIVER_PACKAGE = "nvidia-driver"
+
+
+def driver_version_package(
+    branch: str, source: str, ubuntu_series: ubuntu_driver.Series = "server"
+) -> str:
+    """The package whose installed version is the driver's, for ``source``."""
+    if source == "ubuntu":
+        return ubuntu_driver.compute_packages(branch, ubuntu_series)[0]
+    return NVIDIA_DRIVER_PACKAGE
 
 
 def _words(names: Iterable[str]) -> str:
@@ -55,9 +71,9 @@ def _words(names: Iterable[str]) -> str:
     return " ".join(shlex.quote(name) for name in names)
 
 
-def package_name(branch: str) -> str:
-    """The package that ships the ``nv-fabricmanager`` daemon for ``branch``."""
-    return fabric_manager_packages(branch)[0]
+def package_name(branch: str, source: str = "nvidia") -> str:
+    """The package that ships the ``nv-fabricmanager`` daemon for ``branch`` from ``source``."""
+    return fabric_manager_packages(branch, source)[0]
 
 
 def installed_fabric_manager(packages: dict[str, str]) -> dict[str, str]:
@@ -80,14 +96,24 @@ def loaded_after_driver(
 
 
 def plan_fabric_manager(
-    branch: str, version: str | None, facts: dict[str, Any], running: bool, loaded: str | None
+    branch: str,
+    version: str | None,
+    facts: dict[str, Any],
+    running: bool,
+    loaded: str | None,
+    source: str = "nvidia",
+    ubuntu_series: ubuntu_driver.Series = "server",
 ) -> tuple[list[str], list[str]]:
-    """(commands, notes) that install ``branch``'s Fabric Manager at ``version`` (None: the
-    installed driver's), hold it, enable it and start it once the loaded driver matches."""
+    """(commands, notes) that install ``branch``'s Fabric Manager from the driver's
+    ``source`` at ``version`` (None: the installed driver's), hold it, enable it and start it
+    once the loaded driver matches."""
     packages: dict[str, str] = facts["packages"]
     held = set(facts["held"])
-    names = fabric_manager_packages(branch)
-    version = version or installed_driver_version(packages)
+    names = fabric_manager_packages(branch, source)
+    version_package = driver_version_package(branch, source, ubuntu_series)
+    version = version or (
+        packages.get(version_package) if source == "ubuntu" else installed_driver_version(packages)
+    )
     # Another branch's, or the other naming era's (580 moved to unsuffixed names).
     others = sorted(
         other for other in packages if OWN_PACKAGE.fullmatch(other) and other not in names
@@ -99,7 +125,11 @@ def plan_fabric_manager(
     to_unhold = sorted(held & (set(names) | set(others)))
     commands = [f"apt-mark unhold {_words(to_unhold)}"] if to_unhold else []
     # The installed driver's version is read on the node when no version is pinned.
-    wanted = shlex.quote(version) if version else INSTALLED_DRIVER_VERSION
+    wanted = (
+        shlex.quote(version)
+        if version
+        else INSTALLED_DRIVER_VERSION.format(package=shlex.quote(version_package))
+    )
     removals = _words(f"{other}-" for other in others)
     installs = " ".join(f"{shlex.quote(name)}={wanted}" for name in names)
     commands.append(f"{APT_INSTALL} {installs}" + (f" {removals}" if removals else ""))
@@ -128,11 +158,15 @@ def fabric_manager_package(
     version: str | None = None,
     driver_reboots: bool = False,
     driver_version: str | None = None,
+    source: str = "nvidia",
+    ubuntu_series: ubuntu_driver.Series = "server",
 ):
-    """``branch``'s Fabric Manager packages (``nvidia-fabricmanager-<branch>`` up to 575;
-    ``nvidia-fabricmanager`` and ``libnvidia-nscq`` from 580) are installed at exactly
-    ``version`` (None: the installed driver's) and held; no other branch's are; the service is
-    enabled, and started when the loaded driver is that version.
+    """``branch``'s Fabric Manager packages from the driver's source (NVIDIA's repository:
+    ``nvidia-fabricmanager-<branch>`` up to 575, ``nvidia-fabricmanager`` and
+    ``libnvidia-nscq`` from 580; Ubuntu's archive: ``nvidia-fabricmanager-<branch>`` and
+    ``libnvidia-nscq-<branch>``) are installed at exactly ``version`` (None: the installed
+    driver's) and held; no other branch's are; the service is enabled, and started when the
+    loaded driver is that version.
 
     + branch: the driver branch (``nvidia_driver.branch``, e.g. ``550``) whose package is installed
     + version: the exact apt version (``fabric_manager.version``, else
@@ -140,16 +174,20 @@ def fabric_manager_package(
     + driver_reboots: the driver role reboots into its ``driver_version`` if needed
       (``nvidia_driver.reboot: if-needed``), so the driver loaded after it is that version
     + driver_version: the driver's declared apt version (``nvidia_driver.version``), or None
+    + source: the driver's source (``nvidia_driver.source``: ``nvidia`` or ``ubuntu``)
+    + ubuntu_series: the Ubuntu driver series (``nvidia_driver.ubuntu_series``)
     """
     facts = host.get_fact(NvidiaPackages)
     running = _service_running()
     loaded = loaded_after_driver(facts, driver_reboots, driver_version)
-    commands, notes = plan_fabric_manager(branch, version, facts, running, loaded)
+    commands, notes = plan_fabric_manager(
+        branch, version, facts, running, loaded, source, ubuntu_series
+    )
     for note in notes:
         host.noop(note)
     if not commands:
-        installed = facts["packages"][package_name(branch)]
-        host.noop(f"{package_name(branch)} {installed} installed and held")
+        name = package_name(branch, source)
+        host.noop(f"{name} {facts['packages'][name]} installed and held")
     yield from commands
 
 
@@ -159,7 +197,10 @@ def _service_running() -> bool:
 
 @operation()
 def fabric_manager_service(
-    branch: str, driver_reboots: bool = False, driver_version: str | None = None
+    branch: str,
+    driver_reboots: bool = False,
+    driver_version: str | None = None,
+    source: str = "nvidia",
 ):
     """nvidia-fabricmanager is enabled, and running while the loaded driver is its version;
     otherwise it is reported as pending a reboot.
@@ -168,9 +209,10 @@ def fabric_manager_service(
     + driver_reboots: as for the package: the driver role reboots into ``driver_version`` if
       needed
     + driver_version: the driver's declared apt version (``nvidia_driver.version``), or None
+    + source: the driver's source, whose Fabric Manager package provides the service
     """
     facts = host.get_fact(NvidiaPackages)
-    installed = facts["packages"].get(package_name(branch))
+    installed = facts["packages"].get(package_name(branch, source))
     if installed is None:
         host.noop("nvidia-fabricmanager is not installed yet: its install sets the service up")
         return
@@ -237,17 +279,20 @@ def fabric_manager(desired: DesiredState) -> None:
     version = desired.fabric_manager.version or driver.version
     reboots = driver_reboots_in_this_run(driver.reboot)
     fabric_manager_package(
-        name=f"{package_name(branch)} at the driver's version, held",
+        name=f"{package_name(branch, driver.source)} at the driver's version, held",
         branch=branch,
         version=version,
         driver_reboots=reboots,
         driver_version=driver.version,
+        source=driver.source,
+        ubuntu_series=driver.ubuntu_series,
     )
     fabric_manager_service(
         name="nvidia-fabricmanager enabled, running with its driver",
         branch=branch,
         driver_reboots=reboots,
         driver_version=driver.version,
+        source=driver.source,
     )
     if desired.needs_nvlsm:
         # Blackwell NVSwitch systems: the NVLink Subnet Manager, a calver package of its own.

@@ -13,7 +13,14 @@
   /etc/network/interfaces sources; an interface that exists is brought up with ``ifup``.
   Datagram mode up to MTU 4092; a larger MTU selects connected mode (where the HCA offers
   it; ConnectX-4 and later with enhanced IPoIB only do datagram). On a release configured
-  by netplan (Ubuntu) declared IPoIB interfaces refuse the node, naming what to do instead.
+  by netplan (Ubuntu) each interface is a netplan file of its own instead
+  (/etc/netplan/60-gpunode-ipoib-<name>.yaml, mode 600; connected mode as netplan's
+  ``infiniband-mode``), which the node's own netplan validates together with the node's
+  other netplan files, in a scratch root, before it is written: a configuration netplan
+  refuses is refused before anything changes, as it would leave the node's network
+  unconfigurable at its next boot. An interface that exists is then reconfigured alone by
+  systemd-networkd (``networkctl reconfigure``), never the whole network (``netplan apply``
+  would touch the interface the run's own SSH session uses).
 * opensm runs where ``subnet_manager`` is set; elsewhere an installed opensm is stopped and
   disabled, so no node becomes a subnet manager by accident.
 
@@ -31,7 +38,8 @@ from typing import Any
 
 from pyinfra import host
 from pyinfra.api import OperationError, deploy, operation
-from pyinfra.facts.files import File, FindFiles, FindInFile
+from pyinfra.facts.files import File, FileContents, FindFiles, FindInFile
+from pyinfra.facts.server import Which
 from pyinfra.operations import files
 
 from facts.fabric import (
@@ -44,7 +52,6 @@ from facts.fabric import (
 )
 from facts.hardware import InfinibandPorts
 from gpunode.converge import this_node
-from gpunode.distributions import Distribution
 from gpunode.model import DesiredState, IpoibInterface
 from gpunode.refusal import NodeRefused
 from gpunode.schema import one_line
@@ -56,6 +63,10 @@ LIMITS_PATH = "/etc/security/limits.d/gpunode-rdma.conf"
 INTERFACES_PATH = "/etc/network/interfaces"
 INTERFACES_DIR = "/etc/network/interfaces.d"
 IPOIB_FILE_PREFIX = "gpunode-ipoib-"
+NETPLAN_DIR = "/etc/netplan"
+NETPLAN_FILE_PREFIX = "60-gpunode-ipoib-"
+# The directories netplan reads its configuration from (netplan generate(8)).
+NETPLAN_CONFIG_DIRS = ("/lib/netplan", "/etc/netplan", "/run/netplan")
 SOURCE_LINE = "source /etc/network/interfaces.d/*"
 CORE_MODULES = ("ib_umad", "ib_ipoib")
 PEERMEM_MODULE = "nvidia_peermem"
@@ -179,17 +190,118 @@ def memlock_reported():
 # --- IPoIB -------------------------------------------------------------------------------
 
 
-def require_ifupdown_release(node: str, distribution: Distribution, names: list[str]) -> None:
-    """IPoIB interfaces are written for ifupdown; a release configured by netplan (Ubuntu)
-    is refused before anything changes, rather than given a second network configuration
-    next to its own."""
-    if distribution.network_configuration != "ifupdown":
+def require_netplan(node: str, names: list[str]) -> None:
+    """A netplan release's IPoIB interfaces are netplan's: a node without netplan (removed by
+    hand) is refused before anything changes, rather than given files nothing reads."""
+    if not host.get_fact(Which, command="netplan"):
         raise NodeRefused(
-            f"{node}: infiniband.ipoib ({', '.join(names)}) is configured with ifupdown, but "
-            f"{distribution.pretty_name} configures its network with "
-            f"{distribution.network_configuration}, which gpunode does not write yet; "
-            "configure these interfaces in netplan yourself and remove infiniband.ipoib"
+            f"{node}: infiniband.ipoib ({', '.join(names)}) is written for netplan, which "
+            "configures this release's network, but netplan is not installed; install "
+            "netplan.io, or remove infiniband.ipoib"
         )
+
+
+def netplan_path(interface: IpoibInterface) -> str:
+    return f"{NETPLAN_DIR}/{NETPLAN_FILE_PREFIX}{interface.name}.yaml"
+
+
+def render_netplan_ipoib(interface: IpoibInterface) -> str:
+    """One IPoIB interface as netplan YAML (netplan's ``ethernets``; ``infiniband-mode`` from
+    netplan.io 0.105, LP #1848471, 2022-08-18: written only where connected mode is wanted,
+    datagram being the kernel's default). The name and address are validated by the model."""
+    lines = [
+        "# Managed by gpunode (infiniband.ipoib); local edits are replaced.",
+        "network:",
+        "  version: 2",
+        "  ethernets:",
+        f"    {interface.name}:",
+        "      addresses:",
+        f'        - "{ipaddress.ip_interface(interface.address)}"',
+        f"      mtu: {interface.mtu}",
+    ]
+    if interface.mtu > DATAGRAM_MAX_MTU:
+        lines.append("      infiniband-mode: connected")
+    return "\n".join(lines) + "\n"
+
+
+def netplan_write_script(path: str, content: str, interface: str) -> str:
+    """Validate ``content`` as ``path`` with the node's own netplan, beside the node's other
+    netplan files in a scratch root, then write it (mode 600: netplan warns of configuration
+    others can read) and have systemd-networkd reconfigure ``interface`` alone where it
+    exists. A configuration netplan refuses stops here, with netplan's words, before
+    anything changes."""
+    copies = "; ".join(
+        f'if [ -d {d} ]; then mkdir -p "$scratch"{d} && cp -a {d}/. "$scratch"{d}/; fi'
+        for d in NETPLAN_CONFIG_DIRS
+    )
+    name = shlex.quote(interface)
+    return (
+        "scratch=$(mktemp -d) && trap 'rm -rf \"$scratch\"' EXIT && "
+        f"{{ {copies}; }} && "
+        f'mkdir -p "$scratch"{NETPLAN_DIR} && '
+        f'printf %s {shlex.quote(content)} > "$scratch"{shlex.quote(path)} && '
+        f'if ! refusal=$(netplan generate --root-dir "$scratch" 2>&1); then '
+        f'echo "netplan refuses {path}; the netplan configuration is as it was: $refusal" >&2; '
+        "exit 1; fi && "
+        f'install -m 600 -o root -g root "$scratch"{shlex.quote(path)} {shlex.quote(path)} && '
+        "netplan generate && "
+        f"if [ -e /sys/class/net/{name} ] && systemctl is-active --quiet systemd-networkd; then "
+        f"networkctl reload && networkctl reconfigure {name}; fi"
+    )
+
+
+@operation()
+def netplan_ipoib(interface: IpoibInterface):
+    """The IPoIB interface's netplan file is gpunode's, validated by netplan first; the
+    interface, where it exists, has its address and MTU now.
+
+    + interface: the declared IPoIB interface (an ``infiniband.ipoib`` entry): name, address
+      with prefix length, MTU
+    """
+    path = netplan_path(interface)
+    content = render_netplan_ipoib(interface)
+    current = host.get_fact(FileContents, path=path)
+    stat = host.get_fact(File, path=path)
+    in_place = (
+        current is not None
+        and "\n".join(current) + "\n" == content
+        and isinstance(stat, dict)
+        and stat.get("mode") == 600
+    )
+    live = host.get_fact(NetworkInterfaces).get(interface.name)
+    if in_place and (live is None or ipoib_is_live(interface, live)):
+        where = (
+            f"{interface.name} is up with {interface.address}, MTU {interface.mtu}"
+            if live
+            else f"{interface.name} does not exist on this node (no IPoIB port: no HCA, or "
+            "ib_ipoib not loaded); netplan brings it up at boot"
+        )
+        host.noop(f"{path} as declared; {where}")
+        return
+    yield netplan_write_script(path, content, interface.name)
+
+
+@operation()
+def stale_netplan_ipoib_removed(keep: list[str]):
+    """gpunode's IPoIB netplan files are exactly ``keep``; the addresses of the others'
+    interfaces are taken away.
+
+    + keep: paths of the netplan files (``netplan_path``) of the declared interfaces; every
+      other ``60-gpunode-ipoib-*.yaml`` in /etc/netplan is removed
+    """
+    present = host.get_fact(FindFiles, path=NETPLAN_DIR, fname=f"{NETPLAN_FILE_PREFIX}*.yaml")
+    stale = sorted(path for path in present or [] if path not in keep)
+    if not stale:
+        host.noop("no other gpunode IPoIB netplan files")
+        return
+    # Both come from the node's file names: quoted.
+    removals = " ".join(shlex.quote(path) for path in stale)
+    names = [
+        path.rsplit("/", 1)[1].removeprefix(NETPLAN_FILE_PREFIX).removesuffix(".yaml")
+        for path in stale
+    ]
+    flushes = "; ".join(f"ip address flush dev {shlex.quote(name)} 2>/dev/null" for name in names)
+    yield f"rm -f {removals} && netplan generate; {flushes}; true"
 
 
 def ipoib_path(interface: IpoibInterface) -> str:
@@ -331,10 +443,14 @@ def _put(name: str, path: str, content: str) -> Any:
 @deploy("InfiniBand and RDMA")
 def infiniband(desired: DesiredState) -> None:
     ib = desired.infiniband
+    netplan = this_node()[0].network_configuration == "netplan"
     if not ib.enabled:
         for path, what in ((MODULES_LOAD_PATH, "RDMA modules at boot"), (LIMITS_PATH, "memlock")):
             files.file(name=f"No gpunode {what} file", path=path, present=False)
-        stale_ipoib_files_removed(name="No gpunode IPoIB interfaces", keep=[])
+        if netplan:
+            stale_netplan_ipoib_removed(name="No gpunode IPoIB interfaces", keep=[])
+        else:
+            stale_ipoib_files_removed(name="No gpunode IPoIB interfaces", keep=[])
         return
 
     sysfs_hcas = host.get_fact(RdmaDevices)
@@ -354,22 +470,32 @@ def infiniband(desired: DesiredState) -> None:
     else:
         files.file(name="No gpunode memlock limits", path=LIMITS_PATH, present=False)
 
-    if ib.ipoib:
-        require_ifupdown_release(host.name, this_node()[0], [i.name for i in ib.ipoib])
-        install_packages("ifupdown for IPoIB interfaces", ["ifupdown"])
-        interfaces_sources_directory(name="/etc/network/interfaces reads interfaces.d")
-    for interface in ib.ipoib:
-        _put(
-            f"IPoIB {interface.name} configuration", ipoib_path(interface), render_ipoib(interface)
+    if netplan:
+        if ib.ipoib:
+            require_netplan(host.name, [i.name for i in ib.ipoib])
+        for interface in ib.ipoib:
+            netplan_ipoib(name=f"IPoIB {interface.name} (netplan)", interface=interface)
+        stale_netplan_ipoib_removed(
+            name="No other gpunode IPoIB interfaces", keep=[netplan_path(i) for i in ib.ipoib]
         )
-        ipoib_up(
-            name=f"IPoIB {interface.name} up",
-            interface=interface,
-            ipoib_module_loading="modprobe ib_ipoib" in modprobes,
+    else:
+        if ib.ipoib:
+            install_packages("ifupdown for IPoIB interfaces", ["ifupdown"])
+            interfaces_sources_directory(name="/etc/network/interfaces reads interfaces.d")
+        for interface in ib.ipoib:
+            _put(
+                f"IPoIB {interface.name} configuration",
+                ipoib_path(interface),
+                render_ipoib(interface),
+            )
+            ipoib_up(
+                name=f"IPoIB {interface.name} up",
+                interface=interface,
+                ipoib_module_loading="modprobe ib_ipoib" in modprobes,
+            )
+        stale_ipoib_files_removed(
+            name="No other gpunode IPoIB interfaces", keep=[ipoib_path(i) for i in ib.ipoib]
         )
-    stale_ipoib_files_removed(
-        name="No other gpunode IPoIB interfaces", keep=[ipoib_path(i) for i in ib.ipoib]
-    )
 
     if ib.subnet_manager:
         install_packages("Subnet manager (opensm)", ["opensm"])

@@ -486,6 +486,22 @@ def stale_packages(spec: DriverPackages, packages: dict[str, str]) -> list[str]:
     return stale
 
 
+def fabric_manager_left_behind(spec: DriverPackages, packages: dict[str, str]) -> list[str]:
+    """Ubuntu's Fabric Manager packages the driver change leaves behind: each depends on the
+    kernel common files at exactly its own version (packages.ubuntu.com, fabric-manager-580,
+    2026-12-07), which this change replaces, so they go in the driver's own transaction (apt
+    could not otherwise move the held driver); the Fabric Manager role installs the new
+    driver's right after. Not another source's: NVIDIA's repository states no such tie."""
+    if spec.source != "ubuntu":
+        return []
+    return sorted(
+        name
+        for name, version in packages.items()
+        if re.match(FABRIC_MANAGER_FAMILY, name)
+        and (version != spec.version if spec.version else not in_branch(version, spec.branch))
+    )
+
+
 def series_of(spec: DriverPackages) -> ubuntu_driver.Series:
     """The Ubuntu series of ``spec``'s packages (their names end in -server, or do not)."""
     return "server" if spec.anchor.endswith(("-server", "-server-open")) else "desktop"
@@ -535,6 +551,7 @@ def plan_driver(
             | set(spec.unversioned)
             | set(spec.conflicting)
             | set(stale_packages(spec, packages))
+            | set(fabric_manager_left_behind(spec, packages))
             | ({spec.pinning} if spec.pinning else set())
         )
     )
@@ -551,6 +568,7 @@ def plan_driver(
     if module_change and headers_need(spec, facts, available) == "install":
         names.append(facts["headers"]["package"])
     names += [f"{name}-" for name in stale_packages(spec, packages)]
+    names += [f"{name}-" for name in fabric_manager_left_behind(spec, packages)]
     commands.append(f"{APT_INSTALL} {' '.join(map(shlex.quote, names))}")
     commands.append(hold_command(spec))
     # The package's own scripts may enable or start it; data decides.

@@ -76,7 +76,10 @@ def nvidia_repositories_for(desired: DesiredState, release: str = "") -> list[Nv
         or bool(desired.cuda.versions)
         or desired.dcgm.enabled
         or desired.nccl.install_libnccl
-        or (desired.needs_fabric_manager and desired.nvidia_driver.source != "none")
+        # Fabric Manager comes from its driver's source: NVIDIA's repository for the nvidia
+        # source, Ubuntu's archive for the ubuntu one; the NVLink Subnet Manager from NVIDIA's.
+        or (desired.needs_fabric_manager and desired.nvidia_driver.source == "nvidia")
+        or (desired.needs_nvlsm and desired.nvidia_driver.source != "none")
         or desired.needs_imex
     )
     return [

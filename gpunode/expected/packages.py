@@ -160,8 +160,14 @@ def driver_packages_for(wanted: NvidiaDriver, version: str | None) -> DriverPack
 # --- Fabric Manager, DCGM ---------------------------------------------------------------------
 
 
-def fabric_manager_packages(branch: str) -> tuple[str, ...]:
-    """Fabric Manager's packages for ``branch``, all at the driver's version."""
+def fabric_manager_packages(branch: str, source: str = "nvidia") -> tuple[str, ...]:
+    """Fabric Manager's packages for ``branch`` from the driver's ``source``, all at the
+    driver's version. Ubuntu's archive keeps the branch in every name, with NSCQ beside it
+    (``nvidia-fabricmanager-580``, ``libnvidia-nscq-580``: packages.ubuntu.com, source packages
+    fabric-manager-580 and libnvidia-nscq-580 in multiverse, read 2026-12-07); NVIDIA's
+    repository dropped the suffix from 580 on."""
+    if source == "ubuntu":
+        return (f"nvidia-fabricmanager-{branch}", f"libnvidia-nscq-{branch}")
     if nvidia_releases.fabric_manager_suffixed(branch):
         return (f"nvidia-fabricmanager-{branch}",)
     return ("nvidia-fabricmanager", "libnvidia-nscq")
@@ -209,13 +215,14 @@ def held_packages(desired: DesiredState) -> dict[str, str | None]:
         # compute set is what every Ubuntu node holds at the driver's version.
         compute = ubuntu_driver.compute_packages(driver.branch, driver.ubuntu_series)
         held.update(dict.fromkeys(compute, driver.version))
-    elif driver.source != "none" and driver.branch:
-        if driver.version:
-            spec = driver_packages_for(driver, driver.version)
-            held.update(dict.fromkeys(spec.versioned, driver.version))
+    elif driver.source != "none" and driver.branch and driver.version:
+        spec = driver_packages_for(driver, driver.version)
+        held.update(dict.fromkeys(spec.versioned, driver.version))
+    if driver.source != "none" and driver.branch:
         if desired.needs_fabric_manager:
             version = desired.fabric_manager.version or driver.version
-            held.update(dict.fromkeys(fabric_manager_packages(str(driver.branch)), version))
+            names = fabric_manager_packages(str(driver.branch), driver.source)
+            held.update(dict.fromkeys(names, version))
             if desired.needs_nvlsm:
                 held[NVLSM_PACKAGE] = desired.fabric_manager.nvlsm_version
         if desired.needs_imex:

@@ -1,11 +1,11 @@
 """Stand-in NVIDIA packages for the lab's local apt repositories (``lab.aptrepo``).
 
 Each stand-in carries the real package name, version and dependency structure of NVIDIA's
-CUDA repository (Debian 12 and 13) or of the libnvidia-container repository, and ships only tiny
-placeholders: scripts that answer ``--version`` like the real tools, systemd units whose daemons
-are harmless processes that stay running, and the stand-in ``nvidia-ctk`` (``nvidia_ctk.py``)
-that really edits Docker, containerd and CDI configuration. Nothing here loads a kernel module
-or runs DKMS.
+CUDA repository (Debian 12 and 13; Ubuntu 24.04 less the driver) or of the libnvidia-container
+repository, and ships only tiny placeholders: scripts that answer ``--version`` like the real
+tools, systemd units whose daemons are harmless processes that stay running, and the
+stand-in ``nvidia-ctk`` (``nvidia_ctk.py``) that really edits Docker, containerd and CDI
+configuration. Nothing here loads a kernel module or runs DKMS.
 
 ``catalogue()`` lists every package, generated from the data file ``world.toml`` (every release
 and package template, with where its fields come from and where the stand-in departs);
@@ -37,6 +37,7 @@ from .catalogue import (
     PackageFile,
     StandinPackage,
     catalogue,
+    in_cuda_tree,
 )
 
 __all__ = [
@@ -58,4 +59,5 @@ __all__ = [
     "PackageFile",
     "StandinPackage",
     "catalogue",
+    "in_cuda_tree",
 ]

@@ -212,8 +212,13 @@ CUDA_TOOLKITS = tuple(
     )
     for raw in WORLD["cuda_toolkit"]
 )
-# Debian release -> path of the CUDA repository for it; the first is the default (debian12).
+# Release -> path of the CUDA repository for it; the first is the default (debian12).
 CUDA_REPOSITORY_PATHS: dict[str, str] = dict(WORLD["repositories"]["cuda"])
+# Release -> the package families its CUDA repository does not carry (world.toml says why).
+CUDA_TREE_LEFT_OUT: dict[str, frozenset[str]] = {
+    release: frozenset(families)
+    for release, families in WORLD["repositories"].get("left_out", {}).items()
+}
 ARCHITECTURE_PATHS: dict[str, str] = dict(WORLD["repositories"]["architectures"])
 
 
@@ -244,6 +249,7 @@ class StandinPackage:
     breaks: tuple[str, ...] = ()
     files: tuple[PackageFile, ...] = ()
     scripts: dict[str, str] = field(default_factory=dict)  # postinst, prerm, postrm
+    family: str = ""  # the world's template family (world.toml), not a control field
 
     @property
     def maintainer(self) -> str:
@@ -392,6 +398,7 @@ def generated() -> list[Generated]:
                 name=render(template["name"], context),
                 version=render(version, context),
                 repository=FAMILY_REPOSITORY[family],
+                family=family,
                 summary=render(template["summary"], context),
                 section=template.get("section", "utils"),
                 architecture=template.get("architecture", "amd64"),
@@ -413,6 +420,14 @@ def generated() -> list[Generated]:
 def catalogue() -> list[StandinPackage]:
     """Every stand-in package of both repositories."""
     return [item.package for item in generated()]
+
+
+def in_cuda_tree(package: StandinPackage, release: str) -> bool:
+    """Whether the CUDA repository tree of ``release`` (a CUDA_REPOSITORY_PATHS key) carries
+    ``package``."""
+    return package.repository == CUDA_REPO and package.family not in CUDA_TREE_LEFT_OUT.get(
+        release, frozenset()
+    )
 
 
 # --- contents, per template id -----------------------------------------------------------------

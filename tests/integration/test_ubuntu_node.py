@@ -4,16 +4,19 @@ What an Ubuntu lab node is and is not: lab.UBUNTU_LAB_BASES. Here: the node is n
 gpunode reads it (os-release, lsb-release, sshd from ssh.socket, ufw, needrestart,
 unattended-upgrades, AppArmor, netplan; a simulated Ubuntu kernel release, lab.hwsim.kernel);
 an active ufw is refused before anything changes; a new sshd that cuts logins is rolled back
-to socket activation; the converge (base system, hardening, sshd, firewall and the NVIDIA
-driver from Ubuntu's archive, source "ubuntu": the lab's stand-in of Ubuntu's packages,
-lab.standin.ubuntu; the rest of the NVIDIA stack is off on Ubuntu lab nodes,
+to socket activation; the converge (base system, hardening, sshd, firewall, InfiniBand's user
+space and the NVIDIA driver and, on this HGX node, Fabric Manager from Ubuntu's archive, source
+"ubuntu": the lab's stand-in of Ubuntu's packages, lab.standin.ubuntu; CUDA, DCGM and the
+Container Toolkit from the stand-ins of NVIDIA's Ubuntu 24.04 tree and its toolkit repository,
 inventories/lab.py) makes the inventory's sshd settings the effective ones whatever
-cloud-init's drop-in says, installs Canonical's prebuilt module for the running kernel,
-changes nothing the second time, moves the held packages on a branch change and leaves no
-drift; under Secure Boot the signed prebuilt module asks nothing of the operator, while a
-kernel Canonical builds no module for (DKMS) is refused before anything changes until the key
-DKMS signs with is enrolled; then, Secure Boot still on, that kernel gets DKMS, as ``--dry``
-predicted, which goes again once the node is back on a kernel with a prebuilt module.
+cloud-init's drop-in says, installs Canonical's prebuilt module for the running kernel and
+Ubuntu's Fabric Manager at the driver's version, running with it, and the rest of the stack as
+the group data pins it, changes nothing the second time, moves the held packages on a branch
+change and leaves no drift; under Secure Boot the signed prebuilt module asks nothing of the
+operator, while a kernel Canonical builds no module for (DKMS) is refused before anything
+changes until the key DKMS signs with is enrolled; then, Secure Boot still on, that kernel gets
+DKMS, as ``--dry`` predicted, which goes again once the node is back on a kernel with a
+prebuilt module.
 """
 
 from __future__ import annotations
@@ -49,6 +52,9 @@ SNAPSHOT = (
 )
 
 CLOUD_INIT_DROP_IN = "/etc/ssh/sshd_config.d/50-cloud-init.conf"
+FABRIC_MANAGER_STATE = (
+    "systemctl is-enabled nvidia-fabricmanager; systemctl is-active nvidia-fabricmanager; true"
+)
 
 
 # The inventory's driver (inventories/lab.py) and an older branch to start from.
@@ -60,6 +66,11 @@ BRANCH_570 = {
 }  # fmt: skip
 # The simulated running kernel (lab.hwsim.kernel): noble's generic one, for which the stand-in
 # archive carries Canonical's prebuilt modules, and a locally built one it carries none for.
+# What the 570 driver runs: CUDA 12 only (13.0 needs 580; the inventory's 580 adds it).
+ON_570 = (
+    "--data", "nvidia_driver=" + json.dumps(BRANCH_570),
+    "--data", "cuda=" + json.dumps({"versions": ["12.8"], "default": "12.8"}),
+)  # fmt: skip
 KERNEL = "6.8.0-64-generic"
 CUSTOM_KERNEL = "6.8.0-64-custom"
 KERNEL_RELEASE_PATH = "/var/lib/gpunode-lab/kernel-release"
@@ -69,8 +80,28 @@ DRIVER_OPERATION = (
 )
 
 
+def nvidia_stack(ubuntu: UbuntuLab) -> dict[str, str]:
+    """Installed and held packages of NVIDIA's repositories (CUDA toolkits, DCGM, the
+    Container Toolkit) -> version; one installed but not held is missing from it."""
+    listing = ubuntu.sudo(
+        "dpkg-query -W -f '${db:Status-Abbrev}|${Package}|${Version}\\n' "
+        "'cuda-toolkit-1*' 'datacenter-gpu-manager*' nvidia-container-toolkit 2>/dev/null; "
+        "echo; apt-mark showhold"
+    )
+    installed_part, held_part = listing.split("\n\n", 1)
+    held = set(held_part.split())
+    # A package dpkg knows but has not installed (un) has no version.
+    installed = (line.split("|") for line in installed_part.splitlines())
+    return {
+        name: version
+        for status, name, version in installed
+        if status[1:2] == "i" and name in held and not name.endswith("-config-common")
+    }
+
+
 def ubuntu_packages(node_sudo: Any) -> dict[str, tuple[str, str]]:
-    """Installed Ubuntu driver packages: name -> (version, hold mark)."""
+    """Installed Ubuntu driver and Fabric Manager packages: name -> (version, hold mark);
+    the Container Toolkit's (NVIDIA's own repository) are not among them."""
     listing = node_sudo(
         "dpkg-query -W -f '${db:Status-Abbrev}|${Package}|${Version}\\n' "
         "'*nvidia*' 2>/dev/null; echo; apt-mark showhold"
@@ -80,6 +111,8 @@ def ubuntu_packages(node_sudo: Any) -> dict[str, tuple[str, str]]:
     found = {}
     for line in installed_part.splitlines():
         status, name, version = line.split("|")
+        if "-container" in name:
+            continue
         if status[1:2] == "i":  # installed (ii, or hi: held)
             found[name] = (version, "held" if name in held else "not held")
     return found
@@ -128,16 +161,10 @@ def ubuntu(lab: Lab, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ubunt
         "GPUNODE_LAB_SUBNET": str(subnet),
         "GPUNODE_FACT_PLAN_DIR": str(state / "plans"),
     }
-    # A PCIe profile: no NVSwitch or HCA, whose Fabric Manager and IB stack need NVIDIA's
-    # packages, which an Ubuntu lab node does not get.
-    fresh.up(1, profiles=["pcie-a10g"], releases=["noble"])
+    # An HGX H100 node (NVSwitch): the driver's Fabric Manager comes from Ubuntu's archive.
+    fresh.up(1, profiles=["hgx-h100"], releases=["noble"])
     try:
-        ubuntu = UbuntuLab(fresh, env)
-        # The profile's A10G is idle and trains its link down to x8, as captured, which the
-        # drift check warns about; the hardware is not what this module checks, so its
-        # simulated link runs at full width, as under load.
-        ubuntu.sudo("gpunode-lab-hw set gpus.0.pcie.width_current 16")
-        yield ubuntu
+        yield UbuntuLab(fresh, env)
     finally:
         fresh.down(keep_image=True)
 
@@ -209,7 +236,7 @@ def test_the_converge_installs_the_prebuilt_module_and_is_idempotent(ubuntu: Ubu
     # own sshd_config includes sshd_config.d first, and sshd keeps the first value it reads.
     ubuntu.sudo(f"echo 'PasswordAuthentication yes' > {CLOUD_INIT_DROP_IN}")
     assert effective_password_authentication(ubuntu) == "yes"
-    first, first_s = ubuntu.pyinfra(DEPLOY, "--data", "nvidia_driver=" + json.dumps(BRANCH_570))
+    first, first_s = ubuntu.pyinfra(DEPLOY, *ON_570)
     assert first.returncode == 0, first.output
     # gpunode's sshd_config includes no drop-in: the inventory's setting is the effective one.
     assert effective_password_authentication(ubuntu) == "no"
@@ -231,20 +258,37 @@ def test_the_converge_installs_the_prebuilt_module_and_is_idempotent(ubuntu: Ubu
     ).split() == ["masked", "enabled", "active", "Status:", "inactive"]
     # Ubuntu's compute set at the pinned version, held, with Canonical's prebuilt module for the
     # running kernel (at the kernel's version, held apart), no DKMS and no headers.
+    # Fabric Manager and NSCQ from Ubuntu's multiverse, at the driver's version, held.
     assert ubuntu_packages(ubuntu.sudo) == {
         "libnvidia-compute-570-server": (DRIVER_570, "held"),
         "nvidia-utils-570-server": (DRIVER_570, "held"),
         "nvidia-compute-utils-570-server": (DRIVER_570, "held"),
         "nvidia-kernel-common-570-server": (DRIVER_570, "held"),
         f"linux-modules-nvidia-570-server-open-{KERNEL}": ("6.8.0-64.67+1", "held"),
+        "nvidia-fabricmanager-570": (DRIVER_570, "held"),
+        "libnvidia-nscq-570": (DRIVER_570, "held"),
     }
     assert "linux-headers" not in ubuntu.sudo("dpkg-query -W -f '${Package}\\n'")
-    # The lab's "reboot" loaded it: the simulated GPU runs the installed driver.
-    assert (
-        ubuntu.sudo("nvidia-smi --query-gpu=driver_version --format=csv,noheader").strip()
-        == DRIVER_570.split("-")[0]
-    )
-    again, again_s = ubuntu.pyinfra(DEPLOY, "--data", "nvidia_driver=" + json.dumps(BRANCH_570))
+    # The lab's "reboot" loaded it: the simulated GPUs run the installed driver, and Fabric
+    # Manager (which starts only with its own driver version) runs with it.
+    assert set(
+        ubuntu.sudo("nvidia-smi --query-gpu=driver_version --format=csv,noheader").split()
+    ) == {DRIVER_570.split("-")[0]}
+    assert ubuntu.sudo(FABRIC_MANAGER_STATE).split() == ["enabled", "active"]
+    # The rest of the stack from NVIDIA's repositories, as the group data pins it: CUDA and
+    # DCGM (its CUDA 12 part: the newest CUDA declared) from the Ubuntu 24.04 tree, the
+    # Container Toolkit from its own repository.
+    assert "/cuda/ubuntu2404/x86_64" in ubuntu.sudo("cat /etc/apt/sources.list.d/*")
+    assert nvidia_stack(ubuntu) == {
+        "cuda-toolkit-12-8": "12.8.1-1",
+        "datacenter-gpu-manager-4-core": "1:4.6.0-1",
+        "datacenter-gpu-manager-4-cuda12": "1:4.6.0-1",
+        "datacenter-gpu-manager-exporter": "4.8.3-1",
+        "nvidia-container-toolkit": "1.18.2-1",
+    }
+    dcgm = ubuntu.sudo("systemctl is-active nvidia-dcgm nvidia-dcgm-exporter; true")
+    assert dcgm.split() == ["active", "active"]
+    again, again_s = ubuntu.pyinfra(DEPLOY, *ON_570)
     assert again.returncode == 0, again.output
     assert again.changed_operations() == {}
     print(f"noble node: converge from sshd on {first_s:.1f} s, no-op run {again_s:.1f} s")
@@ -261,16 +305,73 @@ def test_a_branch_change_moves_the_held_packages_and_leaves_no_drift(ubuntu: Ubu
         "nvidia-compute-utils-580-server": (DRIVER_580, "held"),
         "nvidia-kernel-common-580-server": (DRIVER_580, "held"),
         f"linux-modules-nvidia-580-server-open-{KERNEL}": ("6.8.0-64.67+1", "held"),
+        "nvidia-fabricmanager-580": (DRIVER_580, "held"),
+        "libnvidia-nscq-580": (DRIVER_580, "held"),
     }
-    assert (
-        ubuntu.sudo("nvidia-smi --query-gpu=driver_version --format=csv,noheader").strip()
-        == DRIVER_580.split("-")[0]
-    )
+    assert set(
+        ubuntu.sudo("nvidia-smi --query-gpu=driver_version --format=csv,noheader").split()
+    ) == {DRIVER_580.split("-")[0]}
+    # 570's Fabric Manager went with its driver; 580's runs with the new one.
+    assert ubuntu.sudo(FABRIC_MANAGER_STATE).split() == ["enabled", "active"]
+    # The 580 driver runs CUDA 13 too: its toolkit, and DCGM's part for it in place of 12's.
+    assert nvidia_stack(ubuntu) == {
+        "cuda-toolkit-12-8": "12.8.1-1",
+        "cuda-toolkit-13-0": "13.0.2-1",
+        "datacenter-gpu-manager-4-core": "1:4.6.0-1",
+        "datacenter-gpu-manager-4-cuda13": "1:4.6.0-1",
+        "datacenter-gpu-manager-exporter": "4.8.3-1",
+        "nvidia-container-toolkit": "1.18.2-1",
+    }
     again, _ = ubuntu.pyinfra(DEPLOY)
     assert again.returncode == 0, again.output
     assert again.changed_operations() == {}
     report = ubuntu.drift()
     assert report["findings"] == [] and report["unreachable"] == {}, report
+
+
+IPOIB = {"enabled": True, "ipoib": [{"name": "ib0", "address": "192.168.100.11/24"}]}
+NETPLAN_IPOIB = "/etc/netplan/60-gpunode-ipoib-ib0.yaml"
+# What netplan generates from it for systemd-networkd (the renderer of Ubuntu servers).
+NETWORKD_IB0 = "/run/systemd/network/10-netplan-ib0.network"
+BROKEN_NETPLAN = "/etc/netplan/40-operator.yaml"
+
+
+def test_ipoib_is_a_netplan_file_the_nodes_netplan_validates_before_it_is_written(
+    ubuntu: UbuntuLab,
+) -> None:
+    """noble configures its network with netplan: an IPoIB interface is a netplan file of
+    gpunode's, read by the node's real netplan (Debian's netplan.io here). An operator's file
+    netplan cannot read refuses the change before anything is written, in netplan's words."""
+    ubuntu.sudo(
+        f"printf 'network:\\n  version: 2\\n  ethernets: [eth9\\n' > {BROKEN_NETPLAN} && "
+        f"chmod 600 {BROKEN_NETPLAN}"
+    )
+    refused, _ = ubuntu.pyinfra(DEPLOY, "--data", "infiniband=" + json.dumps(IPOIB))
+    assert refused.returncode != 0, refused.output
+    assert (
+        f"netplan refuses {NETPLAN_IPOIB}; the netplan configuration is as it was" in refused.output
+    )
+    assert "40-operator.yaml" in refused.output  # netplan names the file it cannot read
+    assert ubuntu.sudo(f"ls {NETPLAN_IPOIB} {NETWORKD_IB0} 2>&1 || true").count("No such") == 2
+    ubuntu.sudo(f"rm {BROKEN_NETPLAN}")
+
+    done, _ = ubuntu.pyinfra(DEPLOY, "--data", "infiniband=" + json.dumps(IPOIB))
+    assert done.returncode == 0, done.output
+    assert set(done.changed_operations()) == {"InfiniBand and RDMA | IPoIB ib0 (netplan)"}
+    assert ubuntu.sudo(f"stat -c '%a %U' {NETPLAN_IPOIB}") == "600 root\n"
+    network = ubuntu.sudo(f"cat {NETWORKD_IB0}")
+    assert "Name=ib0" in network and "Address=192.168.100.11/24" in network, network
+    assert "MTUBytes=2044" in network, network
+    again, _ = ubuntu.pyinfra(DEPLOY, "--data", "infiniband=" + json.dumps(IPOIB))
+    assert again.returncode == 0, again.output
+    assert again.changed_operations() == {}
+    # Declared away (the inventory has none): the file goes, and netplan's unit with it.
+    gone, _ = ubuntu.pyinfra(DEPLOY)
+    assert gone.returncode == 0, gone.output
+    assert set(gone.changed_operations()) == {
+        "InfiniBand and RDMA | No other gpunode IPoIB interfaces"
+    }
+    assert ubuntu.sudo(f"ls {NETPLAN_IPOIB} {NETWORKD_IB0} 2>&1 || true").count("No such") == 2
 
 
 # Secure Boot on the noble node: the lab's simulated UEFI firmware (lab.hwsim.firmware) read by

@@ -175,6 +175,31 @@ def test_the_debian13_repository_holds_the_same_signed_packages(built: Built):
     }
 
 
+def test_the_ubuntu2404_repository_holds_the_debian_trees_packages_but_the_driver(built: Built):
+    """NVIDIA's Ubuntu tree names its driver packages as Ubuntu does: the stand-in's Ubuntu
+    tree has the toolkits, DCGM, NCCL and nvlsm of the Debian trees, the same files, and no
+    driver package (an Ubuntu lab node's driver is the stand-in Ubuntu archive's)."""
+    debian12 = aptrepo.CUDA_REPOSITORIES["debian12"]
+    noble = aptrepo.CUDA_REPOSITORIES["ubuntu2404"]
+    assert noble.path == "cuda/ubuntu2404/x86_64"
+    debian_index = {
+        stanza["Package"] + "=" + stanza["Version"]: stanza
+        for stanza in _index(built.repo, debian12)
+    }
+    noble_index = {
+        stanza["Package"] + "=" + stanza["Version"]: stanza for stanza in _index(built.repo, noble)
+    }
+    assert noble_index and set(noble_index) < set(debian_index)
+    for key, stanza in noble_index.items():
+        assert stanza["SHA256"] == debian_index[key]["SHA256"], key
+    names = {stanza["Package"] for stanza in noble_index.values()}
+    assert {"cuda-toolkit-12-8", "datacenter-gpu-manager-4-core", "libnccl2", "nvlsm"} <= names
+    assert not names & {"nvidia-driver-cuda", "nvidia-kernel-open-dkms", "libcuda1",
+                        "nvidia-open", "cuda-drivers", "nvidia-fabricmanager"}  # fmt: skip
+    left_out = {stanza["Package"] for stanza in debian_index.values()} - names
+    assert left_out == {p.name for p in catalogue() if p.family == "driver"}
+
+
 def test_packages_sit_in_the_repository_that_publishes_them(built: Built):
     cuda, container = aptrepo.REPOSITORIES
     container_names = {stanza["Package"] for stanza in _index(built.repo, container)}

@@ -257,8 +257,25 @@ BAD_INPUTS = [
     ),
     pytest.param(
         {"nvidia_driver": {"source": "debian"}, "expected_hardware": {"nvswitch": True}},
-        "fabric_manager.mode = 'auto': Fabric Manager is only in NVIDIA's repository",
+        "fabric_manager.mode = 'auto': Fabric Manager must match its driver and is packaged "
+        "by NVIDIA's repository and Ubuntu's archive, not Debian's",
         id="fabric-manager-with-debian-driver",
+    ),
+    pytest.param(
+        {
+            "nvidia_driver": {
+                "source": "ubuntu",
+                "branch": "580",
+                "ubuntu_series": "desktop",
+                "version": "580.95.05-0ubuntu0.24.04.2",
+            },
+            "expected_hardware": {"nvswitch": True},
+        },
+        "nvidia_driver.ubuntu_series = 'desktop': Ubuntu's Fabric Manager packages "
+        "(nvidia-fabricmanager-<branch>) depend on the server series' "
+        "nvidia-kernel-common-<branch>-server at their own version; accepted: server on "
+        "NVSwitch nodes, or fabric_manager.mode: never",
+        id="fabric-manager-with-ubuntu-desktop-series",
     ),
     pytest.param(
         {"admin_users": [{"name": "alice", "ssh_keys": ["ssh-ed25519 not-base64!"]}]},

@@ -9,6 +9,7 @@ from pyinfra.api import DeployError
 from pyinfra.facts.systemd import SystemdEnabled, SystemdStatus
 
 from facts.container_runtime import AptPackagePolicy, DpkgPackageState
+from facts.nvidia_packages import NvidiaPackages
 from gpunode.expected.packages import DCGM3_PACKAGE as DCGM_PACKAGE
 from gpunode.expected.packages import DCGM_EXPORTER_PACKAGE as EXPORTER_PACKAGE
 from gpunode.expected.packages import dcgm_packages
@@ -17,6 +18,7 @@ from roles.cuda import held_packages, require_offered
 from roles.dcgm import (
     EXPORTER_WEB_CONFIG_PATH,
     dcgm3_replaced,
+    other_cuda_parts_removed,
     render_exporter_drop_in,
     render_exporter_web_config,
     service_enabled_and_running,
@@ -265,3 +267,29 @@ def test_the_drop_in_replaces_the_packaged_command_with_the_web_configuration() 
         "ExecStart=/usr/bin/dcgm-exporter -f /etc/dcgm-exporter/default-counters.csv "
         f"--address=:9400 --web-config-file={EXPORTER_WEB_CONFIG_PATH}",
     ]
+
+
+def test_the_part_for_the_old_cuda_major_goes_before_the_new_one_comes() -> None:
+    """12 -> 13: DCGM's cuda12 part, held at its version, would stop the next DCGM upgrade
+    (it needs the core at exactly its own); it goes, its hold lifted; the core stays."""
+    packages = list(dcgm_packages(4, 13))
+    installed = {
+        "datacenter-gpu-manager-4-core": "1:4.6.0-1",
+        "datacenter-gpu-manager-4-cuda12": "1:4.6.0-1",
+        "datacenter-gpu-manager-exporter": "4.8.3-1",
+    }
+    facts = {"packages": installed, "held": sorted(installed)}
+    commands, _ = commands_of(other_cuda_parts_removed, {NvidiaPackages: facts}, packages=packages)
+    assert commands == [
+        "apt-mark unhold datacenter-gpu-manager-4-cuda12",
+        "DEBIAN_FRONTEND=noninteractive apt-get remove -y -q --allow-change-held-packages "
+        "datacenter-gpu-manager-4-cuda12",
+    ]
+    # The node's own part installed: nothing to remove.
+    facts = {"packages": {**installed, "datacenter-gpu-manager-4-cuda13": "1:4.6.0-1"}, "held": []}
+    del facts["packages"]["datacenter-gpu-manager-4-cuda12"]
+    commands, noops = commands_of(
+        other_cuda_parts_removed, {NvidiaPackages: facts}, packages=packages
+    )
+    assert commands == []
+    assert noops == ["no DCGM part for another CUDA major is installed"]

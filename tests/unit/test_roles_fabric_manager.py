@@ -120,7 +120,8 @@ def test_without_a_version_in_data_the_installed_driver_decides() -> None:
         "installed_module": None,
     }
     commands, noops = package(nothing)
-    assert commands[0] == f"{APT_INSTALL} {FM}={INSTALLED_DRIVER_VERSION}"
+    read_on_node = INSTALLED_DRIVER_VERSION.format(package="nvidia-driver")
+    assert commands[0] == f"{APT_INSTALL} {FM}={read_on_node}"
     assert "pending a reboot" in noops[0]
 
 
@@ -267,3 +268,92 @@ def test_unsuffixed_fabric_manager_at_its_version_and_held_is_left_alone() -> No
         version="580.95.05-1",
     )
     assert "apt-mark hold nvidia-fabricmanager libnvidia-nscq" in commands
+
+
+# --- Ubuntu's archive (nvidia_driver.source: ubuntu) ---------------------------------------
+
+UBUNTU_580 = "580.173.02-0ubuntu0.24.04.1"
+
+
+def ubuntu_node(
+    installed: dict[str, str] | None = None, held: tuple[str, ...] = (), loaded: str = "580.173.02"
+) -> dict[str, Any]:
+    """An Ubuntu node with the 580 server compute set and Canonical's prebuilt module."""
+    return {
+        "packages": {
+            "libnvidia-compute-580-server": UBUNTU_580,
+            "linux-modules-nvidia-580-server-open-6.8.0-64-generic": "6.8.0-64.67+1",
+            **(installed or {}),
+        },
+        "held": sorted(held),
+        "loaded_module": {"version": loaded, "flavour": "open", "source": "simulator"},
+        "installed_module": {"version": "580.173.02", "flavour": "open", "source": "modinfo"},
+    }
+
+
+def ubuntu_package(facts: dict[str, Any], running: bool = False, **kwargs: Any):
+    return commands_of(
+        fabric_manager_package,
+        {NvidiaPackages: facts, SystemdStatus: {UNIT: running}},
+        branch="580",
+        source="ubuntu",
+        **kwargs,
+    )
+
+
+def test_ubuntus_fabric_manager_keeps_the_branch_in_both_names_at_the_driver_version() -> None:
+    commands, noops = ubuntu_package(ubuntu_node(), version=UBUNTU_580)
+    pair = "nvidia-fabricmanager-580 libnvidia-nscq-580"
+    assert commands == [
+        f"{APT_INSTALL} nvidia-fabricmanager-580={UBUNTU_580} libnvidia-nscq-580={UBUNTU_580}",
+        f"apt-mark hold {pair}",
+        f"systemctl enable {UNIT}",
+        f"systemctl start {UNIT}",
+    ]
+    assert noops == []
+    installed = dict.fromkeys(pair.split(), UBUNTU_580)
+    commands, noops = ubuntu_package(
+        ubuntu_node(installed, held=tuple(installed)), running=True, version=UBUNTU_580
+    )
+    assert commands == []
+    assert noops == [f"nvidia-fabricmanager-580 {UBUNTU_580} installed and held"]
+
+
+def test_on_ubuntu_without_a_version_the_compute_library_decides() -> None:
+    commands, _ = ubuntu_package(ubuntu_node())
+    assert commands[0] == (
+        f"{APT_INSTALL} nvidia-fabricmanager-580={UBUNTU_580} libnvidia-nscq-580={UBUNTU_580}"
+    )
+    # Before the driver is installed (a --dry run): read on the node after the driver role.
+    nothing = {**ubuntu_node(), "packages": {}, "installed_module": None}
+    commands, _ = ubuntu_package(nothing)
+    read_on_node = INSTALLED_DRIVER_VERSION.format(package="libnvidia-compute-580-server")
+    assert commands[0] == (
+        f"{APT_INSTALL} nvidia-fabricmanager-580={read_on_node} libnvidia-nscq-580={read_on_node}"
+    )
+
+
+def test_on_ubuntu_nvidias_unsuffixed_fabric_manager_gives_way_to_ubuntus() -> None:
+    # A node moved from NVIDIA's repository to Ubuntu's archive: NVIDIA's pair goes.
+    nvidias = {"nvidia-fabricmanager": "580.95.05-1", "libnvidia-nscq": "580.95.05-1"}
+    commands, _ = ubuntu_package(ubuntu_node(nvidias, held=tuple(nvidias)), version=UBUNTU_580)
+    assert commands[0] == "apt-mark unhold libnvidia-nscq nvidia-fabricmanager"
+    assert commands[1].endswith(
+        f"libnvidia-nscq-580={UBUNTU_580} libnvidia-nscq- nvidia-fabricmanager-"
+    )
+
+
+def test_on_ubuntu_the_service_is_the_branch_packages() -> None:
+    installed = {"nvidia-fabricmanager-580": UBUNTU_580, "libnvidia-nscq-580": UBUNTU_580}
+    commands, noops = commands_of(
+        fabric_manager_service,
+        {
+            NvidiaPackages: ubuntu_node(installed),
+            SystemdEnabled: {UNIT: True},
+            SystemdStatus: {UNIT: False},
+        },
+        branch="580",
+        source="ubuntu",
+    )
+    assert commands == [f"systemctl start {UNIT}"]
+    assert noops == []

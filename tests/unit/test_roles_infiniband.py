@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 from pyinfra.api import OperationError
-from pyinfra.facts.files import File, FindFiles, FindInFile
+from pyinfra.facts.files import File, FileContents, FindFiles, FindInFile
 
 from facts.fabric import (
     KernelModuleStatus,
@@ -26,13 +26,16 @@ from roles.infiniband import (
     ipoib_up,
     memlock_reported,
     modules_loaded,
+    netplan_ipoib,
+    netplan_path,
     opensm_running,
     opensm_stopped,
     rdma_modules,
     render_ipoib,
     render_modules_load,
-    require_ifupdown_release,
+    render_netplan_ipoib,
     stale_ipoib_files_removed,
+    stale_netplan_ipoib_removed,
 )
 
 from .fakehost import commands_of
@@ -366,15 +369,85 @@ def test_an_ipoib_interface_declared_twice_is_a_validation_error() -> None:
     ]
 
 
-def test_ipoib_on_a_netplan_release_is_refused_naming_what_to_do() -> None:
-    from gpunode.distributions import BY_CODENAME
-    from gpunode.refusal import NodeRefused
+# --- IPoIB on a netplan release (Ubuntu) ---------------------------------------------------
 
-    require_ifupdown_release("node-1", BY_CODENAME["trixie"], ["ib0"])  # ifupdown: fine
-    with pytest.raises(NodeRefused) as refused:
-        require_ifupdown_release("node-1", BY_CODENAME["noble"], ["ib0", "ib1"])
-    assert refused.value.reason == (
-        "node-1: infiniband.ipoib (ib0, ib1) is configured with ifupdown, but Ubuntu 24.04 LTS "
-        "(noble) configures its network with netplan, which gpunode does not write yet; "
-        "configure these interfaces in netplan yourself and remove infiniband.ipoib"
+NETPLAN_IB0 = """\
+# Managed by gpunode (infiniband.ipoib); local edits are replaced.
+network:
+  version: 2
+  ethernets:
+    ib0:
+      addresses:
+        - "192.168.100.11/24"
+      mtu: 2044
+"""
+
+
+def test_an_ipoib_interface_is_a_netplan_file_of_its_own_connected_mode_only_when_asked() -> None:
+    assert netplan_path(IB0) == "/etc/netplan/60-gpunode-ipoib-ib0.yaml"
+    assert render_netplan_ipoib(IB0) == NETPLAN_IB0
+    connected = IpoibInterface(name="ib1", address="fd00::11/64", mtu=65520)
+    assert render_netplan_ipoib(connected).endswith(
+        '    ib1:\n      addresses:\n        - "fd00::11/64"\n      mtu: 65520\n'
+        "      infiniband-mode: connected\n"
     )
+
+
+def netplan_facts(content: str | None, mode: int = 600, live: dict | None = None) -> dict:
+    return {
+        FileContents: None if content is None else content.rstrip("\n").split("\n"),
+        File: None if content is None else {"mode": mode},
+        NetworkInterfaces: {} if live is None else {"ib0": live},
+    }
+
+
+def test_the_netplan_file_is_validated_by_netplan_before_it_is_written() -> None:
+    commands, noops = commands_of(netplan_ipoib, netplan_facts(None), interface=IB0)
+    assert noops == []
+    (script,) = commands
+    validate = script.index('netplan generate --root-dir "$scratch"')
+    write = script.index("install -m 600 -o root -g root")
+    assert validate < write
+    assert "the netplan configuration is as it was" in script[validate:write]
+    # The node's own netplan files are what it is validated beside.
+    assert 'cp -a /etc/netplan/. "$scratch"/etc/netplan/' in script
+    # Only the IPoIB interface is reconfigured, never the whole network (netplan apply).
+    assert "netplan apply" not in script
+    assert script.endswith("networkctl reload && networkctl reconfigure ib0; fi")
+
+
+def test_a_netplan_file_in_place_is_left_alone_and_says_where_the_interface_is() -> None:
+    commands, noops = commands_of(netplan_ipoib, netplan_facts(NETPLAN_IB0), interface=IB0)
+    assert commands == []
+    assert noops == [
+        "/etc/netplan/60-gpunode-ipoib-ib0.yaml as declared; ib0 does not exist on this node (no "
+        "IPoIB port: no HCA, or ib_ipoib not loaded); netplan brings it up at boot"
+    ]
+    up = interface(2044, ("192.168.100.11/24",))
+    commands, noops = commands_of(netplan_ipoib, netplan_facts(NETPLAN_IB0, live=up), interface=IB0)
+    assert commands == [] and noops[0].endswith("ib0 is up with 192.168.100.11/24, MTU 2044")
+
+
+@pytest.mark.parametrize(
+    "facts",
+    [
+        pytest.param(netplan_facts(NETPLAN_IB0.replace("2044", "4092")), id="edited"),
+        pytest.param(netplan_facts(NETPLAN_IB0, mode=644), id="readable-by-others"),
+        pytest.param(netplan_facts(NETPLAN_IB0, live=interface(2044)), id="live-without-address"),
+    ],
+)
+def test_a_netplan_file_or_interface_not_as_declared_is_written_and_applied(facts: dict) -> None:
+    commands, _ = commands_of(netplan_ipoib, facts, interface=IB0)
+    assert len(commands) == 1 and "install -m 600" in commands[0]
+
+
+def test_stale_netplan_files_go_and_their_interfaces_lose_their_addresses() -> None:
+    keep = ["/etc/netplan/60-gpunode-ipoib-ib0.yaml"]
+    commands, noops = commands_of(stale_netplan_ipoib_removed, {FindFiles: keep}, keep=keep)
+    assert commands == [] and noops == ["no other gpunode IPoIB netplan files"]
+    planted = "/etc/netplan/60-gpunode-ipoib-ib1;reboot.yaml"
+    commands, _ = commands_of(stale_netplan_ipoib_removed, {FindFiles: [*keep, planted]}, keep=keep)
+    assert commands == [
+        f"rm -f {shlex.quote(planted)} && netplan generate; "
+        f"ip address flush dev {shlex.quote('ib1;reboot')} 2>/dev/null; true"
+    ]

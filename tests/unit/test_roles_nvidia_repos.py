@@ -30,6 +30,18 @@ def test_what_needs_the_cuda_repository() -> None:
     assert needed({"dcgm": {"enabled": True, "cuda_major": 12}})["nvidia-cuda"]
 
 
+def test_fabric_manager_comes_from_its_drivers_source() -> None:
+    nvswitch = {"expected_hardware": {"nvswitch": True}}
+    nvidia = {"source": "nvidia", "branch": "580"}
+    assert needed({"nvidia_driver": nvidia, **nvswitch})["nvidia-cuda"]
+    # Ubuntu's archive has Fabric Manager: NVIDIA's repository is not needed for it...
+    ubuntu = {"source": "ubuntu", "branch": "580", "version": "580.173.02-0ubuntu0.24.04.1"}
+    assert not needed({"nvidia_driver": ubuntu, **nvswitch})["nvidia-cuda"]
+    # ...but is for the NVLink Subnet Manager of a Blackwell NVSwitch system, only there.
+    blackwell = {"expected_hardware": {"nvswitch": True, "gpu_model": "NVIDIA B200"}}
+    assert needed({"nvidia_driver": ubuntu, **blackwell})["nvidia-cuda"]
+
+
 def test_container_engines_need_the_toolkit_repository() -> None:
     assert needed({"container_runtime": {"engines": ["docker"]}})["nvidia-container-toolkit"]
 

@@ -1,7 +1,7 @@
 """The lab's stand-in of Ubuntu's own NVIDIA driver packages (lab/standin/ubuntu_world.toml),
 against the real index excerpts it records (tests/fixtures/ubuntu-packages), against
 gpunode's own name rules for the ubuntu driver source (gpunode/expected/ubuntu_driver.py), and
-as the stand-in Ubuntu archive serves it (signed suite, pool of its component); and the
+as the stand-in Ubuntu archive serves it (signed suite, pool of each component); and the
 simulated running kernel of an Ubuntu lab node (lab/hwsim/kernel.py).
 
 As in test_standin_catalogue.py, the relation check recomputes what the data says on its own
@@ -201,6 +201,44 @@ def test_removing_one_of_two_installed_modules_keeps_the_record_of_the_other(
     assert record.read_text() == "580.173.02\n"
 
 
+def test_a_module_package_lists_its_nvidia_ko_in_its_kernels_modules_dep(tmp_path: Path) -> None:
+    """As depmod leaves it: the Container Toolkit's refresh service runs only where the
+    running kernel's modules.dep lists nvidia.ko. Two branches' prebuilt modules for one
+    kernel each have their line; removing one leaves the other's and the kernel's own."""
+    state, root = str(tmp_path / "state"), tmp_path / "modules"
+    dep = root / "6.8.0-64-generic" / "modules.dep"
+    dep.parent.mkdir(parents=True)
+    dep.write_text("kernel/drivers/net/dummy.ko:\n")
+
+    def scripts(branch: str) -> dict[str, str]:
+        entry = ubuntu.ModuleEntry("6.8.0-64-generic", f"kernel/nvidia-{branch}-server/nvidia.ko")
+        return ubuntu.module_scripts(f"linux-modules-nvidia-{branch}-server-6.8.0-64-generic",
+                                     f"{branch}.1", "open", state, entry, str(root))  # fmt: skip
+
+    _script(scripts("570")["postinst"], "configure")
+    _script(scripts("580")["postinst"], "configure")
+    _script(scripts("580")["postinst"], "configure")  # configured again: one line still
+    assert dep.read_text().splitlines() == [
+        "kernel/drivers/net/dummy.ko:",
+        "kernel/nvidia-570-server/nvidia.ko:",
+        "kernel/nvidia-580-server/nvidia.ko:",
+    ]
+    _script(scripts("570")["postrm"], "remove")
+    assert dep.read_text().splitlines() == [
+        "kernel/drivers/net/dummy.ko:",
+        "kernel/nvidia-580-server/nvidia.ko:",
+    ]
+    # The catalogue's packages: DKMS for the running kernel, prebuilt for their own.
+    by_name = {package.name: package for package in ubuntu.catalogue()}
+    assert (
+        "/lib/modules/$(uname -r)/modules.dep"
+        in (by_name["nvidia-dkms-580-server-open"].scripts["postinst"])
+    )
+    prebuilt = by_name["linux-modules-nvidia-580-server-open-6.8.0-64-generic"]
+    assert "'kernel/nvidia-580-server-open/nvidia.ko:'" in prebuilt.scripts["postinst"]
+    assert "/lib/modules/6.8.0-64-generic/modules.dep" in prebuilt.scripts["postinst"]
+
+
 # --- the stand-in Ubuntu archive as served --------------------------------------------------
 
 
@@ -218,17 +256,19 @@ def gpg_home(tmp_path: Path) -> Iterator[dict[str, str]]:
     subprocess.run(["gpgconf", "--kill", "all"], env=env, capture_output=True, check=False)
 
 
-def test_the_suite_is_ubuntus_signed_with_its_own_key_and_lists_its_component(
+def test_the_suite_is_ubuntus_signed_with_its_own_key_and_lists_its_components(
     built: aptrepo.RepoInfo, gpg_home: dict[str, str]
 ) -> None:
     suite = built.directory / aptrepo.UBUNTU_SUITE_PATH
     release = (suite / "Release").read_text()
     for line in ("Origin: Ubuntu", "Suite: noble-updates", "Codename: noble",
-                 "Components: restricted", "Architectures: amd64"):  # fmt: skip
+                 "Components: multiverse restricted", "Architectures: amd64"):  # fmt: skip
         assert f"\n{line}\n" in f"\n{release}", line
-    index = suite / "restricted" / "binary-amd64" / "Packages.gz"
-    digest = hashlib.sha256(index.read_bytes()).hexdigest()
-    assert re.search(rf"^ {digest} +\d+ restricted/binary-amd64/Packages.gz$", release, re.M)
+    for component in ("multiverse", "restricted"):
+        index = suite / component / "binary-amd64" / "Packages.gz"
+        digest = hashlib.sha256(index.read_bytes()).hexdigest()
+        listed = rf"^ {digest} +\d+ {component}/binary-amd64/Packages.gz$"
+        assert re.search(listed, release, re.M), component
     own = subprocess.run(
         ["gpgv", "--keyring", str(built.ubuntu_keyring), str(suite / "InRelease")],
         env=gpg_home, capture_output=True, text=True, check=False,
@@ -245,16 +285,28 @@ def test_every_package_is_in_the_pool_of_its_component_as_the_index_says(
     built: aptrepo.RepoInfo,
 ) -> None:
     suite = built.directory / aptrepo.UBUNTU_SUITE_PATH
-    index = gzip.decompress((suite / "restricted/binary-amd64/Packages.gz").read_bytes()).decode()
-    stanzas = [
-        dict(re.findall(r"^(\w[\w-]*): (.*)$", block, re.M)) for block in index.split("\n\n")
-    ]
-    stanzas = [stanza for stanza in stanzas if stanza]
+    stanzas = []
+    for component in ("multiverse", "restricted"):
+        packages = suite / component / "binary-amd64/Packages.gz"
+        index = gzip.decompress(packages.read_bytes()).decode()
+        for block in index.split("\n\n"):
+            stanza = dict(re.findall(r"^(\w[\w-]*): (.*)$", block, re.M))
+            if stanza:
+                # In the pool of the component whose index lists it, and of its section's.
+                assert stanza["Filename"].startswith(f"pool/{component}/"), stanza
+                assert stanza["Section"].startswith(f"{component}/"), stanza
+                stanzas.append(stanza)
     assert sorted((s["Package"], s["Version"]) for s in stanzas) == sorted(
         (p.name, p.version) for p in ubuntu.catalogue()
     )
+    # Fabric Manager's packages are multiverse's, as on Ubuntu's archive.
+    multiverse = {s["Package"] for s in stanzas if s["Filename"].startswith("pool/multiverse/")}
+    assert multiverse == {
+        f"{name}-{branch}"
+        for name in ("nvidia-fabricmanager", "libnvidia-nscq")
+        for branch in ("570", "580")
+    }
     for stanza in stanzas:
-        assert stanza["Filename"].startswith("pool/restricted/"), stanza
         deb = built.directory / "ubuntu" / stanza["Filename"]
         assert hashlib.sha256(deb.read_bytes()).hexdigest() == stanza["SHA256"]
         # Served from the lab's build, never redirected to Debian's archive.

@@ -222,6 +222,21 @@ def test_an_ubuntu_node_holds_the_compute_set_at_the_pinned_version() -> None:
     assert held_packages(state) == dict.fromkeys(compute_packages("550", "server"), VERSION)
 
 
+def test_an_ubuntu_nvswitch_node_holds_ubuntus_fabric_manager_at_the_driver_version() -> None:
+    state, problems = build_desired_state(
+        {
+            "nvidia_driver": {"source": "ubuntu", "branch": "550", "version": VERSION},
+            "expected_hardware": {"nvswitch": True},
+        }
+    )
+    assert problems == []
+    assert held_packages(state) == {
+        **dict.fromkeys(compute_packages("550", "server"), VERSION),
+        "nvidia-fabricmanager-550": VERSION,
+        "libnvidia-nscq-550": VERSION,
+    }
+
+
 # --- the role --------------------------------------------------------------------------------
 
 
@@ -343,6 +358,39 @@ def test_a_branch_change_unholds_installs_the_new_names_and_removes_the_old() ->
     install = commands[1].split()
     assert f"libnvidia-compute-580-server={new}" in install and prebuilt_580 in install
     assert {f"{name}-" for name in installed} <= set(install)
+
+
+def test_a_driver_change_takes_ubuntus_fabric_manager_of_the_old_driver_with_it() -> None:
+    """Ubuntu's Fabric Manager depends on the kernel common files at exactly its version: a
+    held one of the old driver would stop apt from moving the driver. It goes in the driver's
+    transaction (the Fabric Manager role installs the new one next); one already at the new
+    version stays."""
+    old = "580.159.03-0ubuntu0.24.04.1"
+    new = "580.173.02-0ubuntu0.24.04.1"
+    prebuilt_580 = "linux-modules-nvidia-580-server-open-6.8.0-64-generic"
+    fabric = {"nvidia-fabricmanager-580": old, "libnvidia-nscq-580": old}
+    installed = (
+        dict.fromkeys(compute_packages("580", "server"), old)
+        | {prebuilt_580: "6.8.0-64.67+1"}
+        | fabric
+    )
+    facts = ubuntu_node(installed=installed, held=tuple(installed), module="580.159.03")
+    offered = {prebuilt_580: [{"version": "6.8.0-64.67+1", "upstream": "6.8.0", "dkms": False}]}
+    spec = spec_for(facts, offered, branch="580", version=new)
+    commands, _ = commands_of(
+        driver_packages, {NvidiaPackages: facts, AptPackageVersions: offered}, spec=spec
+    )
+    assert set(fabric) <= set(commands[0].split()[2:])
+    install = commands[1].split()
+    assert {"libnvidia-nscq-580-", "nvidia-fabricmanager-580-"} <= set(install)
+    assert f"libnvidia-compute-580-server={new}" in install
+    # Fabric Manager already at the new version (installed with it before) is left in place.
+    moved = installed | dict.fromkeys(fabric, new)
+    facts = ubuntu_node(installed=moved, held=tuple(moved), module="580.159.03")
+    commands, _ = commands_of(
+        driver_packages, {NvidiaPackages: facts, AptPackageVersions: offered}, spec=spec
+    )
+    assert not any(word.startswith(tuple(fabric)) for word in " ".join(commands).split())
 
 
 def test_without_a_prebuilt_module_dkms_builds_it_with_the_kernel_s_headers() -> None:

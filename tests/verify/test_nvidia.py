@@ -52,8 +52,8 @@ CDI_SPEC = "/etc/cdi/nvidia.yaml"
 TOOLKIT_CDI_SPEC = "/var/run/cdi/nvidia.yaml"
 TOOLKIT_KEEPS_CDI_FROM = (1, 18)
 FABRIC_MANAGER_SERVICE = "nvidia-fabricmanager"
-# Fabric Manager: nvidia-fabricmanager-<branch> up to 575, nvidia-fabricmanager with
-# libnvidia-nscq from 580.
+# Fabric Manager from NVIDIA's repository: nvidia-fabricmanager-<branch> up to 575,
+# nvidia-fabricmanager with libnvidia-nscq from 580 (Ubuntu's archive keeps the suffix).
 UNSUFFIXED_FABRIC_MANAGER_FROM_BRANCH = 580
 DCGM3_PACKAGE = "datacenter-gpu-manager"
 DCGM_SERVICE = "nvidia-dcgm"  # runs nv-hostengine
@@ -297,8 +297,14 @@ def test_fabric_manager_runs_where_nvswitches_are_expected(
             f"{desired.expected_hardware.nvswitch})"
         )
     driver = desired.nvidia_driver
-    if int(str(driver.branch)) >= UNSUFFIXED_FABRIC_MANAGER_FROM_BRANCH:
-        packages: tuple[str, ...] = ("nvidia-fabricmanager", "libnvidia-nscq")
+    if driver.source == "ubuntu":
+        # Ubuntu's archive (multiverse) keeps the branch in both names, for every branch.
+        packages: tuple[str, ...] = (
+            f"nvidia-fabricmanager-{driver.branch}",
+            f"libnvidia-nscq-{driver.branch}",
+        )
+    elif int(str(driver.branch)) >= UNSUFFIXED_FABRIC_MANAGER_FROM_BRANCH:
+        packages = ("nvidia-fabricmanager", "libnvidia-nscq")
     else:
         packages = (f"nvidia-fabricmanager-{driver.branch}",)
     versions = {package: installed_version(host, package) for package in packages}
