@@ -174,12 +174,16 @@ def cmd_drift(args: argparse.Namespace) -> int:
         raise ConfigurationError(str(error)) from None
     if args.baseline:
         apply_baseline(result, args.baseline)
+    unwritten = 0
+    if args.drain and not drain_for_drift(args, inventory, result):
+        unwritten += 1
+    if args.remedy and not remedy_for_drift(args, inventory, result):
+        unwritten += 1
     reports = [
         (args.junit, render_junit),
         (args.prometheus, render_prometheus),
         (args.write_baseline, render_json),
     ]
-    unwritten = 0
     for path, render in reports:
         if not path:
             continue
@@ -192,8 +196,6 @@ def cmd_drift(args: argparse.Namespace) -> int:
         print(render_json(result))  # one document, ended by a newline as a text file is
     else:
         print(render_table(result), end="")
-    if args.drain and not drain_for_drift(args, inventory, result):
-        unwritten += 1
     return max(result.exit_code, EXIT_USAGE) if unwritten else result.exit_code
 
 
@@ -266,6 +268,76 @@ def drain_for_drift(args: argparse.Namespace, inventory: object, result: object)
             print(f"gpunode drift --drain: {line}", file=sys.stderr)
     except SchedulerError as error:
         print(f"gpunode drift --drain: {clean_text(str(error), 1000)}", file=sys.stderr)
+        return False
+    return True
+
+
+def remedy_for_drift(args: argparse.Namespace, inventory: object, result: object) -> bool:
+    """``--remedy``: carry out the health remedies the inventory lets gpunode carry out
+    (``health.actions``), on nodes without running jobs, within the rate limit; record each
+    in the report and the history. False if the history or the scheduler could not be used
+    (nothing is carried out then). What it did goes to stderr (stdout holds the report)."""
+    import time
+
+    from gpunode.drift.findings import DriftResult
+    from gpunode.fleet import remedies
+    from gpunode.scheduler import SchedulerError
+
+    assert isinstance(result, DriftResult)
+    fleet = valid_fleet(inventory, args.inventory)
+    path = Path(args.remedy_history or remedies.default_history_path(args.inventory))
+    try:
+        history = remedies.History.load(path)
+    except remedies.HistoryError as error:
+        print(f"gpunode drift --remedy: {clean_text(str(error), 1000)}", file=sys.stderr)
+        result.remedies = []
+        return False
+    hosts_to_act = {
+        finding.host
+        for finding in result.findings
+        if remedies.candidates([finding], fleet.for_host(finding.host).health)
+    }
+    scheduled: dict[str, list[str] | str] = {}
+    slurm_hosts = sorted(h for h in hosts_to_act if fleet.for_host(h).slurm.enabled)
+    if slurm_hosts:
+        try:
+            scheduler = scheduler_from(args)
+            status = scheduler.status(slurm_hosts).nodes
+            for host in slurm_hosts:
+                node = status.get(host)
+                if node is None:
+                    scheduled[host] = "the scheduler does not know the node"
+                elif node.held_by_someone_else:
+                    scheduled[host] = f"someone else took the node out ({node.state}): theirs"
+                elif not node.drained:
+                    scheduled[host] = (
+                        f"the node takes jobs ({node.state}): it is reset once drained and idle "
+                        "(gpunode drift --drain critical drains it; a later check acts)"
+                    )
+                else:
+                    scheduled[host] = scheduler.running_jobs(host)
+        except SchedulerError as error:
+            for host in slurm_hosts:
+                scheduled.setdefault(
+                    host, f"the scheduler cannot be asked: {clean_text(str(error), 300)}"
+                )
+    now = time.time()
+    decided = remedies.plan(result, lambda host: fleet.for_host(host).health, scheduled,
+                            history, now)  # fmt: skip
+    done = []
+    for remedy in decided:
+        if not remedy.withheld:
+            remedy = remedies.carry_out(remedy, args.inventory)
+            history.record(remedy, now)
+        done.append(remedy)
+        print(f"gpunode drift --remedy: {remedy.line()}", file=sys.stderr)
+    result.remedies = [remedy.as_dict() for remedy in done]
+    longest = max((fleet.for_host(r.host).health.action_window_hours for r in done), default=24)
+    try:
+        if any(not remedy.withheld for remedy in done):
+            history.save(keep_since=now - longest * 3600)
+    except remedies.HistoryError as error:
+        print(f"gpunode drift --remedy: {clean_text(str(error), 1000)}", file=sys.stderr)
         return False
     return True
 
@@ -497,7 +569,20 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     drift.add_argument(
         "--scheduler-ssh", metavar="SSH_ARGS",
-        help="with --drain: Slurm's commands over SSH with these arguments (sudo -n there)",
+        help="with --drain or --remedy: Slurm's commands over SSH with these arguments (sudo -n "
+        "there)",
+    )  # fmt: skip
+    drift.add_argument(
+        "--remedy", action="store_true",
+        help="carry out the remedies health.actions lets gpunode carry out (a GPU reset), only "
+        "on nodes without running jobs (a Slurm node once drained and idle) and at most "
+        "health.action_limit per node within health.action_window_hours; each is in the "
+        "report ('remedies'), the Prometheus file and on stderr",
+    )  # fmt: skip
+    drift.add_argument(
+        "--remedy-history", metavar="FILE",
+        help="with --remedy: the history the rate limit counts in (default: one per inventory "
+        "under $XDG_STATE_HOME/gpunode)",
     )  # fmt: skip
     drift.set_defaults(func=cmd_drift)
 

@@ -2045,6 +2045,52 @@ class Advisory:
         return clean_text(f"{source}: {host}: note: {self.key} = {self.value!r}: {self.message}")
 
 
+# What gpunode itself may carry out of a health finding's remedy (gpunode.health.catalogue's
+# Remedy values), from the least disruptive on. The others (a reboot, a driver reinstall,
+# reseating the board) stay an operator's.
+HEALTH_ACTIONS = ("reset_gpu",)
+
+
+@dataclass(frozen=True)
+class Health:
+    """Remedies gpunode carries out itself (``gpunode drift --remedy``), per failure class."""
+
+    actions: dict[str, str] = field(
+        default_factory=dict,
+        metadata=spec(
+            "failure class (gpunode/health/catalogue.py) -> the most disruptive remedy gpunode "
+            "may carry out for it on its own; a finding whose remedy is more disruptive is "
+            "left to an operator",
+            accepts="failure classes such as gpu.recovery_action or memory.row_remap_pending "
+            "to reset_gpu",
+            pattern=r"[a-z_]{1,40}",
+        ),
+    )
+    action_limit: int = setting(
+        1, "remedies carried out per node within action_window_hours, at most", min=1, max=10
+    )
+    action_window_hours: int = setting(
+        24, "the window action_limit counts in (a flapping node is not reset in a loop)",
+        min=1, max=24 * 30,
+    )  # fmt: skip
+
+    def validate(self, builder: Builder, path: str) -> None:
+        from gpunode.health.catalogue import FAILURE_CLASSES
+
+        for name, remedy in self.actions.items():
+            if name not in FAILURE_CLASSES:
+                builder.problem(
+                    f"{path}.actions.{name}", remedy, "unknown failure class",
+                    ", ".join(sorted(FAILURE_CLASSES)),
+                )  # fmt: skip
+            elif remedy not in HEALTH_ACTIONS:
+                builder.problem(
+                    f"{path}.actions.{name}", remedy,
+                    "not a remedy gpunode carries out (a reboot or a driver reinstall stays an "
+                    "operator's)", ", ".join(HEALTH_ACTIONS),
+                )  # fmt: skip
+
+
 @dataclass(frozen=True)
 class Reboot:
     """How the node is rebooted when a change needs it (today: a driver change)."""
@@ -2097,6 +2143,7 @@ class DesiredState:
     )
     expected_hardware: ExpectedHardware = setting(ExpectedHardware(), "expected hardware")
     reboot: Reboot = setting(Reboot(), "how the node reboots")
+    health: Health = setting(Health(), "remedies gpunode carries out on health findings")
 
     @property
     def exporter_ports(self) -> tuple[int, ...]:

@@ -45,8 +45,13 @@ class Finding:
     evidence: str = ""
     confidence: str = ""
     remedy: str = ""
+    # The PCI bus id of the one GPU a health finding is about (where a remedy would act on
+    # it alone); "" otherwise. In the report only where set.
+    gpu: str = ""
 
-    HEALTH_FIELDS: ClassVar[tuple[str, ...]] = ("failure_class", "evidence", "confidence", "remedy")
+    HEALTH_FIELDS: ClassVar[tuple[str, ...]] = (
+        "failure_class", "evidence", "confidence", "remedy", "gpu",
+    )  # fmt: skip
 
     def __post_init__(self) -> None:
         # The one place text enters a report: node text (already cleaned with the facts),
@@ -61,7 +66,11 @@ class Finding:
         """The health fields, where this finding is a health failure (else {})."""
         if not self.failure_class:
             return {}
-        return {name: getattr(self, name) for name in self.HEALTH_FIELDS}
+        return {
+            name: getattr(self, name)
+            for name in self.HEALTH_FIELDS
+            if getattr(self, name) or name != "gpu"
+        }
 
     def as_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -80,6 +89,9 @@ class DriftResult:
     findings: list[Finding] = field(default_factory=list)
     checked_hosts: list[str] = field(default_factory=list)
     unreachable: dict[str, str] = field(default_factory=dict)
+    # The health remedies decided after the check (``gpunode drift --remedy``:
+    # gpunode.fleet.remedies.Remedy.as_dict); None where none were asked for.
+    remedies: list[dict[str, Any]] | None = None
 
     @property
     def exit_code(self) -> int:

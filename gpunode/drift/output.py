@@ -56,15 +56,15 @@ def render_table(result: DriftResult) -> str:
 
 
 def render_json(result: DriftResult) -> str:
-    return json.dumps(
-        {
-            "findings": [f.as_dict() for f in result.sorted_findings()],
-            "checked_hosts": _checked(result),
-            "unreachable": _unreachable(result),
-            "exit_code": result.exit_code,
-        },
-        indent=2,
-    )
+    document: dict[str, object] = {
+        "findings": [f.as_dict() for f in result.sorted_findings()],
+        "checked_hosts": _checked(result),
+        "unreachable": _unreachable(result),
+        "exit_code": result.exit_code,
+    }
+    if result.remedies is not None:
+        document["remedies"] = result.remedies
+    return json.dumps(document, indent=2)
 
 
 def render_junit(result: DriftResult) -> str:
@@ -146,6 +146,20 @@ def render_prometheus(result: DriftResult) -> str:
     lines += [
         f'gpunode_drift_host_checked{{host="{_label(h)}"}} 0' for h in sorted(_unreachable(result))
     ]
+    if result.remedies is not None:
+        lines += [
+            "# HELP gpunode_health_remedy A health remedy this check decided on (1): carried "
+            "out (outcome done or failed) or left to an operator (withheld).",
+            "# TYPE gpunode_health_remedy gauge",
+        ]
+        for remedy in result.remedies:
+            outcome = "withheld" if remedy["withheld"] else remedy["outcome"].split(" ", 1)[0]
+            lines.append(
+                f'gpunode_health_remedy{{host="{_label(remedy["host"])}",'
+                f'action="{_label(remedy["action"])}",'
+                f'failure_class="{_label(",".join(remedy["failure_classes"]))}",'
+                f'outcome="{_label(outcome or "to_do")}"}} 1'
+            )
     return "\n".join(lines) + "\n"
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +23,9 @@ class HealthFinding:
     confidence: Confidence
     remedy: Remedy
     if_it_persists: Remedy | None = None
+    # The PCI bus id of the one GPU the finding is about, as nvidia-smi -i takes it (where a
+    # remedy acts on that GPU alone); "" for a finding about no one GPU.
+    gpu: str = ""
 
     @property
     def fix(self) -> str:
@@ -33,12 +37,15 @@ class HealthFinding:
 
     def detail(self) -> dict[str, str]:
         """The fields a drift finding carries besides its own five."""
-        return {
+        detail = {
             "failure_class": self.failure_class,
             "evidence": self.evidence,
             "confidence": self.confidence.value,
             "remedy": self.remedy.value,
         }
+        if self.gpu:
+            detail["gpu"] = self.gpu
+        return detail
 
 
 def gpu_subject(gpu: dict[str, Any]) -> str:
@@ -49,3 +56,17 @@ def gpu_subject(gpu: dict[str, Any]) -> str:
     if gpu.get("serial"):
         parts.append(f"serial {gpu['serial']}")
     return ", ".join(parts)
+
+
+def gpu_bus_id(bus_id: object) -> str:
+    """A GPU's PCI bus id as nvidia-smi -i takes it (``00000000:18:00.0``), from the forms
+    the driver and the kernel log write it in (``0000:18:00``, ``18:00.0``); "" for one that
+    is none of them."""
+    match = re.fullmatch(
+        r"(?:([0-9a-fA-F]{1,8}):)?([0-9a-fA-F]{1,2}):([0-9a-fA-F]{1,2})(?:\.([0-7]))?",
+        str(bus_id or "").strip(),
+    )
+    if not match:
+        return ""
+    domain, bus, device, function = match.groups()
+    return f"{int(domain or '0', 16):08X}:{int(bus, 16):02X}:{int(device, 16):02X}.{function or 0}"

@@ -10,10 +10,12 @@ reload. The finding ids are those the drift check has always used for them.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
+from itertools import chain
 from typing import Any
 
 from gpunode.health.catalogue import FAILURE_CLASSES, Confidence
-from gpunode.health.finding import HealthFinding, gpu_subject
+from gpunode.health.finding import HealthFinding, gpu_bus_id, gpu_subject
 
 
 def _found(failure_class: str, finding_id: str, expected: str, found: str,
@@ -94,6 +96,8 @@ def _pages(gpu: dict[str, Any], label: str, subject: str) -> Iterator[HealthFind
 def judge(report: dict[str, Any]) -> Iterator[HealthFinding]:
     for gpu in report.get("gpus") or []:
         label, subject = str(gpu.get("index")), gpu_subject(gpu)
-        yield from _ecc(gpu, label, subject)
-        yield from _rows(gpu, label, subject)
-        yield from _pages(gpu, label, subject)
+        bus = gpu_bus_id(gpu.get("pci_bus_id"))
+        for finding in chain(
+            _ecc(gpu, label, subject), _rows(gpu, label, subject), _pages(gpu, label, subject)
+        ):
+            yield replace(finding, gpu=bus)

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from gpunode.health.catalogue import FAILURE_CLASSES, RECOVERY_ACTIONS, Confidence, Remedy, Severity
-from gpunode.health.finding import HealthFinding, gpu_subject
+from gpunode.health.finding import HealthFinding, gpu_bus_id, gpu_subject
 
 RECOVERY = FAILURE_CLASSES["gpu.recovery_action"]
 
@@ -26,6 +26,7 @@ def judge(report: dict[str, Any]) -> Iterator[HealthFinding]:
                 failure_class=RECOVERY.name,
                 evidence=f"{subject}: the driver's recovery action is {value} ({action.name})",
                 confidence=Confidence.REPORTED, remedy=action.remedy,
+                gpu=gpu_bus_id(gpu.get("pci_bus_id")),
             )  # fmt: skip
         elif value is not None or words:
             # A value or words no catalogue entry names (a newer driver): a person looks.

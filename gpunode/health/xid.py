@@ -24,7 +24,7 @@ from gpunode.health.catalogue import (
     Remedy,
     Severity,
 )
-from gpunode.health.finding import HealthFinding
+from gpunode.health.finding import HealthFinding, gpu_bus_id
 
 RECOVERY_ACTION_CHANGED = 154
 # "... changed from 0x0 (None) to 0x2 (OS Reboot)": the new value, in hex.
@@ -115,6 +115,7 @@ def judge(report: dict[str, Any]) -> Iterator[HealthFinding]:
             found=found, failure_class=failure_class,
             evidence=f"{evidence}; NVIDIA: {entry.mnemonic}, {entry.bucket}",
             confidence=Confidence.REPORTED, remedy=remedy, if_it_persists=then,
+            gpu=gpu_bus_id(pci),
         )  # fmt: skip
 
 

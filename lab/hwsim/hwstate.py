@@ -164,7 +164,8 @@ def _write_atomically(path: Path, text: str) -> None:
 
 def reset_gpu(gpu: State) -> None:
     """What a GPU reset does: pending ECC/MIG modes take effect, volatile state (volatile ECC
-    counts, NVLink error counters) is lost.
+    counts, NVLink error counters) is lost, a pending row remap is done and a recovery action
+    asking for a reset is answered.
 
     MIG GPU and compute instances are volatile too: the driver keeps no MIG layout across a
     reset or reboot, so whoever wants one creates it again.
@@ -177,6 +178,14 @@ def reset_gpu(gpu: State) -> None:
     for link in gpu.get("nvlinks") or []:  # NVLink error counters count since the last reset
         for counter in link.get("errors") or {}:
             link["errors"][counter] = 0
+    # A reset is what a recovery action of "Reset" asks for; once done the driver asks for
+    # nothing (a fault that stays is set again by the test).
+    if gpu.get("recovery_action") in ("Reset", "GPU Reset"):
+        gpu["recovery_action"] = "None"
+    # Pending row remaps and page retirements take effect at the reset.
+    rows = gpu.get("remapped_rows")
+    if isinstance(rows, dict) and rows.get("pending") == "Yes":
+        rows["pending"] = "No"
 
 
 # Written by the lab's stand-in NVIDIA kernel module packages (lab.standin.catalogue,

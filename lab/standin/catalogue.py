@@ -475,7 +475,13 @@ def _pinning_contents(context: dict[str, str]) -> Contents:
 
 
 def _fabricmanager_contents(context: dict[str, str]) -> Contents:
-    daemon = _python_standin("daemon.py", context["version"])
+    return fabricmanager_files(context["version"])
+
+
+def fabricmanager_files(version: str) -> Contents:
+    """Fabric Manager's daemon (which runs only with the driver of ``version``), its unit and
+    configuration: NVIDIA's packages and Ubuntu's ship the same (lab.standin.ubuntu)."""
+    daemon = _python_standin("daemon.py", version)
     files = [
         PackageFile("/usr/bin/nv-fabricmanager", daemon, 0o755),
         PackageFile("/lib/systemd/system/nvidia-fabricmanager.service", FABRICMANAGER_UNIT),

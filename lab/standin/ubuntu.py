@@ -36,8 +36,6 @@ from typing import Any
 from gpunode.nvidia_releases import driver_cuda_version
 
 from .catalogue import (
-    FABRICMANAGER_CFG,
-    FABRICMANAGER_UNIT,
     INSTALLED_DRIVER_CUDA_VERSION_PATH,
     INSTALLED_DRIVER_VERSION_PATH,
     INSTALLED_KERNEL_MODULE_FLAVOUR_PATH,
@@ -48,6 +46,7 @@ from .catalogue import (
     _python_standin,
     _systemd_scripts,
     _with_readme,
+    fabricmanager_files,
     render,
     standin_relations,
 )
@@ -292,11 +291,5 @@ def _contents(
         return files, _systemd_scripts("nvidia-persistenced.service", enable=True)
     if template_id == "nvidia-fabricmanager":
         # The daemon compares its own (upstream) version with the loaded driver's.
-        daemon = _python_standin("daemon.py", context["upstream"])
-        files = [
-            PackageFile("/usr/bin/nv-fabricmanager", daemon, 0o755),
-            PackageFile("/lib/systemd/system/nvidia-fabricmanager.service", FABRICMANAGER_UNIT),
-            PackageFile("/usr/share/nvidia/nvswitch/fabricmanager.cfg", FABRICMANAGER_CFG),
-        ]
-        return files, _systemd_scripts("nvidia-fabricmanager.service", enable=False)
+        return fabricmanager_files(context["upstream"])
     return [], {}

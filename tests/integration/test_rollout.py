@@ -43,6 +43,7 @@ from typing import Any
 
 import pytest
 
+from gpunode.health.finding import gpu_bus_id
 from lab import Lab, LabNode
 from lab.hwsim.hwstate import DEFAULT_STATE_PATH
 from roles.gpu_settings import BOOT_SETTINGS, BOOT_UNIT
@@ -412,6 +413,73 @@ def test_drift_drain_drains_a_critical_node_resumes_it_clean_and_never_a_hand_dr
     clean = drift_drain(scheduler_ssh)
     assert clean.returncode == 0, clean.stdout + clean.stderr
     assert slurm_view(lab, node)[:2] == ("drained", "bad fan, ticket 42")
+
+
+# The inventory's leave for gpunode to reset a GPU whose driver asks for it, as the test gives it.
+RESET_ON_REQUEST = json.dumps({"actions": {"gpu.recovery_action": "reset_gpu"}})
+
+
+def drift_remedy(
+    scheduler_ssh: str, node: LabNode, history: Path
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [GPUNODE, "drift", INVENTORY, "--json", "--limit", node.name, "--drain", "critical",
+         "--remedy", "--remedy-history", str(history), "--scheduler-ssh", scheduler_ssh,
+         "--data", f"health={RESET_ON_REQUEST}"],
+        cwd=ROOT, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+
+
+def test_a_gpu_the_driver_asks_to_reset_is_reset_once_its_node_is_drained_and_idle(
+    lab: Lab, ready: list[LabNode], members: list[LabNode], scheduler_ssh: str, tmp_path: Path
+) -> None:
+    """gpunode drift --drain critical --remedy: the driver's "GPU Reset" recovery action drains
+    the node; while a job still runs the reset waits; once it has ended the GPU is reset (the
+    simulator's nvidia-smi -r, which answers the request) and a later check resumes the node;
+    a request that comes back within the window is left to a person."""
+    node = members[0]
+    history = tmp_path / "remedies.json"
+    sudo(lab, node, "gpunode-lab-hw set gpus.2.recovery_action 'GPU Reset'")
+    job = submit(lab, node, "sleep 300")
+    try:
+        waiting = drift_remedy(scheduler_ssh, node, history)
+        assert waiting.returncode == 1, waiting.stderr
+        (remedy,) = json.loads(waiting.stdout)["remedies"]
+        assert remedy["withheld"].startswith(f"jobs still run on the drained node ({job})")
+        assert f"{node.name}: drained (gpunode: drift gpu.recovery_action:2)" in waiting.stderr
+        assert not history.exists()
+    finally:
+        on_controller(lab, f"scancel {job}")
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and slurm_view(lab, node)[2]:
+        time.sleep(1)
+    done = drift_remedy(scheduler_ssh, node, history)
+    (remedy,) = json.loads(done.stdout)["remedies"]
+    assert (remedy["action"], remedy["outcome"], remedy["withheld"]) == ("reset_gpu", "done", "")
+    bus = sudo(lab, node, "nvidia-smi --query-gpu=pci.bus_id --format=csv,noheader -i 2")
+    assert remedy["gpus"] == [gpu_bus_id(bus.strip())]
+    assert remedy["findings"] == ["gpu.recovery_action:2"]
+    assert "<gpu_recovery_action>None</gpu_recovery_action>" in sudo(
+        lab, node, "nvidia-smi -q -x -i 2"
+    )
+    assert [entry["host"] for entry in json.loads(history.read_text())["entries"]] == [node.name]
+    clean = drift_remedy(scheduler_ssh, node, history)
+    assert clean.returncode == 0, clean.stdout + clean.stderr
+    assert json.loads(clean.stdout)["remedies"] == []
+    assert f"gpunode drift --drain: {node.name}: resumed (clean again)" in clean.stderr
+    assert takes_jobs(lab, node)
+    # Back within the window: drained, and left to a person (health.action_limit 1).
+    sudo(lab, node, "gpunode-lab-hw set gpus.2.recovery_action 'GPU Reset'")
+    try:
+        again = drift_remedy(scheduler_ssh, node, history)
+        (remedy,) = json.loads(again.stdout)["remedies"]
+        assert remedy["withheld"].startswith("1 remedies on this node in the last 24 h")
+        assert "GPU Reset" in sudo(lab, node, "nvidia-smi -q -x -i 2")
+    finally:
+        sudo(lab, node, "gpunode-lab-hw set gpus.2.recovery_action None")
+    resumed = drift_remedy(scheduler_ssh, node, history)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert takes_jobs(lab, node)
 
 
 SETTINGS_DEPLOY = f"""\

@@ -306,6 +306,29 @@ def test_ecc_change_waits_for_a_reset_or_reboot(
     assert node.query(ecc, "-i", "0") == [["0", "Enabled", "Enabled"]]
 
 
+def test_a_reset_answers_the_drivers_request_and_refuses_a_gpu_in_use(
+    lab_node: Callable[..., LabNode],
+) -> None:
+    node = lab_node("hgx-h100")
+    node.ok("gpunode-lab-hw", "set", "gpus.2.recovery_action", "GPU Reset")
+    node.ok("gpunode-lab-hw", "set", "gpus.2.compute_processes",
+            '[{"pid": 4242, "name": "python3", "used_memory_mib": 1024}]')  # fmt: skip
+    bus = node.query("pci.bus_id", "-i", "2")[0][0]
+    refused = node.run("nvidia-smi", "-r", "-i", bus)
+    assert refused.returncode == 255
+    assert "being used by some other process" in refused.stdout
+    assert "<gpu_recovery_action>GPU Reset</gpu_recovery_action>" in node.ok(
+        "nvidia-smi", "-q", "-x", "-i", "2"
+    )
+    node.ok("gpunode-lab-hw", "set", "gpus.2.compute_processes", "[]")
+    assert (
+        node.ok("nvidia-smi", "-r", "-i", bus) == f"GPU {bus} was successfully reset.\nAll done.\n"
+    )
+    assert "<gpu_recovery_action>None</gpu_recovery_action>" in node.ok(
+        "nvidia-smi", "-q", "-x", "-i", "2"
+    )
+
+
 def test_mig_mode_is_pending_and_unsupported_on_a10g(lab_node: Callable[..., LabNode]) -> None:
     a100 = lab_node("a100")
     output = a100.ok("nvidia-smi", "-i", "5", "-mig", "1")

@@ -201,6 +201,7 @@ DICT_SAMPLES = {
     "Kernel.sysctls": ("vm.max_map_count", "262144"),
     "Nccl.env": ("NCCL_DEBUG", "WARN"),
     "Mps.pinned_device_memory_limit": ("0", "1G"),
+    "Health.actions": ("gpu.recovery_action", "reset_gpu"),
 }
 # Valid values for the fuzzed field's siblings (every required field among them).
 SIBLING_SAMPLES: dict[str, Any] = {
