@@ -175,9 +175,11 @@ def cmd_drift(args: argparse.Namespace) -> int:
     if args.baseline:
         apply_baseline(result, args.baseline)
     unwritten = 0
-    if args.drain and not drain_for_drift(args, inventory, result):
+    # Validated once for both: every host's desired state is built from it.
+    fleet = valid_fleet(inventory, args.inventory) if args.drain or args.remedy else None
+    if fleet is not None and args.drain and not drain_for_drift(args, fleet, result):
         unwritten += 1
-    if args.remedy and not remedy_for_drift(args, inventory, result):
+    if fleet is not None and args.remedy and not remedy_for_drift(args, fleet, result):
         unwritten += 1
     reports = [
         (args.junit, render_junit),
@@ -248,7 +250,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     return code
 
 
-def drain_for_drift(args: argparse.Namespace, inventory: object, result: object) -> bool:
+def drain_for_drift(args: argparse.Namespace, fleet: Fleet, result: object) -> bool:
     """``--drain critical``: drain the scheduler nodes with critical findings, resume those
     gpunode drained for drift that are clean now; False if the scheduler could not be asked.
     What it did goes to stderr (stdout holds the report)."""
@@ -257,7 +259,6 @@ def drain_for_drift(args: argparse.Namespace, inventory: object, result: object)
     from gpunode.scheduler import SchedulerError
 
     assert isinstance(result, DriftResult)
-    fleet = valid_fleet(inventory, args.inventory)
     scheduled = [name for name in result.checked_hosts if fleet.for_host(name).slurm.enabled]
     if not scheduled:
         return True
@@ -272,7 +273,7 @@ def drain_for_drift(args: argparse.Namespace, inventory: object, result: object)
     return True
 
 
-def remedy_for_drift(args: argparse.Namespace, inventory: object, result: object) -> bool:
+def remedy_for_drift(args: argparse.Namespace, fleet: Fleet, result: object) -> bool:
     """``--remedy``: carry out the health remedies the inventory lets gpunode carry out
     (``health.actions``), on nodes without running jobs, within the rate limit; record each
     in the report and the history. False if the history or the scheduler could not be used
@@ -284,7 +285,6 @@ def remedy_for_drift(args: argparse.Namespace, inventory: object, result: object
     from gpunode.scheduler import SchedulerError
 
     assert isinstance(result, DriftResult)
-    fleet = valid_fleet(inventory, args.inventory)
     path = Path(args.remedy_history or remedies.default_history_path(args.inventory))
     try:
         history = remedies.History.load(path)

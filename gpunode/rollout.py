@@ -254,7 +254,8 @@ def held_note(status: NodeStatus) -> str:
     return f"{word} by someone else ({clean_text(status.reason or 'no reason', 300)})"
 
 
-def _state_base() -> Path:
+def state_base() -> Path:
+    """Where gpunode keeps its state on the control host: $XDG_STATE_HOME/gpunode."""
     base = os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state")
     return Path(base) / "gpunode"
 
@@ -264,13 +265,13 @@ def default_state_path(inventory: str, deploy: str, limit: str | None) -> Path:
     key = hashlib.sha256(
         "\0".join((os.path.realpath(inventory), deploy, limit or "")).encode()
     ).hexdigest()[:12]
-    return _state_base() / f"rollout-{key}.json"
+    return state_base() / f"rollout-{key}.json"
 
 
 def inventory_lock_path(inventory: str) -> Path:
     """The lock every rollout of ``inventory`` holds, whatever its deploy, limit or state file."""
     key = hashlib.sha256(os.path.realpath(inventory).encode()).hexdigest()[:12]
-    return _state_base() / f"rollout-inventory-{key}.lock"
+    return state_base() / f"rollout-inventory-{key}.lock"
 
 
 # --- one rollout at a time --------------------------------------------------------------

@@ -37,6 +37,7 @@ from typing import Any
 
 from gpunode.drift.findings import DriftResult, Finding
 from gpunode.model import Health
+from gpunode.rollout import state_base
 from gpunode.sanitize import clean_text
 
 RESET_GPU = "reset_gpu"
@@ -138,8 +139,7 @@ class History:
 def default_history_path(inventory: str) -> Path:
     """One history per inventory, under $XDG_STATE_HOME/gpunode (as the rollout's state)."""
     key = hashlib.sha256(os.path.realpath(inventory).encode()).hexdigest()[:12]
-    base = os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state")
-    return Path(base) / "gpunode" / f"remedies-{key}.json"
+    return state_base() / f"remedies-{key}.json"
 
 
 # --- deciding ------------------------------------------------------------------------------

@@ -442,6 +442,10 @@ def test_a_gpu_the_driver_asks_to_reset_is_reset_once_its_node_is_drained_and_id
     sudo(lab, node, "gpunode-lab-hw set gpus.2.recovery_action 'GPU Reset'")
     job = submit(lab, node, "sleep 300")
     try:
+        # Running, not only queued: a job that has not started holds nothing yet.
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and job_field(lab, job, "JobState") != "RUNNING":
+            time.sleep(0.5)
         waiting = drift_remedy(scheduler_ssh, node, history)
         assert waiting.returncode == 1, waiting.stderr
         (remedy,) = json.loads(waiting.stdout)["remedies"]
