@@ -4,6 +4,7 @@ drift repaired, persistence by its own unit, a cut-off ruleset refused or rolled
 from __future__ import annotations
 
 import shlex
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -258,6 +259,88 @@ def test_ruleset_that_cuts_ssh_is_rolled_back_and_the_run_fails_loudly(
     again = run_pyinfra(DEPLOY, inventory=inventory)
     assert again.returncode == 0, again.output
     assert again.changed_operations() == {}, "the rollback restored everything"
+
+
+# What a NAT rule makes the control host's new SSH logins come from (TEST-NET-2).
+NAT_SOURCE = "198.51.100.7"
+NAT_TABLE = "ip gpunode_drill_nat"
+
+
+@pytest.fixture
+def nat_disguise(lab: Lab, converged: list[LabNode], control_address: str) -> Iterator[LabNode]:
+    """On the first node, new SSH logins of the control host reach sshd from NAT_SOURCE:
+    source NAT in the input hook, after the filter (priority 100 > 0), so the firewall sees
+    the control host and sshd ($SSH_CLIENT, the preflight's source) sees NAT_SOURCE."""
+    node = converged[0]
+    sudo(
+        lab,
+        node,
+        f"nft add table {NAT_TABLE} && "
+        f"nft add chain {NAT_TABLE} input '{{ type nat hook input priority 100; }}' && "
+        f"nft add rule {NAT_TABLE} input ip saddr {control_address} tcp dport 22 "
+        f"snat to {NAT_SOURCE}",
+    )
+    try:
+        assert ssh(lab, node, "echo $SSH_CLIENT").stdout.split()[0] == NAT_SOURCE
+        yield node
+    finally:
+        # Deleting the NAT table drops the NAT of every connection it made, the deleting
+        # session's included (its replies would go to NAT_SOURCE): done by the node itself
+        # once this session has ended.
+        sudo(
+            lab,
+            node,
+            f"systemd-run --quiet --collect --on-active=2s /usr/sbin/nft delete table {NAT_TABLE}",
+        )
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            seen = ssh(lab, node, "echo $SSH_CLIENT")
+            if seen.returncode == 0 and seen.stdout.split()[0] == control_address:
+                break
+            time.sleep(0.5)
+        assert f"table {NAT_TABLE}" not in sudo(lab, node, "nft list tables")
+
+
+def test_a_cut_the_preflight_cannot_see_is_rolled_back_by_the_armed_timer(
+    lab: Lab, inventory: str, nat_disguise: LabNode, tmp_path: Path
+) -> None:
+    # The preflight is on and sees this run's SSH session come from NAT_SOURCE, which the new
+    # ruleset admits; the firewall sees the control host, which it does not: new logins are
+    # cut, and the armed rollback must act. (Moved here from the lab VM: nftables' NAT and
+    # filter hooks work the same in a container's own network namespace.)
+    node = nat_disguise
+    before, sha_before = live_table(lab, node), persisted_sha256(lab, node)
+    cutting = write_inventory(
+        tmp_path / "cut.py",
+        lab,
+        [node],
+        {
+            "enabled": True,
+            "admin_networks": [f"{NAT_SOURCE}/32"],
+            "rollback_after_s": ROLLBACK_AFTER_S,
+        },
+    )
+    cut = run_pyinfra(DEPLOY, inventory=cutting)
+    assert cut.returncode != 0, cut.output
+    # The preflight passed (it is on, and saw NAT_SOURCE); the rollback guard acted.
+    assert "firewall refused" not in cut.output
+    assert f"{node.name}: the new firewall ruleset would have cut SSH off" in cut.output
+    assert "the previous ruleset was restored by the armed rollback" in cut.output
+    assert "a new SSH login works again" in cut.output
+    timer = ssh(lab, node, "systemctl is-active gpunode-firewall-rollback.timer")
+    assert timer.stdout.strip() == "inactive"
+    assert live_table(lab, node) == before
+    assert persisted_sha256(lab, node) == sha_before
+    # The refused ruleset is kept for the operator to read.
+    refused = sudo(lab, node, "cat /var/lib/gpunode/firewall.candidate.nft")
+    assert f"elements = {{ {NAT_SOURCE}/32 }}" in refused
+    assert ssh(lab, node, "sudo -n true").returncode == 0
+
+
+def test_nothing_is_left_changed_after_a_rollback(inventory: str, converged: list[LabNode]) -> None:
+    again = run_pyinfra(DEPLOY, inventory=inventory)
+    assert again.returncode == 0, again.output
+    assert again.changed_operations() == {}
 
 
 def test_disabled_firewall_removes_only_gpunode_table(

@@ -11,7 +11,14 @@ import pytest
 
 from lab import Lab, LabNode
 
-from .conftest import drift_report, run_pyinfra, ssh, wait_for_ssh, write_inventory
+from .conftest import (
+    drift_report,
+    lab_group_data,
+    run_pyinfra,
+    ssh,
+    wait_for_ssh,
+    write_inventory,
+)
 
 pytestmark = pytest.mark.lab
 
@@ -134,6 +141,77 @@ def test_config_that_cuts_new_logins_is_rolled_back(
     assert "the previous configuration is active again" in run.output
     assert ssh(lab, target, "sha1sum /etc/ssh/sshd_config").stdout == before
     assert "listenaddress 0.0.0.0:22" in ssh(lab, target, "sudo /usr/sbin/sshd -T").stdout
+
+
+# The sshd role alone (with the accounts it admits), as an operator runs it on one node.
+SSHD_DEPLOY = """\
+from gpunode.converge import converging
+from roles.admin_users import admin_users
+from roles.sshd import sshd
+
+with converging() as desired:
+    admin_users(desired=desired)
+    sshd(desired=desired)
+"""
+# An address no lab node has (TEST-NET-1): sshd -t accepts it, sshd cannot bind it.
+ABSENT_ADDRESS = "192.0.2.1"
+
+
+def journal_cursor(lab: Lab, node: LabNode) -> str:
+    """Where the node's journal ends now: what is logged after it happened after this call."""
+    for line in sudo(lab, node, "journalctl -n 0 --show-cursor").splitlines():
+        if line.startswith("-- cursor: "):
+            return line.removeprefix("-- cursor: ")
+    raise AssertionError("journalctl showed no cursor")
+
+
+def test_an_sshd_that_cannot_start_is_rolled_back_and_the_run_says_why(
+    lab: Lab, hardened: list[LabNode], tmp_path: Path
+) -> None:
+    # sshd takes a configuration that listens on an address the node does not have on its
+    # reload (sshd -t accepts it), and exits: the role puts the previous one back. (Moved here
+    # from the lab VM: binding in a container's own network namespace fails the same way.)
+    target = hardened[0]
+    # What the role may change: the configuration, the moduli, the host keys.
+    ssh_files = "sha1sum /etc/ssh/sshd_config /etc/ssh/moduli /etc/ssh/ssh_host_*"
+    before = sudo(lab, target, ssh_files)
+    inventory = write_inventory(
+        tmp_path / "absent.py",
+        lab,
+        [target],
+        {
+            target.name: {
+                # The lab's accounts and sshd settings (as converged), but where sshd listens.
+                "admin_users": lab_group_data("admin_users"),
+                "sshd": {**lab_group_data("sshd"), "listen_addresses": [ABSENT_ADDRESS]},
+            }
+        },
+    )
+    deploy = tmp_path / "sshd_deploy.py"
+    deploy.write_text(SSHD_DEPLOY)
+    cursor = journal_cursor(lab, target)
+    run = run_pyinfra(str(deploy), inventory=inventory)
+    assert run.returncode != 0, run.output
+    # sshd took the new configuration on its reload, and could not listen with it.
+    logged = sudo(
+        lab,
+        target,
+        f"journalctl --no-pager -o cat -u ssh.service --after-cursor={shlex.quote(cursor)}",
+    )
+    bind_error = f"error: Bind to port 22 on {ABSENT_ADDRESS} failed: Cannot assign requested"
+    assert bind_error in logged, logged
+    assert "fatal: Cannot bind any address." in logged, logged
+    # The role put the previous one back and says what happened, naming the node.
+    assert (
+        f"{target.name}: the new sshd configuration was rolled back because new SSH login"
+        in run.output
+    )
+    assert f"sshd did not come back (ssh.service is failed: {bind_error}" in run.output
+    assert "the previous configuration is active again" in run.output
+    wait_for_ssh(lab, target)
+    assert sudo(lab, target, ssh_files) == before
+    assert sudo(lab, target, "systemctl is-active ssh.service").strip() == "active"
+    assert "listenaddress 0.0.0.0:22" in sudo(lab, target, "/usr/sbin/sshd -T")
 
 
 def test_password_login_deploy_is_refused_before_any_change(

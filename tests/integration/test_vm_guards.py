@@ -6,15 +6,10 @@ inventory of the VM alone:
 
 1. The firewall's rollback guard, with nftables in a real kernel: a confirmed ruleset
    disarms its rollback and becomes the ruleset the VM boots with (seen after the real
-   reboots of step 3). A ruleset that cuts the control host's SSH in a way the preflight
-   cannot see (a NAT rule on the VM, put there out of band, makes SSH logins from the
-   control host look as if they came from 198.51.100.7, the address the new ruleset admits)
-   is loaded, cuts new logins off, is rolled back by the armed timer, and SSH comes back:
-   the previous table is live, nothing persisted changed, the run fails saying so.
-2. The sshd guard: a configuration sshd cannot start with (listening on 192.0.2.1, an
-   address the VM does not have; ``sshd -t`` accepts it) makes sshd exit on its reload; the
-   role restores the previous configuration, sshd answers again and the run says why.
-3. A reboot in the middle of a driver change, for real (deploys/nvidia.py, a first install at
+   reboots of step 2). (A cut the preflight cannot see, rolled back by the armed timer, and
+   an sshd that cannot start, rolled back by the sshd role, need no real kernel: they are
+   tested on lab containers, test_firewall.py and test_sshd.py.)
+2. A reboot in the middle of a driver change, for real (deploys/nvidia.py, a first install at
    the pinned version): the VM's kernel is restarted at once (``systemctl reboot -ff``: no
    unit stopped, nothing unmounted) the moment dpkg works on an NVIDIA package; the next
    run finishes dpkg's work and the change and reboots the VM (``reboot: if-needed``, the
@@ -39,7 +34,7 @@ from lab import Lab
 from lab.vm import BOOT_TIMEOUT_S, LabVm, ssh_command
 from roles.firewall import CANDIDATE_PATH
 
-from .conftest import PyinfraRun, lab_group_data, run_pyinfra, ssh, wait_for_ssh
+from .conftest import PyinfraRun, lab_group_data, run_pyinfra, ssh
 from .conftest import write_inventory as write_lab_inventory
 
 pytestmark = [pytest.mark.lab, pytest.mark.vm]
@@ -48,13 +43,6 @@ FIREWALL_DEPLOY = "deploys/firewall.py"
 RULESET_OP = (
     "Firewall | Table inet gpunode: default-drop input, allow-rules from data (SSH-confirmed)"
 )
-# What the NAT rule makes the control host's new SSH logins come from (TEST-NET-2).
-NAT_SOURCE = "198.51.100.7"
-NAT_TABLE = "ip gpunode_drill_nat"
-# Long enough for a confirming login to a TCG guest on a busy machine; the cut waits it out.
-ROLLBACK_AFTER_S = 20
-# An address the VM does not have (TEST-NET-1): sshd -t accepts it, sshd cannot bind it.
-ABSENT_ADDRESS = "192.0.2.1"
 # The driver the drill changes to: the fleet's branch, an older release of it
 # (tests/integration/test_fault_drills_fresh.py changes to the same one).
 PINNED_DRIVER = "580.95.05-1"
@@ -67,16 +55,6 @@ WATCHER_UNIT = "gpunode-drill-reboot"
 # The NVIDIA stack as operators change it: repositories, driver, Fabric Manager.
 DRIVER_DEPLOY = "deploys/nvidia.py"
 
-SSHD_DEPLOY = """\
-from gpunode.converge import converging
-from roles.admin_users import admin_users
-from roles.sshd import sshd
-
-with converging() as desired:
-    admin_users(desired=desired)
-    sshd(desired=desired)
-"""
-
 
 def sudo(lab: Lab, vm: LabVm, command: str) -> str:
     result = ssh(lab, vm, f"sudo sh -c {shlex.quote(command)}")
@@ -86,12 +64,6 @@ def sudo(lab: Lab, vm: LabVm, command: str) -> str:
 
 def inventory(path: Path, lab: Lab, vm: LabVm, **data: Any) -> str:
     return write_lab_inventory(path, lab, [vm], {vm.name: data})
-
-
-def deploy_file(directory: Path, name: str, source: str) -> str:
-    path = directory / name
-    path.write_text(source)
-    return str(path)
 
 
 def journal_cursor(lab: Lab, vm: LabVm) -> str:
@@ -203,123 +175,7 @@ def test_a_confirmed_ruleset_disarms_its_rollback_and_is_the_one_loaded_at_boot(
     assert ssh(lab, vm, "sudo -n true").returncode == 0
 
 
-@pytest.fixture
-def nat_disguise(lab: Lab, vm: LabVm, control_address: str) -> Iterator[None]:
-    """New SSH logins of the control host reach sshd from NAT_SOURCE: source NAT in the
-    input hook, after the filter (priority 100 > 0), so the firewall sees the control host
-    and sshd ($SSH_CLIENT, the preflight's source) sees NAT_SOURCE."""
-    sudo(
-        lab,
-        vm,
-        f"nft add table {NAT_TABLE} && "
-        f"nft add chain {NAT_TABLE} input '{{ type nat hook input priority 100; }}' && "
-        f"nft add rule {NAT_TABLE} input ip saddr {control_address} tcp dport 22 "
-        f"snat to {NAT_SOURCE}",
-    )
-    try:
-        assert ssh(lab, vm, "echo $SSH_CLIENT").stdout.split()[0] == NAT_SOURCE
-        yield
-    finally:
-        # Deleting the NAT table drops the NAT of every connection it made, the deleting
-        # session's included (its replies would go to NAT_SOURCE): done by the VM itself
-        # once this session has ended.
-        sudo(
-            lab,
-            vm,
-            f"systemd-run --quiet --collect --on-active=2s /usr/sbin/nft delete table {NAT_TABLE}",
-        )
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            seen = ssh(lab, vm, "echo $SSH_CLIENT")
-            if seen.returncode == 0 and seen.stdout.split()[0] == control_address:
-                break
-            time.sleep(1)
-        assert f"table {NAT_TABLE}" not in sudo(lab, vm, "nft list tables")
-
-
-def test_a_cut_the_preflight_cannot_see_is_rolled_back_by_the_armed_timer(
-    lab: Lab,
-    vm: LabVm,
-    control_address: str,
-    firewall_confirmed: Confirmed,
-    nat_disguise: None,
-    tmp_path: Path,
-) -> None:
-    before, persisted_before = live_table(lab, vm), persisted(lab, vm)
-    # SSH from NAT_SOURCE only: what the preflight sees of this run's SSH session.
-    cutting = inventory(
-        tmp_path / "cut.py",
-        lab,
-        vm,
-        firewall={
-            "enabled": True,
-            "admin_networks": [f"{NAT_SOURCE}/32"],
-            "rollback_after_s": ROLLBACK_AFTER_S,
-        },
-    )
-    cursor = journal_cursor(lab, vm)
-    cut = run_pyinfra(FIREWALL_DEPLOY, inventory=cutting)
-    assert cut.returncode != 0, cut.output
-    # The preflight passed (it is on, and saw NAT_SOURCE); the rollback guard acted.
-    assert "firewall refused" not in cut.output
-    assert f"{vm.name}: the new firewall ruleset would have cut SSH off" in cut.output
-    assert "the previous ruleset was restored by the armed rollback" in cut.output
-    assert "a new SSH login works again" in cut.output
-    # The timer fired and loaded the previous table back.
-    rollback_log = journal_since(lab, vm, cursor, f"{ROLLBACK_UNIT}.service")
-    assert f"{ROLLBACK_UNIT}.service: Deactivated successfully." in rollback_log
-    assert timer_state(lab, vm) == "inactive"
-    assert live_table(lab, vm) == before
-    assert persisted(lab, vm) == persisted_before
-    # The refused ruleset is kept for the operator to read.
-    assert f"elements = {{ {NAT_SOURCE}/32 }}" in sudo(lab, vm, f"cat {CANDIDATE_PATH}")
-    assert ssh(lab, vm, "sudo -n true").returncode == 0
-
-
-def test_nothing_is_left_changed_after_the_rollback(
-    lab: Lab, vm: LabVm, firewall_confirmed: Confirmed
-) -> None:
-    # After the cut (the NAT rule gone): the confirmed ruleset is what is live and persisted.
-    again = run_pyinfra(FIREWALL_DEPLOY, inventory=firewall_confirmed.inventory)
-    assert again.returncode == 0, again.output
-    assert again.changed_operations() == {}
-    assert live_table(lab, vm) == firewall_confirmed.table
-    assert f"table {NAT_TABLE}" not in sudo(lab, vm, "nft list tables")
-
-
-# --- 2. the sshd guard -------------------------------------------------------------------------
-
-
-def test_an_sshd_that_cannot_start_is_rolled_back_and_the_run_says_why(
-    lab: Lab, vm: LabVm, tmp_path: Path
-) -> None:
-    # What the role may change: the configuration, the moduli, the host keys (a 4096-bit RSA
-    # key is made where there is none, as in a lab VM).
-    ssh_files = "sha1sum /etc/ssh/sshd_config /etc/ssh/moduli /etc/ssh/ssh_host_*"
-    before = sudo(lab, vm, ssh_files)
-    path = inventory(tmp_path / "absent.py", lab, vm, sshd={"listen_addresses": [ABSENT_ADDRESS]})
-    deploy = deploy_file(tmp_path, "sshd_deploy.py", SSHD_DEPLOY)
-    cursor = journal_cursor(lab, vm)
-    run = run_pyinfra(deploy, inventory=path)
-    assert run.returncode != 0, run.output
-    # sshd took the new configuration on its reload, and could not listen with it.
-    logged = journal_since(lab, vm, cursor, "ssh.service")
-    bind_error = f"error: Bind to port 22 on {ABSENT_ADDRESS} failed: Cannot assign requested"
-    assert bind_error in logged, logged
-    assert "fatal: Cannot bind any address." in logged, logged
-    # The role put the previous one back and says what happened, naming the node.
-    assert f"{vm.name}: the new sshd configuration was rolled back because new SSH login" in (
-        run.output
-    )
-    assert f"sshd did not come back (ssh.service is failed: {bind_error}" in run.output
-    assert "the previous configuration is active again" in run.output
-    wait_for_ssh(lab, vm)
-    assert sudo(lab, vm, ssh_files) == before
-    assert sudo(lab, vm, "systemctl is-active ssh.service").strip() == "active"
-    assert "listenaddress 0.0.0.0:22" in sudo(lab, vm, "/usr/sbin/sshd -T")
-
-
-# --- 3. a real reboot in the middle of a driver change ------------------------------------------
+# --- 2. a real reboot in the middle of a driver change ------------------------------------------
 
 # Run by the VM itself: the moment dpkg works on an NVIDIA package (or configures what was
 # unpacked), what it was doing is kept and the kernel restarts at once (systemctl reboot -ff:

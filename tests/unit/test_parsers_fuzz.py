@@ -35,8 +35,10 @@ from gpunode.scheduler import SchedulerError, SlurmScheduler
 
 from .test_parsers import FIXTURE_CASES, read
 
+# 100 inputs for each of the 140 cases (14,000 in all): the suite's budget (issue 30) over the
+# 200 it had; a parser guard that breaks on a cut or mangled capture shows within them.
 FUZZ = settings(
-    max_examples=200,
+    max_examples=100,
     deadline=None,
     database=None,  # no .hypothesis directory in the checkout
     suppress_health_check=[HealthCheck.function_scoped_fixture],
