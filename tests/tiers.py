@@ -13,7 +13,11 @@ each lab has a worker that takes the next test module from one queue and runs it
 of its own, so the labs stay busy until the queue is empty whatever each module costs, and
 every module runs alone in its process (a module that leans on another's leftovers fails).
 The queue starts with the modules that took longest (``tests/module_seconds.json``, written
-by ``bench/suite.py --write-seconds`` from a run's reports). Each lab and the VM tier's lab
+by ``bench/suite.py --write-seconds`` from a run's reports). Modules marked ``own_lab`` use
+none of the shared lab's nodes (they make a lab of their own beside it): they wait in a queue
+of their own, which the unit and VM tiers' workers take from once their tier is done (each on
+a lab identity of its own), so that a worker whose tier ended keeps the CPUs busy while the
+shards run, and which the shards take from once theirs is empty. Each lab and the VM tier's lab
 are labs of their own (state directory, name and subnet): no teardown of one removes what
 another uses.
 
@@ -42,7 +46,7 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from lab import DEFAULT_NAME as DEFAULT_LAB_NAME
@@ -66,6 +70,10 @@ DEFAULT_LAB_SHARDS = 2
 # S+10k; a lab tier's modules with labs of their own take their lab's subnet + 100 to + 104.
 VM_SUBNET_OFFSET = 1
 SHARD_SUBNET_STEP = 10
+# Lab identities a run may use (shards and helping workers): subnets up to S+10*7+105.
+SHARD_LIMIT = 8
+# The marker of lab modules that need none of the shared lab's nodes (a lab of their own).
+OWN_LAB = "own_lab"
 
 
 def _beside(env: dict[str, str], suffix: str, subnet_offset: int) -> dict[str, str]:
@@ -130,6 +138,11 @@ class TierRun:
     workers: int = 1
     started: float = 0.0
     ended: float = 0.0
+    # Names of the jobs that need none of the tier's shared lab (marker own_lab): other tiers'
+    # workers take them once their own tier is done.
+    own_lab: frozenset[str] = frozenset()
+    # The lab identities its jobs ran on (shards, and the other tiers' workers that helped).
+    labs_used: set[int] = field(default_factory=set)
 
     @property
     def seconds(self) -> float:
@@ -207,10 +220,14 @@ class Runner:
                     os.killpg(process.pid, signal.SIGINT)
 
 
-def lab_modules(env: dict[str, str]) -> list[str]:
-    """The integration test modules with container tests, as pytest collects them."""
+def lab_modules(env: dict[str, str], marker: str = "") -> list[str]:
+    """The integration test modules with container tests, as pytest collects them (``marker``:
+    only those with tests of that marker)."""
+    args = list(TIERS["lab"])
+    if marker:
+        args[-1] = f"({args[-1]}) and {marker}"
     collected = subprocess.run(
-        [*PYTEST, *TIERS["lab"], "--collect-only", "-q", "-p", "no:cacheprovider"],
+        [*PYTEST, *args, "--collect-only", "-q", "-p", "no:cacheprovider"],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -251,7 +268,7 @@ def recorded_seconds(path: Path = MODULE_SECONDS) -> dict[str, float]:
 
 def shards_wanted(env: dict[str, str]) -> int:
     value = env.get(LAB_SHARDS, str(DEFAULT_LAB_SHARDS))
-    if not value.isdigit() or not 1 <= int(value) <= 8:
+    if not value.isdigit() or not 1 <= int(value) <= SHARD_LIMIT:
         raise SystemExit(f"{LAB_SHARDS}={value!r}: a number of labs from 1 to 8")
     return int(value)
 
@@ -268,39 +285,61 @@ def plan(
                 Job("lab", [module, "-m", "not vm"], "lab/" + Path(module).stem)
                 for module in modules
             ]
-            runs.append(TierRun("lab", jobs, workers=min(shards_wanted(env), len(jobs)) or 1))
+            own_lab = frozenset("lab/" + Path(module).stem for module in lab_modules(env, OWN_LAB))
+            runs.append(
+                TierRun(
+                    "lab", jobs, workers=min(shards_wanted(env), len(jobs)) or 1, own_lab=own_lab
+                )
+            )
         else:
             runs.append(TierRun(tier, [Job(tier, [*TIERS[tier], *extra], tier)]))
     return runs
 
 
 def execute(runs: list[TierRun], runner: Runner, env: dict[str, str]) -> None:
-    """Every tier at once; a tier's workers take its jobs in turn."""
+    """Every tier at once; a tier's workers take its jobs in turn. The lab tier's own-lab jobs
+    wait in a queue of their own: the other tiers' workers take them once their tier is done,
+    each on a lab identity of its own (lab shard numbers after the tier's), and the lab
+    shards once their own queue is empty."""
     threads = []
+    lab_run = next((run for run in runs if run.name == "lab" and run.own_lab), None)
+    own_lab: queue.Queue[Job] = queue.Queue()
+    helpers = iter(range(lab_run.workers if lab_run else 0, SHARD_LIMIT))
+    helpers_lock = threading.Lock()
+
+    def take(tier_run: TierRun, shard: int, pending: queue.Queue[Job]) -> None:
+        shard_env = tier_environment(tier_run.name, env, shard)
+        while True:
+            try:
+                job = pending.get_nowait()
+            except queue.Empty:
+                return
+            tier_run.labs_used.add(shard)
+            runner.run(job, shard_env)
+            tier_run.ended = max(tier_run.ended, time.monotonic())
+
+    def work(tier_run: TierRun, shard: int, pending: queue.Queue[Job]) -> None:
+        try:
+            take(tier_run, shard, pending)
+        finally:
+            tier_run.ended = max(tier_run.ended, time.monotonic())
+        if lab_run is None or own_lab.empty():
+            return
+        if tier_run is lab_run:
+            take(lab_run, shard, own_lab)
+            return
+        with helpers_lock:
+            helper = next(helpers, None)
+        if helper is not None:
+            take(lab_run, helper, own_lab)
+
     for tier_run in runs:
         pending: queue.Queue[Job] = queue.Queue()
         for job in tier_run.jobs:
-            pending.put(job)
+            (own_lab if tier_run is lab_run and job.name in tier_run.own_lab else pending).put(job)
         tier_run.started = time.monotonic()
-        done = threading.Semaphore(0)
-
-        def work(
-            tier_run: TierRun, shard: int, pending: queue.Queue[Job], done: threading.Semaphore
-        ) -> None:
-            shard_env = tier_environment(tier_run.name, env, shard)
-            try:
-                while True:
-                    try:
-                        job = pending.get_nowait()
-                    except queue.Empty:
-                        return
-                    runner.run(job, shard_env)
-            finally:
-                tier_run.ended = max(tier_run.ended, time.monotonic())
-                done.release()
-
         for shard in range(tier_run.workers):
-            thread = threading.Thread(target=work, args=(tier_run, shard, pending, done))
+            thread = threading.Thread(target=work, args=(tier_run, shard, pending))
             thread.start()
             threads.append(thread)
     try:
@@ -342,8 +381,9 @@ def time_line(
     tiers = []
     for tier_run in runs:
         text = f"{tier_run.name} {format_seconds(tier_run.seconds)}"
-        if tier_run.workers > 1:
-            text += f" ({len(tier_run.jobs)} modules on {tier_run.workers} labs)"
+        labs = len(tier_run.labs_used) or tier_run.workers
+        if labs > 1:
+            text += f" ({len(tier_run.jobs)} modules on {labs} labs)"
         tiers.append(text)
     if len(runs) > 1:
         tiers[-1] += " (tiers at once)"

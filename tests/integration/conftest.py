@@ -179,10 +179,10 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         lab_vm.down_vms(lab)
 
 
-def _vm_failure(lab: Lab, why: str) -> str:
+def vm_failure(lab: Lab, why: str) -> str:
     """Why the VM is not up, with its boot log and every VM console's end."""
     parts = [why, "--- gpunode lab up --vms 1:", _tail(_vm_boot_log(lab))]
-    for console in sorted((lab.state_dir / "vms").glob("*/console.log")):
+    for console in sorted((lab.state_dir / "vms").glob("*/console*.log")):
         parts += [f"--- {console}:", _tail(console)]
     return "\n".join(parts)
 
@@ -201,15 +201,15 @@ def lab_vms(lab: Lab) -> Iterator[list[lab_vm.LabVm]]:
         process.wait(timeout=VM_UP_TIMEOUT_S)
     except subprocess.TimeoutExpired:
         _stop_vm_boot(lab)
-        failure = _vm_failure(lab, f"the lab VM is not up after {VM_UP_TIMEOUT_S} s")
+        failure = vm_failure(lab, f"the lab VM is not up after {VM_UP_TIMEOUT_S} s")
         lab_vm.down_vms(lab)
         pytest.fail(failure)
     if process.returncode != 0:
-        failure = _vm_failure(lab, f"gpunode lab up --vms 1 failed ({process.returncode})")
+        failure = vm_failure(lab, f"gpunode lab up --vms 1 failed ({process.returncode})")
         lab_vm.down_vms(lab)
         pytest.fail(failure)
     vms = [vm for vm in lab.vms() if not vm.listed]
-    assert len(vms) == 1, _vm_failure(lab, f"the lab's state names {vms}")
+    assert len(vms) == 1, vm_failure(lab, f"the lab's state names {vms}")
     yield vms
     lab_vm.down_vms(lab)
     _vm_boot["removed"] = True

@@ -23,7 +23,8 @@ from lab import DEFAULT_PROFILES, Lab, LabNode, aptrepo
 from lab.standin import CONTAINER_TOOLKIT_VERSIONS, DRIVER_VERSIONS, catalogue
 from tests.integration.conftest import LAB_RELEASES, ssh
 
-pytestmark = pytest.mark.lab
+# A lab of its own, none of the shared lab's nodes (tests/tiers.py: own_lab).
+pytestmark = [pytest.mark.lab, pytest.mark.own_lab]
 
 KEYRING_DIR = "/usr/share/keyrings"
 SOURCES_DIR = "/etc/apt/sources.list.d"

@@ -38,7 +38,8 @@ from lab import Lab
 
 from .conftest import PYINFRA, ROOT, PyinfraRun, ssh
 
-pytestmark = pytest.mark.lab
+# A lab of its own, none of the shared lab's nodes (tests/tiers.py: own_lab).
+pytestmark = [pytest.mark.lab, pytest.mark.own_lab]
 
 DEPLOY = "deploys/gpu_node.py"
 GPUNODE = str(Path(sys.executable).with_name("gpunode"))

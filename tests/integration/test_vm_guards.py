@@ -34,7 +34,7 @@ from lab import Lab
 from lab.vm import BOOT_TIMEOUT_S, LabVm, ssh_command
 from roles.firewall import CANDIDATE_PATH
 
-from .conftest import PyinfraRun, lab_group_data, run_pyinfra, ssh
+from .conftest import PyinfraRun, lab_group_data, run_pyinfra, ssh, vm_failure
 from .conftest import write_inventory as write_lab_inventory
 
 pytestmark = [pytest.mark.lab, pytest.mark.vm]
@@ -94,7 +94,9 @@ def wait_for_new_boot(lab: Lab, vm: LabVm, old_boot_id: str) -> str:
         if now.returncode == 0 and now.stdout.strip() not in ("", old_boot_id):
             return now.stdout.strip()
         time.sleep(2)
-    raise AssertionError(f"{vm.name} did not come back from its reboot")
+    # What the VM's consoles showed (its boots, the supervisor's log), to tell a boot that
+    # hung from one that came up without SSH.
+    raise AssertionError(vm_failure(lab, f"{vm.name} did not come back from its reboot"))
 
 
 @pytest.fixture(scope="module")

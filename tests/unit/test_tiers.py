@@ -220,3 +220,63 @@ def test_a_jobs_cpu_is_its_whole_trees_and_its_labs_and_the_run_says_where_it_we
     assert report["labs_not_the_suites_cpu_s"] == 3.0
     assert report["jobs"]["lab/x"]["lab_cpu_s"] == 12.0
     assert report["jobs"]["unit"]["tree_cpu_s"] == round(unit_job.tree_cpu_s, 1)
+
+
+def test_own_lab_modules_go_to_a_finished_tiers_worker_on_a_lab_of_its_own_or_to_a_shard(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The lab tier's one shard is busy with a module that waits for the own-lab module to
+    have run: the unit tier's worker, its own job done, takes the own-lab module, on a lab
+    identity after the shard's. Alone, a shard takes own-lab modules once its queue is empty."""
+    seen = tmp_path / "seen"
+    seen.mkdir()
+    (tmp_path / "test_own.py").write_text(
+        "import os, pathlib\n"
+        "def test_own():\n"
+        f"    pathlib.Path({str(seen)!r}, 'own').write_text(os.environ['GPUNODE_LAB_NAME'])\n"
+    )
+    (tmp_path / "test_shared.py").write_text(
+        "import os, pathlib, time\n"
+        "def test_shared():\n"
+        f"    own = pathlib.Path({str(seen)!r}, 'own')\n"
+        "    end = time.monotonic() + 60\n"
+        "    while not own.exists() and time.monotonic() < end:\n"
+        "        time.sleep(0.05)\n"
+        "    assert own.exists()\n"
+        f"    pathlib.Path({str(seen)!r}, 'shared').write_text(os.environ['GPUNODE_LAB_NAME'])\n"
+    )
+    (tmp_path / "test_ok.py").write_text("def test_ok():\n    assert True\n")
+    reports_under(monkeypatch, tmp_path)
+
+    def lab_tier() -> tiers.TierRun:
+        return tiers.TierRun(
+            "lab",
+            [
+                stand_in_job("lab", tmp_path / "test_shared.py", "lab/test_shared"),
+                stand_in_job("lab", tmp_path / "test_own.py", "lab/test_own"),
+            ],
+            own_lab=frozenset({"lab/test_own"}),
+        )
+
+    env = {"PATH": "/usr/bin:/bin", "GPUNODE_LAB_NAME": "mine", "GPUNODE_LAB_SUBNET": "0"}
+    lab = lab_tier()
+    unit = tiers.TierRun("unit", [stand_in_job("unit", tmp_path / "test_ok.py", "unit")])
+    tiers.execute([lab, unit], tiers.Runner(to_log=True), env)
+    assert [job.returncode for job in [*lab.jobs, *unit.jobs]] == [0, 0, 0]
+    assert (seen / "shared").read_text() == "mine"
+    assert (seen / "own").read_text() == "mine-shard1"
+    assert lab.labs_used == {0, 1}
+    assert "(2 modules on 2 labs)" in tiers.time_line([lab], None, None, 0.0)
+
+    for path in seen.iterdir():
+        path.unlink()
+    (tmp_path / "test_shared.py").write_text(
+        "import os, pathlib\n"
+        "def test_shared():\n"
+        f"    pathlib.Path({str(seen)!r}, 'shared').write_text(os.environ['GPUNODE_LAB_NAME'])\n"
+    )
+    alone = lab_tier()
+    tiers.execute([alone], tiers.Runner(to_log=True), env)
+    assert [job.returncode for job in alone.jobs] == [0, 0]
+    assert (seen / "shared").read_text() == (seen / "own").read_text() == "mine"
+    assert alone.labs_used == {0}
