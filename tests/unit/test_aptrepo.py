@@ -9,7 +9,6 @@ import json
 import os
 import re
 import subprocess
-import tempfile
 import tomllib
 import urllib.error
 import urllib.request
@@ -30,6 +29,8 @@ from lab.standin import (
     catalogue,
     nvidia_ctk,
 )
+
+from .conftest import BuiltRepository, gnupg_homes
 
 # Packages every release of which the roles may pin, with the versions the repository must hold.
 TOOLKIT_RELEASES = {"1.17.4-1", "1.17.8-1", "1.18.2-1", "1.20.1-1"}
@@ -74,21 +75,13 @@ DRIVER_PACKAGES = (
 DEBIAN_BASE_PACKAGES = {"libc6", "libseccomp2"}  # on every lab node already
 
 
-@dataclasses.dataclass
-class Built:
-    repo: aptrepo.RepoInfo
-    gnupg_homes_before: set[str]
+Built = BuiltRepository
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory: pytest.TempPathFactory) -> Built:
-    before = _gnupg_homes()
-    repo = aptrepo.build_repository(tmp_path_factory.mktemp("aptrepo"))
-    return Built(repo, before)
-
-
-def _gnupg_homes() -> set[str]:
-    return {p.name for p in Path(tempfile.gettempdir()).glob(f"{aptrepo.GNUPG_PREFIX}*")}
+def built(built_repository: BuiltRepository) -> Built:
+    """The unit tier's one build of the default repositories (tests/unit/conftest.py)."""
+    return built_repository
 
 
 def _run(*command: str | Path, **kwargs: object) -> subprocess.CompletedProcess[str]:
@@ -468,7 +461,7 @@ def test_no_private_key_material_is_left_anywhere_after_the_build(
             if path.suffix in (".gpg", ".pub") or path.name in ("gpgkey", "InRelease"):
                 packets = _run("gpg", "--list-packets", path, env=gpg_home).stdout
                 assert "secret key packet" not in packets, path
-    assert _gnupg_homes() <= built.gnupg_homes_before, "temporary GNUPGHOME left behind"
+    assert gnupg_homes() <= built.gnupg_homes_before, "temporary GNUPGHOME left behind"
     agents = [
         cmdline.read_bytes()
         for cmdline in Path("/proc").glob("[0-9]*/cmdline")

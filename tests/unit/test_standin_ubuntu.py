@@ -30,6 +30,8 @@ from lab.hwsim import kernel
 from lab.standin import ubuntu
 from lab.standin.catalogue import RELATION_FIELDS
 
+from .conftest import BuiltRepository
+
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "ubuntu-packages"
 DATE = "2026-12-07"
 # Names a real package depends on that no lab node has: each must be a listed departure.
@@ -243,8 +245,9 @@ def test_a_module_package_lists_its_nvidia_ko_in_its_kernels_modules_dep(tmp_pat
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory: pytest.TempPathFactory) -> aptrepo.RepoInfo:
-    return aptrepo.build_repository(tmp_path_factory.mktemp("aptrepo"))
+def built(built_repository: BuiltRepository) -> aptrepo.RepoInfo:
+    """The unit tier's one build of the default repositories (tests/unit/conftest.py)."""
+    return built_repository.repo
 
 
 @pytest.fixture
