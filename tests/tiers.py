@@ -67,7 +67,7 @@ TIERS: dict[str, list[str]] = {
 LAB_SHARDS = "GPUNODE_TEST_LAB_SHARDS"
 DEFAULT_LAB_SHARDS = 2
 # Subnets beside the session lab's (10.213.S.0/24): the VM tier's lab S+1, lab shard k
-# S+10k; a lab tier's modules with labs of their own take their lab's subnet + 100 to + 104.
+# S+10k; a lab tier's modules with labs of their own take their lab's subnet + 100 to + 105.
 VM_SUBNET_OFFSET = 1
 SHARD_SUBNET_STEP = 10
 # Lab identities a run may use (shards and helping workers): subnets up to S+10*7+105.
@@ -269,7 +269,7 @@ def recorded_seconds(path: Path = MODULE_SECONDS) -> dict[str, float]:
 def shards_wanted(env: dict[str, str]) -> int:
     value = env.get(LAB_SHARDS, str(DEFAULT_LAB_SHARDS))
     if not value.isdigit() or not 1 <= int(value) <= SHARD_LIMIT:
-        raise SystemExit(f"{LAB_SHARDS}={value!r}: a number of labs from 1 to 8")
+        raise SystemExit(f"{LAB_SHARDS}={value!r}: a number of labs from 1 to {SHARD_LIMIT}")
     return int(value)
 
 

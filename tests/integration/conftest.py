@@ -24,6 +24,7 @@ import json
 import os
 import pickle
 import runpy
+import shlex
 import signal
 import subprocess
 import sys
@@ -273,6 +274,27 @@ def wait_for_ssh(lab: Lab, node: LabNode) -> None:
             return
         time.sleep(0.25)
     raise AssertionError(f"{node.name} does not accept SSH logins")
+
+
+def _sudo_output(lab: Lab, node: LabNode, command: str) -> str:
+    result = ssh(lab, node, f"sudo sh -c {shlex.quote(command)}")
+    assert result.returncode == 0, f"{node.name}: {command}\n{result.stdout}\n{result.stderr}"
+    return result.stdout
+
+
+def journal_cursor(lab: Lab, node: LabNode) -> str:
+    """Where the node's journal ends now: what is logged after it happened after this call."""
+    for line in _sudo_output(lab, node, "journalctl -n 0 --show-cursor").splitlines():
+        if line.startswith("-- cursor: "):
+            return line.removeprefix("-- cursor: ")
+    raise AssertionError(f"{node.name}: journalctl showed no cursor")
+
+
+def journal_since(lab: Lab, node: LabNode, cursor: str, unit: str) -> str:
+    """What ``unit`` logged, and systemd logged about it, after ``cursor``."""
+    return _sudo_output(
+        lab, node, f"journalctl --no-pager -o cat -u {unit} --after-cursor={shlex.quote(cursor)}"
+    )
 
 
 # Loading an inventory as pyinfra does imports pyinfra's CLI package, which monkey-patches the

@@ -13,6 +13,8 @@ from lab import Lab, LabNode
 
 from .conftest import (
     drift_report,
+    journal_cursor,
+    journal_since,
     lab_group_data,
     run_pyinfra,
     ssh,
@@ -157,14 +159,6 @@ with converging() as desired:
 ABSENT_ADDRESS = "192.0.2.1"
 
 
-def journal_cursor(lab: Lab, node: LabNode) -> str:
-    """Where the node's journal ends now: what is logged after it happened after this call."""
-    for line in sudo(lab, node, "journalctl -n 0 --show-cursor").splitlines():
-        if line.startswith("-- cursor: "):
-            return line.removeprefix("-- cursor: ")
-    raise AssertionError("journalctl showed no cursor")
-
-
 def test_an_sshd_that_cannot_start_is_rolled_back_and_the_run_says_why(
     lab: Lab, hardened: list[LabNode], tmp_path: Path
 ) -> None:
@@ -193,11 +187,7 @@ def test_an_sshd_that_cannot_start_is_rolled_back_and_the_run_says_why(
     run = run_pyinfra(str(deploy), inventory=inventory)
     assert run.returncode != 0, run.output
     # sshd took the new configuration on its reload, and could not listen with it.
-    logged = sudo(
-        lab,
-        target,
-        f"journalctl --no-pager -o cat -u ssh.service --after-cursor={shlex.quote(cursor)}",
-    )
+    logged = journal_since(lab, target, cursor, "ssh.service")
     bind_error = f"error: Bind to port 22 on {ABSENT_ADDRESS} failed: Cannot assign requested"
     assert bind_error in logged, logged
     assert "fatal: Cannot bind any address." in logged, logged

@@ -34,7 +34,15 @@ from lab import Lab
 from lab.vm import BOOT_TIMEOUT_S, LabVm, ssh_command
 from roles.firewall import CANDIDATE_PATH
 
-from .conftest import PyinfraRun, lab_group_data, run_pyinfra, ssh, vm_failure
+from .conftest import (
+    PyinfraRun,
+    journal_cursor,
+    journal_since,
+    lab_group_data,
+    run_pyinfra,
+    ssh,
+    vm_failure,
+)
 from .conftest import write_inventory as write_lab_inventory
 
 pytestmark = [pytest.mark.lab, pytest.mark.vm]
@@ -64,21 +72,6 @@ def sudo(lab: Lab, vm: LabVm, command: str) -> str:
 
 def inventory(path: Path, lab: Lab, vm: LabVm, **data: Any) -> str:
     return write_lab_inventory(path, lab, [vm], {vm.name: data})
-
-
-def journal_cursor(lab: Lab, vm: LabVm) -> str:
-    """Where the VM's journal ends now: what is logged after it happened after this call."""
-    for line in sudo(lab, vm, "journalctl -n 0 --show-cursor").splitlines():
-        if line.startswith("-- cursor: "):
-            return line.removeprefix("-- cursor: ")
-    raise AssertionError("journalctl showed no cursor")
-
-
-def journal_since(lab: Lab, vm: LabVm, cursor: str, unit: str) -> str:
-    """What ``unit`` logged, and systemd logged about it, after ``cursor``."""
-    return sudo(
-        lab, vm, f"journalctl --no-pager -o cat -u {unit} --after-cursor={shlex.quote(cursor)}"
-    )
 
 
 def boot_id(lab: Lab, vm: LabVm) -> str:
