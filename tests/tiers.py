@@ -24,7 +24,9 @@ another uses.
 With several tiers, each pytest's output goes to ``.test-reports/`` (``unit.log``,
 ``vm.log``, ``lab/<module>.log``, with JUnit XML beside each, read by ``bench/suite.py``) and is
 printed whole when it ends, so that logs never interleave; with one tier, pytest prints as it
-goes. The run ends with one line of where the time went, how busy the CPUs were and where
+goes. The run ends with each failed test and the end of what pytest said of it (CI shows only
+the end of the output, where the logs of the jobs that ended first are gone), then one line of
+where the time went, how busy the CPUs were and where
 the CPU went (each job's own process tree, from ``wait4``, and its labs' containers and VMs,
 from ``lab.cpu.LabCpuMeter``; ``.test-reports/cpu.json``).
 
@@ -46,6 +48,7 @@ import subprocess
 import sys
 import threading
 import time
+import xml.etree.ElementTree as ElementTree
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -429,6 +432,55 @@ def cpu_report(runs: list[TierRun], busy_s: float, unheld_s: float) -> dict:
     }
 
 
+# How much of each failed test's report the run's last lines repeat: CI shows only the end of
+# a run's output, where the logs of the jobs that ended first are long gone.
+FAILURE_LINES = 40
+FAILED_TESTS_SHOWN = 10
+
+
+def printable(text: str) -> str:
+    """Text a test reported (node output among it), without control characters but newline and
+    tab."""
+    return "".join(
+        char if char in "\n\t" or (char.isprintable() and char != "\x7f") else "?" for char in text
+    )
+
+
+def failure_summary(job: Job) -> list[str]:
+    """The failed tests of a job, each with the end of what pytest reported of it, from its JUnit
+    XML; where that XML is missing or unreadable (the job died before writing it), the end of
+    its log."""
+    log, xml = job.paths()
+    lines = [f"--- {job.name}: pytest exit {job.returncode}"]
+    try:
+        root = ElementTree.parse(xml).getroot()
+    except (OSError, ElementTree.ParseError) as error:
+        lines.append(f"(no test report: {printable(str(error))}; the end of its log follows)")
+        try:
+            tail = log.read_bytes().decode("utf-8", "replace").splitlines()[-FAILURE_LINES:]
+        except OSError as log_error:
+            tail = [f"(no log either: {log_error})"]
+        return lines + [printable(line) for line in tail]
+    failed = [
+        (case, problem)
+        for case in root.iter("testcase")
+        for problem in case
+        if problem.tag in ("failure", "error")
+    ]
+    if not failed:
+        lines.append("(no test failed or erred in its report: pytest itself failed; see its log)")
+    for case, problem in failed[:FAILED_TESTS_SHOWN]:
+        name = f"{case.get('classname', '')}::{case.get('name', '')}"
+        lines.append(f"{problem.tag.upper()} {printable(name)}")
+        text = (problem.text or problem.get("message") or "").splitlines()
+        if len(text) > FAILURE_LINES:
+            lines.append(f"  ... (the first {len(text) - FAILURE_LINES} lines are in its log)")
+        lines.extend("  " + printable(line) for line in text[-FAILURE_LINES:])
+    if len(failed) > FAILED_TESTS_SHOWN:
+        lines.append(f"... and {len(failed) - FAILED_TESTS_SHOWN} more failed tests (see its log)")
+    return lines
+
+
 def run(tiers: list[str], extra: list[str], setup_s: float | None, lint_s: float | None) -> int:
     began = time.monotonic()
     cpu_before = cpu_times()
@@ -446,6 +498,10 @@ def run(tiers: list[str], extra: list[str], setup_s: float | None, lint_s: float
         if meter is not None:
             meter.stop()
     print()
+    if several:
+        for tier_run in runs:
+            for job in tier_run.failed:
+                print("\n".join(failure_summary(job)))
     for tier_run in runs:
         failed = tier_run.failed
         verdict = (

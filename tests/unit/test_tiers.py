@@ -171,6 +171,27 @@ def test_a_failed_job_fails_its_tier_and_the_run_and_is_named(
     assert "===== good: passed in " in out
     for name in ("good", "lab/test_bad", "lab/test_also_ok"):
         assert (tmp_path / "reports" / f"{name}.xml").is_file(), name
+    # The run's last lines name the failed test and repeat what pytest said of it.
+    summary = tiers.failure_summary(modules.jobs[0])
+    assert summary[0] == "--- lab/test_bad: pytest exit 1"
+    assert summary[1].startswith("FAILURE ") and summary[1].endswith("::test_bad")
+    assert any("assert 1 == 2" in line for line in summary[2:])
+
+
+def test_a_job_that_wrote_no_report_is_summed_up_by_its_logs_end_with_control_characters_shown(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    reports_under(monkeypatch, tmp_path)
+    job = tiers.Job("vm", [], "vm", returncode=3)
+    log, xml = job.paths()
+    log.parent.mkdir(parents=True)
+    log.write_bytes(b"".join(b"line %d\n" % n for n in range(100)) + b"the end \x1b[2J\xff\n")
+    summary = tiers.failure_summary(job)
+    assert summary[0] == "--- vm: pytest exit 3"
+    assert summary[1].startswith("(no test report: ")
+    assert summary[2:] == [f"line {n}" for n in range(61, 100)] + ["the end ?[2J\ufffd"]
+    xml.write_text("<testsuites><testsuite><testcase")  # cut short
+    assert tiers.failure_summary(job)[1].startswith("(no test report: ")
 
 
 def test_a_jobs_cpu_is_its_whole_trees_and_its_labs_and_the_run_says_where_it_went(
