@@ -52,6 +52,11 @@ ARCHITECTURES: dict[str, Architecture] = {
 }
 
 
+# Where apt.debian_keyring (a site mirror's own signing key) is installed on a Debian node: a
+# name of gpunode's own, never the file of Debian's keyring package.
+SITE_DEBIAN_KEYRING = "/usr/share/keyrings/gpunode-debian-mirror-keyring.gpg"
+
+
 @dataclass(frozen=True)
 class Distribution:
     """One supported release, as its /etc/os-release names it."""

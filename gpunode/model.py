@@ -641,6 +641,15 @@ class Repositories:
         check=check_url,
         accepts=URL_ACCEPTS,
     )
+    debian_keyring: str | None = setting(
+        None,
+        "binary keyring (on the control machine) that signs debian_mirror and "
+        "debian_security_mirror where a site re-signs its mirror (aptly, pulp, reprepro "
+        "publish with their own key); installed as their signed-by keyring (Debian nodes). "
+        "Unset: Debian's own keyring on the node (debian-archive-keyring)",
+        pattern=r"[^\s]+\.gpg",
+        accepts="a path to a .gpg keyring file",
+    )
     debian_components: tuple[Literal["main", "contrib", "non-free", "non-free-firmware"], ...] = (
         setting(
             ("main", "contrib", "non-free", "non-free-firmware"),

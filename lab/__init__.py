@@ -142,21 +142,31 @@ DEBIAN_SECURITY_MIRROR = "http://deb.debian.org/debian-security"
 DEBIAN_COMPONENTS = "main contrib non-free non-free-firmware"
 
 
-def debian_sources(release: str) -> str:
-    """The image's apt sources for ``release`` (a codename of gpunode's distribution table)."""
+# Which Debian archive a lab's nodes use: Debian's own (the default) or the lab's subset.
+DEBIAN_MODE_VARIABLE = "GPUNODE_LAB_DEBIAN"
+
+
+def debian_sources(
+    release: str,
+    mirror: str = DEBIAN_MIRROR,
+    security_mirror: str = DEBIAN_SECURITY_MIRROR,
+    keyring: str = "/usr/share/keyrings/debian-archive-keyring.gpg",
+) -> str:
+    """The image's apt sources for ``release`` (a codename of gpunode's distribution table);
+    a subset lab's new node's name the lab's mirror and its key."""
     row = distributions.BY_CODENAME[release]
     return f"""\
 Types: deb
-URIs: {DEBIAN_MIRROR}
+URIs: {mirror}
 Suites: {" ".join(row.suites)}
 Components: {DEBIAN_COMPONENTS}
-Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
+Signed-By: {keyring}
 
 Types: deb
-URIs: {DEBIAN_SECURITY_MIRROR}
+URIs: {security_mirror}
 Suites: {" ".join(row.security_suites)}
 Components: {DEBIAN_COMPONENTS}
-Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
+Signed-By: {keyring}
 """
 
 
@@ -412,6 +422,13 @@ class Lab:
         self.gateway = f"{self.network_prefix}.1"
         self.log = log
         self._client: Any = None
+        self._debian_subset_published = False
+        # GPUNODE_LAB_DEBIAN=subset: the nodes' Debian archive is the lab's signed subset of
+        # Debian's (lab.debian_subset; the test suite's labs), not Debian's whole archive.
+        mode = env.get(DEBIAN_MODE_VARIABLE, "debian") or "debian"
+        if mode not in ("debian", "subset"):
+            raise LabError(f"{DEBIAN_MODE_VARIABLE}={mode!r}: 'debian' (the default) or 'subset'")
+        self.debian_subset = mode == "subset"
 
     # --- paths -------------------------------------------------------------------------------
     @property
@@ -564,6 +581,8 @@ class Lab:
             )
             for index in range(1, count + 1)
         ]
+        # The subset a new node's apt sources name (its key with them), before any node starts.
+        self.publish_debian_subset()
         # Only the images of the releases the nodes get (fewer nodes than releases: not all).
         images = {
             release: self._ensure_image(release)
@@ -580,8 +599,10 @@ class Lab:
             if node.name in existing:
                 kept = existing[node.name]
                 node.profile, node.host_key, node.boot_s = kept.profile, kept.host_key, kept.boot_s
-                # A kept node gets this checkout's simulator programs (never its state).
+                # A kept node gets this checkout's simulator programs (never its state), and
+                # the key its lab's Debian subset is signed with now (its sources are its own).
                 self._refresh_simulator(node)
+                self._refresh_debian_subset_key(node)
         for extra in set(existing) - {node.name for node in wanted}:
             self._remove_container(existing[extra].container)
         with ThreadPoolExecutor(max_workers=min(16, max(1, len(to_start)))) as pool:
@@ -608,6 +629,7 @@ class Lab:
 
         # Served beside the repositories (whether or not the server is already running).
         signatures.write_database(self.repo_dir)
+        self.publish_debian_subset()
         if self._repo_server_running():
             return
         self._refuse_if_served(aptrepo.DEFAULT_PORT)
@@ -627,6 +649,57 @@ class Lab:
             return f"exited; see {log.name}" if process.poll() is not None else None
 
         self._wait_listening(aptrepo.DEFAULT_PORT, "the lab apt repository server", exited)
+
+    def publish_debian_subset(self) -> None:
+        """The lab's signed subset of Debian's archive, up to date (lab.debian_subset), where
+        the lab serves one; once per Lab object."""
+        if not self.debian_subset or self._debian_subset_published:
+            return
+        from lab import debian_subset
+
+        try:
+            debian_subset.publish(self.repo_dir)
+        except debian_subset.SubsetError as error:
+            raise LabError(f"the lab's Debian subset: {error}") from error
+        self._debian_subset_published = True
+
+    def _debian_subset_files(self, node: LabNode, sources: bool) -> dict[str, tuple[bytes, int]]:
+        """A Debian node's apt sources naming the lab's subset (``sources``: a new node's, as
+        its installer would have written them for a site mirror) and the subset's key, where
+        the lab serves one; gpunode's converge rewrites the sources as data says."""
+        if not self.debian_subset or node.release in UBUNTU_LAB_BASES:
+            return {}
+        from lab import debian_subset
+
+        key = (self.repo_dir / debian_subset.SUBSET_DIR / debian_subset.KEYRING).read_bytes()
+        files = {distributions.SITE_DEBIAN_KEYRING: (key, 0o644)}
+        if sources:
+            data = self.debian_apt_data()
+            text = debian_sources(
+                node.release, data["debian_mirror"], data["debian_security_mirror"],
+                distributions.SITE_DEBIAN_KEYRING,
+            )  # fmt: skip
+            files["/etc/apt/sources.list.d/debian.sources"] = (text.encode(), 0o644)
+        return files
+
+    def _refresh_debian_subset_key(self, node: LabNode) -> None:
+        files = self._debian_subset_files(node, sources=False)
+        if files:
+            self.client.containers.get(node.container).put_archive("/", _tar(files))
+
+    def debian_apt_data(self) -> dict[str, str]:
+        """The apt settings that point a node at the lab's Debian subset (none where the lab
+        serves Debian's whole archive)."""
+        if not self.debian_subset:
+            return {}
+        from lab import debian_subset
+
+        base = f"{self.repo_base_url}/{debian_subset.SUBSET_DIR}"
+        return {
+            "debian_mirror": f"{base}/debian",
+            "debian_security_mirror": f"{base}/debian-security",
+            "debian_keyring": str(self.repo_dir / debian_subset.SUBSET_DIR / debian_subset.KEYRING),
+        }
 
     def _repo_server_running(self) -> bool:
         return self._process_running(self.repo_pid_path, "lab.aptrepo")
@@ -904,6 +977,7 @@ class Lab:
         files[f"/home/{LOGIN_USER}/.ssh/authorized_keys"] = (public_key, 0o600)
         if node.release in UBUNTU_LAB_BASES:
             files.update(self._kernel_files(node))
+        files.update(self._debian_subset_files(node, sources=True))
         return _tar(files)
 
     def _kernel_files(self, node: LabNode) -> dict[str, tuple[bytes, int]]:

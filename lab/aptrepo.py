@@ -75,7 +75,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from lab import DEBIAN_MIRROR, DEBIAN_SECURITY_MIRROR, UBUNTU_LAB_BASES
+from lab import DEBIAN_MIRROR, DEBIAN_SECURITY_MIRROR, UBUNTU_LAB_BASES, debian_subset
 from lab.standin import (
     CUDA_REPO,
     CUDA_REPOSITORY_PATHS,
@@ -772,7 +772,7 @@ def _handler_class(directory: Path, record: Any) -> type[http.server.SimpleHTTPR
             super().__init__(*args, directory=str(directory), **kwargs)
 
         def _redirected(self) -> bool:
-            target = ubuntu_redirect(self.path)
+            target = ubuntu_redirect(self.path) or debian_subset.pool_redirect(self.path)
             if target is None:
                 return False
             self.send_response(302)

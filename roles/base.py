@@ -7,9 +7,11 @@ from __future__ import annotations
 import hashlib
 from datetime import UTC, datetime, timedelta
 from io import StringIO
+from pathlib import Path
 
 from pyinfra import host
 from pyinfra.api import deploy, operation
+from pyinfra.api.operation import OperationMeta
 from pyinfra.facts.files import File, FindInFile, Sha1File
 from pyinfra.facts.server import Date
 from pyinfra.operations import apt, files, server
@@ -17,10 +19,10 @@ from pyinfra.operations import apt, files, server
 from facts.apt import AptIndexedRepositories, DpkgInterrupted, MirrorReachability
 from facts.container_runtime import normalise_url
 from gpunode.converge import this_node
-from gpunode.distributions import Distribution
+from gpunode.distributions import SITE_DEBIAN_KEYRING, Distribution
 from gpunode.expected.lynis import NEEDRESTART_CONF, render_needrestart_conf
 from gpunode.model import DesiredState, Repositories
-from gpunode.refusal import refusal
+from gpunode.refusal import NodeRefused, refusal
 from gpunode.schema import one_line
 
 LEGACY_SOURCES_PATH = "/etc/apt/sources.list"
@@ -92,9 +94,10 @@ def render_archive_sources(repos: Repositories, distribution: Distribution) -> s
 
 
 def render_debian_sources(repos: Repositories, distribution: Distribution) -> str:
-    """deb822 sources for the node's release, its updates and its security archive."""
+    """deb822 sources for the node's release, its updates and its security archive, signed by
+    Debian's keyring or, where data gives one, the site mirror's (apt.debian_keyring)."""
     components = " ".join(repos.debian_components)
-    keyring = "/usr/share/keyrings/debian-archive-keyring.gpg"
+    keyring = SITE_DEBIAN_KEYRING if repos.debian_keyring else distribution.archive_keyring
     suites = " ".join(distribution.suites)
     security = " ".join(distribution.security_suites)
     return (
@@ -185,6 +188,27 @@ def finish_interrupted_package_change() -> None:
         )
 
 
+def site_debian_keyring(repos: Repositories, distribution: Distribution) -> OperationMeta:
+    """apt.debian_keyring on a Debian node, before the sources that name it; none where data
+    gives none (or on Ubuntu, whose archive it does not sign), so that no key trusted for a
+    mirror that was declared away stays trusted."""
+    if repos.debian_keyring and not distribution.is_ubuntu:
+        path = Path(repos.debian_keyring).expanduser()
+        if not path.is_file():
+            raise NodeRefused(
+                f"{host.name}: apt.debian_keyring = {repos.debian_keyring!r}: no such file"
+            )
+        return files.put(
+            name="Debian mirror signing keyring (apt.debian_keyring)",
+            src=str(path),
+            dest=SITE_DEBIAN_KEYRING,
+            mode="644",
+        )
+    return files.file(
+        name="No Debian mirror keyring of data's", path=SITE_DEBIAN_KEYRING, present=False
+    )
+
+
 @deploy("Package database")
 def package_database() -> None:
     """For a deploy without the base system (deploys/nvidia.py): dpkg's unfinished work
@@ -232,6 +256,7 @@ def base_system(desired: DesiredState) -> None:
         dest=LOCK_TIMEOUT_PATH,
         mode="644",
     )
+    keyring = site_debian_keyring(repos, distribution)
     sources = files.put(
         name=f"{distribution.pretty_name.split()[0]} package sources from data",
         src=StringIO(sources_text),
@@ -261,7 +286,13 @@ def base_system(desired: DesiredState) -> None:
     unindexed = normalise_url(mirror) not in host.get_fact(AptIndexedRepositories)
     apt.update(
         name="Refresh package lists after a source change",
-        _if=lambda: sources.did_change() or proxy.did_change() or bool(legacy_entries) or unindexed,
+        _if=lambda: (
+            sources.did_change()
+            or keyring.did_change()
+            or proxy.did_change()
+            or bool(legacy_entries)
+            or unindexed
+        ),
     )
     apt.update(name="Package lists at most a day old", cache_time=86400)
     apt.packages(name="Base packages", packages=list(desired.base_packages))

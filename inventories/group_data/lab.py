@@ -48,6 +48,10 @@ apt = {
     "container_toolkit_keyring": str(
         _lab.repo_dir / "keyrings" / "nvidia-container-toolkit-keyring.gpg"
     ),
+    # The test suite's labs (GPUNODE_LAB_DEBIAN=subset): Debian's archive as the lab's signed
+    # subset of it (lab.debian_subset), trusted through apt.debian_keyring as a site's
+    # re-signed mirror is; otherwise Debian's own archive through the cache (nothing here).
+    **_lab.debian_apt_data(),
 }
 
 # The control side reaches the lab from the bridge's gateway; nodes talk freely to each other.

@@ -40,10 +40,16 @@ import pytest
 from gpunode import ssh_kex
 from gpunode.distributions import BY_CODENAME
 from gpunode.model import DesiredState
-from lab import LOGIN_USER, REBOOT_COMMAND, Lab, LabNode, releases_of
+from lab import DEBIAN_MODE_VARIABLE, LOGIN_USER, REBOOT_COMMAND, Lab, LabNode, releases_of
 from lab import vm as lab_vm
 
 ROOT = Path(__file__).resolve().parents[2]
+# The suite's labs serve their nodes a signed subset of Debian's archive (lab.debian_subset:
+# apt's cost on every command grows with its index, and apt was 44 % of the nodes' CPU with
+# Debian's whole one); set before any Lab is made here or any pyinfra or gpunode run reads
+# inventories/lab.py, which all inherit it. GPUNODE_LAB_DEBIAN=debian in the environment
+# runs the suite against Debian's whole archive instead.
+os.environ.setdefault(DEBIAN_MODE_VARIABLE, "subset")
 LAB_NODES = int(os.environ.get("GPUNODE_TEST_LAB_NODES", "2"))
 LAB_RELEASES = releases_of(os.environ.get("GPUNODE_TEST_LAB_RELEASE", "mixed"))
 PYINFRA = str(Path(sys.executable).with_name("pyinfra"))
@@ -350,10 +356,15 @@ def write_inventory(
 
     It sits outside inventories/, so no group data applies: only connection settings, the
     lab's way of rebooting (its GPU simulator, never the container), the lab's audit settings
-    (off: no module's converge installs the audit packages) and what the test passes.
+    (off: no module's converge installs the audit packages), the lab's Debian archive where it
+    serves its subset (so that a node's sources stay the same between the lab inventory's
+    runs and these: each switch would be a full apt update) and what the test passes (its
+    ``apt`` keys over the lab's).
     """
     hosts = []
     for node in nodes:
+        given = data.get(node.name, {})
+        debian = lab.debian_apt_data()
         host_data = {
             "ssh_hostname": node.address,
             "ssh_user": LOGIN_USER,
@@ -363,8 +374,10 @@ def write_inventory(
             "_sudo": True,
             "reboot": {"command": list(REBOOT_COMMAND)},
             "audit": lab_group_data("audit"),
-            **data.get(node.name, {}),
+            **given,
         }
+        if debian:
+            host_data["apt"] = {**debian, **given.get("apt", {})}
         hosts.append((node.name, host_data))
     path.write_text(f"lab_nodes = {hosts!r}\n")
     return str(path)

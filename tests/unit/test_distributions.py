@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import subprocess
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ from gpunode.distributions import (
     ARCHITECTURES,
     BY_CODENAME,
     DISTRIBUTIONS,
+    SITE_DEBIAN_KEYRING,
     UnsupportedNode,
     distribution_of,
     fill_url,
@@ -28,7 +30,11 @@ from gpunode.drift.findings import Severity
 from gpunode.expected.sshd import POLICIES, crypto_for, expected_effective, render_sshd_config
 from gpunode.model import DesiredState, Sshd, build_desired_state
 from gpunode.refusal import NodeRefused
-from roles.base import debian_release_files, render_archive_sources, render_debian_sources
+from roles.base import (
+    debian_release_files,
+    render_archive_sources,
+    render_debian_sources,
+)
 
 BOOKWORM, TRIXIE = BY_CODENAME["bookworm"], BY_CODENAME["trixie"]
 JAMMY, NOBLE = BY_CODENAME["jammy"], BY_CODENAME["noble"]
@@ -387,6 +393,23 @@ def test_debian_sources_are_the_node_s_release() -> None:
     ]
     assert "Suites: bookworm bookworm-updates\n" in render_debian_sources(repos, BOOKWORM)
     assert render_archive_sources(repos, TRIXIE) == text
+
+
+def test_a_re_signed_debian_mirror_is_trusted_by_its_own_keyring_and_debian_s_is_not() -> None:
+    repos = replace(
+        DesiredState().apt,
+        debian_mirror="http://mirror.example/debian",
+        debian_keyring="/etc/gpunode/site-mirror.gpg",
+    )
+    text = render_debian_sources(repos, BOOKWORM)
+    # Both archives (release and security) name the site's keyring, and only it.
+    assert text.count(f"Signed-By: {SITE_DEBIAN_KEYRING}\n") == 2
+    assert "debian-archive-keyring" not in text
+    assert "Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg\n" in render_debian_sources(
+        DesiredState().apt, BOOKWORM
+    )
+    # Ubuntu's archive is signed by Ubuntu's keyring whatever the Debian mirror's is.
+    assert SITE_DEBIAN_KEYRING not in render_archive_sources(repos, NOBLE)
 
 
 def test_ubuntu_24_04_sources_are_deb822_of_ubuntu_s_archive() -> None:
