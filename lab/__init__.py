@@ -663,27 +663,29 @@ class Lab:
             raise LabError(f"the lab's Debian subset: {error}") from error
         self._debian_subset_published = True
 
-    def _debian_subset_files(self, node: LabNode, sources: bool) -> dict[str, tuple[bytes, int]]:
-        """A Debian node's apt sources naming the lab's subset (``sources``: a new node's, as
-        its installer would have written them for a site mirror) and the subset's key, where
-        the lab serves one; gpunode's converge rewrites the sources as data says."""
-        if not self.debian_subset or node.release in UBUNTU_LAB_BASES:
+    def debian_subset_files(self, release: str, sources: bool) -> dict[str, tuple[bytes, int]]:
+        """A Debian node's (or VM's) apt sources naming the lab's subset (``sources``: a new
+        node's, as its installer would have written them for a site mirror) and the subset's
+        key, where the lab serves one; gpunode's converge rewrites the sources as data says."""
+        if not self.debian_subset or release in UBUNTU_LAB_BASES:
             return {}
         from lab import debian_subset
+
+        self.publish_debian_subset()
 
         key = (self.repo_dir / debian_subset.SUBSET_DIR / debian_subset.KEYRING).read_bytes()
         files = {distributions.SITE_DEBIAN_KEYRING: (key, 0o644)}
         if sources:
             data = self.debian_apt_data()
             text = debian_sources(
-                node.release, data["debian_mirror"], data["debian_security_mirror"],
+                release, data["debian_mirror"], data["debian_security_mirror"],
                 distributions.SITE_DEBIAN_KEYRING,
             )  # fmt: skip
             files["/etc/apt/sources.list.d/debian.sources"] = (text.encode(), 0o644)
         return files
 
     def _refresh_debian_subset_key(self, node: LabNode) -> None:
-        files = self._debian_subset_files(node, sources=False)
+        files = self.debian_subset_files(node.release, sources=False)
         if files:
             self.client.containers.get(node.container).put_archive("/", _tar(files))
 
@@ -977,7 +979,7 @@ class Lab:
         files[f"/home/{LOGIN_USER}/.ssh/authorized_keys"] = (public_key, 0o600)
         if node.release in UBUNTU_LAB_BASES:
             files.update(self._kernel_files(node))
-        files.update(self._debian_subset_files(node, sources=True))
+        files.update(self.debian_subset_files(node.release, sources=True))
         return _tar(files)
 
     def _kernel_files(self, node: LabNode) -> dict[str, tuple[bytes, int]]:

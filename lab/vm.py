@@ -555,6 +555,9 @@ def _prepare(lab: Lab, vm: LabVm, nvme_mib: int) -> None:
     files["/etc/ssh/ssh_host_ed25519_key"] = (host_key.read_bytes(), 0o600)
     files["/etc/ssh/ssh_host_ed25519_key.pub"] = (host_key.with_suffix(".pub").read_bytes(), 0o644)
     files["/etc/resolv.conf"] = (_resolv_conf(lab).encode(), 0o644)
+    # A subset lab's VM starts with apt sources naming the lab's subset of Debian, as its
+    # containers do: apt on the emulated CPU reads a tenth of the index.
+    files.update(lab.debian_subset_files(vm.release, sources=True))
     (directory / "seed.tar").write_bytes(_tar(files))
 
 

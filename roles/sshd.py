@@ -17,7 +17,7 @@ crypto lists those of the ssh-audit policy of the node's release: "Hardened Debi
 Safety: a configuration that would leave the deploy user unable to log in is refused before
 anything changes; before the new configuration is written the deploy user must be in the
 login group; a new configuration is checked with ``sshd -t`` before it is used; after the
-reload a *new* SSH login is made from the control side, and if it fails the previous
+restart a *new* SSH login is made from the control side, and if it fails the previous
 configuration (and host key, and moduli) is restored and the run fails loudly.
 """
 
@@ -86,10 +86,20 @@ RESTORE_SOCKET = (
 )
 
 
+# sshd takes a new configuration by a restart, never a reload. A reload is SIGHUP, which
+# systemctl sends and returns from at once: the old sshd goes on accepting connections until it
+# gets round to re-executing itself, so a confirming login made in that moment reached the old
+# configuration and proved nothing (an Ubuntu lab node, loaded, took a configuration that
+# listened on 127.0.0.1 only, "confirmed", and then refused every login). ssh.service is
+# Type=notify on Debian 12 and 13 and Ubuntu 24.04: a restart returns once the new sshd listens;
+# KillMode=process: the sessions the old one started, this run's included, stay.
+START_SSHD = "systemctl restart ssh.service"
+
+
 def _restore_command(socket_activated: bool = False) -> str:
     """Back to the backup: a host key made by this run goes again where there was none, and
     sshd is started as it was (by ssh.socket where ``socket_activated``)."""
-    start = RESTORE_SOCKET if socket_activated else "systemctl reload-or-restart ssh.service"
+    start = RESTORE_SOCKET if socket_activated else START_SSHD
     return (
         f"cp -p {BACKUP_DIR}/sshd_config {SSHD_CONFIG} && cp -p {BACKUP_DIR}/moduli {MODULI}; "
         f"if [ -e {BACKUP_KEY} ]; then cp -p {BACKUP_KEY} {BACKUP_KEY}.pub /etc/ssh/; "
@@ -181,7 +191,10 @@ def hardened_sshd(config: str, port: int = 22, login_user: str | None = None):
     yield f"/usr/sbin/sshd -t -f {CANDIDATE} || {{ rm -f {CANDIDATE}; exit 1; }}"
     yield from (change for change in changes if change != "sshd_config")
     yield f"mv {CANDIDATE} {SSHD_CONFIG}"
-    yield "systemctl enable ssh.service && systemctl reload-or-restart ssh.service"
+    # A new sshd that cannot start (an address the node lacks) fails the confirming login
+    # next, which restores the previous one: the restart's own failure must not end the
+    # operation before that.
+    yield f"systemctl enable ssh.service && {{ {START_SSHD} || true; }}"
     yield FunctionCommand(_confirm_or_restore, (port, bool(current["socket_enabled"])), {})
 
 

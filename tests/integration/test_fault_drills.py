@@ -296,6 +296,25 @@ def test_an_unreachable_mirror_is_named_and_nothing_is_changed(
     assert after == before
 
 
+def test_a_mirror_keyring_missing_on_the_control_machine_is_named_and_nothing_changes(
+    lab: Lab, converged: list[LabNode], tmp_path: Path
+) -> None:
+    """apt.debian_keyring (a site mirror's signing key) that is not there: refused before any
+    operation runs on the node, naming the setting and the path."""
+    lab_1, _ = converged
+    lab_apt = runpy.run_path(str(ROOT / "inventories" / "group_data" / "lab.py"))["apt"]
+    missing = tmp_path / "site-mirror-keyring.gpg"
+    inventory = lab_inventory(
+        tmp_path, lab, {"lab-1": {"apt": {**lab_apt, "debian_keyring": str(missing)}}}
+    )
+    state = f"{APT_STATE}; ls -l --time-style=+%s /usr/share/keyrings /etc/apt/apt.conf.d"
+    before = sudo(lab, lab_1, state)
+    run = run_pyinfra(DEPLOY, "--limit", "lab-1", inventory=inventory)
+    assert run.returncode == 1, run.output
+    assert f"lab-1: apt.debian_keyring = {str(missing)!r}: no such file" in run.output, run.output
+    assert sudo(lab, lab_1, state) == before
+
+
 def test_mirror_check_only_when_apt_is_about_to_fetch(converged: list[LabNode]) -> None:
     run = run_pyinfra(DEPLOY)
     assert run.returncode == 0, run.output

@@ -163,7 +163,7 @@ def test_an_sshd_that_cannot_start_is_rolled_back_and_the_run_says_why(
     lab: Lab, hardened: list[LabNode], tmp_path: Path
 ) -> None:
     # sshd takes a configuration that listens on an address the node does not have on its
-    # reload (sshd -t accepts it), and exits: the role puts the previous one back. (Moved here
+    # restart (sshd -t accepts it), and exits: the role puts the previous one back. (Moved here
     # from the lab VM: binding in a container's own network namespace fails the same way.)
     target = hardened[0]
     # What the role may change: the configuration, the moduli, the host keys.
@@ -186,7 +186,7 @@ def test_an_sshd_that_cannot_start_is_rolled_back_and_the_run_says_why(
     cursor = journal_cursor(lab, target)
     run = run_pyinfra(str(deploy), inventory=inventory)
     assert run.returncode != 0, run.output
-    # sshd took the new configuration on its reload, and could not listen with it.
+    # sshd took the new configuration on its restart, and could not listen with it.
     logged = journal_since(lab, target, cursor, "ssh.service")
     bind_error = f"error: Bind to port 22 on {ABSENT_ADDRESS} failed: Cannot assign requested"
     assert bind_error in logged, logged
