@@ -89,7 +89,7 @@ RESTORE_SOCKET = (
 # sshd takes a new configuration by a restart, never a reload. A reload is SIGHUP, which
 # systemctl sends and returns from at once: the old sshd goes on accepting connections until it
 # gets round to re-executing itself, so a confirming login made in that moment reached the old
-# configuration and proved nothing (an Ubuntu lab node, loaded, took a configuration that
+# configuration and proved nothing (a loaded Ubuntu 24.04 node took a configuration that
 # listened on 127.0.0.1 only, "confirmed", and then refused every login). ssh.service is
 # Type=notify on Debian 12 and 13 and Ubuntu 24.04: a restart returns once the new sshd listens;
 # KillMode=process: the sessions the old one started, this run's included, stay.
