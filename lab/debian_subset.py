@@ -306,6 +306,16 @@ def refresh(releases: list[distributions.Distribution]) -> list[Target]:
     if not DEBIAN_KEYRING.is_file():
         raise SubsetError(f"{DEBIAN_KEYRING} is missing: install debian-archive-keyring")
     root = _cache_root() / "apt"
+    root.mkdir(parents=True, exist_ok=True)
+    # One refresh at a time on the machine: the suite's labs start together, and a second apt
+    # on the same lists fails on their lock (on a cold machine, with no lists to fall back
+    # on). The one that waited finds the lists fresh and reads what the first found.
+    with open(root.parent / "refresh.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _refresh(root, releases)
+
+
+def _refresh(root: Path, releases: list[distributions.Distribution]) -> list[Target]:
     env = _apt_config(root, releases)
     stamp = root / "refreshed"
     # What the last refresh found, for the labs that start while its lists are fresh: reading

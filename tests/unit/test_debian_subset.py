@@ -232,3 +232,36 @@ def test_a_published_subset_is_accepted_by_apt_which_checks_its_signature_and_ha
         ["apt-get", "update"], env=env, capture_output=True, text=True, timeout=120
     )
     assert "BADSIG" in tampered.stdout + tampered.stderr, tampered.stdout + tampered.stderr
+
+
+def test_labs_that_start_together_refresh_debian_s_lists_one_at_a_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A second apt on the same lists fails on their lock: on a cold machine, with no lists to
+    fall back on, every lab but the first failed to start (seen with three at once)."""
+    import threading
+
+    monkeypatch.setenv("GPUNODE_LAB_CACHE", str(tmp_path))
+    inside: list[str] = []
+    first_inside = threading.Event()
+    let_first_go = threading.Event()
+
+    def refresh_standing_in(root: Path, releases: list) -> list:
+        inside.append(threading.current_thread().name)
+        if len(inside) == 1:
+            first_inside.set()
+            let_first_go.wait(timeout=30)
+        return []
+
+    monkeypatch.setattr(debian_subset, "_refresh", refresh_standing_in)
+    first = threading.Thread(target=debian_subset.refresh, args=([BOOKWORM],), name="first")
+    second = threading.Thread(target=debian_subset.refresh, args=([BOOKWORM],), name="second")
+    first.start()
+    assert first_inside.wait(timeout=30)
+    second.start()
+    second.join(timeout=0.5)
+    assert second.is_alive() and inside == ["first"]  # waiting on the first's lock
+    let_first_go.set()
+    first.join(timeout=30)
+    second.join(timeout=30)
+    assert inside == ["first", "second"]
