@@ -4,8 +4,10 @@ update against the published tree, its signature and every index's hash checked 
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -234,34 +236,54 @@ def test_a_published_subset_is_accepted_by_apt_which_checks_its_signature_and_ha
     assert "BADSIG" in tampered.stdout + tampered.stderr, tampered.stdout + tampered.stderr
 
 
-def test_labs_that_start_together_refresh_debian_s_lists_one_at_a_time(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+# Run in a process of its own: an earlier unit test imports pyinfra's CLI, which patches this
+# one with gevent, where a thread blocked in flock blocks every other thread.
+LOCK_SCENARIO = """\
+import json, sys, threading
+from pathlib import Path
+from gpunode import distributions
+from lab import debian_subset
+
+inside = []
+first_inside = threading.Event()
+let_first_go = threading.Event()
+
+def refresh_standing_in(root, releases):
+    inside.append(threading.current_thread().name)
+    if len(inside) == 1:
+        first_inside.set()
+        let_first_go.wait(timeout=30)
+    return []
+
+debian_subset._refresh = refresh_standing_in
+rows = [distributions.BY_CODENAME["bookworm"]]
+first = threading.Thread(target=debian_subset.refresh, args=(rows,), name="first")
+second = threading.Thread(target=debian_subset.refresh, args=(rows,), name="second")
+first.start()
+first_inside.wait(timeout=30)
+second.start()
+second.join(timeout=0.5)
+while_held = {"second_waiting": second.is_alive(), "inside": list(inside)}
+let_first_go.set()
+first.join(timeout=30)
+second.join(timeout=30)
+print(json.dumps({"while_held": while_held, "after": inside}))
+"""
+
+
+def test_labs_that_start_together_refresh_debian_s_lists_one_at_a_time(tmp_path: Path) -> None:
     """A second apt on the same lists fails on their lock: on a cold machine, with no lists to
     fall back on, every lab but the first failed to start (seen with three at once)."""
-    import threading
-
-    monkeypatch.setenv("GPUNODE_LAB_CACHE", str(tmp_path))
-    inside: list[str] = []
-    first_inside = threading.Event()
-    let_first_go = threading.Event()
-
-    def refresh_standing_in(root: Path, releases: list) -> list:
-        inside.append(threading.current_thread().name)
-        if len(inside) == 1:
-            first_inside.set()
-            let_first_go.wait(timeout=30)
-        return []
-
-    monkeypatch.setattr(debian_subset, "_refresh", refresh_standing_in)
-    first = threading.Thread(target=debian_subset.refresh, args=([BOOKWORM],), name="first")
-    second = threading.Thread(target=debian_subset.refresh, args=([BOOKWORM],), name="second")
-    first.start()
-    assert first_inside.wait(timeout=30)
-    second.start()
-    second.join(timeout=0.5)
-    assert second.is_alive() and inside == ["first"]  # waiting on the first's lock
-    let_first_go.set()
-    first.join(timeout=30)
-    second.join(timeout=30)
-    assert inside == ["first", "second"]
+    done = subprocess.run(
+        [sys.executable, "-c", LOCK_SCENARIO],
+        env={**os.environ, "GPUNODE_LAB_CACHE": str(tmp_path)},
+        cwd=Path(__file__).resolve().parents[2],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    # While the first held the lock, the second waited outside.
+    assert result["while_held"] == {"second_waiting": True, "inside": ["first"]}
+    assert result["after"] == ["first", "second"]
