@@ -69,6 +69,10 @@ STATE_FILE = "state.json"
 KEY_UID = "gpunode lab Debian subset <debian-subset@gpunode.invalid>"
 # Upstream archives: their path under SUBSET_DIR, and where their pool is.
 ARCHIVES = {"debian": DEBIAN_MIRROR, "debian-security": DEBIAN_SECURITY_MIRROR}
+# Each subset pool's path on the lab's server -> Debian's pool it stands for.
+POOL_REDIRECTS = {
+    f"{SUBSET_DIR}/{archive}/pool": f"{url}/pool" for archive, url in ARCHIVES.items()
+}
 COMPONENTS = ("main", "contrib", "non-free", "non-free-firmware")
 ARCHITECTURE = "amd64"
 DEBIAN_KEYRING = Path("/usr/share/keyrings/debian-archive-keyring.gpg")
@@ -93,17 +97,13 @@ class SubsetError(RuntimeError):
     an index apt did not trust, a tool missing)."""
 
 
-def _redirect_table() -> dict[str, str]:
-    return {f"{SUBSET_DIR}/{archive}/pool": url + "/pool" for archive, url in ARCHIVES.items()}
-
-
 def pool_redirect(path: str) -> str | None:
     """The Debian URL a request for ``path`` under the subset's pool is answered with, or None
     where ``path`` is not in a subset pool."""
     clean = path.split("?", 1)[0].split("#", 1)[0].lstrip("/")
     if ".." in clean.split("/"):
         return None
-    for prefix, target in _redirect_table().items():
+    for prefix, target in POOL_REDIRECTS.items():
         if clean.startswith(prefix + "/") and len(clean) > len(prefix) + 1:
             return target + clean[len(prefix) :]
     return None

@@ -362,9 +362,9 @@ def write_inventory(
     ``apt`` keys over the lab's).
     """
     hosts = []
+    debian = lab.debian_apt_data()
     for node in nodes:
         given = data.get(node.name, {})
-        debian = lab.debian_apt_data()
         host_data = {
             "ssh_hostname": node.address,
             "ssh_user": LOGIN_USER,
